@@ -1,0 +1,99 @@
+"""idempotence: make retries safe.
+
+Clients send an ``Idempotency-Key``; the key store claims it atomically, replays the
+stored response to retries, and refuses racing or mismatched duplicates. See the
+README for a tour and ``DESIGN.md`` for the contract.
+
+>>> from idempotence import SqliteStore, ClaimRequest, Outcome
+>>> store = SqliteStore(":memory:"); _ = store.migrate()
+>>> store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint="f")).outcome
+<Outcome.EXECUTE: 'execute'>
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .database import DatabaseUrl, open_async_store, open_store
+from .errors import (
+    BodyTooLarge,
+    ConfigurationError,
+    IdempotenceError,
+    InvalidBody,
+    InvalidKey,
+    KeyNotFound,
+    LockLost,
+    MissingKey,
+    RequestError,
+    SchemaMissing,
+    StoreError,
+    StoreUnavailable,
+)
+from .states import (
+    FINISHED,
+    STARTED,
+    Claim,
+    ClaimRequest,
+    KeyRecord,
+    KeyState,
+    Lease,
+    Outcome,
+    StoredResponse,
+    arbitrate,
+    key_state,
+)
+from .stores import AsyncStore, AsyncTransaction, Store, Transaction, TransientError
+from .stores.sqlite import AsyncSqliteStore, SqliteStore
+
+if TYPE_CHECKING:
+    from .stores.postgres import AsyncPostgresStore, PostgresStore
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "FINISHED",
+    "STARTED",
+    "AsyncPostgresStore",
+    "AsyncSqliteStore",
+    "AsyncStore",
+    "AsyncTransaction",
+    "BodyTooLarge",
+    "Claim",
+    "ClaimRequest",
+    "ConfigurationError",
+    "DatabaseUrl",
+    "IdempotenceError",
+    "InvalidBody",
+    "InvalidKey",
+    "KeyNotFound",
+    "KeyRecord",
+    "KeyState",
+    "Lease",
+    "LockLost",
+    "MissingKey",
+    "Outcome",
+    "PostgresStore",
+    "RequestError",
+    "SchemaMissing",
+    "SqliteStore",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "StoredResponse",
+    "Transaction",
+    "TransientError",
+    "arbitrate",
+    "key_state",
+    "open_async_store",
+    "open_store",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The PostgreSQL stores need psycopg (the `postgres` extra): import on first use,
+    # so `import idempotence` works without it.
+    if name in ("PostgresStore", "AsyncPostgresStore"):
+        from .stores import postgres
+
+        return getattr(postgres, name)
+    raise AttributeError(f"module 'idempotence' has no attribute {name!r}")

@@ -1,0 +1,87 @@
+"""Database URLs: ``postgresql://…`` and ``sqlite:///path``, and the stores they open.
+
+The CLI and the workers take one URL (``--database`` or ``IDEMPOTENCE_DATABASE_URL``);
+this module turns it into a store.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import ConfigurationError
+from .stores import AsyncStore, Store
+
+ENV_VAR = "IDEMPOTENCE_DATABASE_URL"
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseUrl:
+    """A parsed database URL: which backend, and what to hand its store."""
+
+    backend: Literal["postgres", "sqlite"]
+    #: A libpq conninfo URL, or a SQLite file path (or ``:memory:``).
+    target: str
+
+    @classmethod
+    def parse(cls, url: str) -> DatabaseUrl:
+        """Parse ``url``.
+
+        >>> DatabaseUrl.parse("sqlite:///data/keys.sqlite3")
+        DatabaseUrl(backend='sqlite', target='data/keys.sqlite3')
+        >>> DatabaseUrl.parse("sqlite:////var/lib/keys.sqlite3").target
+        '/var/lib/keys.sqlite3'
+        >>> DatabaseUrl.parse("postgresql://app@db:5432/app").backend
+        'postgres'
+        """
+        scheme, sep, rest = url.partition("://")
+        if not sep:
+            raise ConfigurationError(
+                f"not a database URL: {url!r}; use postgresql://USER@HOST/DB or sqlite:///PATH"
+            )
+        scheme = scheme.lower()
+        if scheme in ("postgresql", "postgres") or scheme.startswith("postgresql+"):
+            return cls("postgres", "postgresql://" + rest)
+        if scheme == "sqlite":
+            if not rest.startswith("/") or rest == "/":
+                raise ConfigurationError(
+                    f"a SQLite URL names a file after three slashes: sqlite:///relative.db "
+                    f"or sqlite:////absolute.db, not {url!r}"
+                )
+            return cls("sqlite", rest[1:])
+        raise ConfigurationError(
+            f"unsupported database {scheme!r} in {url!r}: use postgresql:// or sqlite:///"
+        )
+
+    @classmethod
+    def from_env(cls, url: str | None = None) -> DatabaseUrl:
+        """``url`` if given, else ``$IDEMPOTENCE_DATABASE_URL``."""
+        url = url or os.environ.get(ENV_VAR)
+        if not url:
+            raise ConfigurationError(f"no database given: pass --database URL or set {ENV_VAR}")
+        return cls.parse(url)
+
+
+def open_store(url: str | DatabaseUrl) -> Store:
+    """The sync store for ``url``."""
+    parsed = url if isinstance(url, DatabaseUrl) else DatabaseUrl.parse(url)
+    if parsed.backend == "postgres":
+        from .stores.postgres import PostgresStore
+
+        return PostgresStore(parsed.target)
+    from .stores.sqlite import SqliteStore
+
+    return SqliteStore(parsed.target)
+
+
+def open_async_store(url: str | DatabaseUrl) -> AsyncStore:
+    """The async store for ``url``."""
+    parsed = url if isinstance(url, DatabaseUrl) else DatabaseUrl.parse(url)
+    if parsed.backend == "postgres":
+        from .stores.postgres import AsyncPostgresStore
+
+        return AsyncPostgresStore(parsed.target)
+    from .stores.sqlite import AsyncSqliteStore
+
+    return AsyncSqliteStore(parsed.target)

@@ -1,0 +1,80 @@
+"""The exception hierarchy.
+
+Every error the library raises derives from :class:`IdempotenceError`. Each class's
+docstring is its default message, so ``raise StoreUnavailable()`` already says what
+went wrong; pass a message to say more. Driver errors are always wrapped with
+``raise ... from exc`` so the cause stays on the traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class IdempotenceError(Exception):
+    """An idempotence error."""
+
+    def __init__(self, message: str | None = None, **fields: Any) -> None:
+        self.message = message or (self.__doc__ or type(self).__name__).strip().splitlines()[0]
+        self.fields = fields
+        for name, value in fields.items():
+            setattr(self, name, value)
+        super().__init__(self.message)
+
+
+# -- request errors: the client sent something we cannot accept (P7, P8) -------------
+
+
+class RequestError(IdempotenceError):
+    """The request cannot be accepted as sent."""
+
+    #: The HTTP status the integrations answer with.
+    status: int = 400
+
+
+class MissingKey(RequestError):
+    """This endpoint requires an Idempotency-Key header: send a unique one per operation."""
+
+
+class InvalidKey(RequestError):
+    """The Idempotency-Key is malformed: send 1 to 255 printable ASCII characters."""
+
+
+class BodyTooLarge(RequestError):
+    """The request body is larger than this endpoint accepts for idempotent requests."""
+
+    status = 413
+
+
+class InvalidBody(RequestError):
+    """The request body cannot be read as the content type it declares."""
+
+
+# -- store errors: the key store could not do what was asked ------------------------
+
+
+class StoreError(IdempotenceError):
+    """The key store failed."""
+
+
+class StoreUnavailable(StoreError):
+    """The key store cannot be reached; nothing was executed. Retry later (P11)."""
+
+
+class SchemaMissing(StoreError):
+    """The key store's tables are missing: run `idempotence migrate --database URL`."""
+
+
+class LockLost(StoreError):
+    """This worker no longer holds the key's lock: another worker took it over (F1).
+
+    The fenced write was refused and the transaction it ran in must roll back.
+    """
+
+
+class KeyNotFound(StoreError):
+    """No idempotency key with this scope and key exists."""
+
+
+class ConfigurationError(IdempotenceError):
+    """The library is configured in a way that cannot work."""

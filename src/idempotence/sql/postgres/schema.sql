@@ -1,0 +1,45 @@
+-- The whole current schema: the sum of migrations/ (a test proves it).
+
+CREATE TABLE idempotency_keys (
+    id              bigint GENERATED ALWAYS AS IDENTITY,
+    scope           text        NOT NULL,
+    key             text        NOT NULL,
+    request_method  text        NOT NULL,
+    request_path    text        NOT NULL,
+    fingerprint     text        NOT NULL,
+    -- What the completer needs to re-run the flow (B2).
+    request_params  jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    flow            text        NOT NULL,
+    recovery_point  text        NOT NULL DEFAULT 'started',
+    -- The fencing token (F1): bumped by every claim that takes the lock.
+    lock_token      bigint      NOT NULL DEFAULT 1,
+    locked_at       timestamptz,
+    lock_timeout    interval    NOT NULL,
+    response_status integer,
+    response_headers jsonb,
+    response_body   bytea,
+    -- Set when the key ended in an indeterminate foreign failure (R6).
+    error           text,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    last_run_at     timestamptz,
+    finished_at     timestamptz,
+    expires_at      timestamptz,
+    -- The scope leads every key so the table can be distributed by scope (DESIGN 8).
+    PRIMARY KEY (scope, id),
+    CONSTRAINT idempotency_keys_scope_key_unique UNIQUE (scope, key),
+    CONSTRAINT idempotency_keys_key_length CHECK (char_length(key) BETWEEN 1 AND 255),
+    CONSTRAINT idempotency_keys_finished_has_response
+        CHECK (finished_at IS NULL OR response_status IS NOT NULL)
+);
+
+-- The sweeper's view: locked rows only (B1).
+CREATE INDEX idempotency_keys_locked_idx
+    ON idempotency_keys (locked_at) WHERE locked_at IS NOT NULL;
+
+-- The completer's view: unlocked, unfinished rows (B2).
+CREATE INDEX idempotency_keys_pending_idx
+    ON idempotency_keys (last_run_at) WHERE finished_at IS NULL AND locked_at IS NULL;
+
+-- The reaper's view: rows that will expire (B3).
+CREATE INDEX idempotency_keys_expires_idx
+    ON idempotency_keys (expires_at) WHERE expires_at IS NOT NULL;

@@ -1,0 +1,39 @@
+-- The whole current schema: the sum of migrations/ (a test proves it).
+-- Times are REAL seconds since the Unix epoch, always written by SQLite's own clock
+-- (see the `now` expression in queries.sql); JSON columns hold text.
+
+CREATE TABLE idempotency_keys (
+    id               INTEGER PRIMARY KEY,
+    scope            TEXT    NOT NULL,
+    key              TEXT    NOT NULL,
+    request_method   TEXT    NOT NULL,
+    request_path     TEXT    NOT NULL,
+    fingerprint      TEXT    NOT NULL,
+    request_params   TEXT    NOT NULL DEFAULT '{}',
+    flow             TEXT    NOT NULL,
+    recovery_point   TEXT    NOT NULL DEFAULT 'started',
+    lock_token       INTEGER NOT NULL DEFAULT 1,
+    locked_at        REAL,
+    lock_timeout     REAL    NOT NULL,
+    response_status  INTEGER,
+    response_headers TEXT,
+    response_body    BLOB,
+    error            TEXT,
+    created_at       REAL    NOT NULL,
+    last_run_at      REAL,
+    finished_at      REAL,
+    expires_at       REAL,
+    CONSTRAINT idempotency_keys_scope_key_unique UNIQUE (scope, key),
+    CONSTRAINT idempotency_keys_key_length CHECK (length(key) BETWEEN 1 AND 255),
+    CONSTRAINT idempotency_keys_finished_has_response
+        CHECK (finished_at IS NULL OR response_status IS NOT NULL)
+);
+
+CREATE INDEX idempotency_keys_locked_idx
+    ON idempotency_keys (locked_at) WHERE locked_at IS NOT NULL;
+
+CREATE INDEX idempotency_keys_pending_idx
+    ON idempotency_keys (last_run_at) WHERE finished_at IS NULL AND locked_at IS NULL;
+
+CREATE INDEX idempotency_keys_expires_idx
+    ON idempotency_keys (expires_at) WHERE expires_at IS NOT NULL;

@@ -1,0 +1,234 @@
+"""The key state machine: records, claim arbitration and state names, with no I/O.
+
+Every store executes these rules; none re-implements them. A store that can run the
+whole claim in one SQL statement (PostgreSQL) encodes the takeover predicate of
+:func:`arbitrate` in that statement, and then classifies the row it got back with
+:func:`arbitrate` itself, so the two can never disagree silently (the conformance
+suite checks both).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+#: The recovery point of a key that has just been claimed for the first time.
+STARTED = "started"
+#: The recovery point of a key whose response is stored.
+FINISHED = "finished"
+
+DEFAULT_LOCK_TIMEOUT = timedelta(seconds=60)
+DEFAULT_RETENTION = timedelta(hours=24)
+
+JSON = Any
+"""A value that :func:`json.dumps` accepts."""
+
+
+class Outcome(enum.Enum):
+    """What a claim tells the request that made it (DESIGN 4, P1–P5)."""
+
+    #: Run the flow from ``record.recovery_point``; the caller holds the lock (P1, P5).
+    EXECUTE = "execute"
+    #: The key was used for a different request: answer 422 (P2).
+    MISMATCH = "mismatch"
+    #: The key is finished: answer with the stored response (P3).
+    REPLAY = "replay"
+    #: Another worker holds a live lock: answer 409 with Retry-After (P4).
+    IN_PROGRESS = "in_progress"
+
+
+class KeyState(enum.Enum):
+    """The observable state of a key (F5)."""
+
+    #: Unlocked and unfinished: a crashed or abandoned run, waiting for a retry or the
+    #: completer.
+    PENDING = "pending"
+    #: Locked by a worker whose lock has not expired.
+    PROCESSING = "processing"
+    #: Finished with a response below 400.
+    COMPLETE = "complete"
+    #: Finished with a stored error response (a declined card, a validation error
+    #: after the first phase).
+    FAILED = "failed"
+    #: Finished after an indeterminate foreign failure; needs a human (R6).
+    ERRORED = "errored"
+    #: Past ``expires_at`` and not locked: the reaper's to remove.
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A response as stored for replay: status, headers (ordered pairs) and body."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...] = ()
+    body: bytes = b""
+
+    @classmethod
+    def of(
+        cls,
+        status: int,
+        headers: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+        body: bytes | str = b"",
+    ) -> StoredResponse:
+        """Build a response from friendlier types (a header mapping, a text body)."""
+        pairs = tuple(headers.items()) if isinstance(headers, Mapping) else tuple(headers)
+        raw = body.encode() if isinstance(body, str) else bytes(body)
+        return cls(status=status, headers=tuple((str(k), str(v)) for k, v in pairs), body=raw)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """A snapshot of one key row (DESIGN 3). Times come from the database clock."""
+
+    id: int
+    scope: str
+    key: str
+    method: str
+    path: str
+    fingerprint: str
+    params: JSON
+    flow: str
+    recovery_point: str
+    lock_token: int
+    locked_at: datetime | None
+    lock_timeout: timedelta
+    response: StoredResponse | None
+    error: str | None
+    created_at: datetime
+    last_run_at: datetime | None
+    finished_at: datetime | None
+    expires_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+    def lock_expires_at(self) -> datetime | None:
+        """When the current lock stops protecting its holder, or None if unlocked."""
+        return None if self.locked_at is None else self.locked_at + self.lock_timeout
+
+    def lock_is_live(self, now: datetime) -> bool:
+        expires = self.lock_expires_at()
+        return expires is not None and expires > now
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """Everything a claim needs to know about the request (DESIGN 4).
+
+    ``params`` is what the completer needs to re-run the flow later (B2); it is stored
+    as JSON on the first claim and never changed by later ones.
+    """
+
+    scope: str
+    key: str
+    fingerprint: str
+    method: str = "POST"
+    path: str = "/"
+    flow: str = "default"
+    params: JSON = field(default_factory=dict)
+    lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT
+    #: How long a key is kept; ``None`` keeps it forever (ledgers).
+    retention: timedelta | None = DEFAULT_RETENTION
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Proof that this worker holds a key's lock: the fencing token (F1).
+
+    Every fenced write names ``(scope, id, token)``; a takeover bumps the row's token,
+    after which writes made with this lease are refused with :class:`~idempotence.errors.LockLost`.
+    """
+
+    id: int
+    scope: str
+    key: str
+    token: int
+    recovery_point: str
+
+    def advanced(self, recovery_point: str) -> Lease:
+        return replace(self, recovery_point=recovery_point)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The single outcome a claim produced, and what the caller needs to act on it."""
+
+    outcome: Outcome
+    record: KeyRecord
+    #: Set when ``outcome`` is EXECUTE.
+    lease: Lease | None = None
+    #: Set when ``outcome`` is IN_PROGRESS: seconds until the holder's lock expires.
+    retry_after: float | None = None
+
+    @property
+    def response(self) -> StoredResponse | None:
+        """The stored response, for REPLAY."""
+        return self.record.response
+
+
+def arbitrate(record: KeyRecord | None, fingerprint: str, now: datetime) -> Outcome:
+    """Decide a claim's outcome from the existing row, in DESIGN's order of precedence.
+
+    >>> arbitrate(None, "f" * 64, now)        # doctest: +SKIP
+    <Outcome.EXECUTE: 'execute'>              # P1: a new key
+
+    ``now`` must come from the same clock that wrote ``record.locked_at`` (the database).
+    """
+    if record is None:
+        return Outcome.EXECUTE  # P1
+    # P2 before P3: replaying another request's response would be a lie.
+    if record.fingerprint != fingerprint:
+        return Outcome.MISMATCH
+    if record.finished:
+        return Outcome.REPLAY  # P3
+    if record.lock_is_live(now):
+        return Outcome.IN_PROGRESS  # P4
+    return Outcome.EXECUTE  # P5: unlocked, or the holder's lock expired: take over
+
+
+def claim_from(record: KeyRecord, fingerprint: str, now: datetime, *, claimed: bool) -> Claim:
+    """Build the :class:`Claim` for a row a store has just inserted or read.
+
+    ``claimed`` says whether the store's write took the lock. For a row the store did
+    not take, :func:`arbitrate` must not say EXECUTE: that would mean the store's
+    predicate and the state machine disagree, which is a bug, not a race.
+    """
+    if claimed:
+        lease = Lease(
+            id=record.id,
+            scope=record.scope,
+            key=record.key,
+            token=record.lock_token,
+            recovery_point=record.recovery_point,
+        )
+        return Claim(Outcome.EXECUTE, record, lease=lease)
+    outcome = arbitrate(record, fingerprint, now)
+    if outcome is Outcome.EXECUTE:
+        raise AssertionError(
+            f"store did not take key {record.key!r} but the state machine says EXECUTE"
+        )
+    retry_after = None
+    if outcome is Outcome.IN_PROGRESS:
+        expires = record.lock_expires_at()
+        assert expires is not None
+        retry_after = max((expires - now).total_seconds(), 0.0)
+    return Claim(outcome, record, retry_after=retry_after)
+
+
+def key_state(record: KeyRecord, now: datetime) -> KeyState:
+    """The observable state of a key at ``now`` (F5)."""
+    if record.lock_is_live(now):
+        return KeyState.PROCESSING
+    if record.expires_at is not None and record.expires_at <= now:
+        return KeyState.EXPIRED
+    if record.finished:
+        if record.error is not None:
+            return KeyState.ERRORED
+        assert record.response is not None
+        return KeyState.COMPLETE if record.response.status < 400 else KeyState.FAILED
+    return KeyState.PENDING

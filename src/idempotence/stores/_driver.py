@@ -1,0 +1,93 @@
+"""The thin I/O layer: connections that run one query, and the two op runners.
+
+A store operation (:mod:`._ops`) is a generator of queries. :func:`run` feeds it from
+a sync connection and :func:`run_async` from an async one; they are the only code
+that exists twice, and each is a handful of lines.
+
+Connections wrap a database driver's connection and translate its errors into the
+library's (:class:`~idempotence.errors.StoreError` and friends, always ``from`` the
+driver's exception).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import Any, Protocol, TypeVar
+
+from ..errors import StoreError
+from ._ops import Op, Query, Row
+
+T = TypeVar("T")
+
+
+class TransientError(StoreError):
+    """The database aborted the transaction (serialization failure, deadlock, busy).
+
+    The store retries operations whose transaction it owns; inside a caller's
+    transaction the caller decides.
+    """
+
+
+class Connection(Protocol):
+    """A sync database connection, as the stores use it."""
+
+    #: The driver's own connection (``psycopg.Connection``, ``sqlite3.Connection``),
+    #: for the application's writes inside a phase.
+    raw: Any
+
+    def fetch(self, query: Query) -> list[Row]:
+        """Run one statement; return its rows (empty for none)."""
+
+    def atomic(self) -> AbstractContextManager[None]:
+        """A write transaction (a savepoint when one is already open)."""
+
+    def unit(self) -> AbstractContextManager[None]:
+        """What one self-contained statement needs to be committed on its own."""
+
+
+class AsyncConnection(Protocol):
+    """An async database connection, as the stores use it."""
+
+    raw: Any
+
+    async def fetch(self, query: Query) -> list[Row]: ...
+
+    def atomic(self) -> AbstractAsyncContextManager[None]: ...
+
+    def unit(self) -> AbstractAsyncContextManager[None]: ...
+
+
+class Source(Protocol):
+    """Where a sync store gets its connections: a pool, one connection, a file."""
+
+    def connection(self) -> AbstractContextManager[Connection]: ...
+
+    def close(self) -> None: ...
+
+
+class AsyncSource(Protocol):
+    def connection(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+    async def close(self) -> None: ...
+
+
+def run(op: Op[T], conn: Connection) -> T:
+    """Run ``op`` to completion on a sync connection."""
+    try:
+        query = next(op)
+        while True:
+            query = op.send(conn.fetch(query))
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+async def run_async(op: Op[T], conn: AsyncConnection) -> T:
+    """Run ``op`` to completion on an async connection."""
+    try:
+        query = next(op)
+        while True:
+            query = op.send(await conn.fetch(query))
+    except StopIteration as done:
+        result: T = done.value
+        return result

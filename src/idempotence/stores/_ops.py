@@ -1,0 +1,273 @@
+"""The store operations, written once, without I/O.
+
+Each operation is a generator: it yields :class:`Query` objects and receives their
+rows back, and returns its result. A thin driver (:mod:`._driver`) runs it on a sync
+or an async connection, so the logic of every store exists exactly once and the sync
+and async stores cannot drift. A :class:`Dialect` holds what differs between
+databases: the query file, value conversions, and the shape of the claim.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, TypeVar
+
+from .. import _queries
+from ..errors import LockLost, StoreError
+from ..states import (
+    Claim,
+    ClaimRequest,
+    KeyRecord,
+    Lease,
+    Outcome,
+    StoredResponse,
+    arbitrate,
+    claim_from,
+)
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+#: A claim that keeps meeting rows committed after its snapshot gives up after this
+#: many statements. Each retry needs a new concurrent change of the same key, so in
+#: practice the second statement settles it.
+MAX_CLAIM_ATTEMPTS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One statement to run: its name in the query file, its text and parameters."""
+
+    name: str
+    sql: str
+    params: Mapping[str, Any]
+
+
+Op = Generator[Query, list[Row], T]
+"""An operation: yields queries, is sent each query's rows, returns its result."""
+
+
+class Dialect(abc.ABC):
+    """What one database needs that the others do not."""
+
+    name: ClassVar[str]
+    #: True when the claim is a single statement that is atomic on its own (it then
+    #: runs in autocommit, one round trip); False when the driver must wrap it in a
+    #: write transaction.
+    claim_is_one_statement: ClassVar[bool]
+
+    def __init__(self) -> None:
+        self.queries = _queries.load(self.name)
+
+    def query(self, name: str, **params: Any) -> Query:
+        return Query(name, self.queries[name], params)
+
+    # -- value conversions ------------------------------------------------------------
+
+    @abc.abstractmethod
+    def timestamp(self, value: Any) -> datetime:
+        """A database timestamp as an aware UTC datetime."""
+
+    @abc.abstractmethod
+    def duration_in(self, value: timedelta | None) -> Any:
+        """A duration as the database stores it."""
+
+    @abc.abstractmethod
+    def duration_out(self, value: Any) -> timedelta:
+        """A stored duration back as a timedelta."""
+
+    def optional_timestamp(self, value: Any) -> datetime | None:
+        return None if value is None else self.timestamp(value)
+
+    @staticmethod
+    def json_out(value: Any) -> Any:
+        # psycopg parses jsonb itself; SQLite hands back text.
+        return json.loads(value) if isinstance(value, str) else value
+
+    def record(self, row: Row) -> KeyRecord:
+        """Build a :class:`KeyRecord` from a row of the key table."""
+        response = None
+        if row["response_status"] is not None:
+            headers = self.json_out(row["response_headers"]) or []
+            response = StoredResponse(
+                status=row["response_status"],
+                headers=tuple((str(k), str(v)) for k, v in headers),
+                body=bytes(row["response_body"] or b""),
+            )
+        return KeyRecord(
+            id=row["id"],
+            scope=row["scope"],
+            key=row["key"],
+            method=row["request_method"],
+            path=row["request_path"],
+            fingerprint=row["fingerprint"],
+            params=self.json_out(row["request_params"]),
+            flow=row["flow"],
+            recovery_point=row["recovery_point"],
+            lock_token=row["lock_token"],
+            locked_at=self.optional_timestamp(row["locked_at"]),
+            lock_timeout=self.duration_out(row["lock_timeout"]),
+            response=response,
+            error=row["error"],
+            created_at=self.timestamp(row["created_at"]),
+            last_run_at=self.optional_timestamp(row["last_run_at"]),
+            finished_at=self.optional_timestamp(row["finished_at"]),
+            expires_at=self.optional_timestamp(row["expires_at"]),
+        )
+
+    def claim_params(self, request: ClaimRequest) -> dict[str, Any]:
+        return {
+            "scope": request.scope,
+            "key": request.key,
+            "method": request.method,
+            "path": request.path,
+            "fingerprint": request.fingerprint,
+            "params": json.dumps(request.params, separators=(",", ":")),
+            "flow": request.flow,
+            "lock_timeout": self.duration_in(request.lock_timeout),
+            "retention": self.duration_in(request.retention),
+        }
+
+    @abc.abstractmethod
+    def claim(self, request: ClaimRequest) -> Op[Claim]:
+        """Claim ``request``'s key: exactly one outcome (DESIGN 4)."""
+
+    def script_statements(self, script: str) -> list[str]:
+        """A migration script as the statements the driver can run one call each."""
+        return [script]
+
+
+# -- operations shared by every SQL dialect --------------------------------------------
+
+
+def _fenced(lease: Lease) -> dict[str, Any]:
+    return {"scope": lease.scope, "id": lease.id, "token": lease.token}
+
+
+def _lost(lease: Lease, action: str) -> LockLost:
+    return LockLost(
+        f"cannot {action} key {lease.key!r} in scope {lease.scope!r}: lock token "
+        f"{lease.token} is no longer current (another worker took the key over, or it "
+        "is finished); this transaction must roll back",
+        scope=lease.scope,
+        key=lease.key,
+        token=lease.token,
+    )
+
+
+def checkpoint(d: Dialect, lease: Lease, recovery_point: str) -> Op[Lease]:
+    """Record ``recovery_point`` as reached, fenced by the lease (R2, F1)."""
+    rows = yield d.query("checkpoint", recovery_point=recovery_point, **_fenced(lease))
+    if not rows:
+        raise _lost(lease, f"checkpoint {recovery_point!r} for")
+    return lease.advanced(recovery_point)
+
+
+def finish(d: Dialect, lease: Lease, response: StoredResponse, error: str | None) -> Op[None]:
+    """Store the response and unlock, fenced (P3, R5, R6)."""
+    rows = yield d.query(
+        "finish",
+        status=response.status,
+        headers=json.dumps([list(pair) for pair in response.headers]),
+        body=response.body,
+        error=error,
+        **_fenced(lease),
+    )
+    if not rows:
+        raise _lost(lease, "finish")
+
+
+def release(d: Dialect, lease: Lease) -> Op[None]:
+    """Unlock without finishing, fenced (R5)."""
+    rows = yield d.query("release", **_fenced(lease))
+    if not rows:
+        raise _lost(lease, "release")
+
+
+def heartbeat(d: Dialect, lease: Lease) -> Op[datetime]:
+    """Refresh the lock, fenced (F2); returns the new ``locked_at``."""
+    rows = yield d.query("heartbeat", **_fenced(lease))
+    if not rows:
+        raise _lost(lease, "heartbeat")
+    return d.timestamp(rows[0]["locked_at"])
+
+
+def migrate(d: Dialect) -> Op[list[str]]:
+    """Apply the dialect's pending migrations in one transaction; return their versions."""
+    yield d.query("migrations_prepare")
+    applied = {row["version"] for row in (yield d.query("migrations_applied"))}
+    done = []
+    for version, script in _queries.migrations(d.name):
+        if version in applied:
+            continue
+        for statement in d.script_statements(script):
+            yield Query(f"migration {version}", statement, {})
+        yield d.query("migrations_record", version=version)
+        done.append(version)
+    return done
+
+
+def get(d: Dialect, scope: str, key: str) -> Op[KeyRecord | None]:
+    rows = yield d.query("get", scope=scope, key=key)
+    return d.record(rows[0]) if rows else None
+
+
+# -- the two shapes of claim ------------------------------------------------------------
+
+
+def claim_in_one_statement(d: Dialect, request: ClaimRequest) -> Op[Claim]:
+    """The claim as one INSERT ... ON CONFLICT statement (PostgreSQL).
+
+    See the ``claim`` query for why a statement can come back empty or stale; both
+    are answered by running it again, which is safe because a statement that did not
+    take the key changed nothing.
+    """
+    params = d.claim_params(request)
+    for _ in range(MAX_CLAIM_ATTEMPTS):
+        rows = yield d.query("claim", **params)
+        if not rows:
+            continue
+        row = rows[0]
+        record, now = d.record(row), d.timestamp(row["db_now"])
+        if row["claimed"]:
+            return claim_from(record, request.fingerprint, now, claimed=True)
+        if arbitrate(record, request.fingerprint, now) is Outcome.EXECUTE:
+            continue  # an older version of a row that changed since the snapshot
+        return claim_from(record, request.fingerprint, now, claimed=False)
+    raise StoreError(
+        f"the claim of key {request.key!r} did not settle after {MAX_CLAIM_ATTEMPTS} "
+        "statements; the key is changing faster than it can be read",
+        scope=request.scope,
+        key=request.key,
+    )
+
+
+def claim_in_transaction(d: Dialect, request: ClaimRequest) -> Op[Claim]:
+    """The claim as read-decide-write inside one write transaction (SQLite).
+
+    The driver runs it under an exclusive write lock (BEGIN IMMEDIATE), so the read
+    and the write are one serializable unit and no other writer can interleave (P6).
+    """
+    params = d.claim_params(request)
+    rows = yield d.query("claim_read", scope=request.scope, key=request.key)
+    if not rows:
+        rows = yield d.query("claim_insert", **params)
+        return claim_from(
+            d.record(rows[0]), request.fingerprint, d.timestamp(rows[0]["db_now"]), claimed=True
+        )
+    record, now = d.record(rows[0]), d.timestamp(rows[0]["db_now"])
+    if arbitrate(record, request.fingerprint, now) is not Outcome.EXECUTE:
+        return claim_from(record, request.fingerprint, now, claimed=False)
+    rows = yield d.query(
+        "claim_take_over",
+        scope=request.scope,
+        id=record.id,
+        lock_timeout=params["lock_timeout"],
+    )
+    return claim_from(
+        d.record(rows[0]), request.fingerprint, d.timestamp(rows[0]["db_now"]), claimed=True
+    )

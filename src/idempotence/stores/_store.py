@@ -1,0 +1,245 @@
+"""The SQL key stores, sync and async: one method per operation (DESIGN 4, 6).
+
+Both classes only choose a connection and a transaction and hand the operation from
+:mod:`._ops` to a runner; the logic lives in the ops and the dialect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from datetime import datetime
+from typing import Any, TypeVar
+
+from ..states import Claim, ClaimRequest, KeyRecord, Lease, StoredResponse
+from . import _ops
+from ._driver import (
+    AsyncConnection,
+    AsyncSource,
+    Connection,
+    Source,
+    TransientError,
+    run,
+    run_async,
+)
+from ._ops import Dialect, Op, Query, Row
+
+T = TypeVar("T")
+
+#: How often an operation whose transaction the store owns is retried after a
+#: serialization failure, deadlock or busy database, and the base of its backoff.
+TRANSIENT_ATTEMPTS = 5
+TRANSIENT_BACKOFF = 0.005
+
+
+def _backoff(attempt: int) -> float:
+    # Jittered exponential backoff, so that racing retries spread out.
+    return TRANSIENT_BACKOFF * (1 << attempt) * (0.5 + random.random())
+
+
+class Transaction:
+    """An open write transaction on the store's database (R2).
+
+    The application writes through :attr:`connection` (the driver's own connection)
+    or :meth:`execute`; :meth:`Store.checkpoint` or :meth:`Store.finish` given this
+    transaction is its last statement, and the whole lot commits or rolls back
+    together.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    @property
+    def connection(self) -> Any:
+        """The driver's connection: ``psycopg.Connection`` or ``sqlite3.Connection``."""
+        return self._conn.raw
+
+    def execute(self, sql: str, params: Any = None) -> list[Row]:
+        """Run one statement of the application's in this transaction; return its rows."""
+        return self._conn.fetch(Query("application", sql, params or {}))
+
+
+class AsyncTransaction:
+    """The async twin of :class:`Transaction`."""
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._conn = conn
+
+    @property
+    def connection(self) -> Any:
+        """The driver's connection: ``psycopg.AsyncConnection`` or ``sqlite3.Connection``."""
+        return self._conn.raw
+
+    async def execute(self, sql: str, params: Any = None) -> list[Row]:
+        return await self._conn.fetch(Query("application", sql, params or {}))
+
+
+class Store:
+    """A key store on a SQL database (sync). Build one with
+    :class:`~idempotence.PostgresStore` or :class:`~idempotence.SqliteStore`.
+
+    >>> claim = store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
+    ... # doctest: +SKIP
+    >>> if claim.outcome is Outcome.EXECUTE:                              # doctest: +SKIP
+    ...     with store.transaction() as tx:
+    ...         tx.execute("INSERT INTO rides ...")
+    ...         store.finish(claim.lease, StoredResponse.of(201, body="{}"), tx=tx)
+    """
+
+    def __init__(self, source: Source, dialect: Dialect) -> None:
+        self._source = source
+        self._dialect = dialect
+
+    def claim(self, request: ClaimRequest) -> Claim:
+        """Claim ``request``'s key in one atomic step and return its single outcome."""
+        return self._own(
+            lambda: self._dialect.claim(request), atomic=not self._dialect.claim_is_one_statement
+        )
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """Open a write transaction for a phase: commits on exit, rolls back on error."""
+        with self._source.connection() as conn, conn.atomic():
+            yield Transaction(conn)
+
+    def checkpoint(self, tx: Transaction, lease: Lease, recovery_point: str) -> Lease:
+        """Record ``recovery_point`` in ``tx``, fenced (F1); returns the advanced lease.
+
+        Raises :class:`~idempotence.errors.LockLost` when another worker holds the
+        key now; the caller must then let ``tx`` roll back.
+        """
+        return run(_ops.checkpoint(self._dialect, lease, recovery_point), tx._conn)
+
+    def finish(
+        self,
+        lease: Lease,
+        response: StoredResponse,
+        *,
+        tx: Transaction | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Store ``response`` and unlock, fenced; in ``tx`` when given (R2).
+
+        ``error`` marks the key errored (R6): terminal and listed for a human.
+        """
+        op = functools.partial(_ops.finish, self._dialect, lease, response, error)
+        if tx is not None:
+            run(op(), tx._conn)
+        else:
+            self._own(op)
+
+    def release(self, lease: Lease) -> None:
+        """Unlock without finishing, fenced: the next claim resumes (R5)."""
+        self._own(lambda: _ops.release(self._dialect, lease))
+
+    def heartbeat(self, lease: Lease) -> datetime:
+        """Extend the lock by its timeout from now, fenced (F2)."""
+        return self._own(lambda: _ops.heartbeat(self._dialect, lease))
+
+    def get(self, scope: str, key: str) -> KeyRecord | None:
+        """The key's current record, or None."""
+        return self._own(lambda: _ops.get(self._dialect, scope, key))
+
+    def migrate(self) -> list[str]:
+        """Apply pending schema migrations; return the versions applied."""
+        return self._own(lambda: _ops.migrate(self._dialect), atomic=True)
+
+    def close(self) -> None:
+        """Close the connections the store opened itself."""
+        self._source.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _own(self, make_op: Callable[[], Op[T]], *, atomic: bool = False) -> T:
+        """Run an operation in a transaction of its own, retrying transient aborts."""
+        for attempt in range(TRANSIENT_ATTEMPTS):
+            try:
+                with self._source.connection() as conn, conn.atomic() if atomic else conn.unit():
+                    return run(make_op(), conn)
+            except TransientError:
+                if attempt == TRANSIENT_ATTEMPTS - 1:
+                    raise
+                time.sleep(_backoff(attempt))
+        raise AssertionError("unreachable")
+
+
+class AsyncStore:
+    """A key store on a SQL database (async). Build one with
+    :class:`~idempotence.AsyncPostgresStore` or :class:`~idempotence.AsyncSqliteStore`.
+
+    Every method is the awaitable twin of :class:`Store`'s.
+    """
+
+    def __init__(self, source: AsyncSource, dialect: Dialect) -> None:
+        self._source = source
+        self._dialect = dialect
+
+    async def claim(self, request: ClaimRequest) -> Claim:
+        return await self._own(
+            lambda: self._dialect.claim(request), atomic=not self._dialect.claim_is_one_statement
+        )
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncTransaction]:
+        async with self._source.connection() as conn, conn.atomic():
+            yield AsyncTransaction(conn)
+
+    async def checkpoint(self, tx: AsyncTransaction, lease: Lease, recovery_point: str) -> Lease:
+        return await run_async(_ops.checkpoint(self._dialect, lease, recovery_point), tx._conn)
+
+    async def finish(
+        self,
+        lease: Lease,
+        response: StoredResponse,
+        *,
+        tx: AsyncTransaction | None = None,
+        error: str | None = None,
+    ) -> None:
+        op = functools.partial(_ops.finish, self._dialect, lease, response, error)
+        if tx is not None:
+            await run_async(op(), tx._conn)
+        else:
+            await self._own(op)
+
+    async def release(self, lease: Lease) -> None:
+        await self._own(lambda: _ops.release(self._dialect, lease))
+
+    async def heartbeat(self, lease: Lease) -> datetime:
+        return await self._own(lambda: _ops.heartbeat(self._dialect, lease))
+
+    async def get(self, scope: str, key: str) -> KeyRecord | None:
+        return await self._own(lambda: _ops.get(self._dialect, scope, key))
+
+    async def migrate(self) -> list[str]:
+        return await self._own(lambda: _ops.migrate(self._dialect), atomic=True)
+
+    async def close(self) -> None:
+        await self._source.close()
+
+    async def __aenter__(self) -> AsyncStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _own(self, make_op: Callable[[], Op[T]], *, atomic: bool = False) -> T:
+        for attempt in range(TRANSIENT_ATTEMPTS):
+            try:
+                async with (
+                    self._source.connection() as conn,
+                    conn.atomic() if atomic else conn.unit(),
+                ):
+                    return await run_async(make_op(), conn)
+            except TransientError:
+                if attempt == TRANSIENT_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(_backoff(attempt))
+        raise AssertionError("unreachable")

@@ -1,0 +1,303 @@
+"""The PostgreSQL key store on psycopg 3, sync and async (DESIGN 8: the reference).
+
+The claim is one ``INSERT ... ON CONFLICT`` statement in autocommit: one round trip
+(see ``sql/postgres/queries.sql``). The store works with a pool it opens from a
+conninfo, with the application's own ``psycopg_pool`` pool, or with one connection
+the application already has (then its operations share that connection's
+transactions, which is what request-as-transaction mode wants).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+    nullcontext,
+)
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+try:
+    import psycopg
+    import psycopg_pool
+    from psycopg.rows import dict_row
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "the PostgreSQL store needs psycopg 3: pip install 'idempotence[postgres]'"
+    ) from exc
+
+from ..errors import SchemaMissing, StoreError, StoreUnavailable
+from ..states import ClaimRequest
+from ._driver import TransientError
+from ._ops import Dialect, Op, Query, Row, claim_in_one_statement
+from ._store import AsyncStore, Store
+
+#: Seconds to wait for a connection before the store reports itself unavailable
+#: (P11): a request should get its 503 quickly, not after libpq's default minutes.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
+
+class PostgresDialect(Dialect):
+    name = "postgres"
+    claim_is_one_statement = True
+
+    def timestamp(self, value: Any) -> datetime:
+        assert isinstance(value, datetime)
+        return value.astimezone(UTC)
+
+    def duration_in(self, value: timedelta | None) -> Any:
+        return value
+
+    def duration_out(self, value: Any) -> timedelta:
+        assert isinstance(value, timedelta)
+        return value
+
+    def claim(self, request: ClaimRequest) -> Op[Any]:
+        return claim_in_one_statement(self, request)
+
+
+def translate(exc: BaseException) -> StoreError:
+    """The library's error for a psycopg or pool error (the caller raises it ``from``)."""
+    if isinstance(exc, psycopg.errors.TransactionRollback):
+        return TransientError(f"PostgreSQL aborted the transaction: {exc}")
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return SchemaMissing()
+    if isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout):
+        return StoreUnavailable(f"PostgreSQL is unavailable: {exc}")
+    return StoreError(f"PostgreSQL error: {exc}")
+
+
+_DRIVER_ERRORS = (psycopg.Error, psycopg_pool.PoolTimeout)
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except _DRIVER_ERRORS as exc:
+        raise translate(exc) from exc
+
+
+# -- sync ------------------------------------------------------------------------------
+
+
+class _Connection:
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self.raw = raw
+
+    def fetch(self, query: Query) -> list[Row]:
+        with _translated(), self.raw.cursor(row_factory=dict_row) as cur:
+            # No parameters: a script of several statements (migrations) is allowed.
+            cur.execute(query.sql, query.params or None)
+            return cur.fetchall() if cur.description else []
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        # Only the transaction's own begin and commit are translated: an error from
+        # the application's statements in between stays the application's error.
+        tx = self.raw.transaction()
+        with _translated():
+            tx.__enter__()
+        try:
+            yield
+        except BaseException as exc:
+            with _translated():
+                tx.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        with _translated():
+            tx.__exit__(None, None, None)
+
+    def unit(self) -> AbstractContextManager[None]:
+        # In autocommit one statement commits itself: one round trip. Otherwise a
+        # statement would leave a transaction open, so give it one.
+        return nullcontext() if self.raw.autocommit else self.atomic()
+
+
+class _PoolSource:
+    def __init__(self, pool: psycopg_pool.ConnectionPool[Any], *, owned: bool) -> None:
+        self.pool = pool
+        self._owned = owned
+
+    @contextmanager
+    def connection(self) -> Iterator[_Connection]:
+        with _translated():
+            cm = self.pool.connection()
+            raw = cm.__enter__()
+        try:
+            yield _Connection(raw)
+        except BaseException as exc:
+            cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        cm.__exit__(None, None, None)
+
+    def close(self) -> None:
+        if self._owned:
+            self.pool.close()
+
+
+class _SingleSource:
+    """The application's one connection; operations take turns on it."""
+
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self._conn = _Connection(raw)
+        # Re-entrant: a thread inside store.transaction() may call the store again.
+        self._lock = threading.RLock()
+
+    @contextmanager
+    def connection(self) -> Iterator[_Connection]:
+        with self._lock:
+            yield self._conn
+
+    def close(self) -> None:
+        pass  # the application owns it
+
+
+class PostgresStore(Store):
+    """The PostgreSQL key store (sync).
+
+    ``target`` is a conninfo or ``postgresql://`` URL (the store opens and owns a
+    pool), a ``psycopg_pool.ConnectionPool``, or a ``psycopg.Connection``.
+
+    >>> store = PostgresStore("postgresql://app@db/app")   # doctest: +SKIP
+    >>> store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        target: str | psycopg_pool.ConnectionPool[Any] | psycopg.Connection[Any],
+        *,
+        max_size: int = 10,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ) -> None:
+        source: _PoolSource | _SingleSource
+        if isinstance(target, str):
+            pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+                target,
+                min_size=1,
+                max_size=max_size,
+                timeout=connect_timeout,
+                kwargs={"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)},
+                open=False,
+            )
+            pool.open(wait=False)
+            source = _PoolSource(pool, owned=True)
+        elif isinstance(target, psycopg_pool.ConnectionPool):
+            source = _PoolSource(target, owned=False)
+        else:
+            source = _SingleSource(target)
+        super().__init__(source, PostgresDialect())
+
+
+# -- async -----------------------------------------------------------------------------
+
+
+class _AsyncConnection:
+    def __init__(self, raw: psycopg.AsyncConnection[Any]) -> None:
+        self.raw = raw
+
+    async def fetch(self, query: Query) -> list[Row]:
+        with _translated():
+            async with self.raw.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query.sql, query.params or None)
+                return await cur.fetchall() if cur.description else []
+
+    @asynccontextmanager
+    async def atomic(self) -> AsyncIterator[None]:
+        tx = self.raw.transaction()
+        with _translated():
+            await tx.__aenter__()
+        try:
+            yield
+        except BaseException as exc:
+            with _translated():
+                await tx.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        with _translated():
+            await tx.__aexit__(None, None, None)
+
+    def unit(self) -> AbstractAsyncContextManager[None]:
+        return nullcontext() if self.raw.autocommit else self.atomic()
+
+
+class _AsyncPoolSource:
+    def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any], *, owned: bool) -> None:
+        self.pool = pool
+        self._owned = owned
+        self._opened = not owned
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[_AsyncConnection]:
+        if not self._opened:
+            # An async pool cannot open in __init__; the first use opens it.
+            await self.pool.open(wait=False)
+            self._opened = True
+        with _translated():
+            cm = self.pool.connection()
+            raw = await cm.__aenter__()
+        try:
+            yield _AsyncConnection(raw)
+        except BaseException as exc:
+            await cm.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await cm.__aexit__(None, None, None)
+
+    async def close(self) -> None:
+        if self._owned and self._opened:
+            await self.pool.close()
+
+
+class _AsyncSingleSource:
+    def __init__(self, raw: psycopg.AsyncConnection[Any]) -> None:
+        self._conn = _AsyncConnection(raw)
+        self._lock = asyncio.Lock()
+        self._holder: object = None
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[_AsyncConnection]:
+        task = asyncio.current_task()
+        if self._holder is task:  # re-entrant, like the sync twin's RLock
+            yield self._conn
+            return
+        async with self._lock:
+            self._holder = task
+            try:
+                yield self._conn
+            finally:
+                self._holder = None
+
+    async def close(self) -> None:
+        pass
+
+
+class AsyncPostgresStore(AsyncStore):
+    """The PostgreSQL key store (async); ``target`` as for :class:`PostgresStore`,
+    with ``psycopg_pool.AsyncConnectionPool`` and ``psycopg.AsyncConnection``."""
+
+    def __init__(
+        self,
+        target: str | psycopg_pool.AsyncConnectionPool[Any] | psycopg.AsyncConnection[Any],
+        *,
+        max_size: int = 10,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ) -> None:
+        source: _AsyncPoolSource | _AsyncSingleSource
+        if isinstance(target, str):
+            pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
+                target,
+                min_size=1,
+                max_size=max_size,
+                timeout=connect_timeout,
+                kwargs={"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)},
+                open=False,
+            )
+            source = _AsyncPoolSource(pool, owned=True)
+        elif isinstance(target, psycopg_pool.AsyncConnectionPool):
+            source = _AsyncPoolSource(target, owned=False)
+        else:
+            source = _AsyncSingleSource(target)
+        super().__init__(source, PostgresDialect())

@@ -1,0 +1,296 @@
+"""The SQLite key store on the standard library, sync and async (the embedded default).
+
+SQLite serialises writers, which makes the claim simple and exactly as safe as on
+PostgreSQL on one node: it runs as read-decide-write inside ``BEGIN IMMEDIATE``, and
+no other writer can interleave. The database is put in WAL mode so readers never
+wait for the writer, and every connection waits (``busy_timeout``) rather than fail
+at once when another holds the write lock.
+
+The async store runs the same sync connections on worker threads: sqlite3 has no
+async API, and a local file is quick enough that a thread hop is the whole cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ..errors import SchemaMissing, StoreError, StoreUnavailable
+from ..states import ClaimRequest
+from ._driver import Connection, TransientError
+from ._ops import Dialect, Op, Query, Row, claim_in_transaction
+from ._store import AsyncStore, Store
+
+#: Seconds a connection waits for another's write lock before the attempt fails (and
+#: the store retries it a few times, see ``_store.TRANSIENT_ATTEMPTS``).
+DEFAULT_BUSY_TIMEOUT = 5.0
+
+#: Idle connections a store keeps open for reuse.
+MAX_IDLE_CONNECTIONS = 16
+
+
+class SqliteDialect(Dialect):
+    name = "sqlite"
+    claim_is_one_statement = False
+
+    def timestamp(self, value: Any) -> datetime:
+        return datetime.fromtimestamp(float(value), UTC)
+
+    def duration_in(self, value: timedelta | None) -> Any:
+        return None if value is None else value.total_seconds()
+
+    def duration_out(self, value: Any) -> timedelta:
+        return timedelta(seconds=float(value))
+
+    def claim(self, request: ClaimRequest) -> Op[Any]:
+        return claim_in_transaction(self, request)
+
+    def script_statements(self, script: str) -> list[str]:
+        # sqlite3 runs one statement per execute(), and executescript() would commit
+        # the migrating transaction first.
+        statements, pending = [], ""
+        for line in script.splitlines(keepends=True):
+            pending += line
+            if sqlite3.complete_statement(pending):
+                statements.append(pending.strip())
+                pending = ""
+        if pending.strip() and not all(
+            part.strip().startswith("--") or not part.strip() for part in pending.splitlines()
+        ):
+            raise ValueError(f"incomplete statement at the end of a migration: {pending!r}")
+        return statements
+
+
+def translate(exc: sqlite3.Error) -> StoreError:
+    """The library's error for a sqlite3 error (the caller raises it ``from``)."""
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError):
+        if "locked" in text or "busy" in text:
+            return TransientError(f"SQLite is busy: {text}")
+        if "no such table" in text:
+            return SchemaMissing()
+        if "unable to open" in text or "disk I/O" in text or "readonly" in text:
+            return StoreUnavailable(f"SQLite database is unavailable: {text}")
+    return StoreError(f"SQLite error: {text}")
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise translate(exc) from exc
+
+
+class _Connection:
+    _savepoints = itertools.count()
+
+    def __init__(self, raw: sqlite3.Connection) -> None:
+        self.raw = raw
+
+    def fetch(self, query: Query) -> list[Row]:
+        with _translated():
+            cur = self.raw.execute(query.sql, query.params)
+            try:
+                rows = cur.fetchall()
+                if not cur.description:
+                    return []
+                names = [column[0] for column in cur.description]
+                return [dict(zip(names, row, strict=True)) for row in rows]
+            finally:
+                cur.close()
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        if self.raw.in_transaction:
+            name = f"idempotence_{next(self._savepoints)}"
+            begin, commit, rollback = (
+                f"SAVEPOINT {name}",
+                f"RELEASE {name}",
+                f"ROLLBACK TO {name}; RELEASE {name}",
+            )
+        else:
+            # IMMEDIATE takes the write lock now, so the claim's read and write are
+            # one serializable unit (P6), and a phase never deadlocks upgrading a
+            # read lock.
+            begin, commit, rollback = "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK"
+        with _translated():
+            self.raw.execute(begin)
+        try:
+            yield
+        except BaseException:
+            with _translated():
+                for statement in rollback.split("; "):
+                    self.raw.execute(statement)
+            raise
+        with _translated():
+            self.raw.execute(commit)
+
+    def unit(self) -> AbstractContextManager[None]:
+        # Our own connections autocommit (isolation_level=None). An application's
+        # connection in the legacy implicit-transaction mode would leave our statement
+        # uncommitted, so it gets an explicit transaction.
+        if self.raw.isolation_level is None or self.raw.in_transaction:
+            return nullcontext()
+        return self.atomic()
+
+
+def connect(path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> sqlite3.Connection:
+    """Open a connection configured the way the store needs it."""
+    with _translated():
+        raw = sqlite3.connect(
+            path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        raw.execute("PRAGMA journal_mode=WAL")
+        raw.execute("PRAGMA foreign_keys=ON")
+    return raw
+
+
+class _FileSource:
+    """A small pool of connections to one database file."""
+
+    def __init__(self, path: str, *, busy_timeout: float) -> None:
+        self._path = path
+        self._busy_timeout = busy_timeout
+        self._idle: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @contextmanager
+    def connection(self) -> Iterator[_Connection]:
+        with self._lock:
+            if self._closed:
+                raise StoreUnavailable("the SQLite store is closed")
+            raw = self._idle.pop() if self._idle else None
+        if raw is None:
+            raw = connect(self._path, busy_timeout=self._busy_timeout)
+        try:
+            yield _Connection(raw)
+        finally:
+            if raw.in_transaction:  # an interrupted operation; never reuse it half-done
+                raw.rollback()
+            with self._lock:
+                keep = not self._closed and len(self._idle) < MAX_IDLE_CONNECTIONS
+                if keep:
+                    self._idle.append(raw)
+            if not keep:
+                raw.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for raw in idle:
+            raw.close()
+
+
+class _SingleSource:
+    """One connection (the application's, or an in-memory database); turns are taken."""
+
+    def __init__(self, raw: sqlite3.Connection, *, owned: bool, threaded: bool) -> None:
+        self._conn = _Connection(raw)
+        # The async store enters and leaves on different worker threads, which an
+        # RLock forbids; the sync store may re-enter from the thread that holds it.
+        self._lock: AbstractContextManager[Any] = (
+            threading.Lock() if threaded else threading.RLock()
+        )
+        self._owned = owned
+
+    @contextmanager
+    def connection(self) -> Iterator[_Connection]:
+        with self._lock:
+            yield self._conn
+
+    def close(self) -> None:
+        if self._owned:
+            self._conn.raw.close()
+
+
+def _source(
+    target: str | sqlite3.Connection, busy_timeout: float, *, threaded: bool = False
+) -> _FileSource | _SingleSource:
+    if isinstance(target, sqlite3.Connection):
+        return _SingleSource(target, owned=False, threaded=threaded)
+    if target == ":memory:":
+        # Every connection to ":memory:" is a different database: share one.
+        raw = connect(target, busy_timeout=busy_timeout)
+        return _SingleSource(raw, owned=True, threaded=threaded)
+    return _FileSource(target, busy_timeout=busy_timeout)
+
+
+class SqliteStore(Store):
+    """The SQLite key store (sync). ``target`` is a file path, ``":memory:"``, or a
+    ``sqlite3.Connection`` the application already has.
+
+    >>> store = SqliteStore("keys.sqlite3")      # doctest: +SKIP
+    """
+
+    def __init__(
+        self, target: str | sqlite3.Connection, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+    ) -> None:
+        super().__init__(_source(target, busy_timeout), SqliteDialect())
+
+
+# -- async: the sync connections, on worker threads ------------------------------------
+
+
+class _ThreadedConnection:
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self.raw = conn.raw
+
+    async def fetch(self, query: Query) -> list[Row]:
+        return await asyncio.to_thread(self._conn.fetch, query)
+
+    @asynccontextmanager
+    async def atomic(self) -> AsyncIterator[None]:
+        async with _on_threads(self._conn.atomic()):
+            yield
+
+    @asynccontextmanager
+    async def unit(self) -> AsyncIterator[None]:
+        async with _on_threads(self._conn.unit()):
+            yield
+
+
+@asynccontextmanager
+async def _on_threads(cm: AbstractContextManager[Any]) -> AsyncIterator[Any]:
+    """Enter and exit a blocking context manager on worker threads."""
+    value = await asyncio.to_thread(cm.__enter__)
+    try:
+        yield value
+    except BaseException as exc:
+        if not await asyncio.to_thread(cm.__exit__, type(exc), exc, exc.__traceback__):
+            raise
+    else:
+        await asyncio.to_thread(cm.__exit__, None, None, None)
+
+
+class _ThreadedSource:
+    def __init__(self, source: _FileSource | _SingleSource) -> None:
+        self._source = source
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[_ThreadedConnection]:
+        async with _on_threads(self._source.connection()) as conn:
+            yield _ThreadedConnection(conn)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._source.close)
+
+
+class AsyncSqliteStore(AsyncStore):
+    """The SQLite key store (async); ``target`` as for :class:`SqliteStore`."""
+
+    def __init__(
+        self, target: str | sqlite3.Connection, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+    ) -> None:
+        super().__init__(
+            _ThreadedSource(_source(target, busy_timeout, threaded=True)), SqliteDialect()
+        )
