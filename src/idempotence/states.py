@@ -199,6 +199,10 @@ def claim_from(record: KeyRecord, fingerprint: str, now: datetime, *, claimed: b
     predicate and the state machine disagree, which is a bug, not a race.
     """
     if claimed:
+        # A store whose write skipped the fingerprint check would hand out another
+        # request's key: refuse loudly rather than run the wrong request (P2).
+        if record.fingerprint != fingerprint:
+            raise AssertionError(f"store took key {record.key!r} for a mismatched request")
         lease = Lease(
             id=record.id,
             scope=record.scope,
@@ -213,22 +217,28 @@ def claim_from(record: KeyRecord, fingerprint: str, now: datetime, *, claimed: b
             f"store did not take key {record.key!r} but the state machine says EXECUTE"
         )
     retry_after = None
-    if outcome is Outcome.IN_PROGRESS:
-        expires = record.lock_expires_at()
-        assert expires is not None
+    expires = record.lock_expires_at()
+    if outcome is Outcome.IN_PROGRESS and expires is not None:
         retry_after = max((expires - now).total_seconds(), 0.0)
     return Claim(outcome, record, retry_after=retry_after)
 
 
 def key_state(record: KeyRecord, now: datetime) -> KeyState:
-    """The observable state of a key at ``now`` (F5)."""
+    """The observable state of a key at ``now`` (F5).
+
+    The order follows :func:`arbitrate`: a finished key is finished whatever its lock
+    fields say, and an errored key stays ERRORED past its expiry, because it waits for
+    a human, not for the reaper.
+    """
+    if record.finished:
+        if record.error is not None:
+            return KeyState.ERRORED
+        if record.expires_at is not None and record.expires_at <= now:
+            return KeyState.EXPIRED
+        status = record.response.status if record.response is not None else 500
+        return KeyState.COMPLETE if status < 400 else KeyState.FAILED
     if record.lock_is_live(now):
         return KeyState.PROCESSING
     if record.expires_at is not None and record.expires_at <= now:
         return KeyState.EXPIRED
-    if record.finished:
-        if record.error is not None:
-            return KeyState.ERRORED
-        assert record.response is not None
-        return KeyState.COMPLETE if record.response.status < 400 else KeyState.FAILED
     return KeyState.PENDING

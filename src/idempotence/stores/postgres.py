@@ -63,11 +63,20 @@ class PostgresDialect(Dialect):
 
 def translate(exc: BaseException) -> StoreError:
     """The library's error for a psycopg or pool error (the caller raises it ``from``)."""
-    if isinstance(exc, psycopg.errors.TransactionRollback):
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    # Class 40 is "transaction rollback": serialization failure, deadlock.
+    if sqlstate.startswith("40"):
         return TransientError(f"PostgreSQL aborted the transaction: {exc}")
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return SchemaMissing()
-    if isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout):
+    # No SQLSTATE means libpq itself failed (refused, reset, timed out); class 08 is a
+    # connection exception, 57P0x a server shutting down or starting, 53 out of
+    # resources (too many connections).
+    if (
+        isinstance(exc, psycopg_pool.PoolTimeout)
+        or (isinstance(exc, psycopg.OperationalError) and not sqlstate)
+        or sqlstate.startswith(("08", "57P", "53"))
+    ):
         return StoreUnavailable(f"PostgreSQL is unavailable: {exc}")
     return StoreError(f"PostgreSQL error: {exc}")
 

@@ -6,24 +6,33 @@ no other writer can interleave. The database is put in WAL mode so readers never
 wait for the writer, and every connection waits (``busy_timeout``) rather than fail
 at once when another holds the write lock.
 
-The async store runs the same sync connections on worker threads: sqlite3 has no
-async API, and a local file is quick enough that a thread hop is the whole cost.
+The async store runs the same sync connections, each on a thread of its own: sqlite3
+has no async API, and a local file is quick enough that a thread hop is the whole
+cost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+    nullcontext,
+)
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..states import ClaimRequest
-from ._driver import Connection, TransientError
+from ._driver import TransientError
 from ._ops import Dialect, Op, Query, Row, claim_in_transaction
 from ._store import AsyncStore, Store
 
@@ -31,8 +40,10 @@ from ._store import AsyncStore, Store
 #: the store retries it a few times, see ``_store.TRANSIENT_ATTEMPTS``).
 DEFAULT_BUSY_TIMEOUT = 5.0
 
-#: Idle connections a store keeps open for reuse.
+#: Idle connections a store keeps open for reuse (and, async, the most it opens).
 MAX_IDLE_CONNECTIONS = 16
+
+T = TypeVar("T")
 
 
 class SqliteDialect(Dialect):
@@ -91,8 +102,14 @@ def _translated() -> Iterator[None]:
 class _Connection:
     _savepoints = itertools.count()
 
-    def __init__(self, raw: sqlite3.Connection) -> None:
+    def __init__(
+        self, raw: sqlite3.Connection, writer: AbstractContextManager[Any] | None = None
+    ) -> None:
         self.raw = raw
+        # SQLite admits one writer at a time. Threads of one store queue on this lock
+        # and wake the moment it is free; left to SQLite's busy handler they would
+        # sleep in growing steps (up to 100 ms) and throughput would collapse.
+        self._writer = writer if writer is not None else nullcontext()
 
     def fetch(self, query: Query) -> list[Row]:
         with _translated():
@@ -120,17 +137,18 @@ class _Connection:
             # one serializable unit (P6), and a phase never deadlocks upgrading a
             # read lock.
             begin, commit, rollback = "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK"
-        with _translated():
-            self.raw.execute(begin)
-        try:
-            yield
-        except BaseException:
+        with self._writer if not self.raw.in_transaction else nullcontext():
             with _translated():
-                for statement in rollback.split("; "):
-                    self.raw.execute(statement)
-            raise
-        with _translated():
-            self.raw.execute(commit)
+                self.raw.execute(begin)
+            try:
+                yield
+            except BaseException:
+                with _translated():
+                    for statement in rollback.split("; "):
+                        self.raw.execute(statement)
+                raise
+            with _translated():
+                self.raw.execute(commit)
 
     def unit(self) -> AbstractContextManager[None]:
         # Our own connections autocommit (isolation_level=None). An application's
@@ -160,6 +178,7 @@ class _FileSource:
         self._busy_timeout = busy_timeout
         self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._writer = threading.Lock()
         self._closed = False
 
     @contextmanager
@@ -171,7 +190,7 @@ class _FileSource:
         if raw is None:
             raw = connect(self._path, busy_timeout=self._busy_timeout)
         try:
-            yield _Connection(raw)
+            yield _Connection(raw, self._writer)
         finally:
             if raw.in_transaction:  # an interrupted operation; never reuse it half-done
                 raw.rollback()
@@ -193,13 +212,10 @@ class _FileSource:
 class _SingleSource:
     """One connection (the application's, or an in-memory database); turns are taken."""
 
-    def __init__(self, raw: sqlite3.Connection, *, owned: bool, threaded: bool) -> None:
+    def __init__(self, raw: sqlite3.Connection, *, owned: bool) -> None:
         self._conn = _Connection(raw)
-        # The async store enters and leaves on different worker threads, which an
-        # RLock forbids; the sync store may re-enter from the thread that holds it.
-        self._lock: AbstractContextManager[Any] = (
-            threading.Lock() if threaded else threading.RLock()
-        )
+        # Re-entrant: a thread inside store.transaction() may call the store again.
+        self._lock = threading.RLock()
         self._owned = owned
 
     @contextmanager
@@ -212,15 +228,12 @@ class _SingleSource:
             self._conn.raw.close()
 
 
-def _source(
-    target: str | sqlite3.Connection, busy_timeout: float, *, threaded: bool = False
-) -> _FileSource | _SingleSource:
+def _source(target: str | sqlite3.Connection, busy_timeout: float) -> _FileSource | _SingleSource:
     if isinstance(target, sqlite3.Connection):
-        return _SingleSource(target, owned=False, threaded=threaded)
+        return _SingleSource(target, owned=False)
     if target == ":memory:":
         # Every connection to ":memory:" is a different database: share one.
-        raw = connect(target, busy_timeout=busy_timeout)
-        return _SingleSource(raw, owned=True, threaded=threaded)
+        return _SingleSource(connect(target, busy_timeout=busy_timeout), owned=True)
     return _FileSource(target, busy_timeout=busy_timeout)
 
 
@@ -237,60 +250,132 @@ class SqliteStore(Store):
         super().__init__(_source(target, busy_timeout), SqliteDialect())
 
 
-# -- async: the sync connections, on worker threads ------------------------------------
+# -- async: each connection on a thread of its own ---------------------------------------
 
 
 class _ThreadedConnection:
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-        self.raw = conn.raw
+    """A sqlite3 connection confined to one thread of its own.
+
+    Every call on the connection runs on that thread, in order. A shared thread pool
+    would be wrong: a task holding the write lock could wait for a thread while every
+    thread waits (busy_timeout) for that lock.
+    """
+
+    def __init__(
+        self, raw: sqlite3.Connection, executor: ThreadPoolExecutor, writer: asyncio.Lock
+    ) -> None:
+        self.raw = raw
+        self._conn = _Connection(raw)
+        self._executor = executor
+        self._writer = writer
+
+    @classmethod
+    async def open(
+        cls, opener: Callable[[], sqlite3.Connection], writer: asyncio.Lock
+    ) -> _ThreadedConnection:
+        executor = ThreadPoolExecutor(1, thread_name_prefix="idempotence-sqlite")
+        raw = await asyncio.get_running_loop().run_in_executor(executor, opener)
+        return cls(raw, executor, writer)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def fetch(self, query: Query) -> list[Row]:
-        return await asyncio.to_thread(self._conn.fetch, query)
+        return await self._call(self._conn.fetch, query)
 
     @asynccontextmanager
     async def atomic(self) -> AsyncIterator[None]:
-        async with _on_threads(self._conn.atomic()):
-            yield
+        # Tasks queue for the one writer here, on the event loop, rather than in
+        # SQLite's busy handler on their threads (see _Connection).
+        if self.raw.in_transaction:
+            async with self._on_thread(self._conn.atomic()):
+                yield
+        else:
+            async with self._writer, self._on_thread(self._conn.atomic()):
+                yield
+
+    def unit(self) -> AbstractAsyncContextManager[None]:
+        return self._on_thread(self._conn.unit())
 
     @asynccontextmanager
-    async def unit(self) -> AsyncIterator[None]:
-        async with _on_threads(self._conn.unit()):
+    async def _on_thread(self, cm: AbstractContextManager[None]) -> AsyncIterator[None]:
+        await self._call(cm.__enter__)
+        try:
             yield
+        except BaseException as exc:
+            if not await self._call(cm.__exit__, type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await self._call(cm.__exit__, None, None, None)
+
+    def _reset(self) -> None:
+        if self.raw.in_transaction:  # an interrupted operation; never reuse it half-done
+            self.raw.rollback()
+
+    async def reset(self) -> None:
+        await self._call(self._reset)
+
+    async def close(self, *, close_raw: bool) -> None:
+        if close_raw:
+            await self._call(self.raw.close)
+        self._executor.shutdown(wait=False)
 
 
-@asynccontextmanager
-async def _on_threads(cm: AbstractContextManager[Any]) -> AsyncIterator[Any]:
-    """Enter and exit a blocking context manager on worker threads."""
-    value = await asyncio.to_thread(cm.__enter__)
-    try:
-        yield value
-    except BaseException as exc:
-        if not await asyncio.to_thread(cm.__exit__, type(exc), exc, exc.__traceback__):
-            raise
-    else:
-        await asyncio.to_thread(cm.__exit__, None, None, None)
+class _AsyncSource:
+    """At most ``max_size`` threaded connections; tasks beyond that wait their turn
+    without holding a thread."""
 
-
-class _ThreadedSource:
-    def __init__(self, source: _FileSource | _SingleSource) -> None:
-        self._source = source
+    def __init__(
+        self, opener: Callable[[], sqlite3.Connection], *, max_size: int, owned: bool
+    ) -> None:
+        self._opener = opener
+        self._slots = asyncio.Semaphore(max_size)
+        self._writer = asyncio.Lock()
+        self._idle: list[_ThreadedConnection] = []
+        self._owned = owned
+        self._closed = False
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[_ThreadedConnection]:
-        async with _on_threads(self._source.connection()) as conn:
-            yield _ThreadedConnection(conn)
+        async with self._slots:
+            if self._closed:
+                raise StoreUnavailable("the SQLite store is closed")
+            conn = (
+                self._idle.pop()
+                if self._idle
+                else await _ThreadedConnection.open(self._opener, self._writer)
+            )
+            try:
+                yield conn
+            finally:
+                await conn.reset()
+                self._idle.append(conn)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._source.close)
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.close(close_raw=self._owned)
 
 
 class AsyncSqliteStore(AsyncStore):
-    """The SQLite key store (async); ``target`` as for :class:`SqliteStore`."""
+    """The SQLite key store (async); ``target`` as for :class:`SqliteStore` (an
+    application's connection must allow use from other threads:
+    ``check_same_thread=False``)."""
 
     def __init__(
-        self, target: str | sqlite3.Connection, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+        self,
+        target: str | sqlite3.Connection,
+        *,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        max_size: int = MAX_IDLE_CONNECTIONS,
     ) -> None:
-        super().__init__(
-            _ThreadedSource(_source(target, busy_timeout, threaded=True)), SqliteDialect()
-        )
+        source: _AsyncSource
+        if isinstance(target, sqlite3.Connection):
+            source = _AsyncSource(lambda: target, max_size=1, owned=False)
+        else:
+            opener = functools.partial(connect, target, busy_timeout=busy_timeout)
+            # Every connection to ":memory:" is a different database: share one.
+            size = 1 if target == ":memory:" else max_size
+            source = _AsyncSource(opener, max_size=size, owned=True)
+        super().__init__(source, SqliteDialect())

@@ -1,7 +1,7 @@
 -- Every statement the PostgreSQL store runs on the key table, one named query each.
 -- Every statement filters on scope, so the table can be distributed by scope
 -- (DESIGN 8); tests/test_sql.py checks it. Times come from the database clock:
--- now() for the claim (its own transaction), clock_timestamp() inside a caller's
+-- now() for the claim (its own transaction), statement_timestamp() inside a caller's
 -- transaction, where now() would be the transaction's start.
 
 -- claim --
@@ -46,8 +46,8 @@ WHERE k.scope = %(scope)s AND k.key = %(key)s AND NOT EXISTS (SELECT FROM claime
 -- the holder alive, so the lock is refreshed.
 UPDATE idempotency_keys
 SET recovery_point = %(recovery_point)s,
-    locked_at = clock_timestamp(),
-    last_run_at = clock_timestamp()
+    locked_at = statement_timestamp(),
+    last_run_at = statement_timestamp()
 WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
   AND finished_at IS NULL
 RETURNING lock_token;
@@ -62,9 +62,9 @@ SET recovery_point = 'finished',
     response_headers = %(headers)s::jsonb,
     response_body = %(body)s,
     error = %(error)s,
-    finished_at = clock_timestamp(),
+    finished_at = statement_timestamp(),
     locked_at = NULL,
-    expires_at = clock_timestamp() + (expires_at - created_at)
+    expires_at = statement_timestamp() + (expires_at - created_at)
 WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
   AND finished_at IS NULL
 RETURNING id;
@@ -80,7 +80,7 @@ RETURNING id;
 -- heartbeat --
 -- Extend a live lock (F2), fenced like every write of the holder.
 UPDATE idempotency_keys
-SET locked_at = clock_timestamp()
+SET locked_at = statement_timestamp()
 WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
   AND finished_at IS NULL AND locked_at IS NOT NULL
 RETURNING locked_at;

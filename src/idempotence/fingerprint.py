@@ -1,0 +1,226 @@
+"""Request fingerprints: SHA-256 over the canonical request (DESIGN 2, P2).
+
+A retry must fingerprint the same as the original even if the client re-serialised its
+body, and a different request under the same key must not. So the body is compared by
+meaning where its content type has one:
+
+* JSON (``application/json``, ``application/*+json``): parsed, then written back with
+  sorted keys and no insignificant whitespace. Numbers compare by exact decimal value:
+  ``1``, ``1.0``, ``1.00`` and ``1e0`` are the same number, ``0.1`` and
+  ``0.10000000000000000001`` are not (no float rounding, so different amounts always
+  differ). A leading UTF-8 BOM is ignored (RFC 8259 8.1); NaN and Infinity are not JSON.
+  Duplicate object keys keep the last value, as :func:`json.loads` does for the app.
+* ``application/x-www-form-urlencoded``: parsed into pairs, sorted by (name, value),
+  re-encoded. Percent-decoding works on bytes, so no two different values collide.
+* anything else: the raw bytes.
+
+Fields can be excluded (a timestamp the client regenerates on each retry, say): for JSON
+a top-level name or a dotted path into nested objects (``"meta.sent_at"``; a name that
+itself contains a dot cannot be addressed); for forms a field name, taken literally.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import urllib.parse
+from collections.abc import Iterable
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from idempotence.errors import InvalidBody
+
+__all__ = ["canonical_body", "fingerprint", "media_type"]
+
+# Bump the version if the canonical form ever changes: stored fingerprints made with the
+# old form would otherwise all turn into MISMATCH on the next retry, silently.
+_DOMAIN = b"idempotence.fingerprint.v1"
+_FORM = "application/x-www-form-urlencoded"
+_PLAIN_EXPONENT = 20
+
+
+def fingerprint(
+    method: str,
+    path: str,
+    body: bytes,
+    content_type: str | None = None,
+    *,
+    exclude: Iterable[str] = (),
+) -> str:
+    """Return the hex SHA-256 fingerprint of a request (DESIGN 2).
+
+    The method is upper-cased, the path used as given (include the query string in it
+    if it selects what the request does), the body canonicalised by its content type.
+
+    >>> a = fingerprint("post", "/charges", b'{"amount": 100, "to": "x"}', "application/json")
+    >>> b = fingerprint("POST", "/charges", b'{"to":"x","amount":100}', "application/json")
+    >>> a == b, len(a)
+    (True, 64)
+
+    Raises :class:`~idempotence.errors.InvalidBody` when a JSON body is not valid JSON.
+    """
+    excluded = _names(exclude)
+    # Each part is length-prefixed, so no choice of method, path or body can shift bytes
+    # from one part into another ("POST" + "/x" never equals "POS" + "T/x").
+    # The media type is hashed too: the same bytes sent as another type are another
+    # request (text/plain is not application/json), and a JSON body can never collide
+    # with a raw body that happens to equal its canonical form. Parameters such as
+    # charset are not part of it.
+    digest = hashlib.sha256(_DOMAIN)
+    for part in (
+        method.upper().encode("utf-8", "surrogatepass"),
+        path.encode("utf-8", "surrogatepass"),
+        media_type(content_type).encode("utf-8", "surrogatepass"),
+        canonical_body(body, content_type, excluded),
+    ):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def media_type(content_type: str | None) -> str:
+    """The lower-cased ``type/subtype`` of a Content-Type, parameters dropped.
+
+    >>> media_type("Application/JSON; charset=utf-8")
+    'application/json'
+    """
+    if content_type is None:
+        return ""
+    return content_type.split(";", 1)[0].strip(" \t").lower()
+
+
+def canonical_body(
+    body: bytes, content_type: str | None = None, exclude: Iterable[str] = ()
+) -> bytes:
+    """Return the body in the canonical form that :func:`fingerprint` hashes.
+
+    Useful to see why two requests fingerprint differently.
+
+    >>> canonical_body(b'{ "b": [1.50, 2], "a": null }', "application/json")
+    b'{"a":null,"b":[1.5,2]}'
+    >>> canonical_body(b"b=2&a=1&c=x", "application/x-www-form-urlencoded", exclude=["c"])
+    b'a=1&b=2'
+    """
+    kind = media_type(content_type)
+    exclude = _names(exclude)
+    if not body:
+        return b""
+    if kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json")):
+        return _canonical_json(body, exclude)
+    if kind == _FORM:
+        return _canonical_form(body, exclude)
+    return bytes(body)
+
+
+def _names(exclude: Iterable[str]) -> tuple[str, ...]:
+    # A bare string is an Iterable[str] too, and would exclude each of its letters.
+    if isinstance(exclude, str):
+        raise TypeError(f"exclude must be a collection of field names, not the string {exclude!r}")
+    return tuple(exclude)
+
+
+def _canonical_json(body: bytes, exclude: Iterable[str]) -> bytes:
+    try:
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidBody(
+            f"The request body is not valid UTF-8 (byte {exc.start} is 0x{body[exc.start]:02X}):"
+            " JSON must be sent as UTF-8."
+        ) from exc
+    try:
+        value = json.loads(
+            text, parse_float=_number, parse_int=_number, parse_constant=_reject_constant
+        )
+    except json.JSONDecodeError as exc:
+        raise InvalidBody(
+            # Some messages end in "at" ("Invalid control character at"); ours adds it.
+            f"The request body is not valid JSON: {exc.msg.removesuffix(' at')} "
+            f"at line {exc.lineno}, column {exc.colno} (character {exc.pos})."
+        ) from exc
+    except RecursionError as exc:
+        raise InvalidBody("The request body is JSON nested too deeply to read.") from exc
+    for path in exclude:
+        _remove_path(value, path.split("."))
+    try:
+        return _dump(value).encode("utf-8", "surrogatepass")
+    except RecursionError as exc:  # pragma: no cover - the parser gives up first
+        raise InvalidBody("The request body is JSON nested too deeply to read.") from exc
+
+
+class _Literal(str):
+    """A number kept as written, because Decimal cannot hold its exponent."""
+
+
+def _number(text: str) -> Decimal | _Literal:
+    try:
+        return Decimal(text)
+    except InvalidOperation:
+        # An exponent beyond 10**18 ("1e99999999999999999999"). Python's own parser reads
+        # it as inf or 0, so we would rather not reject it; as written, it still never
+        # equals a different number, only perhaps another spelling of itself.
+        return _Literal(text)
+
+
+def _reject_constant(name: str) -> Any:
+    # json.loads accepts NaN and Infinity by default; RFC 8259 does not, and neither do
+    # we, rather than invent a canonical form for values no payments request needs.
+    raise InvalidBody(f"The request body is not valid JSON: {name} is not a JSON number.")
+
+
+def _remove_path(value: Any, path: list[str]) -> None:
+    # Paths walk objects only; a path that meets a missing name, an array or a scalar
+    # removes nothing.
+    for name in path[:-1]:
+        if not isinstance(value, dict):
+            return
+        value = value.get(name)
+    if isinstance(value, dict):
+        value.pop(path[-1], None)
+
+
+def _dump(value: Any) -> str:
+    if isinstance(value, dict):
+        items = sorted(value.items())
+        return "{" + ",".join(f"{_dump_str(k)}:{_dump(v)}" for k, v in items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_dump(v) for v in value) + "]"
+    if isinstance(value, Decimal):
+        return _dump_number(value)
+    if isinstance(value, _Literal):
+        return str(value)
+    if isinstance(value, str):
+        return _dump_str(value)
+    return json.dumps(value)  # True, False, None
+
+
+def _dump_str(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _dump_number(number: Decimal) -> str:
+    # Strip trailing zeros by hand: Decimal.normalize() rounds to the context precision
+    # (28 digits), which would make long, different numbers equal.
+    sign, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)  # NaN and Infinity were rejected while parsing
+    if not any(digits):
+        return "0"  # 0, -0, 0.000 and 0e5 are the same value
+    while digits[-1] == 0:
+        digits = digits[:-1]
+        exponent += 1
+    if 0 < exponent <= _PLAIN_EXPONENT:
+        # Readable integers ("1500", not "1.5E+3"); a bound, so 1e999999 stays short.
+        digits, exponent = digits + (0,) * exponent, 0
+    # str() of a Decimal is exact and valid JSON ("1.5", "1E+21", "-1.23E-7").
+    return str(Decimal((sign, digits, exponent)))
+
+
+def _canonical_form(body: bytes, exclude: Iterable[str]) -> bytes:
+    # latin-1 maps bytes to characters one to one, so percent-decoding and re-encoding
+    # round-trip any bytes exactly; decoding as UTF-8 would turn every invalid sequence
+    # into U+FFFD and make different values collide.
+    names = {name.encode("utf-8").decode("latin-1") for name in exclude}
+    pairs = urllib.parse.parse_qsl(
+        body.decode("latin-1"), keep_blank_values=True, encoding="latin-1", errors="strict"
+    )
+    kept = sorted(pair for pair in pairs if pair[0] not in names)
+    return urllib.parse.urlencode(kept, encoding="latin-1").encode("ascii")

@@ -1,0 +1,118 @@
+"""Fixtures: real databases for every test, and every store behind one face.
+
+PostgreSQL comes from tests/support/postgres.py (an explicit server, the local one,
+or a throwaway cluster); each test run gets its own database, dropped at the end.
+Each test works in a scope of its own, so tests never see each other's keys. SQLite
+databases are files in the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idempotence import AsyncSqliteStore, SqliteStore
+from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from tests.support.postgres import (
+    ProvidedServer,
+    create_database,
+    drop_database,
+    provide_server_info,
+)
+from tests.support.stores import Blocking, EventLoopThread, StoreKind
+
+STORE_IDS = ["postgres-sync", "postgres-async", "sqlite-sync", "sqlite-async"]
+
+_server_description = "not started (no test needed it)"
+
+
+def pytest_report_header() -> str:
+    return "idempotence: PostgreSQL from tests/support/postgres.py (see the summary)"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    terminalreporter.write_line(f"PostgreSQL used by the tests: {_server_description}")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[ProvidedServer]:
+    """A real PostgreSQL server; the run fails (never skips) if none can be had."""
+    global _server_description
+    with provide_server_info() as server:
+        _server_description = server.description
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_server: ProvidedServer) -> Iterator[str]:
+    """A migrated database of this test run's own."""
+    url = create_database(pg_server.url)
+    try:
+        with PostgresStore(url) as store:
+            store.migrate()
+        yield url
+    finally:
+        drop_database(pg_server.url, url)
+
+
+@pytest.fixture
+def empty_pg_url(pg_server: ProvidedServer) -> Iterator[str]:
+    """A database with no schema at all."""
+    url = create_database(pg_server.url, prefix="idempotence_empty")
+    try:
+        yield url
+    finally:
+        drop_database(pg_server.url, url)
+
+
+@pytest.fixture
+def sqlite_path(tmp_path: Path) -> str:
+    path = str(tmp_path / "keys.sqlite3")
+    with SqliteStore(path) as store:
+        store.migrate()
+    return path
+
+
+@pytest.fixture(scope="session")
+def loop_thread() -> Iterator[EventLoopThread]:
+    loop = EventLoopThread()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(params=STORE_IDS)
+def store_kind(request: pytest.FixtureRequest) -> StoreKind:
+    """Each store the library ships, in each flavour (the conformance matrix)."""
+    backend, flavour = request.param.split("-")
+    if backend == "postgres":
+        url = request.getfixturevalue("pg_url")
+        opener: Any = (
+            (lambda: PostgresStore(url)) if flavour == "sync" else (lambda: AsyncPostgresStore(url))
+        )
+    else:
+        path = request.getfixturevalue("sqlite_path")
+        opener = (
+            (lambda: SqliteStore(path)) if flavour == "sync" else (lambda: AsyncSqliteStore(path))
+        )
+    return StoreKind(backend, flavour, opener)
+
+
+@pytest.fixture
+def store(store_kind: StoreKind, loop_thread: EventLoopThread) -> Iterator[Any]:
+    """The store under test, with a sync face whatever its flavour."""
+    opened = store_kind.open()
+    face: Any = opened if store_kind.flavour == "sync" else Blocking(opened, loop_thread)  # type: ignore[arg-type]
+    try:
+        yield face
+    finally:
+        face.close()
+
+
+@pytest.fixture
+def scope() -> str:
+    """A scope of this test's own."""
+    return f"test-{uuid.uuid4().hex[:12]}"

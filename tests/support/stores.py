@@ -1,0 +1,110 @@
+"""Every store the library ships, behind one sync face, for the conformance suite.
+
+The suite is written once and run against each store in both flavours. An async store
+is driven through :class:`Blocking`, which runs its coroutines on a private event
+loop in a background thread, so a test reads the same either way; the concurrency
+tests that must use asyncio tasks use the async store directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from idempotence import AsyncStore, Store
+
+T = TypeVar("T")
+
+
+class EventLoopThread:
+    """An event loop running in a daemon thread; :meth:`run` blocks on a coroutine."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=120)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
+class BlockingTransaction:
+    def __init__(self, tx: Any, loop: EventLoopThread) -> None:
+        self._tx = tx
+        self._loop = loop
+        self.connection = tx.connection
+
+    def execute(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
+        return self._loop.run(self._tx.execute(sql, params))
+
+
+class Blocking:
+    """A sync face on an :class:`AsyncStore`: same methods, same results."""
+
+    def __init__(self, store: AsyncStore, loop: EventLoopThread) -> None:
+        self.store = store
+        self._loop = loop
+
+    def claim(self, request: Any) -> Any:
+        return self._loop.run(self.store.claim(request))
+
+    def checkpoint(self, tx: BlockingTransaction, lease: Any, recovery_point: str) -> Any:
+        return self._loop.run(self.store.checkpoint(tx._tx, lease, recovery_point))
+
+    def finish(self, lease: Any, response: Any, *, tx: Any = None, error: Any = None) -> None:
+        inner = None if tx is None else tx._tx
+        self._loop.run(self.store.finish(lease, response, tx=inner, error=error))
+
+    def release(self, lease: Any) -> None:
+        self._loop.run(self.store.release(lease))
+
+    def heartbeat(self, lease: Any) -> Any:
+        return self._loop.run(self.store.heartbeat(lease))
+
+    def get(self, scope: str, key: str) -> Any:
+        return self._loop.run(self.store.get(scope, key))
+
+    def migrate(self) -> list[str]:
+        return self._loop.run(self.store.migrate())
+
+    def close(self) -> None:
+        self._loop.run(self.store.close())
+
+    @contextmanager
+    def transaction(self) -> Iterator[BlockingTransaction]:
+        cm = self.store.transaction()
+        tx = self._loop.run(cm.__aenter__())
+        try:
+            yield BlockingTransaction(tx, self._loop)
+        except BaseException as exc:
+            if not self._loop.run(cm.__aexit__(type(exc), exc, exc.__traceback__)):
+                raise
+        else:
+            self._loop.run(cm.__aexit__(None, None, None))
+
+
+@dataclass(frozen=True)
+class StoreKind:
+    """One store under test: its backend, its flavour, and how to open it."""
+
+    backend: str  # "postgres" | "sqlite"
+    flavour: str  # "sync" | "async"
+    open: Callable[[], Store | AsyncStore]
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend}-{self.flavour}"
+
+    @property
+    def placeholder(self) -> Callable[[str], str]:
+        """How a named parameter is written in this backend's SQL."""
+        return (lambda name: f"%({name})s") if self.backend == "postgres" else (lambda n: f":{n}")

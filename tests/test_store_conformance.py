@@ -1,0 +1,354 @@
+"""The store conformance suite: DESIGN 4 (P1-P6), F1, F2 on every store, sync and async.
+
+Every test runs against PostgreSQL and SQLite, each sync and async (the ``store``
+fixture), on real databases.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from idempotence import (
+    STARTED,
+    ClaimRequest,
+    KeyState,
+    LockLost,
+    Outcome,
+    StoredResponse,
+    key_state,
+)
+from tests.support.stores import StoreKind
+
+FP = "a" * 64
+OTHER_FP = "b" * 64
+SHORT = timedelta(milliseconds=300)
+
+
+def request(scope: str, key: str = "key-1", fingerprint: str = FP, **kw: Any) -> ClaimRequest:
+    return ClaimRequest(scope=scope, key=key, fingerprint=fingerprint, **kw)
+
+
+def response(n: int = 1) -> StoredResponse:
+    return StoredResponse.of(201, {"content-type": "application/json"}, f'{{"n": {n}}}')
+
+
+def make_side_table(store: Any) -> None:
+    """A table for 'the application's own writes' in a phase."""
+    with store.transaction() as tx:
+        tx.execute("CREATE TABLE IF NOT EXISTS side_effects (scope TEXT NOT NULL, note TEXT)")
+
+
+def side_notes(store: Any, kind: StoreKind, scope: str) -> list[str]:
+    p = kind.placeholder
+    with store.transaction() as tx:
+        rows = tx.execute(
+            f"SELECT note FROM side_effects WHERE scope = {p('scope')} ORDER BY note",
+            {"scope": scope},
+        )
+    return [row["note"] for row in rows]
+
+
+def write_note(tx: Any, kind: StoreKind, scope: str, note: str) -> None:
+    p = kind.placeholder
+    tx.execute(
+        f"INSERT INTO side_effects (scope, note) VALUES ({p('scope')}, {p('note')})",
+        {"scope": scope, "note": note},
+    )
+
+
+# -- P1 ----------------------------------------------------------------------------------
+
+
+def test_p1_a_new_key_executes_from_started_with_token_1(store: Any, scope: str) -> None:
+    claim = store.claim(request(scope, params={"amount": 2000}, path="/v1/rides", flow="rides"))
+    assert claim.outcome is Outcome.EXECUTE
+    assert claim.lease is not None
+    assert (claim.lease.token, claim.lease.recovery_point) == (1, STARTED)
+    record = claim.record
+    assert (record.scope, record.key, record.path, record.flow) == (
+        scope,
+        "key-1",
+        "/v1/rides",
+        "rides",
+    )
+    assert record.params == {"amount": 2000}
+    assert record.locked_at is not None and record.finished_at is None
+
+
+# -- P2 ----------------------------------------------------------------------------------
+
+
+def test_p2_mismatch_on_a_live_key(store: Any, scope: str) -> None:
+    store.claim(request(scope))
+    assert store.claim(request(scope, fingerprint=OTHER_FP)).outcome is Outcome.MISMATCH
+
+
+def test_p2_mismatch_beats_replay_on_a_finished_key(store: Any, scope: str) -> None:
+    lease = store.claim(request(scope)).lease
+    store.finish(lease, response())
+    claim = store.claim(request(scope, fingerprint=OTHER_FP))
+    assert claim.outcome is Outcome.MISMATCH
+    assert claim.lease is None
+
+
+def test_p2_mismatch_never_takes_over_an_abandoned_key(store: Any, scope: str) -> None:
+    lease = store.claim(request(scope)).lease
+    store.release(lease)
+    assert store.claim(request(scope, fingerprint=OTHER_FP)).outcome is Outcome.MISMATCH
+    # ... and the rightful retry still resumes it.
+    assert store.claim(request(scope)).outcome is Outcome.EXECUTE
+
+
+# -- P3 ----------------------------------------------------------------------------------
+
+
+def test_p3_a_finished_key_replays_the_stored_response_verbatim(store: Any, scope: str) -> None:
+    lease = store.claim(request(scope)).lease
+    stored = StoredResponse(
+        status=402,
+        headers=(("content-type", "application/json"), ("x-request-id", "r1"), ("x-dup", "a")),
+        body=bytes(range(256)),  # every byte value survives
+    )
+    store.finish(lease, stored)
+    for _ in range(3):
+        claim = store.claim(request(scope))
+        assert claim.outcome is Outcome.REPLAY
+        assert claim.response == stored
+        assert claim.lease is None
+
+
+def test_p3_a_replay_of_a_key_finished_while_locked_by_a_zombie(store: Any, scope: str) -> None:
+    # A finished key replays whatever its lock fields say: finish unlocks.
+    lease = store.claim(request(scope)).lease
+    store.finish(lease, response())
+    assert store.get(scope, "key-1").locked_at is None
+    assert store.claim(request(scope)).outcome is Outcome.REPLAY
+
+
+# -- P4 ----------------------------------------------------------------------------------
+
+
+def test_p4_a_live_lock_answers_in_progress_with_retry_after(store: Any, scope: str) -> None:
+    store.claim(request(scope, lock_timeout=timedelta(seconds=30)))
+    claim = store.claim(request(scope))
+    assert claim.outcome is Outcome.IN_PROGRESS
+    assert claim.lease is None
+    assert claim.retry_after is not None and 25 < claim.retry_after <= 30
+    assert claim.record.lock_token == 1  # an in-progress answer changes nothing
+
+
+# -- P5 ----------------------------------------------------------------------------------
+
+
+def test_p5_an_unlocked_key_resumes_from_its_recovery_point(store: Any, scope: str) -> None:
+    lease = store.claim(request(scope)).lease
+    with store.transaction() as tx:
+        lease = store.checkpoint(tx, lease, "ride_created")
+    store.release(lease)  # an unexpected exception after the phase (R5)
+    claim = store.claim(request(scope))
+    assert claim.outcome is Outcome.EXECUTE
+    assert claim.lease.recovery_point == "ride_created"
+    assert claim.lease.token == 2
+
+
+def test_p5_an_expired_lock_is_taken_over(store: Any, scope: str) -> None:
+    first = store.claim(request(scope, lock_timeout=SHORT)).lease
+    assert store.claim(request(scope)).outcome is Outcome.IN_PROGRESS
+    time.sleep(SHORT.total_seconds() + 0.1)
+    claim = store.claim(request(scope))
+    assert claim.outcome is Outcome.EXECUTE
+    assert claim.lease.token == first.token + 1
+
+
+# -- scoping, times, records -------------------------------------------------------------
+
+
+def test_the_same_key_in_two_scopes_is_two_keys(store: Any, scope: str) -> None:
+    other = scope + "-other"
+    a = store.claim(request(scope, params={"who": "a"}))
+    b = store.claim(request(other, fingerprint=OTHER_FP, params={"who": "b"}))
+    assert (a.outcome, b.outcome) == (Outcome.EXECUTE, Outcome.EXECUTE)
+    store.finish(a.lease, response(1))
+    assert store.claim(request(scope)).response == response(1)
+    assert store.claim(request(other, fingerprint=OTHER_FP)).outcome is Outcome.IN_PROGRESS
+    assert store.get(other, "key-1").params == {"who": "b"}
+
+
+def test_times_are_the_database_clock(store: Any, store_kind: StoreKind, scope: str) -> None:
+    def db_now() -> Any:
+        with store.transaction() as tx:
+            sql = (
+                "SELECT statement_timestamp() AS now"
+                if store_kind.backend == "postgres"
+                else "SELECT (julianday('now') - 2440587.5) * 86400.0 AS now"
+            )
+            return tx.execute(sql)[0]["now"]
+
+    before = db_now()
+    record = store.claim(request(scope)).record
+    after = db_now()
+    if store_kind.backend == "sqlite":
+        from datetime import UTC, datetime
+
+        before = datetime.fromtimestamp(before, UTC)
+        after = datetime.fromtimestamp(after, UTC)
+    # julianday keeps milliseconds
+    slack = timedelta(milliseconds=2)
+    assert before - slack <= record.created_at <= after + slack
+    assert before - slack <= record.locked_at <= after + slack
+    assert record.expires_at - record.created_at == timedelta(hours=24)
+
+
+def test_get_returns_none_for_an_unknown_key(store: Any, scope: str) -> None:
+    assert store.get(scope, "nope") is None
+
+
+def test_retention_none_keeps_a_key_forever(store: Any, scope: str) -> None:
+    lease = store.claim(request(scope, retention=None)).lease
+    store.finish(lease, response())
+    assert store.get(scope, "key-1").expires_at is None
+
+
+def test_finish_restarts_the_retention_window(store: Any, scope: str) -> None:
+    lease = store.claim(request(scope, retention=timedelta(hours=1))).lease
+    time.sleep(0.05)
+    store.finish(lease, response())
+    record = store.get(scope, "key-1")
+    assert record.expires_at - record.finished_at == timedelta(hours=1)
+    assert record.finished_at > record.created_at
+
+
+def test_errored_keys_are_terminal_and_flagged(store: Any, scope: str) -> None:
+    lease = store.claim(request(scope)).lease
+    store.finish(lease, StoredResponse.of(502, body="upstream unknown"), error="timeout")
+    record = store.get(scope, "key-1")
+    assert record.error == "timeout"
+    assert store.claim(request(scope)).outcome is Outcome.REPLAY
+    assert key_state(record, record.finished_at) is KeyState.ERRORED
+
+
+# -- F1 fencing ------------------------------------------------------------------------
+
+
+def test_f1_a_zombie_cannot_commit_after_a_takeover(
+    store: Any, store_kind: StoreKind, scope: str
+) -> None:
+    make_side_table(store)
+    zombie = store.claim(request(scope, lock_timeout=SHORT)).lease
+    time.sleep(SHORT.total_seconds() + 0.1)  # the zombie's lock expires (GC pause...)
+    taker = store.claim(request(scope)).lease
+    assert taker is not None and taker.token == zombie.token + 1
+
+    # The zombie wakes up and tries to commit a phase: refused, its writes roll back.
+    with pytest.raises(LockLost), store.transaction() as tx:
+        write_note(tx, store_kind, scope, "zombie phase")
+        store.checkpoint(tx, zombie, "ride_created")
+    with pytest.raises(LockLost), store.transaction() as tx:
+        write_note(tx, store_kind, scope, "zombie finish")
+        store.finish(zombie, response(666), tx=tx)
+    for fenced in (store.finish, store.release, store.heartbeat):
+        args = (zombie, response(666)) if fenced == store.finish else (zombie,)
+        with pytest.raises(LockLost):
+            fenced(*args)
+    assert side_notes(store, store_kind, scope) == []
+
+    # The rightful holder is untouched and finishes normally.
+    with store.transaction() as tx:
+        write_note(tx, store_kind, scope, "taker phase")
+        taker = store.checkpoint(tx, taker, "ride_created")
+    store.finish(taker, response(2))
+    assert side_notes(store, store_kind, scope) == ["taker phase"]
+    replay = store.claim(request(scope))
+    assert replay.outcome is Outcome.REPLAY and replay.response == response(2)
+    record = store.get(scope, "key-1")
+    assert (record.recovery_point, record.lock_token) == ("finished", 2)
+
+
+def test_f1_a_finished_key_refuses_every_fenced_write(store: Any, scope: str) -> None:
+    lease = store.claim(request(scope)).lease
+    store.finish(lease, response(1))
+    with pytest.raises(LockLost):
+        store.finish(lease, response(2))
+    with pytest.raises(LockLost), store.transaction() as tx:
+        store.checkpoint(tx, lease, "again")
+    assert store.claim(request(scope)).response == response(1)
+
+
+def test_lock_lost_says_what_happened(store: Any, scope: str) -> None:
+    lease = store.claim(request(scope, lock_timeout=SHORT)).lease
+    time.sleep(SHORT.total_seconds() + 0.1)
+    store.claim(request(scope))
+    with pytest.raises(LockLost) as caught:
+        store.release(lease)
+    assert "key-1" in str(caught.value) and "roll back" in str(caught.value)
+    assert (caught.value.scope, caught.value.token) == (scope, 1)
+
+
+# -- F2 heartbeats ---------------------------------------------------------------------
+
+
+def test_f2_a_heartbeat_keeps_the_lock(store: Any, scope: str) -> None:
+    lease = store.claim(request(scope, lock_timeout=timedelta(milliseconds=600))).lease
+    for _ in range(3):
+        time.sleep(0.35)
+        store.heartbeat(lease)
+    # 1.05 s after the claim, well past the timeout, the lock still holds.
+    assert store.claim(request(scope)).outcome is Outcome.IN_PROGRESS
+    time.sleep(0.7)
+    assert store.claim(request(scope)).outcome is Outcome.EXECUTE
+
+
+def test_checkpoint_refreshes_the_lock(store: Any, scope: str) -> None:
+    lease = store.claim(request(scope, lock_timeout=timedelta(milliseconds=600))).lease
+    time.sleep(0.4)
+    with store.transaction() as tx:
+        store.checkpoint(tx, lease, "charged")
+    time.sleep(0.4)
+    assert store.claim(request(scope)).outcome is Outcome.IN_PROGRESS
+
+
+# -- phases share the application's transaction (R2) -----------------------------------
+
+
+def test_r2_a_failed_phase_rolls_back_its_writes_and_its_checkpoint(
+    store: Any, store_kind: StoreKind, scope: str
+) -> None:
+    make_side_table(store)
+    lease = store.claim(request(scope)).lease
+    with pytest.raises(RuntimeError), store.transaction() as tx:
+        write_note(tx, store_kind, scope, "half")
+        store.checkpoint(tx, lease, "ride_created")
+        raise RuntimeError("crash before commit")
+    assert side_notes(store, store_kind, scope) == []
+    assert store.get(scope, "key-1").recovery_point == STARTED
+
+
+def test_r2_the_checkpoint_commits_with_the_phase(
+    store: Any, store_kind: StoreKind, scope: str
+) -> None:
+    make_side_table(store)
+    lease = store.claim(request(scope)).lease
+    with store.transaction() as tx:
+        write_note(tx, store_kind, scope, "ride")
+        lease = store.checkpoint(tx, lease, "ride_created")
+    assert side_notes(store, store_kind, scope) == ["ride"]
+    assert store.get(scope, "key-1").recovery_point == "ride_created"
+
+
+def test_a_second_key_with_unicode_and_quotes(store: Any, scope: str) -> None:
+    key = "\"quoted\" 'single' \\ %s %(x)s :x ?"
+    claim = store.claim(request(scope, key=key, params={"note": "café ☕"}))
+    assert claim.outcome is Outcome.EXECUTE
+    assert store.get(scope, key).params == {"note": "café ☕"}
+
+
+def test_keys_are_unique_per_scope_even_in_many_claims(store: Any, scope: str) -> None:
+    keys = [uuid.uuid4().hex for _ in range(50)]
+    leases = [store.claim(request(scope, key=k)).lease for k in keys]
+    assert len({lease.id for lease in leases}) == 50
+    assert all(store.claim(request(scope, key=k)).outcome is Outcome.IN_PROGRESS for k in keys)

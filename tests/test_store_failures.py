@@ -1,0 +1,221 @@
+"""The store under failure: unreachable and restarted databases, busy writers, and the
+connections an application hands us. The store fails closed (P11) and never answers
+a wrong outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from idempotence import (
+    AsyncSqliteStore,
+    ClaimRequest,
+    Outcome,
+    SqliteStore,
+    StoredResponse,
+    StoreUnavailable,
+    TransientError,
+)
+from idempotence.stores import postgres
+from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from tests.support.postgres import ProvidedServer, throwaway_cluster
+
+FP = "c" * 64
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nothing"
+
+
+def req(scope: str, key: str = "k") -> ClaimRequest:
+    return ClaimRequest(scope=scope, key=key, fingerprint=FP)
+
+
+# -- P11: unreachable ---------------------------------------------------------------------
+
+
+def test_p11_an_unreachable_postgres_fails_closed_and_fast(scope: str) -> None:
+    store = PostgresStore(UNREACHABLE, connect_timeout=1)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="unavailable"):
+        store.claim(req(scope))
+    assert time.monotonic() - started < 5
+    store.close()
+
+
+def test_p11_an_unreachable_postgres_fails_closed_async(scope: str) -> None:
+    async def main() -> None:
+        store = AsyncPostgresStore(UNREACHABLE, connect_timeout=1)
+        try:
+            with pytest.raises(StoreUnavailable):
+                await store.claim(req(scope))
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_p11_an_unopenable_sqlite_file_fails_closed(tmp_path: Any, scope: str) -> None:
+    path = str(tmp_path / "missing-dir" / "keys.sqlite3")
+    with pytest.raises(StoreUnavailable):
+        SqliteStore(path).claim(req(scope))
+
+    async def main() -> None:
+        with pytest.raises(StoreUnavailable):
+            await AsyncSqliteStore(path).claim(req(scope))
+
+    asyncio.run(main())
+
+
+# -- a restarted database -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[ProvidedServer]:
+    """A private cluster this module may crash and restart. Commits must be durable
+    across a server crash, so synchronous_commit is back on (the throwaway default
+    trades it for speed; fsync stays off, which an OS that keeps running forgives)."""
+    with throwaway_cluster(settings={"synchronous_commit": "on"}) as server:
+        yield server
+
+
+def _settle(store: PostgresStore, request: ClaimRequest) -> Any:
+    """Claim until the store answers; only StoreUnavailable may come in between."""
+    for _ in range(20):
+        try:
+            return store.claim(request)
+        except StoreUnavailable:
+            time.sleep(0.1)
+    raise AssertionError("the store never came back after the restart")
+
+
+def test_a_restarted_postgres_loses_nothing_and_answers_no_wrong_outcome(
+    own_server: ProvidedServer, scope: str
+) -> None:
+    assert own_server.restart is not None
+    store = PostgresStore(own_server.url, connect_timeout=2)
+    store.migrate()
+    done = store.claim(req(scope, "done")).lease
+    store.finish(done, StoredResponse.of(201, body="paid"))
+    running = store.claim(req(scope, "running")).lease
+    assert running is not None
+
+    own_server.restart()  # immediate stop: every pooled connection dies
+
+    replay = _settle(store, req(scope, "done"))
+    assert replay.outcome is Outcome.REPLAY
+    assert replay.response.body == b"paid"
+    # The lock taken before the crash is committed state: still held (P4), and its
+    # holder may still finish with its lease.
+    assert _settle(store, req(scope, "running")).outcome is Outcome.IN_PROGRESS
+    store.finish(running, StoredResponse.of(201, body="late"))
+    assert _settle(store, req(scope, "running")).response.body == b"late"
+    assert _settle(store, req(scope, "new")).outcome is Outcome.EXECUTE
+    store.close()
+
+
+# -- transient errors are retried ---------------------------------------------------------
+
+
+def _hold_write_lock(path: str, seconds: float, started: threading.Event) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    started.set()
+    time.sleep(seconds)
+    conn.execute("ROLLBACK")
+    conn.close()
+
+
+def test_sqlite_claims_wait_out_a_briefly_busy_writer(sqlite_path: str, scope: str) -> None:
+    # busy_timeout 50 ms, another process-like writer holds the lock for 150 ms: the
+    # first attempt times out (TransientError) and a retry gets through.
+    started = threading.Event()
+    holder = threading.Thread(target=_hold_write_lock, args=(sqlite_path, 0.15, started))
+    holder.start()
+    started.wait()
+    store = SqliteStore(sqlite_path, busy_timeout=0.05)
+    assert store.claim(req(scope)).outcome is Outcome.EXECUTE
+    holder.join()
+    store.close()
+
+
+def test_sqlite_gives_up_on_a_writer_that_never_lets_go(sqlite_path: str, scope: str) -> None:
+    started = threading.Event()
+    holder = threading.Thread(target=_hold_write_lock, args=(sqlite_path, 3.0, started))
+    holder.start()
+    started.wait()
+    store = SqliteStore(sqlite_path, busy_timeout=0.02)
+    with pytest.raises(TransientError, match="busy"):
+        store.claim(req(scope))
+    holder.join()
+    assert store.claim(req(scope)).outcome is Outcome.EXECUTE  # nothing half-done
+    store.close()
+
+
+# -- P6: one statement, one round trip ----------------------------------------------------
+
+
+def test_p6_the_postgres_claim_is_one_statement_in_autocommit(
+    pg_url: str, scope: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[tuple[str, bool]] = []
+    fetch = postgres._Connection.fetch
+
+    def counting(self: Any, query: Any) -> Any:
+        sent.append((query.name, self.raw.autocommit))
+        return fetch(self, query)
+
+    monkeypatch.setattr(postgres._Connection, "fetch", counting)
+    store = PostgresStore(pg_url)
+    first = store.claim(req(scope))
+    store.claim(req(scope))  # in progress
+    store.finish(first.lease, StoredResponse.of(200))
+    store.claim(req(scope))  # replay
+    store.close()
+    # Each claim: one statement on an autocommit connection, so no BEGIN/COMMIT trips.
+    assert sent == [("claim", True), ("claim", True), ("finish", True), ("claim", True)]
+
+
+# -- connections the application already has -------------------------------------------
+
+
+def test_postgres_store_on_the_applications_own_connection(pg_url: str, scope: str) -> None:
+    conn = psycopg.connect(pg_url)  # not autocommit: the store must commit its own work
+    store = PostgresStore(conn)
+    claim = store.claim(req(scope))
+    assert claim.outcome is Outcome.EXECUTE
+    with PostgresStore(pg_url) as other:  # committed, so visible elsewhere
+        assert other.claim(req(scope)).outcome is Outcome.IN_PROGRESS
+    with store.transaction() as tx:
+        tx.execute("SELECT 1")
+        store.finish(claim.lease, StoredResponse.of(200, body="own"), tx=tx)
+    with PostgresStore(pg_url) as other:
+        assert other.claim(req(scope)).response.body == b"own"
+    conn.close()
+
+
+def test_async_postgres_store_on_the_applications_own_connection(pg_url: str, scope: str) -> None:
+    async def main() -> None:
+        conn = await psycopg.AsyncConnection.connect(pg_url)
+        store = AsyncPostgresStore(conn)
+        claim = await store.claim(req(scope))
+        async with store.transaction() as tx:
+            await store.checkpoint(tx, claim.lease, "step")
+        assert (await store.get(scope, "k")).recovery_point == "step"
+        await conn.close()
+
+    asyncio.run(main())
+
+
+def test_sqlite_store_on_the_applications_own_connection(sqlite_path: str, scope: str) -> None:
+    conn = sqlite3.connect(sqlite_path)  # Python's default implicit-transaction mode
+    store = SqliteStore(conn)
+    claim = store.claim(req(scope))
+    store.finish(claim.lease, StoredResponse.of(200, body="own"))
+    with SqliteStore(sqlite_path) as other:
+        assert other.claim(req(scope)).response.body == b"own"
+    conn.close()
