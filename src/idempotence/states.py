@@ -171,6 +171,20 @@ class Claim:
         return self.record.response
 
 
+@dataclass(frozen=True, slots=True)
+class StagedJob:
+    """A job a phase staged (R7): delivered after its phase commits, deduplicated by
+    ``job_key`` on the runner's side."""
+
+    id: int
+    job_key: str
+    scope: str
+    key_id: int
+    name: str
+    args: JSON
+    created_at: datetime
+
+
 def arbitrate(record: KeyRecord | None, fingerprint: str, now: datetime) -> Outcome:
     """Decide a claim's outcome from the existing row, in DESIGN's order of precedence.
 

@@ -24,6 +24,7 @@ from ..states import (
     KeyRecord,
     Lease,
     Outcome,
+    StagedJob,
     StoredResponse,
     arbitrate,
     claim_from,
@@ -63,7 +64,7 @@ class Dialect(abc.ABC):
     def __init__(self) -> None:
         self.queries = _queries.load(self.name)
 
-    def query(self, name: str, **params: Any) -> Query:
+    def query(self, name: str, /, **params: Any) -> Query:
         return Query(name, self.queries[name], params)
 
     # -- value conversions ------------------------------------------------------------
@@ -181,6 +182,22 @@ def finish(d: Dialect, lease: Lease, response: StoredResponse, error: str | None
         raise _lost(lease, "finish")
 
 
+def end_phase(
+    d: Dialect,
+    lease: Lease,
+    jobs: list[tuple[str, str, Any]],
+    recovery_point: str | None,
+    response: StoredResponse | None,
+) -> Op[Lease]:
+    """Close a phase in its transaction: stage its jobs, then, as the last statement,
+    either store ``response`` or checkpoint ``recovery_point`` (R2, R7, F1)."""
+    yield from stage_jobs(d, lease, jobs)
+    if response is not None:
+        yield from finish(d, lease, response, None)
+        return lease.advanced("finished")
+    return (yield from checkpoint(d, lease, recovery_point or lease.recovery_point))
+
+
 def release(d: Dialect, lease: Lease) -> Op[None]:
     """Unlock without finishing, fenced (R5)."""
     rows = yield d.query("release", **_fenced(lease))
@@ -209,6 +226,44 @@ def migrate(d: Dialect) -> Op[list[str]]:
         yield d.query("migrations_record", version=version)
         done.append(version)
     return done
+
+
+def forget(d: Dialect, lease: Lease) -> Op[None]:
+    """Delete a key that never got past ``started``, fenced (R5: rejected requests
+    store nothing)."""
+    rows = yield d.query("forget", **_fenced(lease))
+    if not rows:
+        raise _lost(lease, "forget")
+
+
+def stage_jobs(d: Dialect, lease: Lease, jobs: list[tuple[str, str, Any]]) -> Op[None]:
+    """Insert ``(job_key, name, args)`` jobs in the phase's transaction (R7)."""
+    for job_key, name, args in jobs:
+        yield d.query(
+            "stage_job",
+            job_key=job_key,
+            scope=lease.scope,
+            key_id=lease.id,
+            name=name,
+            args=json.dumps(args, separators=(",", ":")),
+        )
+
+
+def take_staged_jobs(d: Dialect, limit: int) -> Op[list[StagedJob]]:
+    """Remove up to ``limit`` staged jobs in the caller's transaction and return them."""
+    rows = yield d.query("take_staged_jobs", limit=limit)
+    return [
+        StagedJob(
+            id=row["id"],
+            job_key=row["job_key"],
+            scope=row["scope"],
+            key_id=row["key_id"],
+            name=row["name"],
+            args=d.json_out(row["args"]),
+            created_at=d.timestamp(row["created_at"]),
+        )
+        for row in sorted(rows, key=lambda row: row["id"])
+    ]
 
 
 def get(d: Dialect, scope: str, key: str) -> Op[KeyRecord | None]:

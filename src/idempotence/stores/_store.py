@@ -10,12 +10,12 @@ import asyncio
 import functools
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
-from ..states import Claim, ClaimRequest, KeyRecord, Lease, StoredResponse
+from ..states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredResponse
 from . import _ops
 from ._driver import (
     AsyncConnection,
@@ -94,8 +94,14 @@ class Store:
         self._source = source
         self._dialect = dialect
 
-    def claim(self, request: ClaimRequest) -> Claim:
-        """Claim ``request``'s key in one atomic step and return its single outcome."""
+    def claim(self, request: ClaimRequest, *, tx: Transaction | None = None) -> Claim:
+        """Claim ``request``'s key in one atomic step and return its single outcome.
+
+        Given ``tx``, the claim joins that transaction (request-as-transaction, F3): a
+        racing duplicate then waits for it to commit and replays its response.
+        """
+        if tx is not None:
+            return run(self._dialect.claim(request), tx._conn)
         return self._own(
             lambda: self._dialect.claim(request), atomic=not self._dialect.claim_is_one_statement
         )
@@ -140,6 +146,33 @@ class Store:
         """Extend the lock by its timeout from now, fenced (F2)."""
         return self._own(lambda: _ops.heartbeat(self._dialect, lease))
 
+    def end_phase(
+        self,
+        tx: Transaction,
+        lease: Lease,
+        *,
+        jobs: Sequence[tuple[str, str, Any]] = (),
+        recovery_point: str | None = None,
+        response: StoredResponse | None = None,
+    ) -> Lease:
+        """Close a phase in ``tx``: stage ``jobs``, then store ``response`` or
+        checkpoint ``recovery_point`` (the same one when None), fenced."""
+        op = _ops.end_phase(self._dialect, lease, list(jobs), recovery_point, response)
+        return run(op, tx._conn)
+
+    def forget(self, lease: Lease) -> None:
+        """Delete a key still at ``started``, fenced: a rejected request stores nothing (R5)."""
+        self._own(lambda: _ops.forget(self._dialect, lease))
+
+    def stage_jobs(self, tx: Transaction, lease: Lease, jobs: list[tuple[str, str, Any]]) -> None:
+        """Stage ``(job_key, name, args)`` jobs in ``tx``; they commit with it (R7)."""
+        run(_ops.stage_jobs(self._dialect, lease, jobs), tx._conn)
+
+    def take_staged_jobs(self, tx: Transaction, limit: int = 100) -> list[StagedJob]:
+        """Take up to ``limit`` staged jobs out of the table in ``tx`` (the enqueuer's
+        batch: commit ``tx`` only once they are delivered)."""
+        return run(_ops.take_staged_jobs(self._dialect, limit), tx._conn)
+
     def get(self, scope: str, key: str) -> KeyRecord | None:
         """The key's current record, or None."""
         return self._own(lambda: _ops.get(self._dialect, scope, key))
@@ -182,7 +215,9 @@ class AsyncStore:
         self._source = source
         self._dialect = dialect
 
-    async def claim(self, request: ClaimRequest) -> Claim:
+    async def claim(self, request: ClaimRequest, *, tx: AsyncTransaction | None = None) -> Claim:
+        if tx is not None:
+            return await run_async(self._dialect.claim(request), tx._conn)
         return await self._own(
             lambda: self._dialect.claim(request), atomic=not self._dialect.claim_is_one_statement
         )
@@ -214,6 +249,29 @@ class AsyncStore:
 
     async def heartbeat(self, lease: Lease) -> datetime:
         return await self._own(lambda: _ops.heartbeat(self._dialect, lease))
+
+    async def end_phase(
+        self,
+        tx: AsyncTransaction,
+        lease: Lease,
+        *,
+        jobs: Sequence[tuple[str, str, Any]] = (),
+        recovery_point: str | None = None,
+        response: StoredResponse | None = None,
+    ) -> Lease:
+        op = _ops.end_phase(self._dialect, lease, list(jobs), recovery_point, response)
+        return await run_async(op, tx._conn)
+
+    async def forget(self, lease: Lease) -> None:
+        await self._own(lambda: _ops.forget(self._dialect, lease))
+
+    async def stage_jobs(
+        self, tx: AsyncTransaction, lease: Lease, jobs: list[tuple[str, str, Any]]
+    ) -> None:
+        await run_async(_ops.stage_jobs(self._dialect, lease, jobs), tx._conn)
+
+    async def take_staged_jobs(self, tx: AsyncTransaction, limit: int = 100) -> list[StagedJob]:
+        return await run_async(_ops.take_staged_jobs(self._dialect, limit), tx._conn)
 
     async def get(self, scope: str, key: str) -> KeyRecord | None:
         return await self._own(lambda: _ops.get(self._dialect, scope, key))

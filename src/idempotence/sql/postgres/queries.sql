@@ -104,3 +104,30 @@ SELECT version FROM idempotence_migrations ORDER BY version;
 
 -- migrations_record --
 INSERT INTO idempotence_migrations (version) VALUES (%(version)s);
+
+-- stage_job --
+-- Inside the phase's transaction, before its checkpoint: the job commits with the
+-- phase or not at all (R7). Not the key table: no scope routing needed.
+INSERT INTO idempotence_staged_jobs (job_key, scope, key_id, name, args)
+VALUES (%(job_key)s, %(scope)s, %(key_id)s, %(name)s, %(args)s::jsonb);
+
+-- take_staged_jobs --
+-- The enqueuer's batch: deleted in the caller's transaction, which commits only once
+-- the jobs are delivered. SKIP LOCKED lets several enqueuers share the table.
+DELETE FROM idempotence_staged_jobs
+WHERE id IN (
+    SELECT id FROM idempotence_staged_jobs
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id, job_key, scope, key_id, name, args, created_at;
+
+-- forget --
+-- R5: a request rejected before its first phase committed leaves nothing stored, so
+-- the client may correct it and retry with the same key. Fenced, and only at
+-- 'started', when nothing else can refer to the row.
+DELETE FROM idempotency_keys
+WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
+  AND recovery_point = 'started' AND finished_at IS NULL
+RETURNING id;

@@ -43,3 +43,16 @@ CREATE INDEX idempotency_keys_pending_idx
 -- The reaper's view: rows that will expire (B3).
 CREATE INDEX idempotency_keys_expires_idx
     ON idempotency_keys (expires_at) WHERE expires_at IS NOT NULL;
+
+-- Jobs staged by a phase, committed with it (R7).
+CREATE TABLE idempotence_staged_jobs (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- The runner deduplicates deliveries by this key: deterministic from the key row,
+    -- the phase and the job's place in it, so a job is the same job on every delivery.
+    job_key     text        NOT NULL UNIQUE,
+    scope       text        NOT NULL,
+    key_id      bigint      NOT NULL,
+    name        text        NOT NULL,
+    args        jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);

@@ -98,3 +98,19 @@ SELECT version FROM idempotence_migrations ORDER BY version;
 
 -- migrations_record --
 INSERT INTO idempotence_migrations (version) VALUES (:version);
+
+-- stage_job --
+INSERT INTO idempotence_staged_jobs (job_key, scope, key_id, name, args, created_at)
+VALUES (:job_key, :scope, :key_id, :name, :args, (julianday('now') - 2440587.5) * 86400.0);
+
+-- take_staged_jobs --
+-- SQLite has one writer at a time, so the caller's write transaction is the lock.
+DELETE FROM idempotence_staged_jobs
+WHERE id IN (SELECT id FROM idempotence_staged_jobs ORDER BY id LIMIT :limit)
+RETURNING id, job_key, scope, key_id, name, args, created_at;
+
+-- forget --
+DELETE FROM idempotency_keys
+WHERE scope = :scope AND id = :id AND lock_token = :token
+  AND recovery_point = 'started' AND finished_at IS NULL
+RETURNING id;

@@ -37,3 +37,14 @@ CREATE INDEX idempotency_keys_pending_idx
 
 CREATE INDEX idempotency_keys_expires_idx
     ON idempotency_keys (expires_at) WHERE expires_at IS NOT NULL;
+
+-- Jobs staged by a phase, committed with it (R7).
+CREATE TABLE idempotence_staged_jobs (
+    id          INTEGER PRIMARY KEY,
+    job_key     TEXT    NOT NULL UNIQUE,
+    scope       TEXT    NOT NULL,
+    key_id      INTEGER NOT NULL,
+    name        TEXT    NOT NULL,
+    args        TEXT    NOT NULL DEFAULT '{}',
+    created_at  REAL    NOT NULL
+);
