@@ -16,6 +16,9 @@ from .errors import IdempotenceError
 class _DatabaseUrlType(click.ParamType[DatabaseUrl]):
     name = "URL"
 
+    def get_missing_message(self, param: click.Parameter, ctx: click.Context | None) -> str:
+        return f"Pass --database URL or set ${ENV_VAR}."
+
     def convert(self, value: object, param: object, ctx: click.Context | None) -> DatabaseUrl:
         if isinstance(value, DatabaseUrl):
             return value

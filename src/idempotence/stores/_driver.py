@@ -41,8 +41,8 @@ class Connection(Protocol):
     def atomic(self) -> AbstractContextManager[None]:
         """A write transaction (a savepoint when one is already open)."""
 
-    def unit(self) -> AbstractContextManager[None]:
-        """What one self-contained statement needs to be committed on its own."""
+    def unit(self, *, write: bool = True) -> AbstractContextManager[None]:
+        """What a self-contained operation needs to be committed on its own."""
 
 
 class AsyncConnection(Protocol):
@@ -54,7 +54,9 @@ class AsyncConnection(Protocol):
 
     def atomic(self) -> AbstractAsyncContextManager[None]: ...
 
-    def unit(self) -> AbstractAsyncContextManager[None]: ...
+    async def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
+        """Run a whole operation in a transaction of its own (``atomic``) or in
+        autocommit; ``write`` says whether it writes."""
 
 
 class Source(Protocol):
@@ -69,6 +71,12 @@ class AsyncSource(Protocol):
     def connection(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
 
     async def close(self) -> None: ...
+
+
+def perform(conn: Connection, op: Op[T], *, atomic: bool, write: bool) -> T:
+    """Run a whole operation on ``conn`` in a transaction of its own, or autocommit."""
+    with conn.atomic() if atomic else conn.unit(write=write):
+        return run(op, conn)
 
 
 def run(op: Op[T], conn: Connection) -> T:

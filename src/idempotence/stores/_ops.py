@@ -60,6 +60,9 @@ class Dialect(abc.ABC):
     #: runs in autocommit, one round trip); False when the driver must wrap it in a
     #: write transaction.
     claim_is_one_statement: ClassVar[bool]
+    #: True when a claim should first be tried as a plain read (claim_preview), so
+    #: that replays and conflicts never take the write lock (SQLite).
+    previews_claims: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.queries = _queries.load(self.name)
@@ -301,16 +304,32 @@ def claim_in_one_statement(d: Dialect, request: ClaimRequest) -> Op[Claim]:
     )
 
 
+def claim_preview(d: Dialect, request: ClaimRequest) -> Op[Claim | None]:
+    """Decide a claim from a plain read when the read alone can decide it.
+
+    REPLAY and MISMATCH read settled facts (a finished key stays finished, a
+    fingerprint never changes); IN_PROGRESS may be a moment stale, which only costs
+    the client a retry. A claim that may take the key returns None: it must be decided
+    again inside the write transaction (:func:`claim_in_transaction`), so P6 holds.
+    """
+    rows = yield d.query("claim_read", scope=request.scope, key=request.key)
+    if not rows:
+        return None
+    record, now = d.record(rows[0]), d.timestamp(rows[0]["db_now"])
+    if arbitrate(record, request.fingerprint, now) is Outcome.EXECUTE:
+        return None
+    return claim_from(record, request.fingerprint, now, claimed=False)
+
+
 def claim_in_transaction(d: Dialect, request: ClaimRequest) -> Op[Claim]:
     """The claim as read-decide-write inside one write transaction (SQLite).
 
     The driver runs it under an exclusive write lock (BEGIN IMMEDIATE), so the read
     and the write are one serializable unit and no other writer can interleave (P6).
     """
-    params = d.claim_params(request)
     rows = yield d.query("claim_read", scope=request.scope, key=request.key)
     if not rows:
-        rows = yield d.query("claim_insert", **params)
+        rows = yield d.query("claim_insert", **d.claim_params(request))
         return claim_from(
             d.record(rows[0]), request.fingerprint, d.timestamp(rows[0]["db_now"]), claimed=True
         )
@@ -321,7 +340,7 @@ def claim_in_transaction(d: Dialect, request: ClaimRequest) -> Op[Claim]:
         "claim_take_over",
         scope=request.scope,
         id=record.id,
-        lock_timeout=params["lock_timeout"],
+        lock_timeout=d.duration_in(request.lock_timeout),
     )
     return claim_from(
         d.record(rows[0]), request.fingerprint, d.timestamp(rows[0]["db_now"]), claimed=True

@@ -23,6 +23,7 @@ from ._driver import (
     Connection,
     Source,
     TransientError,
+    perform,
     run,
     run_async,
 )
@@ -102,6 +103,12 @@ class Store:
         """
         if tx is not None:
             return run(self._dialect.claim(request), tx._conn)
+        if self._dialect.previews_claims:
+            # Replays, mismatches and conflicts are decided by a read, without the
+            # write lock; only a claim that may take the key goes on to write.
+            preview = self._own(lambda: _ops.claim_preview(self._dialect, request), write=False)
+            if preview is not None:
+                return preview
         return self._own(
             lambda: self._dialect.claim(request), atomic=not self._dialect.claim_is_one_statement
         )
@@ -175,7 +182,7 @@ class Store:
 
     def get(self, scope: str, key: str) -> KeyRecord | None:
         """The key's current record, or None."""
-        return self._own(lambda: _ops.get(self._dialect, scope, key))
+        return self._own(lambda: _ops.get(self._dialect, scope, key), write=False)
 
     def migrate(self) -> list[str]:
         """Apply pending schema migrations; return the versions applied."""
@@ -191,12 +198,14 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _own(self, make_op: Callable[[], Op[T]], *, atomic: bool = False) -> T:
+    def _own(
+        self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True
+    ) -> T:
         """Run an operation in a transaction of its own, retrying transient aborts."""
         for attempt in range(TRANSIENT_ATTEMPTS):
             try:
-                with self._source.connection() as conn, conn.atomic() if atomic else conn.unit():
-                    return run(make_op(), conn)
+                with self._source.connection() as conn:
+                    return perform(conn, make_op(), atomic=atomic, write=write)
             except TransientError:
                 if attempt == TRANSIENT_ATTEMPTS - 1:
                     raise
@@ -218,6 +227,12 @@ class AsyncStore:
     async def claim(self, request: ClaimRequest, *, tx: AsyncTransaction | None = None) -> Claim:
         if tx is not None:
             return await run_async(self._dialect.claim(request), tx._conn)
+        if self._dialect.previews_claims:
+            preview = await self._own(
+                lambda: _ops.claim_preview(self._dialect, request), write=False
+            )
+            if preview is not None:
+                return preview
         return await self._own(
             lambda: self._dialect.claim(request), atomic=not self._dialect.claim_is_one_statement
         )
@@ -274,7 +289,7 @@ class AsyncStore:
         return await run_async(_ops.take_staged_jobs(self._dialect, limit), tx._conn)
 
     async def get(self, scope: str, key: str) -> KeyRecord | None:
-        return await self._own(lambda: _ops.get(self._dialect, scope, key))
+        return await self._own(lambda: _ops.get(self._dialect, scope, key), write=False)
 
     async def migrate(self) -> list[str]:
         return await self._own(lambda: _ops.migrate(self._dialect), atomic=True)
@@ -288,14 +303,13 @@ class AsyncStore:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _own(self, make_op: Callable[[], Op[T]], *, atomic: bool = False) -> T:
+    async def _own(
+        self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True
+    ) -> T:
         for attempt in range(TRANSIENT_ATTEMPTS):
             try:
-                async with (
-                    self._source.connection() as conn,
-                    conn.atomic() if atomic else conn.unit(),
-                ):
-                    return await run_async(make_op(), conn)
+                async with self._source.connection() as conn:
+                    return await conn.perform(make_op(), atomic=atomic, write=write)
             except TransientError:
                 if attempt == TRANSIENT_ATTEMPTS - 1:
                     raise

@@ -20,11 +20,12 @@ from contextlib import (
     nullcontext,
 )
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 try:
     import psycopg
     import psycopg_pool
+    from psycopg import pq
     from psycopg.rows import dict_row
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -33,13 +34,15 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..states import ClaimRequest
-from ._driver import TransientError
+from ._driver import TransientError, run_async
 from ._ops import Dialect, Op, Query, Row, claim_in_one_statement
 from ._store import AsyncStore, Store
 
 #: Seconds to wait for a connection before the store reports itself unavailable
 #: (P11): a request should get its 503 quickly, not after libpq's default minutes.
 DEFAULT_CONNECT_TIMEOUT = 5.0
+
+T = TypeVar("T")
 
 
 class PostgresDialect(Dialect):
@@ -92,6 +95,11 @@ def _translated() -> Iterator[None]:
         raise translate(exc) from exc
 
 
+def _has_rows(cur: Any) -> bool:
+    result = cur.pgresult
+    return result is not None and result.status == pq.ExecStatus.TUPLES_OK
+
+
 # -- sync ------------------------------------------------------------------------------
 
 
@@ -103,7 +111,9 @@ class _Connection:
         with _translated(), self.raw.cursor(row_factory=dict_row) as cur:
             # No parameters: a script of several statements (migrations) is allowed.
             cur.execute(query.sql, query.params or None)
-            return cur.fetchall() if cur.description else []
+            # pgresult.status is what cur.description would tell, without building a
+            # column description per statement (measurable on the hot path).
+            return cur.fetchall() if _has_rows(cur) else []
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
@@ -121,7 +131,7 @@ class _Connection:
         with _translated():
             tx.__exit__(None, None, None)
 
-    def unit(self) -> AbstractContextManager[None]:
+    def unit(self, *, write: bool = True) -> AbstractContextManager[None]:
         # In autocommit one statement commits itself: one round trip. Otherwise a
         # statement would leave a transaction open, so give it one.
         return nullcontext() if self.raw.autocommit else self.atomic()
@@ -213,7 +223,7 @@ class _AsyncConnection:
         with _translated():
             async with self.raw.cursor(row_factory=dict_row) as cur:
                 await cur.execute(query.sql, query.params or None)
-                return await cur.fetchall() if cur.description else []
+                return await cur.fetchall() if _has_rows(cur) else []
 
     @asynccontextmanager
     async def atomic(self) -> AsyncIterator[None]:
@@ -231,6 +241,10 @@ class _AsyncConnection:
 
     def unit(self) -> AbstractAsyncContextManager[None]:
         return nullcontext() if self.raw.autocommit else self.atomic()
+
+    async def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
+        async with self.atomic() if atomic else self.unit():
+            return await run_async(op, self)
 
 
 class _AsyncPoolSource:

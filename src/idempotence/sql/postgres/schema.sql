@@ -24,6 +24,8 @@ CREATE TABLE idempotency_keys (
     last_run_at     timestamptz,
     finished_at     timestamptz,
     expires_at      timestamptz,
+    -- How many times a completer has picked the key up (B2).
+    completer_attempts integer  NOT NULL DEFAULT 0,
     -- The scope leads every key so the table can be distributed by scope (DESIGN 8).
     PRIMARY KEY (scope, id),
     CONSTRAINT idempotency_keys_scope_key_unique UNIQUE (scope, key),
@@ -56,3 +58,28 @@ CREATE TABLE idempotence_staged_jobs (
     args        jsonb       NOT NULL DEFAULT '{}'::jsonb,
     created_at  timestamptz NOT NULL DEFAULT now()
 );
+
+-- The built-in job runner's queue (B4). The enqueuer moves staged jobs here in the
+-- transaction that takes them out of idempotence_staged_jobs, so a job arrives once
+-- per job_key (the unique constraint absorbs a repeat); the runner then executes it
+-- at least once.
+CREATE TABLE idempotence_jobs (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_key     text        NOT NULL UNIQUE,
+    scope       text        NOT NULL,
+    key_id      bigint      NOT NULL,
+    name        text        NOT NULL,
+    args        jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    -- ready: waiting or running (run_at is then the end of the runner's lease);
+    -- done: ran to the end; dead: failed too often, left for a human.
+    status      text        NOT NULL DEFAULT 'ready',
+    attempts    integer     NOT NULL DEFAULT 0,
+    run_at      timestamptz NOT NULL DEFAULT now(),
+    last_error  text,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz,
+    CONSTRAINT idempotence_jobs_status CHECK (status IN ('ready', 'done', 'dead'))
+);
+
+-- The runner's view: jobs that may run, by when.
+CREATE INDEX idempotence_jobs_ready_idx ON idempotence_jobs (run_at) WHERE status = 'ready';

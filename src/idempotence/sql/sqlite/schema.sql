@@ -23,6 +23,7 @@ CREATE TABLE idempotency_keys (
     last_run_at      REAL,
     finished_at      REAL,
     expires_at       REAL,
+    completer_attempts INTEGER NOT NULL DEFAULT 0,
     CONSTRAINT idempotency_keys_scope_key_unique UNIQUE (scope, key),
     CONSTRAINT idempotency_keys_key_length CHECK (length(key) BETWEEN 1 AND 255),
     CONSTRAINT idempotency_keys_finished_has_response
@@ -48,3 +49,22 @@ CREATE TABLE idempotence_staged_jobs (
     args        TEXT    NOT NULL DEFAULT '{}',
     created_at  REAL    NOT NULL
 );
+
+-- The built-in job runner's queue (B4).
+CREATE TABLE idempotence_jobs (
+    id          INTEGER PRIMARY KEY,
+    job_key     TEXT    NOT NULL UNIQUE,
+    scope       TEXT    NOT NULL,
+    key_id      INTEGER NOT NULL,
+    name        TEXT    NOT NULL,
+    args        TEXT    NOT NULL DEFAULT '{}',
+    status      TEXT    NOT NULL DEFAULT 'ready',
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    run_at      REAL    NOT NULL,
+    last_error  TEXT,
+    created_at  REAL    NOT NULL,
+    finished_at REAL,
+    CONSTRAINT idempotence_jobs_status CHECK (status IN ('ready', 'done', 'dead'))
+);
+
+CREATE INDEX idempotence_jobs_ready_idx ON idempotence_jobs (run_at) WHERE status = 'ready';

@@ -1,0 +1,127 @@
+"""Acceptance: the installed ``idempotence`` command, run in a subprocess.
+
+Exit status 0 on success, 1 when the store fails, 2 for a usage error; every error
+says what to do about it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import psycopg
+import pytest
+
+CLI = Path(sys.executable).parent / "idempotence"
+ENV_VAR = "IDEMPOTENCE_DATABASE_URL"
+
+
+def idempotence(
+    *args: str, cwd: Path | None = None, database_env: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the command; ``$IDEMPOTENCE_DATABASE_URL`` is set only when given."""
+    env = {name: value for name, value in os.environ.items() if name != ENV_VAR}
+    if database_env is not None:
+        env[ENV_VAR] = database_env
+    return subprocess.run(
+        [str(CLI), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def has_key_table(path: Path) -> bool:
+    conn = sqlite3.connect(path)
+    try:
+        found = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idempotency_keys'"
+        ).fetchall()
+    finally:
+        conn.close()
+    return found == [(1,)]
+
+
+def test_version() -> None:
+    result = idempotence("--version")
+    assert result.returncode == 0, result.stderr
+    assert metadata.version("idempotence") in result.stdout
+
+
+def test_migrate_sqlite_then_up_to_date(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/k.db"  # an absolute path: four slashes
+
+    first = idempotence("migrate", "--database", url)
+    assert first.returncode == 0, first.stderr
+    assert "applied" in first.stdout
+    assert "0001_initial" in first.stdout
+
+    again = idempotence("migrate", "--database", url)
+    assert again.returncode == 0, again.stderr
+    assert "up to date" in again.stdout
+    assert has_key_table(tmp_path / "k.db")
+
+
+def test_migrate_takes_the_database_from_the_environment(tmp_path: Path) -> None:
+    """``$IDEMPOTENCE_DATABASE_URL`` stands in for ``--database``; three slashes name a
+    path relative to the working directory."""
+    first = idempotence("migrate", cwd=tmp_path, database_env="sqlite:///k.db")
+    assert first.returncode == 0, first.stderr
+    assert "0001_initial" in first.stdout
+
+    again = idempotence("migrate", cwd=tmp_path, database_env="sqlite:///k.db")
+    assert again.returncode == 0, again.stderr
+    assert "up to date" in again.stdout
+    assert has_key_table(tmp_path / "k.db")
+
+
+def test_migrate_postgres(empty_pg_url: str) -> None:
+    result = idempotence("migrate", "--database", empty_pg_url)
+    assert result.returncode == 0, result.stderr
+    assert "0001_initial" in result.stdout
+    with psycopg.connect(empty_pg_url) as conn:
+        exists = conn.execute("SELECT to_regclass('idempotency_keys') IS NOT NULL").fetchone()
+    assert exists == (True,)
+
+
+def test_migrate_without_a_database_says_how_to_give_one() -> None:
+    result = idempotence("migrate")
+    assert result.returncode == 2
+    assert "--database" in result.stderr
+    assert ENV_VAR in result.stderr
+
+
+@pytest.mark.parametrize("source", ["option", "environment"])
+@pytest.mark.parametrize(
+    ("url", "accepted"),
+    [
+        pytest.param("mysql://x", ["postgresql://", "sqlite:///"], id="unsupported"),
+        pytest.param("sqlite://x.db", ["sqlite:///"], id="sqlite-two-slashes"),
+    ],
+)
+def test_migrate_rejects_a_bad_url_with_the_accepted_forms(
+    url: str, accepted: list[str], source: str
+) -> None:
+    if source == "option":
+        result = idempotence("migrate", "--database", url)
+    else:
+        result = idempotence("migrate", database_env=url)
+    assert result.returncode == 2
+    assert url in result.stderr
+    for form in accepted:
+        assert form in result.stderr
+
+
+def test_migrate_unreachable_postgres_fails_fast() -> None:
+    """An unreachable store is an error of its own (exit 1, "unavailable", like P11's
+    503), reported within the store's connect timeout, not libpq's minutes."""
+    started = time.monotonic()
+    result = idempotence("migrate", "--database", "postgresql://postgres@127.0.0.1:1/x")
+    elapsed = time.monotonic() - started
+
+    assert result.returncode == 1
+    assert "unavailable" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert elapsed < 15
