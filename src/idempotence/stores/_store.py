@@ -184,6 +184,31 @@ class Store:
         """The key's current record, or None."""
         return self._own(lambda: _ops.get(self._dialect, scope, key), write=False)
 
+    @property
+    def dialect(self) -> Dialect:
+        """The store's SQL dialect: its named queries and value conversions."""
+        return self._dialect
+
+    def perform(
+        self,
+        make_op: Callable[[], Op[T]],
+        *,
+        tx: Transaction | None = None,
+        write: bool = True,
+    ) -> T:
+        """Run a store operation (a generator of queries over :attr:`dialect`).
+
+        In ``tx`` when given. Otherwise in a transaction of its own (``write``) or as
+        a plain read, retried after a transient abort, which is why this takes a
+        factory: each attempt gets a fresh operation. The background services
+        (:mod:`idempotence.maintenance`) run their operations through here.
+
+        >>> store.perform(lambda: my_op(store.dialect, 10))   # doctest: +SKIP
+        """
+        if tx is not None:
+            return run(make_op(), tx._conn)
+        return self._own(make_op, atomic=write, write=write)
+
     def migrate(self) -> list[str]:
         """Apply pending schema migrations; return the versions applied."""
         return self._own(lambda: _ops.migrate(self._dialect), atomic=True)
@@ -198,9 +223,7 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _own(
-        self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True
-    ) -> T:
+    def _own(self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True) -> T:
         """Run an operation in a transaction of its own, retrying transient aborts."""
         for attempt in range(TRANSIENT_ATTEMPTS):
             try:
@@ -290,6 +313,22 @@ class AsyncStore:
 
     async def get(self, scope: str, key: str) -> KeyRecord | None:
         return await self._own(lambda: _ops.get(self._dialect, scope, key), write=False)
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._dialect
+
+    async def perform(
+        self,
+        make_op: Callable[[], Op[T]],
+        *,
+        tx: AsyncTransaction | None = None,
+        write: bool = True,
+    ) -> T:
+        """The awaitable twin of :meth:`Store.perform`."""
+        if tx is not None:
+            return await run_async(make_op(), tx._conn)
+        return await self._own(make_op, atomic=write, write=write)
 
     async def migrate(self) -> list[str]:
         return await self._own(lambda: _ops.migrate(self._dialect), atomic=True)
