@@ -12,6 +12,7 @@ from typing import Any
 
 from .errors import ConfigurationError
 from .flows import (
+    ATTEMPT_MARK,
     Advance,
     DoCall,
     DoCheckpoint,
@@ -26,29 +27,49 @@ from .flows import (
     Finish,
     FlowResult,
     ForeignContext,
+    Indeterminate,
     NoOp,
+    Observer,
     PhaseContext,
 )
-from .states import Outcome
+from .states import FINISHED, Outcome
 from .stores import AsyncStore, Store
 
 
-def closing(result: Any) -> dict[str, Any]:
-    """How a phase's result closes its transaction (``end_phase`` arguments)."""
+def closing(result: Any, ctx: PhaseContext) -> dict[str, Any]:
+    """How a phase's result closes its transaction (``end_phase`` arguments).
+
+    An advance to a recovery point without a step is refused before it commits: the
+    key would be stranded there (and ``finished`` without a response is no finish).
+    """
+    flow = ctx.flow
     if isinstance(result, Advance):
-        return {"recovery_point": result.recovery_point}
+        point = result.recovery_point
+        if point not in flow.steps:
+            hint = "; end the flow with Finish(response)" if point == FINISHED else ""
+            raise ConfigurationError(
+                f"a phase of flow {flow.name!r} advanced to {point!r}, where it has no step{hint}"
+            )
+        return {"recovery_point": point}
     if isinstance(result, Finish):
         return {"response": result.response}
     if isinstance(result, NoOp):
-        return {}
+        # Stay at the step's own point. After a non-idempotent call that returned, the
+        # attempt mark must go: the call's outcome is known and recorded, and a mark
+        # left behind would make the next attempt take the key for crashed mid-call.
+        return {"recovery_point": ctx.lease.recovery_point.partition(ATTEMPT_MARK)[0]}
+    hint = ""
+    if inspect.isawaitable(result):
+        _discard(result)
+        hint = " (a coroutine: run the flow with run_async)"
     raise ConfigurationError(
-        f"a phase must return Advance, Finish or NoOp, not {type(result).__name__}"
-        + (" (a coroutine: run the flow with run_async)" if inspect.isawaitable(result) else "")
+        f"a phase must return Advance, Finish or NoOp, not {type(result).__name__}{hint}"
     )
 
 
-def drive(engine: Engine, store: Store) -> FlowResult:
-    """Run ``engine`` to its result on a sync store."""
+def drive(engine: Engine, store: Store, observer: Observer | None = None) -> FlowResult:
+    """Run ``engine`` to its result on a sync store, telling ``observer`` of each
+    boundary it crosses."""
     value: Any = None
     error: Exception | None = None
     while True:
@@ -59,12 +80,12 @@ def drive(engine: Engine, store: Store) -> FlowResult:
             return result
         value, error = None, None
         try:
-            value = _perform(effect, store)
+            value = _perform(effect, store, observer)
         except Exception as exc:
             error = exc
 
 
-def _perform(effect: Effect, store: Store) -> Any:
+def _perform(effect: Effect, store: Store, observer: Observer | None) -> Any:
     if isinstance(effect, DoClaim):
         return store.claim(effect.request)
     if isinstance(effect, DoPhase):
@@ -72,16 +93,25 @@ def _perform(effect: Effect, store: Store) -> Any:
         with store.transaction() as tx:
             ctx.tx = tx
             result = effect.fn(ctx, ctx.result) if effect.with_result else effect.fn(ctx)
-            lease = store.end_phase(tx, ctx.lease, jobs=ctx.jobs, **closing(result))
+            ending = closing(result, ctx)
+            if observer is not None:
+                observer(effect.event("before_commit"))
+            lease = store.end_phase(tx, ctx.lease, jobs=ctx.jobs, **ending)
+        if observer is not None:
+            observer(effect.event("after_commit"))
         return result, lease
     if isinstance(effect, DoCall):
         lease = effect.lease
         foreign = ForeignContext(
             effect.flow, effect.record, lease, heartbeat=lambda: store.heartbeat(lease)
         )
+        if observer is not None:
+            observer(effect.event("before"))
         value = effect.step.call(foreign)
         if inspect.isawaitable(value):
+            _discard(value)
             raise ConfigurationError("a foreign call returned a coroutine: use run_async")
+        _after_call(observer, effect)
         return value
     if isinstance(effect, DoInTransaction):
         with store.transaction() as tx:
@@ -92,7 +122,11 @@ def _perform(effect: Effect, store: Store) -> Any:
             ctx = PhaseContext(effect.flow, claim.record, claim.lease, tx)
             result = effect.fn(ctx)
             _require_finish(result)
-            store.end_phase(tx, claim.lease, jobs=ctx.jobs, **closing(result))
+            if observer is not None:
+                observer(effect.event("before_commit"))
+            store.end_phase(tx, claim.lease, jobs=ctx.jobs, **closing(result, ctx))
+        if observer is not None:
+            observer(effect.event("after_commit"))
         return claim, result
     if isinstance(effect, DoCheckpoint):
         with store.transaction() as tx:
@@ -106,8 +140,10 @@ def _perform(effect: Effect, store: Store) -> Any:
     raise AssertionError(f"unknown effect {effect!r}")
 
 
-async def drive_async(engine: Engine, store: AsyncStore) -> FlowResult:
-    """Run ``engine`` to its result on an async store."""
+async def drive_async(
+    engine: Engine, store: AsyncStore, observer: Observer | None = None
+) -> FlowResult:
+    """Run ``engine`` to its result on an async store (``observer`` as for :func:`drive`)."""
     value: Any = None
     error: Exception | None = None
     while True:
@@ -118,7 +154,7 @@ async def drive_async(engine: Engine, store: AsyncStore) -> FlowResult:
             return result
         value, error = None, None
         try:
-            value = await _perform_async(effect, store)
+            value = await _perform_async(effect, store, observer)
         except Exception as exc:
             error = exc
 
@@ -127,7 +163,7 @@ async def _settle(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-async def _perform_async(effect: Effect, store: AsyncStore) -> Any:
+async def _perform_async(effect: Effect, store: AsyncStore, observer: Observer | None) -> Any:
     if isinstance(effect, DoClaim):
         return await store.claim(effect.request)
     if isinstance(effect, DoPhase):
@@ -137,14 +173,23 @@ async def _perform_async(effect: Effect, store: AsyncStore) -> Any:
             result = await _settle(
                 effect.fn(ctx, ctx.result) if effect.with_result else effect.fn(ctx)
             )
-            lease = await store.end_phase(tx, ctx.lease, jobs=ctx.jobs, **closing(result))
+            ending = closing(result, ctx)
+            if observer is not None:
+                observer(effect.event("before_commit"))
+            lease = await store.end_phase(tx, ctx.lease, jobs=ctx.jobs, **ending)
+        if observer is not None:
+            observer(effect.event("after_commit"))
         return result, lease
     if isinstance(effect, DoCall):
         lease = effect.lease
         foreign = ForeignContext(
             effect.flow, effect.record, lease, heartbeat=lambda: store.heartbeat(lease)
         )
-        return await _settle(effect.step.call(foreign))
+        if observer is not None:
+            observer(effect.event("before"))
+        value = await _settle(effect.step.call(foreign))
+        _after_call(observer, effect)
+        return value
     if isinstance(effect, DoInTransaction):
         async with store.transaction() as tx:
             claim = await store.claim(effect.request, tx=tx)
@@ -154,7 +199,11 @@ async def _perform_async(effect: Effect, store: AsyncStore) -> Any:
             ctx = PhaseContext(effect.flow, claim.record, claim.lease, tx)
             result = await _settle(effect.fn(ctx))
             _require_finish(result)
-            await store.end_phase(tx, claim.lease, jobs=ctx.jobs, **closing(result))
+            if observer is not None:
+                observer(effect.event("before_commit"))
+            await store.end_phase(tx, claim.lease, jobs=ctx.jobs, **closing(result, ctx))
+        if observer is not None:
+            observer(effect.event("after_commit"))
         return claim, result
     if isinstance(effect, DoCheckpoint):
         async with store.transaction() as tx:
@@ -166,6 +215,28 @@ async def _perform_async(effect: Effect, store: AsyncStore) -> Any:
     if isinstance(effect, DoForget):
         return await store.forget(effect.lease)
     raise AssertionError(f"unknown effect {effect!r}")
+
+
+def _after_call(observer: Observer | None, effect: DoCall) -> None:
+    """Tell ``observer`` that the call returned. Should it raise (a harness aborting
+    the run right there), the call did take effect: say so with an indeterminate
+    failure, never a plain one, which would let a non-idempotent call run again."""
+    if observer is None:
+        return
+    try:
+        observer(effect.event("after"))
+    except Exception as exc:
+        raise Indeterminate(
+            f"the run was aborted after the call {effect.step.name!r} returned"
+        ) from exc
+
+
+def _discard(awaitable: Any) -> None:
+    # A coroutine handed to the sync driver is never awaited: close it, so Python
+    # does not also warn "coroutine was never awaited" far from the cause.
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()
 
 
 def _require_finish(result: Any) -> None:

@@ -28,16 +28,27 @@ commit, repeat, until a step finishes with a response (R1).
 
 The engine below is written once, as a generator of effects; :mod:`._flow_drivers`
 performs them on a sync or an async store.
+
+A run can be watched: ``run(store, request, observer=fn)`` calls ``fn(event)`` at each
+boundary where a crash leaves a different state behind (the crash-injection harness,
+:mod:`idempotence.testing.harness`, kills the worker there; F4):
+
+* ``phase:<point>:before_commit``: the phase at ``<point>`` returned, its writes are
+  in the open transaction, its checkpoint is not written yet;
+* ``phase:<point>:after_commit``: the phase's transaction committed;
+* ``call:<name>:before`` and ``call:<name>:after``: around foreign call ``<name>``,
+  with no transaction open.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from .errors import ConfigurationError, LockLost
 from .states import (
@@ -136,7 +147,10 @@ class PhaseContext:
         phase and the job's place in it unless given.
         """
         json.dumps(args)  # fail in the phase, not at commit, on unserialisable args
-        place = f"{self.lease.id}-{self.lease.recovery_point}-{name}-{len(self.jobs)}"
+        # The token keeps a phase that runs again in a later attempt (after a NoOp)
+        # from colliding with the job it staged the first time.
+        lease = self.lease
+        place = f"{lease.id}-{lease.token}-{lease.recovery_point}-{name}-{len(self.jobs)}"
         key = job_key or f"{self.flow.name}-{place}"
         self.jobs.append((key, name, args if args is not None else {}))
 
@@ -268,6 +282,19 @@ def indeterminate_response(name: str) -> StoredResponse:
     )
 
 
+# -- observing a run (F4) -----------------------------------------------------------------
+
+
+class Observer(Protocol):
+    """Called with the name of each boundary a run crosses (see the module docstring).
+
+    It runs on the worker's own thread, inside the phase's transaction for
+    ``before_commit``: keep it quick, and let it raise only to abort the run.
+    """
+
+    def __call__(self, event: str, /) -> None: ...
+
+
 # -- effects: what the engine asks its driver to do ---------------------------------------
 
 
@@ -285,6 +312,12 @@ class DoPhase:
     context: PhaseContext
     with_result: bool
 
+    def event(self, moment: str) -> str:
+        """The observer's name for this phase at ``moment``, by its step's recovery
+        point (a non-idempotent call's recording phase runs at an attempt point)."""
+        point = self.context.lease.recovery_point.partition(ATTEMPT_MARK)[0]
+        return f"phase:{point}:{moment}"
+
 
 @dataclass(frozen=True, slots=True)
 class DoCall:
@@ -295,6 +328,9 @@ class DoCall:
     record: KeyRecord
     lease: Lease
 
+    def event(self, moment: str) -> str:
+        return f"call:{self.step.name}:{moment}"
+
 
 @dataclass(frozen=True, slots=True)
 class DoInTransaction:
@@ -304,6 +340,9 @@ class DoInTransaction:
     request: ClaimRequest
     flow: Flow
     fn: PhaseFn
+
+    def event(self, moment: str) -> str:
+        return f"phase:{STARTED}:{moment}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,17 +489,26 @@ class Flow:
 
     # -- running -----------------------------------------------------------------------
 
-    def run(self, store: Store, request: ClaimRequest) -> FlowResult:
-        """Run (or resume, or replay) this flow for ``request`` on a sync store."""
+    def run(
+        self, store: Store, request: ClaimRequest, *, observer: Observer | None = None
+    ) -> FlowResult:
+        """Run (or resume, or replay) this flow for ``request`` on a sync store.
+
+        ``observer`` is told of every boundary the run crosses (F4; see the module
+        docstring); without one the run pays nothing for it.
+        """
         from ._flow_drivers import drive
 
-        return drive(self.engine(request), store)
+        return drive(self.engine(request), store, observer)
 
-    async def run_async(self, store: AsyncStore, request: ClaimRequest) -> FlowResult:
-        """Run this flow on an async store; phases and calls may be coroutines."""
+    async def run_async(
+        self, store: AsyncStore, request: ClaimRequest, *, observer: Observer | None = None
+    ) -> FlowResult:
+        """Run this flow on an async store; phases and calls may be coroutines.
+        ``observer`` is a plain function, as for :meth:`run`."""
         from ._flow_drivers import drive_async
 
-        return await drive_async(self.engine(request), store)
+        return await drive_async(self.engine(request), store, observer)
 
     def engine(self, request: ClaimRequest) -> Engine:
         """The flow's logic for one request, as a generator of effects."""
@@ -493,6 +541,7 @@ class Flow:
         lease, record = claim.lease, claim.record
         while True:
             point = lease.recovery_point
+            step: Step | None = None
             try:
                 if ATTEMPT_MARK in point:
                     # A non-idempotent call began and this worker never learned how it
@@ -525,11 +574,7 @@ class Flow:
                     context = PhaseContext(self, record, lease, tx=None, result=value)
                     result, lease = yield DoPhase(step.record, context, with_result=True)
             except Reject as rejected:
-                if point == STARTED:
-                    yield DoForget(lease)
-                    return FlowResult(ResultKind.REJECTED, claim, rejected.response)
-                yield DoFinish(lease, rejected.response)
-                return FlowResult(ResultKind.EXECUTED, claim, rejected.response, stored=True)
+                return (yield from self._rejected(claim, lease, rejected.response, step))
             except LockLost as exc:
                 return FlowResult(ResultKind.LOST, claim, error=exc)
             except Exception as exc:
@@ -537,8 +582,28 @@ class Flow:
             if isinstance(result, Finish):
                 return FlowResult(ResultKind.EXECUTED, claim, result.response, stored=True)
             if isinstance(result, NoOp):
-                yield DoRelease(lease)
+                # The phase committed. If another worker took the key over since, it
+                # resumes the key, which is all the release was for.
+                with contextlib.suppress(LockLost):
+                    yield DoRelease(lease)
                 return FlowResult(ResultKind.PAUSED, claim, PAUSED_RESPONSE)
+
+    def _rejected(
+        self, claim: Claim, lease: Lease, response: StoredResponse, step: Step | None
+    ) -> Engine:
+        try:
+            if lease.recovery_point == STARTED and isinstance(step, AtomicStep):
+                # Nothing was committed yet: store nothing, so the client can correct
+                # the request and retry with the same key (R5). Not after a foreign
+                # step at 'started': its call may have taken effect (in this run or a
+                # crashed one), and forgetting the key would give the corrected
+                # request a new key row, so a new derived key and a second effect.
+                yield DoForget(lease)
+                return FlowResult(ResultKind.REJECTED, claim, response)
+            yield DoFinish(lease, response)
+        except LockLost as lost:
+            return FlowResult(ResultKind.LOST, claim, error=lost)
+        return FlowResult(ResultKind.EXECUTED, claim, response, stored=True)
 
     def _failed(self, claim: Claim, lease: Lease, exc: Exception) -> Engine:
         try:

@@ -3,7 +3,9 @@
 -- (see the `now` expression in queries.sql); JSON columns hold text.
 
 CREATE TABLE idempotency_keys (
-    id               INTEGER PRIMARY KEY,
+    -- AUTOINCREMENT: an id is never reused after a delete, because derived keys
+    -- (R4) are built from it and must never name two different requests.
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
     scope            TEXT    NOT NULL,
     key              TEXT    NOT NULL,
     request_method   TEXT    NOT NULL,
