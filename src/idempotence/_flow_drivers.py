@@ -71,7 +71,7 @@ def drive(engine: Engine, store: Store, observer: Observer | None = None) -> Flo
     """Run ``engine`` to its result on a sync store, telling ``observer`` of each
     boundary it crosses."""
     value: Any = None
-    error: Exception | None = None
+    error: BaseException | None = None
     while True:
         try:
             effect = engine.send(value) if error is None else engine.throw(error)
@@ -81,7 +81,7 @@ def drive(engine: Engine, store: Store, observer: Observer | None = None) -> Flo
         value, error = None, None
         try:
             value = _perform(effect, store, observer)
-        except Exception as exc:
+        except BaseException as exc:  # the engine decides, even on cancellation
             error = exc
 
 
@@ -145,7 +145,7 @@ async def drive_async(
 ) -> FlowResult:
     """Run ``engine`` to its result on an async store (``observer`` as for :func:`drive`)."""
     value: Any = None
-    error: Exception | None = None
+    error: BaseException | None = None
     while True:
         try:
             effect = engine.send(value) if error is None else engine.throw(error)
@@ -155,7 +155,7 @@ async def drive_async(
         value, error = None, None
         try:
             value = await _perform_async(effect, store, observer)
-        except Exception as exc:
+        except BaseException as exc:  # the engine decides, even on cancellation
             error = exc
 
 

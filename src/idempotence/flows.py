@@ -579,6 +579,14 @@ class Flow:
                 return FlowResult(ResultKind.LOST, claim, error=exc)
             except Exception as exc:
                 return (yield from self._failed(claim, lease, exc))
+            except GeneratorExit:
+                raise
+            except BaseException:
+                # Cancelled (the client went away) or interrupted: the phase rolled
+                # back; unlock the key so a retry need not wait out the lock timeout.
+                with contextlib.suppress(Exception):
+                    yield DoRelease(lease)
+                raise
             if isinstance(result, Finish):
                 return FlowResult(ResultKind.EXECUTED, claim, result.response, stored=True)
             if isinstance(result, NoOp):
