@@ -48,6 +48,7 @@ T = TypeVar("T")
 class SqliteDialect(Dialect):
     name = "sqlite"
     claim_is_one_statement = False
+    previews_claims = True
 
     def timestamp(self, value: Any) -> datetime:
         return datetime.fromtimestamp(float(value), UTC)
