@@ -219,3 +219,24 @@ def test_sqlite_store_on_the_applications_own_connection(sqlite_path: str, scope
     with SqliteStore(sqlite_path) as other:
         assert other.claim(req(scope)).response.body == b"own"
     conn.close()
+
+
+def test_sqlite_replays_are_served_while_a_writer_holds_the_lock(
+    sqlite_path: str, scope: str
+) -> None:
+    """P3 needs no write: a replay (or a mismatch, or a conflict) is decided by a read,
+    so a long write transaction elsewhere does not hold it up."""
+    store = SqliteStore(sqlite_path, busy_timeout=0.02)
+    store.finish(store.claim(req(scope)).lease, StoredResponse.of(201, body="paid"))
+    started = threading.Event()
+    holder = threading.Thread(target=_hold_write_lock, args=(sqlite_path, 1.0, started))
+    holder.start()
+    started.wait()
+    began = time.monotonic()
+    assert store.claim(req(scope)).response.body == b"paid"
+    assert store.claim(ClaimRequest(scope=scope, key="k", fingerprint="x")).outcome is (
+        Outcome.MISMATCH
+    )
+    assert time.monotonic() - began < 0.5
+    holder.join()
+    store.close()
