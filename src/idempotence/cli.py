@@ -1,59 +1,274 @@
 """The ``idempotence`` command.
 
-Every command takes ``--database URL`` (``postgresql://…`` or ``sqlite:///path``),
-falling back to ``$IDEMPOTENCE_DATABASE_URL``. Exit status 0 on success, 1 when the
-store fails, 2 for a usage error (click's convention).
+Every command that reads the store takes ``--database URL`` (``postgresql://…`` or
+``sqlite:///path``), falling back to ``$IDEMPOTENCE_DATABASE_URL``. Exit status 0 on
+success, 1 when the store (or the work) fails, 2 for a usage error (click's
+convention). Tables are for people; ``--json`` prints JSON for machines.
+
+::
+
+    idempotence migrate                       create or upgrade the tables
+    idempotence worker --flows app:flows      run every background service (B1-B4)
+    idempotence sweep | complete | reap | enqueue | run-jobs     one pass of one
+    idempotence keys list --state errored     keys by state (F5)
+    idempotence keys show SCOPE KEY           one key, every field
+    idempotence keys evict SCOPE KEY          delete a key (--force if it is running)
+    idempotence stats                         counts per state, oldest pending, takeovers
+    idempotence reconcile FLOW --since 24h    local vs foreign records (B5)
 """
 
 from __future__ import annotations
 
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
 import click
 
-from .database import ENV_VAR, DatabaseUrl, open_store
-from .errors import IdempotenceError
-
-
-class _DatabaseUrlType(click.ParamType[DatabaseUrl]):
-    name = "URL"
-
-    def get_missing_message(self, param: click.Parameter, ctx: click.Context | None) -> str:
-        return f"Pass --database URL or set ${ENV_VAR}."
-
-    def convert(self, value: object, param: object, ctx: click.Context | None) -> DatabaseUrl:
-        if isinstance(value, DatabaseUrl):
-            return value
-        try:
-            return DatabaseUrl.parse(str(value))
-        except IdempotenceError as exc:
-            self.fail(exc.message)
-
-
-database_option = click.option(
-    "--database",
-    "database",
-    type=_DatabaseUrlType(),
-    envvar=ENV_VAR,
-    required=True,
-    help=f"postgresql://USER@HOST/DB or sqlite:///PATH (default: ${ENV_VAR}).",
+from .database import DatabaseUrl
+from .errors import ConfigurationError, IdempotenceError
+from .maintenance import commands
+from .maintenance._cli import (
+    ImportType,
+    batch_option,
+    configure_logging,
+    database_option,
+    fail,
+    flow_registry,
+    flows_option,
+    job_registry,
+    jobs_option,
+    json_option,
+    open_cli_store,
 )
+from .stores import Store
 
 
 @click.group()
 @click.version_option(package_name="idempotence")
-def main() -> None:
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default=None,
+    help="Log on stderr from this level (default: info for worker, warning otherwise).",
+)
+@click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
+@click.pass_context
+def main(ctx: click.Context, log_level: str | None, log_json: bool) -> None:
     """idempotence: make retries safe."""
+    default = logging.INFO if ctx.invoked_subcommand == "worker" else logging.WARNING
+    configure_logging(log_level, log_json, default)
 
 
 @main.command()
 @database_option
 def migrate(database: DatabaseUrl) -> None:
     """Create or upgrade the key store's tables."""
-    try:
-        with open_store(database) as store:
+    with open_cli_store(database) as store:
+        try:
             applied = store.migrate()
-    except IdempotenceError as exc:
-        raise click.ClickException(exc.message) from exc
+        except IdempotenceError as exc:
+            fail(exc.message)
     if applied:
         click.echo(f"applied {len(applied)} migration(s): {', '.join(applied)}")
     else:
         click.echo("the schema is up to date")
+
+
+# -- one pass of one service -------------------------------------------------------------
+
+
+def _one_pass(store: Store, make: Callable[[Store], Any], as_json: bool) -> None:
+    from .maintenance._format import to_json
+
+    service = make(store)
+    on_terminal = sys.stderr.isatty()
+
+    def progress(what: str, done: int) -> None:
+        if on_terminal:
+            click.echo(f"\r{service.name}: {done} {what}…", nl=False, err=True)
+
+    try:
+        result = service.run_once(progress=progress)
+    except IdempotenceError as exc:
+        fail(f"{service.name} failed: {exc.message}")
+    finally:
+        if on_terminal:
+            click.echo("\r\033[K", nl=False, err=True)
+    click.echo(to_json(result) if as_json else service.summary(result))
+
+
+def _config(cls: Any, batch_size: int | None, **changes: Any) -> Any:
+    if batch_size is not None:
+        changes["batch_size"] = batch_size
+    try:
+        return cls(**changes)
+    except ConfigurationError as exc:
+        raise click.UsageError(exc.message) from None
+
+
+@main.command()
+@database_option
+@batch_option
+@json_option
+def sweep(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
+    """Release expired locks, bumping their fencing tokens (B1)."""
+    from .maintenance import Sweeper, SweeperConfig
+
+    config = _config(SweeperConfig, batch_size)
+    with open_cli_store(database) as store:
+        _one_pass(store, lambda s: Sweeper(s, config), as_json)
+
+
+@main.command()
+@database_option
+@flows_option
+@batch_option
+@click.option(
+    "--grace", type=click.FloatRange(min=0), default=None, help="Seconds a key must be idle."
+)
+@click.option("--max-attempts", type=click.IntRange(min=1), default=None)
+@json_option
+def complete(
+    database: DatabaseUrl,
+    flows: Any,
+    batch_size: int | None,
+    grace: float | None,
+    max_attempts: int | None,
+    as_json: bool,
+) -> None:
+    """Resume abandoned keys through their flows (B2)."""
+    from .maintenance import Completer, CompleterConfig
+
+    changes: dict[str, Any] = {}
+    if grace is not None:
+        changes["grace"] = timedelta(seconds=grace)
+    if max_attempts is not None:
+        changes["max_attempts"] = max_attempts
+    config = _config(CompleterConfig, batch_size, **changes)
+    registry = flow_registry(flows)
+    with open_cli_store(database) as store:
+        _one_pass(store, lambda s: Completer(s, config, flows=registry), as_json)
+
+
+@main.command()
+@database_option
+@batch_option
+@json_option
+def reap(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
+    """Store a 408 on expired unfinished keys; delete expired finished ones (B3)."""
+    from .maintenance import Reaper, ReaperConfig
+
+    config = _config(ReaperConfig, batch_size)
+    with open_cli_store(database) as store:
+        _one_pass(store, lambda s: Reaper(s, config), as_json)
+
+
+@main.command()
+@database_option
+@batch_option
+@json_option
+def enqueue(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
+    """Deliver committed staged jobs to the built-in job runner (B4)."""
+    from .maintenance import Enqueuer, EnqueuerConfig
+
+    config = _config(EnqueuerConfig, batch_size)
+    with open_cli_store(database) as store:
+        _one_pass(store, lambda s: Enqueuer(s, config), as_json)
+
+
+@main.command("run-jobs")
+@database_option
+@click.option(
+    "--jobs",
+    "jobs",
+    type=ImportType(),
+    required=True,
+    help="The application's job registry, e.g. myapp.jobs:registry.",
+)
+@batch_option
+@json_option
+def run_jobs(database: DatabaseUrl, jobs: Any, batch_size: int | None, as_json: bool) -> None:
+    """Run the due jobs of the built-in runner once (B4)."""
+    from .maintenance import JobRunner, JobRunnerConfig
+
+    config = _config(JobRunnerConfig, batch_size)
+    registry = job_registry(jobs)
+    with open_cli_store(database) as store:
+        _one_pass(store, lambda s: JobRunner(s, config, jobs=registry), as_json)
+
+
+@main.command()
+@database_option
+@flows_option
+@jobs_option
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds between passes of every service (default: each service's own).",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds a key must be idle before the completer resumes it (default: 300).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (needs idempotence[metrics]).",
+)
+def worker(
+    database: DatabaseUrl,
+    flows: Any,
+    jobs: Any,
+    interval: float | None,
+    grace: float | None,
+    metrics_port: int | None,
+) -> None:
+    """Run the sweeper, completer, reaper and enqueuer (and the job runner, with
+    --jobs) until SIGTERM or SIGINT; each finishes its current batch first."""
+    from .maintenance import (
+        CompleterConfig,
+        EnqueuerConfig,
+        JobRunnerConfig,
+        ReaperConfig,
+        SweeperConfig,
+        Worker,
+        stop_on_signals,
+    )
+    from .maintenance.metrics import AVAILABLE
+
+    registry, runner_jobs = flow_registry(flows), job_registry(jobs)
+    every: dict[str, Any] = {} if interval is None else {"interval": interval}
+    completer = dict(every, **({} if grace is None else {"grace": timedelta(seconds=grace)}))
+    configs = {
+        "sweeper": _config(SweeperConfig, None, **every),
+        "completer": _config(CompleterConfig, None, **completer),
+        "reaper": _config(ReaperConfig, None, **every),
+        "enqueuer": _config(EnqueuerConfig, None, **every),
+        "runner": _config(JobRunnerConfig, None, **every),
+    }
+    if metrics_port is not None:
+        if not AVAILABLE:
+            raise click.UsageError(
+                "--metrics-port needs prometheus_client: pip install 'idempotence[metrics]'"
+            )
+        import prometheus_client
+
+        prometheus_client.start_http_server(metrics_port)
+    stop = threading.Event()
+    with open_cli_store(database) as store, stop_on_signals(stop):
+        Worker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
+
+
+# -- the operator's commands (F5, B5) -------------------------------------------------------
+
+main.add_command(commands.keys)
+main.add_command(commands.stats)
+main.add_command(commands.reconcile_command)

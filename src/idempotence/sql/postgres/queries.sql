@@ -131,3 +131,264 @@ DELETE FROM idempotency_keys
 WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
   AND recovery_point = 'started' AND finished_at IS NULL
 RETURNING id;
+
+-- == maintenance (cross-scope) ==
+-- The background services and the operator's commands (DESIGN 7, F5). Most of them
+-- look for work across every scope, so they cannot filter on one: each says why
+-- under its header. On a table distributed by scope (DESIGN 8) they fan out to every
+-- shard, which is what a sweep over the whole table has to do. Each write picks its
+-- batch with FOR UPDATE SKIP LOCKED, so any number of nodes can run the same service
+-- at once: a row is in one node's batch or in none. They run in a transaction of
+-- their own that starts with maintenance_timeout, and use statement_timestamp(),
+-- not now(), so the time is the statement's even late in a transaction.
+
+-- maintenance_timeout --
+-- Bound every statement of the maintenance transaction (SET LOCAL statement_timeout):
+-- a sweep stuck behind a lock gives up, and the next pass tries again, rather than
+-- piling up behind it.
+SELECT set_config('statement_timeout', %(timeout_ms)s::text, true);
+
+-- db_now --
+-- The database clock, once per pass: work touched during the pass is newer than
+-- this, so a pass never picks the same key twice.
+SELECT statement_timestamp() AS db_now;
+
+-- sweep_expired_locks --
+-- cross-scope: the sweeper looks for expired locks in every scope (B1).
+-- Unlock keys whose holder stopped renewing its lock (a crashed worker), bumping the
+-- fencing token so that a zombie's late checkpoint is refused (F1). Unfinished keys
+-- only: a finished key holds no lock. The outer WHERE repeats the expiry test on the
+-- row it updates, in case a claim renewed the lock since the subquery read it.
+UPDATE idempotency_keys AS k
+SET lock_token = k.lock_token + 1,
+    locked_at = NULL
+FROM (
+    SELECT scope, id, locked_at
+    FROM idempotency_keys
+    WHERE locked_at IS NOT NULL AND finished_at IS NULL
+      AND locked_at + lock_timeout <= statement_timestamp()
+    ORDER BY locked_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS expired
+WHERE k.scope = expired.scope AND k.id = expired.id
+  AND k.locked_at + k.lock_timeout <= statement_timestamp()
+RETURNING k.id, k.scope, k.key, k.flow, k.recovery_point, k.lock_token,
+    expired.locked_at AS held_since;
+
+-- pick_abandoned --
+-- cross-scope: the completer looks for abandoned keys in every scope (B2).
+-- Take a batch of abandoned keys of the given flows: unfinished, not live-locked, not
+-- expired (the reaper's), and not run since the grace period before the pass began.
+-- Counting the attempt and moving last_run_at in the same statement is the
+-- completer's lease: another completer skips the key until the grace period passes
+-- again, and a key whose flow crashes the completer itself still runs out of attempts.
+UPDATE idempotency_keys AS k
+SET completer_attempts = k.completer_attempts + 1,
+    last_run_at = statement_timestamp()
+FROM (
+    SELECT scope, id
+    FROM idempotency_keys
+    WHERE finished_at IS NULL
+      AND (locked_at IS NULL OR locked_at + lock_timeout <= statement_timestamp())
+      AND (expires_at IS NULL OR expires_at > statement_timestamp())
+      AND coalesce(last_run_at, created_at) <= %(since)s::timestamptz - %(grace)s::interval
+      AND flow IN (SELECT jsonb_array_elements_text(%(flows)s::jsonb))
+    ORDER BY last_run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS abandoned
+WHERE k.scope = abandoned.scope AND k.id = abandoned.id
+RETURNING statement_timestamp() AS db_now, k.*;
+
+-- reset_completer_attempts --
+-- A resumed flow that paused (a phase returned NoOp) made progress rather than
+-- failing: its attempts start again, so a flow that waits is not mistaken for one
+-- that keeps failing.
+UPDATE idempotency_keys
+SET completer_attempts = 0
+WHERE scope = %(scope)s AND id = %(id)s AND finished_at IS NULL
+RETURNING id;
+
+-- abandoned_unregistered --
+-- cross-scope: the completer reports abandoned keys in every scope (B2).
+-- Abandoned keys whose flow is not among the given ones: the completer cannot resume
+-- them, so it reports them, per flow, and leaves them alone.
+SELECT flow, count(*) AS keys
+FROM idempotency_keys
+WHERE finished_at IS NULL
+  AND (locked_at IS NULL OR locked_at + lock_timeout <= statement_timestamp())
+  AND (expires_at IS NULL OR expires_at > statement_timestamp())
+  AND coalesce(last_run_at, created_at) <= %(since)s::timestamptz - %(grace)s::interval
+  AND flow NOT IN (SELECT jsonb_array_elements_text(%(flows)s::jsonb))
+GROUP BY flow
+ORDER BY flow;
+
+-- expire_pending --
+-- cross-scope: the reaper expires keys in every scope (B3).
+-- Turn unfinished keys past expires_at that no live worker holds into a stored
+-- failure (the 408 problem the caller passes): finished, so replayed to a retry and
+-- refused to any zombie's fenced write (every fenced write requires an unfinished
+-- row). The retention restarts, as at any finish, so the answer stays replayable.
+-- No ORDER BY: which expired key goes first does not matter, and not sorting lets
+-- the planner use the small partial indexes of unfinished rows instead of walking
+-- every expired finished row in expires_at order.
+UPDATE idempotency_keys AS k
+SET recovery_point = 'finished',
+    response_status = %(status)s,
+    response_headers = %(headers)s::jsonb,
+    response_body = %(body)s,
+    error = NULL,
+    finished_at = statement_timestamp(),
+    locked_at = NULL,
+    expires_at = statement_timestamp() + (k.expires_at - k.created_at)
+FROM (
+    SELECT scope, id
+    FROM idempotency_keys
+    WHERE finished_at IS NULL
+      AND expires_at <= statement_timestamp()
+      AND (locked_at IS NULL OR locked_at + lock_timeout <= statement_timestamp())
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS expired
+WHERE k.scope = expired.scope AND k.id = expired.id
+  AND k.finished_at IS NULL
+RETURNING k.id, k.scope, k.key, k.flow;
+
+-- reap_finished --
+-- cross-scope: the reaper deletes expired keys in every scope (B3).
+-- Delete finished keys past expires_at, oldest first. Never an errored key (it waits
+-- for a human, R6), never a locked one (a finished key is never locked; the test is
+-- a guard), never one with no expiry (retention None: kept forever). Only the count
+-- comes back: a thousand ids per batch would cost the client for nothing.
+WITH reaped AS (
+    DELETE FROM idempotency_keys AS k
+    USING (
+        SELECT scope, id
+        FROM idempotency_keys
+        WHERE finished_at IS NOT NULL AND error IS NULL AND locked_at IS NULL
+          AND expires_at <= statement_timestamp()
+        ORDER BY expires_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS expired
+    WHERE k.scope = expired.scope AND k.id = expired.id
+    RETURNING 1
+)
+SELECT count(*) AS deleted FROM reaped;
+
+-- deliver_job --
+-- The built-in runner's delivery (B4): in the enqueuer's transaction, together with
+-- the take_staged_jobs that removed the job. The unique job_key makes a repeat a
+-- no-op: exactly once per job_key.
+INSERT INTO idempotence_jobs (job_key, scope, key_id, name, args)
+VALUES (%(job_key)s, %(scope)s, %(key_id)s, %(name)s, %(args)s::jsonb)
+ON CONFLICT (job_key) DO NOTHING
+RETURNING id;
+
+-- pick_jobs --
+-- The runner's batch: due jobs of the given names. The attempt is counted and run_at
+-- moved to the end of the lease in the same statement, so a runner that dies mid-job
+-- leaves it to be picked again when the lease ends (at-least-once execution).
+UPDATE idempotence_jobs AS j
+SET attempts = j.attempts + 1,
+    run_at = statement_timestamp() + %(lease)s::interval
+FROM (
+    SELECT id
+    FROM idempotence_jobs
+    WHERE status = 'ready' AND run_at <= statement_timestamp()
+      AND name IN (SELECT jsonb_array_elements_text(%(names)s::jsonb))
+    ORDER BY run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS due
+WHERE j.id = due.id
+RETURNING j.id, j.job_key, j.scope, j.key_id, j.name, j.args, j.attempts, j.created_at;
+
+-- job_done --
+-- Fenced by the attempt count: if the lease ran out and another runner picked the job
+-- again, that runner decides its fate.
+UPDATE idempotence_jobs
+SET status = 'done', finished_at = statement_timestamp(), last_error = NULL
+WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'ready'
+RETURNING id;
+
+-- job_failed --
+-- Retry after the backoff the caller computed, or give up (dead) after max_attempts.
+UPDATE idempotence_jobs
+SET status = CASE WHEN attempts >= %(max_attempts)s THEN 'dead' ELSE 'ready' END,
+    run_at = statement_timestamp() + %(backoff)s::interval,
+    last_error = %(error)s,
+    finished_at = CASE WHEN attempts >= %(max_attempts)s THEN statement_timestamp() END
+WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'ready'
+RETURNING status;
+
+-- list_keys --
+-- cross-scope: the operator lists keys of every scope unless given one (F5).
+-- Keys with their observable state, computed here exactly as states.key_state does
+-- (a test holds the two together), so that --state filters before LIMIT. Newest
+-- first.
+SELECT *
+FROM (
+    SELECT now() AS db_now,
+        CASE
+            WHEN k.finished_at IS NOT NULL THEN
+                CASE
+                    WHEN k.error IS NOT NULL THEN 'errored'
+                    WHEN k.expires_at <= now() THEN 'expired'
+                    WHEN coalesce(k.response_status, 500) < 400 THEN 'complete'
+                    ELSE 'failed'
+                END
+            WHEN k.locked_at + k.lock_timeout > now() THEN 'processing'
+            WHEN k.expires_at <= now() THEN 'expired'
+            ELSE 'pending'
+        END AS state,
+        k.*
+    FROM idempotency_keys AS k
+    WHERE (%(scope)s::text IS NULL OR k.scope = %(scope)s::text)
+      AND (%(key)s::text IS NULL OR k.key = %(key)s::text)
+) AS keyed
+WHERE %(state)s::text IS NULL OR keyed.state = %(state)s::text
+ORDER BY keyed.created_at DESC, keyed.id DESC
+LIMIT %(limit)s;
+
+-- key_stats --
+-- cross-scope: the operator's counts cover every scope (F5).
+-- Keys per state (as in list_keys), the oldest key of each state, and how often
+-- locks changed hands: every takeover and every sweep bumps lock_token from 1.
+SELECT now() AS db_now, state, count(*) AS keys, min(created_at) AS oldest,
+    sum(lock_token - 1) AS takeovers
+FROM (
+    SELECT
+        CASE
+            WHEN k.finished_at IS NOT NULL THEN
+                CASE
+                    WHEN k.error IS NOT NULL THEN 'errored'
+                    WHEN k.expires_at <= now() THEN 'expired'
+                    WHEN coalesce(k.response_status, 500) < 400 THEN 'complete'
+                    ELSE 'failed'
+                END
+            WHEN k.locked_at + k.lock_timeout > now() THEN 'processing'
+            WHEN k.expires_at <= now() THEN 'expired'
+            ELSE 'pending'
+        END AS state,
+        k.created_at,
+        k.lock_token
+    FROM idempotency_keys AS k
+) AS keyed
+GROUP BY state;
+
+-- job_stats --
+-- Staged jobs not yet delivered, and the built-in runner's jobs by status.
+SELECT 'staged' AS status, count(*) AS jobs FROM idempotence_staged_jobs
+UNION ALL
+SELECT status, count(*) AS jobs FROM idempotence_jobs GROUP BY status;
+
+-- evict_key --
+-- The operator removes one key (its retries then run afresh). A live lock means a
+-- worker is running it right now, so that needs force; the holder's later fenced
+-- writes then find no row and roll back (F1).
+DELETE FROM idempotency_keys AS k
+WHERE k.scope = %(scope)s AND k.key = %(key)s
+  AND (%(force)s OR k.locked_at IS NULL OR k.locked_at + k.lock_timeout <= now())
+RETURNING k.id;

@@ -114,3 +114,219 @@ DELETE FROM idempotency_keys
 WHERE scope = :scope AND id = :id AND lock_token = :token
   AND recovery_point = 'started' AND finished_at IS NULL
 RETURNING id;
+
+-- == maintenance (cross-scope) ==
+-- The background services and the operator's commands (DESIGN 7, F5); see the
+-- PostgreSQL twin for what each does. Most look for work across every scope and say
+-- why under their header. SQLite has one writer at a time, so a batch needs no SKIP
+-- LOCKED: the maintenance transaction (BEGIN IMMEDIATE) is the lock, and a second
+-- node's batch starts after the first one's commit and sees its changes. RETURNING
+-- comes back in no particular order; the caller sorts.
+
+-- maintenance_timeout --
+-- SQLite has no statement timeout; the busy timeout already bounds the wait for the
+-- write lock. The statement exists so both dialects run the same operations.
+SELECT :timeout_ms AS timeout_ms;
+
+-- db_now --
+SELECT (julianday('now') - 2440587.5) * 86400.0 AS db_now;
+
+-- sweep_expired_locks --
+-- cross-scope: the sweeper looks for expired locks in every scope (B1).
+UPDATE idempotency_keys
+SET lock_token = lock_token + 1,
+    locked_at = NULL
+WHERE id IN (
+    SELECT id
+    FROM idempotency_keys
+    WHERE locked_at IS NOT NULL AND finished_at IS NULL
+      AND locked_at + lock_timeout <= (julianday('now') - 2440587.5) * 86400.0
+    ORDER BY locked_at
+    LIMIT :limit
+)
+RETURNING id, scope, key, flow, recovery_point, lock_token, NULL AS held_since;
+
+-- pick_abandoned --
+-- cross-scope: the completer looks for abandoned keys in every scope (B2).
+UPDATE idempotency_keys
+SET completer_attempts = completer_attempts + 1,
+    last_run_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id IN (
+    SELECT id
+    FROM idempotency_keys
+    WHERE finished_at IS NULL
+      AND (locked_at IS NULL
+           OR locked_at + lock_timeout <= (julianday('now') - 2440587.5) * 86400.0)
+      AND (expires_at IS NULL OR expires_at > (julianday('now') - 2440587.5) * 86400.0)
+      AND coalesce(last_run_at, created_at) <= :since - :grace
+      AND flow IN (SELECT value FROM json_each(:flows))
+    ORDER BY last_run_at, id
+    LIMIT :limit
+)
+RETURNING (julianday('now') - 2440587.5) * 86400.0 AS db_now, *;
+
+-- reset_completer_attempts --
+-- A resumed flow that paused (a phase returned NoOp) made progress rather than
+-- failing: its attempts start again, so a flow that waits is not mistaken for one
+-- that keeps failing.
+UPDATE idempotency_keys
+SET completer_attempts = 0
+WHERE scope = :scope AND id = :id AND finished_at IS NULL
+RETURNING id;
+
+-- abandoned_unregistered --
+-- cross-scope: the completer reports abandoned keys in every scope (B2).
+SELECT flow, count(*) AS keys
+FROM idempotency_keys
+WHERE finished_at IS NULL
+  AND (locked_at IS NULL
+       OR locked_at + lock_timeout <= (julianday('now') - 2440587.5) * 86400.0)
+  AND (expires_at IS NULL OR expires_at > (julianday('now') - 2440587.5) * 86400.0)
+  AND coalesce(last_run_at, created_at) <= :since - :grace
+  AND flow NOT IN (SELECT value FROM json_each(:flows))
+GROUP BY flow
+ORDER BY flow;
+
+-- expire_pending --
+-- cross-scope: the reaper expires keys in every scope (B3).
+UPDATE idempotency_keys
+SET recovery_point = 'finished',
+    response_status = :status,
+    response_headers = :headers,
+    response_body = :body,
+    error = NULL,
+    finished_at = (julianday('now') - 2440587.5) * 86400.0,
+    locked_at = NULL,
+    expires_at = (julianday('now') - 2440587.5) * 86400.0 + (expires_at - created_at)
+WHERE id IN (
+    SELECT id
+    FROM idempotency_keys
+    WHERE finished_at IS NULL
+      AND expires_at <= (julianday('now') - 2440587.5) * 86400.0
+      AND (locked_at IS NULL
+           OR locked_at + lock_timeout <= (julianday('now') - 2440587.5) * 86400.0)
+    LIMIT :limit
+)
+RETURNING id, scope, key, flow;
+
+-- reap_finished --
+-- cross-scope: the reaper deletes expired keys in every scope (B3).
+-- SQLite cannot count a DELETE in a CTE: one row per deleted key comes back instead
+-- (in process, that costs next to nothing).
+DELETE FROM idempotency_keys
+WHERE id IN (
+    SELECT id
+    FROM idempotency_keys
+    WHERE finished_at IS NOT NULL AND error IS NULL AND locked_at IS NULL
+      AND expires_at <= (julianday('now') - 2440587.5) * 86400.0
+    ORDER BY expires_at
+    LIMIT :limit
+)
+RETURNING 1 AS deleted;
+
+-- deliver_job --
+INSERT INTO idempotence_jobs (job_key, scope, key_id, name, args, run_at, created_at)
+VALUES (
+    :job_key, :scope, :key_id, :name, :args,
+    (julianday('now') - 2440587.5) * 86400.0,
+    (julianday('now') - 2440587.5) * 86400.0
+)
+ON CONFLICT (job_key) DO NOTHING
+RETURNING id;
+
+-- pick_jobs --
+UPDATE idempotence_jobs
+SET attempts = attempts + 1,
+    run_at = (julianday('now') - 2440587.5) * 86400.0 + :lease
+WHERE id IN (
+    SELECT id
+    FROM idempotence_jobs
+    WHERE status = 'ready' AND run_at <= (julianday('now') - 2440587.5) * 86400.0
+      AND name IN (SELECT value FROM json_each(:names))
+    ORDER BY run_at, id
+    LIMIT :limit
+)
+RETURNING id, job_key, scope, key_id, name, args, attempts, created_at;
+
+-- job_done --
+UPDATE idempotence_jobs
+SET status = 'done', finished_at = (julianday('now') - 2440587.5) * 86400.0, last_error = NULL
+WHERE id = :id AND attempts = :attempts AND status = 'ready'
+RETURNING id;
+
+-- job_failed --
+UPDATE idempotence_jobs
+SET status = CASE WHEN attempts >= :max_attempts THEN 'dead' ELSE 'ready' END,
+    run_at = (julianday('now') - 2440587.5) * 86400.0 + :backoff,
+    last_error = :error,
+    finished_at = CASE
+        WHEN attempts >= :max_attempts THEN (julianday('now') - 2440587.5) * 86400.0
+    END
+WHERE id = :id AND attempts = :attempts AND status = 'ready'
+RETURNING status;
+
+-- list_keys --
+-- cross-scope: the operator lists keys of every scope unless given one (F5).
+-- The CASE is states.key_state, as in the PostgreSQL twin.
+WITH clock AS (SELECT (julianday('now') - 2440587.5) * 86400.0 AS db_now)
+SELECT *
+FROM (
+    SELECT clock.db_now,
+        CASE
+            WHEN k.finished_at IS NOT NULL THEN
+                CASE
+                    WHEN k.error IS NOT NULL THEN 'errored'
+                    WHEN k.expires_at <= clock.db_now THEN 'expired'
+                    WHEN coalesce(k.response_status, 500) < 400 THEN 'complete'
+                    ELSE 'failed'
+                END
+            WHEN k.locked_at + k.lock_timeout > clock.db_now THEN 'processing'
+            WHEN k.expires_at <= clock.db_now THEN 'expired'
+            ELSE 'pending'
+        END AS state,
+        k.*
+    FROM idempotency_keys AS k, clock
+    WHERE (:scope IS NULL OR k.scope = :scope)
+      AND (:key IS NULL OR k.key = :key)
+) AS keyed
+WHERE :state IS NULL OR keyed.state = :state
+ORDER BY keyed.created_at DESC, keyed.id DESC
+LIMIT :limit;
+
+-- key_stats --
+-- cross-scope: the operator's counts cover every scope (F5).
+WITH clock AS (SELECT (julianday('now') - 2440587.5) * 86400.0 AS db_now)
+SELECT min(db_now) AS db_now, state, count(*) AS keys, min(created_at) AS oldest,
+    sum(lock_token - 1) AS takeovers
+FROM (
+    SELECT clock.db_now,
+        CASE
+            WHEN k.finished_at IS NOT NULL THEN
+                CASE
+                    WHEN k.error IS NOT NULL THEN 'errored'
+                    WHEN k.expires_at <= clock.db_now THEN 'expired'
+                    WHEN coalesce(k.response_status, 500) < 400 THEN 'complete'
+                    ELSE 'failed'
+                END
+            WHEN k.locked_at + k.lock_timeout > clock.db_now THEN 'processing'
+            WHEN k.expires_at <= clock.db_now THEN 'expired'
+            ELSE 'pending'
+        END AS state,
+        k.created_at,
+        k.lock_token
+    FROM idempotency_keys AS k, clock
+) AS keyed
+GROUP BY state;
+
+-- job_stats --
+SELECT 'staged' AS status, count(*) AS jobs FROM idempotence_staged_jobs
+UNION ALL
+SELECT status, count(*) AS jobs FROM idempotence_jobs GROUP BY status;
+
+-- evict_key --
+DELETE FROM idempotency_keys
+WHERE scope = :scope AND key = :key
+  AND (:force
+       OR locked_at IS NULL
+       OR locked_at + lock_timeout <= (julianday('now') - 2440587.5) * 86400.0)
+RETURNING id;

@@ -1,0 +1,119 @@
+"""The operator's view of the key store (F5): list, show and evict keys, and counts.
+
+The state of every key is computed in SQL exactly as :func:`idempotence.key_state`
+computes it (the test suite holds the two together), so that ``--state`` filters
+before ``--limit`` and a listing never disagrees with the state machine.
+
+>>> rows = list_keys(store, state=KeyState.ERRORED, limit=20)   # doctest: +SKIP
+>>> stats(store).states[KeyState.PENDING]                       # doctest: +SKIP
+4
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from ..errors import IdempotenceError, KeyNotFound
+from ..states import KeyState
+from ..stores import Store
+from . import _ops
+from ._ops import KeyRow
+
+__all__ = ["KeyIsLocked", "KeyRow", "Stats", "evict_key", "list_keys", "show_key", "stats"]
+
+#: The most rows one listing returns.
+MAX_LIMIT = 10_000
+
+
+class KeyIsLocked(IdempotenceError):
+    """A worker holds this key's lock right now; evicting it needs --force."""
+
+
+def list_keys(
+    store: Store,
+    *,
+    state: KeyState | None = None,
+    scope: str | None = None,
+    limit: int = 50,
+) -> list[KeyRow]:
+    """Up to ``limit`` keys, newest first, of one ``state`` and ``scope`` if given."""
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+    return store.perform(
+        lambda: _ops.list_keys(store.dialect, state=state, scope=scope, key=None, limit=limit),
+        write=False,
+    )
+
+
+def show_key(store: Store, scope: str, key: str) -> KeyRow:
+    """One key with its state; :class:`~idempotence.KeyNotFound` if there is none."""
+    rows = store.perform(
+        lambda: _ops.list_keys(store.dialect, state=None, scope=scope, key=key, limit=1),
+        write=False,
+    )
+    if not rows:
+        raise KeyNotFound(f"no key {key!r} in scope {scope!r}", scope=scope, key=key)
+    return rows[0]
+
+
+def evict_key(store: Store, scope: str, key: str, *, force: bool = False) -> KeyRow:
+    """Delete one key, so that its next request runs afresh; return it as it was.
+
+    A live lock means a worker is running the key right now: that raises
+    :class:`KeyIsLocked` unless ``force``, and with ``force`` the worker's later
+    fenced writes find no row and roll back (F1).
+    """
+    row = show_key(store, scope, key)
+    if store.perform(lambda: _ops.evict(store.dialect, scope, key, force)):
+        return row
+    # The conditional delete refused: the key is locked now (or is gone already).
+    locked_at = show_key(store, scope, key).record.locked_at
+    since = f" (locked since {locked_at:%Y-%m-%d %H:%M:%S} UTC)" if locked_at else ""
+    raise KeyIsLocked(
+        f"key {key!r} in scope {scope!r} is being processed{since}; pass --force to "
+        "evict it anyway: the worker's writes will then be refused",
+        scope=scope,
+        key=key,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Counts over the whole key store, on the database clock."""
+
+    now: datetime
+    #: Keys per state; every state is present.
+    states: Mapping[KeyState, int]
+    #: The creation time of the oldest key of each state that has keys.
+    oldest: Mapping[KeyState, datetime]
+    #: Lock takeovers and sweeps: every one bumps a key's lock_token from 1.
+    takeovers: int
+    #: Staged jobs not yet delivered, and the built-in runner's jobs by status.
+    jobs: Mapping[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.states.values())
+
+    @property
+    def oldest_pending_age(self) -> timedelta | None:
+        """How long the oldest pending key has waited, or None if none is pending."""
+        oldest = self.oldest.get(KeyState.PENDING)
+        return None if oldest is None else self.now - oldest
+
+
+def stats(store: Store) -> Stats:
+    """Count keys per state, find the oldest of each, and sum the takeovers."""
+    now, counts = store.perform(lambda: _ops.key_stats(store.dialect), write=False)
+    jobs = store.perform(lambda: _ops.job_stats(store.dialect), write=False)
+    states = {state: 0 for state in KeyState}
+    states.update({c.state: c.keys for c in counts})
+    return Stats(
+        now=now.at,
+        states=states,
+        oldest={c.state: c.oldest for c in counts},
+        takeovers=sum(c.takeovers for c in counts),
+        jobs={status: jobs.get(status, 0) for status in ("staged", "ready", "done", "dead")},
+    )

@@ -1,0 +1,151 @@
+"""The operator's commands: ``keys list|show|evict``, ``stats`` and ``reconcile``
+(F5, B5). :mod:`idempotence.cli` adds them to the ``idempotence`` command."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from ..database import DatabaseUrl
+from ..errors import ConfigurationError, KeyNotFound
+from ..states import KeyState
+from . import _format, admin
+from ._cli import (
+    ImportType,
+    database_option,
+    fail,
+    flow_registry,
+    flows_option,
+    json_option,
+    open_cli_store,
+)
+from .reconcile import Reconciler, ReconcilerRegistry, parse_since, reconcile, reconcilers
+
+
+@click.group()
+def keys() -> None:
+    """List, show and evict idempotency keys."""
+
+
+@keys.command("list")
+@database_option
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in KeyState]),
+    default=None,
+    help="Only keys in this state.",
+)
+@click.option("--scope", default=None, help="Only keys of this scope.")
+@click.option("--limit", type=click.IntRange(1, admin.MAX_LIMIT), default=50, show_default=True)
+@json_option
+def list_command(
+    database: DatabaseUrl, state: str | None, scope: str | None, limit: int, as_json: bool
+) -> None:
+    """Keys, newest first (errored keys wait for a human: --state errored)."""
+    with open_cli_store(database) as store:
+        rows = admin.list_keys(
+            store, state=KeyState(state) if state else None, scope=scope, limit=limit
+        )
+    if as_json:
+        click.echo(json.dumps([_format.key_json(row) for row in rows]))
+    elif rows:
+        click.echo(_format.keys_table(rows))
+    else:
+        click.echo("no keys", err=True)
+
+
+@keys.command("show")
+@database_option
+@click.argument("scope")
+@click.argument("key")
+@json_option
+def show_command(database: DatabaseUrl, scope: str, key: str, as_json: bool) -> None:
+    """Every field of one key, its stored response included."""
+    with open_cli_store(database) as store:
+        row = _found(lambda: admin.show_key(store, scope, key))
+    if as_json:
+        click.echo(json.dumps(_format.key_json(row, full=True)))
+    else:
+        click.echo(_format.key_detail(row))
+
+
+@keys.command("evict")
+@database_option
+@click.argument("scope")
+@click.argument("key")
+@click.option("--force", is_flag=True, help="Evict even while a worker holds the key.")
+def evict_command(database: DatabaseUrl, scope: str, key: str, force: bool) -> None:
+    """Delete one key: its next request runs afresh. A key a worker is running
+    right now (a live lock) needs --force, and that worker's writes are refused."""
+    with open_cli_store(database) as store:
+        row = _found(lambda: admin.evict_key(store, scope, key, force=force))
+    click.echo(f"evicted key {key!r} in scope {scope!r} (it was {row.state.value})")
+
+
+def _found(get: Any) -> Any:
+    try:
+        return get()
+    except (KeyNotFound, admin.KeyIsLocked) as exc:
+        fail(exc.message)
+
+
+@click.command()
+@database_option
+@json_option
+def stats(database: DatabaseUrl, as_json: bool) -> None:
+    """Keys per state, the oldest pending key's age, and lock takeovers."""
+    with open_cli_store(database) as store:
+        result = admin.stats(store)
+    click.echo(json.dumps(_format.stats_json(result)) if as_json else _format.stats_text(result))
+
+
+@click.command("reconcile")
+@click.argument("flow")
+@click.option("--since", required=True, help="Window start: 24h, 7d (ago) or ISO 8601.")
+@click.option("--until", default=None, help="Window end (default: now).")
+@click.option(
+    "--reconcilers",
+    "registry",
+    type=ImportType(),
+    default=None,
+    help="The application's ReconcilerRegistry (default: the library's).",
+)
+@flows_option
+@json_option
+def reconcile_command(
+    flow: str, since: str, until: str | None, registry: Any, flows: Any, as_json: bool
+) -> None:
+    """Compare FLOW's local records with the foreign system's over a window (B5):
+    foreign records without a local one, and local ones without a foreign one."""
+    try:
+        start, end = parse_since(since), parse_since(until) if until else None
+    except ConfigurationError as exc:
+        raise click.BadParameter(exc.message) from None
+    reconciler = _reconciler(flow, registry, flows)
+    try:
+        result = reconcile(reconciler, start, end, flow=flow)
+    except ConfigurationError as exc:
+        raise click.BadParameter(exc.message) from None
+    except Exception as exc:  # the application's listing failed
+        fail(f"reconciling {flow!r} failed: {exc!r}")
+    click.echo(_format.to_json(result) if as_json else _format.reconciliation_text(result))
+
+
+def _reconciler(flow: str, registry: Any, flows: Any) -> Reconciler:
+    """The reconciler registered for ``flow``, or one the flow carries itself
+    (a ``reconciler`` attribute)."""
+    registry = registry if registry is not None else reconcilers
+    if not isinstance(registry, ReconcilerRegistry):
+        raise click.BadParameter("must name a ReconcilerRegistry", param_hint="--reconcilers")
+    if flow in registry:
+        return registry.get(flow)
+    found = flow_registry(flows)
+    carried = getattr(found.get(flow), "reconciler", None) if flow in found else None
+    if isinstance(carried, Reconciler):
+        return carried
+    try:
+        return registry.get(flow)
+    except ConfigurationError as exc:
+        raise click.UsageError(exc.message) from None

@@ -1,0 +1,105 @@
+"""A three-phase flow for the completer's tests: an order row, a charge at a "provider"
+that counts calls per derived key, and a finish that stages a receipt job.
+
+Recovery points: ``started`` -> ``order_created`` -> ``charged`` -> finished. Faults
+make a step raise the first time it runs for a key, which leaves the key unlocked at
+that step's recovery point, as a crash would.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from idempotence import StoredResponse
+from idempotence.flows import Advance, Finish, Flow, FlowRegistry, PhaseContext
+from tests.maintenance.support import Backend
+
+TABLES = {
+    "postgres": [
+        "CREATE TABLE orders (key_id bigint PRIMARY KEY, scope text NOT NULL, charge text)",
+        "CREATE TABLE provider_charges (derived_key text PRIMARY KEY, calls int NOT NULL)",
+    ],
+    "sqlite": [
+        "CREATE TABLE orders (key_id INTEGER PRIMARY KEY, scope TEXT NOT NULL, charge TEXT)",
+        "CREATE TABLE provider_charges (derived_key TEXT PRIMARY KEY, calls INT NOT NULL)",
+    ],
+}
+
+#: The steps a fault can be injected at.
+STEPS = ("create_order", "charge_call", "record_charge", "finish")
+
+
+class Faults:
+    """Which steps fail once, for which keys."""
+
+    def __init__(self) -> None:
+        self._armed: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def arm(self, step: str, keys: Iterable[str]) -> None:
+        assert step in STEPS
+        with self._lock:
+            self._armed.update((step, key) for key in keys)
+
+    def trip(self, step: str, key: str) -> None:
+        with self._lock:
+            armed = (step, key) in self._armed
+            self._armed.discard((step, key))
+        if armed:
+            raise RuntimeError(f"injected fault at {step} for {key}")
+
+
+def checkout_flow(db: Backend, faults: Faults, name: str = "checkout") -> Flow:
+    flow = Flow(name)
+
+    @flow.phase("started")
+    def create_order(ctx: PhaseContext) -> Advance:
+        ctx.tx.execute(
+            db.sql("INSERT INTO orders (key_id, scope) VALUES (%(id)s, %(scope)s)"),
+            {"id": ctx.lease.id, "scope": ctx.lease.scope},
+        )
+        faults.trip("create_order", ctx.lease.key)
+        return Advance("order_created")
+
+    def charge(ctx: Any) -> str:
+        faults.trip("charge_call", ctx.lease.key)
+        derived: str = ctx.key_for("charge")
+        # The provider's own dedup: a repeated key is counted but charges nothing new.
+        db.execute(
+            "INSERT INTO provider_charges (derived_key, calls) VALUES (%(k)s, 1) "
+            "ON CONFLICT (derived_key) DO UPDATE SET calls = provider_charges.calls + 1",
+            {"k": derived},
+        )
+        return derived
+
+    def record_charge(ctx: PhaseContext, charge_id: str) -> Advance:
+        ctx.tx.execute(
+            db.sql("UPDATE orders SET charge = %(charge)s WHERE key_id = %(id)s"),
+            {"charge": charge_id, "id": ctx.lease.id},
+        )
+        faults.trip("record_charge", ctx.lease.key)
+        return Advance("charged")
+
+    flow.foreign("order_created", name="charge", call=charge, record=record_charge)
+
+    @flow.phase("charged")
+    def finish(ctx: PhaseContext) -> Finish:
+        ctx.stage("receipt", {"key": ctx.lease.key})
+        faults.trip("finish", ctx.lease.key)
+        body = json.dumps({"order": ctx.lease.id})
+        return Finish(StoredResponse.of(201, {"content-type": "application/json"}, body))
+
+    return flow
+
+
+def setup(db: Backend) -> tuple[Faults, Flow, FlowRegistry]:
+    for statement in TABLES[db.kind]:
+        db.execute(statement)
+    faults = Faults()
+    flow = checkout_flow(db, faults)
+    registry = FlowRegistry()
+    registry.register(flow)
+    return faults, flow, registry

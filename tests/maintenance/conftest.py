@@ -1,0 +1,70 @@
+"""Fixtures for the maintenance suites: a fresh migrated database per test, on
+PostgreSQL (a copy of a migrated template, so it is quick) and on SQLite."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from idempotence import SqliteStore
+from idempotence.stores.postgres import PostgresStore
+from tests.maintenance.support import Backend
+from tests.support.postgres import ProvidedServer, create_database, drop_database
+
+
+@pytest.fixture(scope="session")
+def maintenance_template(pg_server: ProvidedServer) -> Iterator[str]:
+    """The name of a migrated database to copy; nobody connects to it afterwards."""
+    url = create_database(pg_server.url, prefix="idempotence_mtpl")
+    try:
+        with PostgresStore(url) as store:
+            store.migrate()
+        yield str(conninfo_to_dict(url)["dbname"])
+    finally:
+        drop_database(pg_server.url, url)
+
+
+@pytest.fixture
+def own_pg_url(pg_server: ProvidedServer, maintenance_template: str) -> Iterator[str]:
+    url = create_database(pg_server.url, prefix="idempotence_m", template=maintenance_template)
+    try:
+        yield url
+    finally:
+        drop_database(pg_server.url, url)
+
+
+@pytest.fixture
+def own_sqlite_url(tmp_path: Path) -> str:
+    path = tmp_path / "maintenance.sqlite3"
+    with SqliteStore(str(path)) as store:
+        store.migrate()
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def db(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """A database of the test's own, on each backend."""
+    if request.param == "postgres":
+        url = request.getfixturevalue("own_pg_url")
+        backend = Backend("postgres", url, lambda: PostgresStore(url))
+    else:
+        url = request.getfixturevalue("own_sqlite_url")
+        path = url.removeprefix("sqlite:///")
+        backend = Backend("sqlite", url, lambda: SqliteStore(path))
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+@pytest.fixture
+def pg_db(own_pg_url: str) -> Iterator[Backend]:
+    """PostgreSQL only: for what SQLite cannot do (two writers at once)."""
+    backend = Backend("postgres", own_pg_url, lambda: PostgresStore(own_pg_url))
+    try:
+        yield backend
+    finally:
+        backend.close()

@@ -1,0 +1,173 @@
+"""Helpers for the maintenance suites: a database of the test's own on each backend,
+raw SQL beside the store (to age rows, to count), and keys in every state."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from idempotence import ClaimRequest, Store, StoredResponse
+from idempotence.states import Claim, Lease
+
+LIVE = timedelta(hours=1)
+EXPIRED = timedelta(milliseconds=1)
+
+
+@dataclass
+class Backend:
+    """One migrated database that only this test uses, and stores on it.
+
+    Maintenance scans every scope, so unlike the conformance suites these tests cannot
+    share a database split by scope.
+    """
+
+    kind: str  # "postgres" or "sqlite"
+    #: The URL the CLI takes.
+    url: str
+    opener: Callable[[], Store]
+    _stores: list[Store] = field(default_factory=list)
+    _store: Store | None = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = self.open()
+        return self._store
+
+    def open(self) -> Store:
+        """Another store on the same database: a second node."""
+        store = self.opener()
+        self._stores.append(store)
+        return store
+
+    def close(self) -> None:
+        for store in self._stores:
+            store.close()
+
+    # -- raw SQL, written with %(name)s parameters for both ---------------------------
+
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        if self.kind == "postgres":
+            with psycopg.connect(self.url, autocommit=True, row_factory=dict_row) as pg:
+                cur = pg.execute(sql.encode(), params or {})
+                return list(cur.fetchall()) if cur.description else []
+        lite = sqlite3.connect(self.url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            lite.row_factory = sqlite3.Row
+            rows = lite.execute(re.sub(r"%\((\w+)\)s", r":\1", sql), params or {}).fetchall()
+            return [dict(row) for row in rows]
+        finally:
+            lite.close()
+
+    def sql(self, sql: str) -> str:
+        """``sql`` in the store's own parameter style (for ``tx.execute``)."""
+        return sql if self.kind == "postgres" else re.sub(r"%\((\w+)\)s", r":\1", sql)
+
+    def backdate(self, scope: str, key: str | None, age: timedelta, *columns: str) -> None:
+        """Move the ``columns`` of one key (every key of ``scope`` if None) ``age``
+        into the past."""
+        seconds = age.total_seconds()
+        if self.kind == "postgres":
+            sets = ", ".join(f"{c} = {c} - make_interval(secs => %(s)s)" for c in columns)
+        else:
+            sets = ", ".join(f"{c} = {c} - %(s)s" for c in columns)
+        which = "" if key is None else " AND key = %(key)s"
+        self.execute(
+            f"UPDATE idempotency_keys SET {sets} WHERE scope = %(scope)s{which}",
+            {"s": seconds, "scope": scope, "key": key},
+        )
+
+    def row(self, scope: str, key: str) -> dict[str, Any] | None:
+        rows = self.execute(
+            "SELECT * FROM idempotency_keys WHERE scope = %(scope)s AND key = %(key)s",
+            {"scope": scope, "key": key},
+        )
+        return rows[0] if rows else None
+
+    def count(self, table: str, where: str = "TRUE") -> int:
+        where = where if self.kind == "postgres" else where.replace("TRUE", "1")
+        return int(self.execute(f"SELECT count(*) AS n FROM {table} WHERE {where}")[0]["n"])
+
+
+def new_scope() -> str:
+    return f"m-{uuid.uuid4().hex[:10]}"
+
+
+def claim(
+    store: Store,
+    scope: str,
+    key: str,
+    *,
+    lock_timeout: timedelta = LIVE,
+    retention: timedelta | None = timedelta(hours=24),
+    flow: str = "default",
+    params: Any = None,
+) -> Claim:
+    claimed = store.claim(
+        ClaimRequest(
+            scope=scope,
+            key=key,
+            fingerprint="f" * 64,
+            flow=flow,
+            params=params if params is not None else {},
+            lock_timeout=lock_timeout,
+            retention=retention,
+        )
+    )
+    assert claimed.lease is not None, claimed
+    return claimed
+
+
+def finished(
+    store: Store,
+    scope: str,
+    key: str,
+    *,
+    status: int = 200,
+    error: str | None = None,
+    retention: timedelta | None = timedelta(hours=24),
+) -> Lease:
+    lease = claim(store, scope, key, retention=retention).lease
+    assert lease is not None
+    store.finish(lease, StoredResponse.of(status, body="{}"), error=error)
+    return lease
+
+
+def pending(store: Store, scope: str, key: str, **kw: Any) -> Lease:
+    lease = claim(store, scope, key, **kw).lease
+    assert lease is not None
+    store.release(lease)
+    return lease
+
+
+def in_threads(*targets: Callable[[], Any]) -> list[Any]:
+    """Run ``targets`` at once (released together by a barrier); return their results,
+    re-raising the first error."""
+    barrier = threading.Barrier(len(targets))
+    results: list[Any] = [None] * len(targets)
+    errors: list[BaseException] = []
+
+    def run(i: int, target: Callable[[], Any]) -> None:
+        try:
+            barrier.wait()
+            results[i] = target()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, t)) for i, t in enumerate(targets)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return results

@@ -1,0 +1,245 @@
+"""B2: the completer resumes abandoned keys through their flows, from every recovery
+point, without a second effect; gives up after N attempts; leaves unknown flows alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+from idempotence import ClaimRequest, KeyState, StoredResponse, key_state
+from idempotence.flows import (
+    Advance,
+    Finish,
+    Flow,
+    FlowRegistry,
+    NoOp,
+    PhaseContext,
+    ResultKind,
+)
+from idempotence.maintenance import (
+    Completer,
+    CompleterConfig,
+    CompletionOutcome,
+    Signals,
+)
+from tests.maintenance.checkout import setup
+from tests.maintenance.support import EXPIRED, Backend, in_threads, new_scope, pending
+
+NOW = CompleterConfig(grace=timedelta(0), batch_pause=0.0, interval=0.05)
+
+
+def run_until_fault(flow: Flow, db: Backend, scope: str, key: str) -> None:
+    result = flow.run(db.store, flow.request(scope=scope, key=key, fingerprint="f" * 64))
+    assert result.kind is ResultKind.FAILED, result
+
+
+def test_b2_resumes_keys_left_at_every_recovery_point_without_a_second_effect(
+    db: Backend,
+) -> None:
+    faults, flow, registry = setup(db)
+    scope = new_scope()
+    left_at = {
+        "create_order": "started",  # the first phase rolled back
+        "charge_call": "order_created",  # the call failed before reaching the provider
+        "record_charge": "order_created",  # the provider charged; the record rolled back
+        "finish": "charged",  # the last phase rolled back
+    }
+    for step, point in left_at.items():
+        faults.arm(step, [step])
+        run_until_fault(flow, db, scope, step)
+        record = db.store.get(scope, step)
+        assert record is not None and record.recovery_point == point, step
+        assert key_state(record, record.created_at) is KeyState.PENDING
+    # A worker that died holding the lock, at 'charged': its lock has expired.
+    faults.arm("finish", ["crashed"])
+    run_until_fault(flow, db, scope, "crashed")
+    db.store.claim(
+        ClaimRequest(
+            scope=scope, key="crashed", fingerprint="f" * 64, flow="checkout", lock_timeout=EXPIRED
+        )
+    )
+    time.sleep(0.02)
+
+    result = Completer(db.store, NOW, flows=registry).run_once()
+
+    keys = [*left_at, "crashed"]
+    assert sorted(c.key for c in result.completions) == sorted(keys)
+    assert {c.outcome for c in result.completions} == {CompletionOutcome.COMPLETED}
+    for key in keys:
+        record = db.store.get(scope, key)
+        assert record is not None and record.response is not None
+        assert record.response.status == 201, key
+    assert db.count("orders") == len(keys)  # one order per key
+    assert db.count("orders", "charge IS NULL") == 0
+    charges = {r["derived_key"]: r["calls"] for r in db.execute("SELECT * FROM provider_charges")}
+    assert len(charges) == len(keys)  # one charge per key: the provider's dedup held
+    # Only the key whose charge was made but not recorded called twice, with the same
+    # derived key.
+    record_charge = db.store.get(scope, "record_charge")
+    assert record_charge is not None
+    assert charges.pop(flow.key_for(record_charge.id, "charge")) == 2
+    assert set(charges.values()) == {1}
+    assert db.count("idempotence_staged_jobs") == len(keys)  # one receipt each
+
+
+def test_b2_a_key_whose_flow_keeps_failing_is_left_for_a_human(db: Backend) -> None:
+    registry, scope = FlowRegistry(), new_scope()
+    broken = registry.register(Flow("broken"))
+
+    @broken.phase("started")
+    def explode(ctx: PhaseContext) -> Advance:
+        raise ValueError("the flow has a bug")
+
+    first = broken.run(db.store, broken.request(scope=scope, key="k", fingerprint="f" * 64))
+    assert first.kind is ResultKind.FAILED
+    config = CompleterConfig(grace=timedelta(0), max_attempts=3)
+    outcomes = [
+        Completer(db.store, config, flows=registry).run_once().completions[0].outcome
+        for _ in range(3)
+    ]
+    assert outcomes == [
+        CompletionOutcome.FAILED,
+        CompletionOutcome.FAILED,
+        CompletionOutcome.GAVE_UP,
+    ]
+    record = db.store.get(scope, "k")
+    assert record is not None and record.error is not None
+    assert "3 attempt(s)" in record.error and "the flow has a bug" in record.error
+    assert key_state(record, record.created_at) is KeyState.ERRORED
+    # Errored keys are never picked again.
+    assert Completer(db.store, config, flows=registry).run_once().completions == ()
+
+
+def test_b2_attempts_are_counted_durably(db: Backend) -> None:
+    """A completer that died mid-attempt never reported back; its attempt counts."""
+    faults, flow, registry = setup(db)
+    scope = new_scope()
+    faults.arm("finish", ["k"])
+    run_until_fault(flow, db, scope, "k")
+    db.execute(
+        "UPDATE idempotency_keys SET completer_attempts = 5 WHERE scope = %(s)s", {"s": scope}
+    )
+
+    result = Completer(db.store, NOW, flows=registry).run_once()
+
+    assert [(c.outcome, c.attempts) for c in result.completions] == [(CompletionOutcome.GAVE_UP, 5)]
+    assert db.count("orders", "charge IS NOT NULL") == 1  # nothing ran again
+
+
+def test_b2_a_key_of_an_unregistered_flow_is_reported_not_touched(db: Backend) -> None:
+    scope = new_scope()
+    pending(db.store, scope, "orphan", flow="ghost")
+    before = db.row(scope, "orphan")
+
+    result = Completer(db.store, NOW, flows=FlowRegistry()).run_once()
+
+    assert result.unregistered == {"ghost": 1}
+    assert result.completions == ()
+    assert db.row(scope, "orphan") == before
+
+
+def test_b2_leaves_live_locks_and_keys_within_the_grace_period(db: Backend) -> None:
+    faults, flow, registry = setup(db)
+    scope = new_scope()
+    faults.arm("finish", ["recent"])
+    run_until_fault(flow, db, scope, "recent")
+    db.store.claim(flow.request(scope=scope, key="running", fingerprint="f" * 64))
+
+    graceful = CompleterConfig(grace=timedelta(hours=1))
+    assert Completer(db.store, graceful, flows=registry).run_once().completions == ()
+    # Without a grace period the unlocked key goes; the live lock still stays.
+    result = Completer(db.store, NOW, flows=registry).run_once()
+    assert [c.key for c in result.completions] == ["recent"]
+
+
+def test_b2_empty_database_is_a_no_op(db: Backend) -> None:
+    _, _, registry = setup(db)
+    result = Completer(db.store, NOW, flows=registry).run_once()
+    assert (result.completions, result.unregistered, result.batches) == ((), {}, 1)
+
+
+def test_b2_works_in_batches_until_a_short_page(db: Backend) -> None:
+    faults, flow, registry = setup(db)
+    scope = new_scope()
+    keys = [f"k{i}" for i in range(25)]
+    faults.arm("finish", keys)
+    for key in keys:
+        run_until_fault(flow, db, scope, key)
+    signals = Signals()
+    sizes: list[int] = []
+    signals.on("completer.batch", lambda payload: sizes.append(payload[1]))
+    config = CompleterConfig(grace=timedelta(0), batch_size=10, batch_pause=0.0)
+
+    result = Completer(db.store, config, flows=registry, signals=signals).run_once()
+
+    assert sizes == [10, 10, 5]
+    assert result.batches == 3
+    assert result.completed == 25
+
+
+def test_b2_two_completers_at_once_never_resume_a_key_twice(db: Backend) -> None:
+    faults, flow, registry = setup(db)
+    scope = new_scope()
+    keys = [f"k{i}" for i in range(30)]
+    faults.arm("finish", keys)
+    for key in keys:
+        run_until_fault(flow, db, scope, key)
+    # The pick moves last_run_at to now, so with a grace period a key one completer
+    # picked is not old enough for the other: that is what keeps them apart. (With no
+    # grace at all a key may be attempted twice; the claim still runs it once.)
+    time.sleep(1.1)
+    config = CompleterConfig(grace=timedelta(seconds=1), batch_size=4, batch_pause=0.0)
+    one = Completer(db.open(), config, flows=registry)
+    two = Completer(db.open(), config, flows=registry)
+
+    results = in_threads(one.run_once, two.run_once)
+
+    attempted = [c.key for r in results for c in r.completions]
+    assert sorted(attempted) == sorted(keys)  # each key by exactly one completer
+    assert {c.outcome for r in results for c in r.completions} == {CompletionOutcome.COMPLETED}
+    assert db.execute("SELECT DISTINCT calls FROM provider_charges") == [{"calls": 1}]
+    assert db.execute("SELECT DISTINCT completer_attempts FROM idempotency_keys") == [
+        {"completer_attempts": 1}
+    ]
+
+
+def test_b2_run_forever_completes_keys_and_stops(db: Backend) -> None:
+    faults, flow, registry = setup(db)
+    scope = new_scope()
+    signals, stop = Signals(), threading.Event()
+    completer = Completer(db.store, NOW, flows=registry, signals=signals)
+    thread = threading.Thread(target=completer.run_forever, args=(stop,))
+    thread.start()
+    try:
+        faults.arm("finish", ["k"])
+        run_until_fault(flow, db, scope, "k")
+        deadline = time.monotonic() + 10
+        while not (record := db.store.get(scope, "k")) or not record.finished:
+            assert time.monotonic() < deadline, "the running completer never finished the key"
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_b2_a_flow_that_pauses_is_not_counted_as_failing(db: Backend) -> None:
+    """A phase that returns NoOp (waiting for something) made progress: its attempts
+    start again, so it is never given up on for waiting."""
+    registry, scope = FlowRegistry(), new_scope()
+    waiting = registry.register(Flow("waiting"))
+    ready = threading.Event()
+
+    @waiting.phase("started")
+    def wait_for_it(ctx: PhaseContext) -> NoOp | Finish:
+        return Finish(StoredResponse.of(200)) if ready.is_set() else NoOp()
+
+    waiting.run(db.store, waiting.request(scope=scope, key="k", fingerprint="f" * 64))
+    config = CompleterConfig(grace=timedelta(0), max_attempts=2)
+    for _ in range(4):
+        (completion,) = Completer(db.store, config, flows=registry).run_once().completions
+        assert completion.outcome is CompletionOutcome.PAUSED
+    ready.set()
+    (completion,) = Completer(db.store, config, flows=registry).run_once().completions
+    assert completion.outcome is CompletionOutcome.COMPLETED
