@@ -1,0 +1,397 @@
+"""HTTP middleware throughput: guarded endpoints against the same endpoint unguarded.
+
+Run it from the repository root::
+
+    .venv/bin/python benchmarks/http.py                  # the full run, about 2 minutes
+    .venv/bin/python benchmarks/http.py --quick          # a smoke run, about 30 seconds
+    .venv/bin/python benchmarks/http.py --backend sqlite --seconds 3 --connections 32 --json
+
+One uvicorn process per database serves a Starlette app with the ASGI middleware and
+an async store; a load generator in another process keeps ``--connections`` keep-alive
+connections busy with POSTs for ``--seconds`` per row (after a warm-up), each with a
+new Idempotency-Key, and reports requests/s and p50/p99 latency. Every endpoint does
+the same work, an INSERT of one row in a transaction on the store's database, and
+answers 201 with a small JSON body:
+
+``unguarded``  the endpoint is exempt (``Endpoint(..., None)``): the baseline.
+``handler``    plain mode: claim, run the handler (its own transaction), store the response.
+``transaction`` request-as-transaction (F3): the claim, the INSERT and the stored response
+               in the handler's one transaction; the target is >= 0.8 of ``unguarded``.
+``replay``     the same key again and again on ``handler``: every request is a replay.
+
+PostgreSQL comes from ``--postgres URL`` (default ``$IDEMPOTENCE_TEST_POSTGRES``, else
+``postgresql://postgres@127.0.0.1:5432/postgres``); the script creates
+``idempotence_bench_http_<pid>`` and drops it at the end. SQLite is a file in a
+temporary directory. The rows of one database are measured in one server process,
+back to back, in ``--rounds`` rounds (medians are reported), so the ratios compare
+like with like. The script measures and never judges: it exits 0 whatever the ratios.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# This file is called http.py: with its directory first on sys.path, every
+# ``import http`` (uvicorn, httpx, the standard library) would import it instead.
+if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
+
+import argparse
+import asyncio
+import contextlib
+import json
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+MODES = ("unguarded", "handler", "transaction", "replay")
+PATHS = {
+    "unguarded": "/unguarded",
+    "handler": "/handler",
+    "transaction": "/tx",
+    "replay": "/handler",
+}
+BACKENDS = ("postgres", "sqlite")
+TABLE = "CREATE TABLE IF NOT EXISTS bench_items (amount INTEGER NOT NULL, note TEXT NOT NULL)"
+INSERT = {
+    "postgres": "INSERT INTO bench_items (amount, note) VALUES (%(amount)s, %(note)s)",
+    "sqlite": "INSERT INTO bench_items (amount, note) VALUES (:amount, :note)",
+}
+
+# -- the server -------------------------------------------------------------------------------
+
+
+def build_app(backend: str, target: str) -> Any:
+    """The benchmark's Starlette app (run in the server process)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from idempotence import AsyncSqliteStore
+    from idempotence.http import (
+        Endpoint,
+        Idempotency,
+        IdempotencyMiddleware,
+        Policy,
+        current_async_transaction,
+        single_tenant,
+    )
+
+    if backend == "postgres":
+        from idempotence.stores.postgres import AsyncPostgresStore
+
+        store: Any = AsyncPostgresStore(target, max_size=20)
+    else:
+        store = AsyncSqliteStore(target)
+    insert = INSERT[backend]
+
+    async def own_transaction(request: Request) -> JSONResponse:
+        data = await request.json()
+        async with store.transaction() as tx:
+            await tx.execute(insert, {"amount": data["amount"], "note": request.url.path})
+        return JSONResponse({"ok": True, "amount": data["amount"]}, status_code=201)
+
+    async def in_transaction(request: Request) -> JSONResponse:
+        data = await request.json()
+        tx = current_async_transaction()
+        await tx.execute(insert, {"amount": data["amount"], "note": request.url.path})
+        return JSONResponse({"ok": True, "amount": data["amount"]}, status_code=201)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> Any:
+        yield
+        await store.close()
+
+    app = Starlette(
+        routes=[
+            Route("/unguarded", own_transaction, methods=["POST"]),
+            Route("/handler", own_transaction, methods=["POST"]),
+            Route("/tx", in_transaction, methods=["POST"]),
+        ],
+        lifespan=lifespan,
+    )
+    config = Idempotency(
+        store=store,
+        scope=single_tenant("bench"),
+        endpoints=[
+            Endpoint("POST /unguarded", None),
+            Endpoint("POST /tx", Policy(transaction=True)),
+        ],
+    )
+    return IdempotencyMiddleware(app, config)
+
+
+def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    app = build_app(args.backend, args.target)
+    # Not uvicorn's fd= option: it wraps the descriptor as an AF_UNIX socket, so asyncio
+    # never sets TCP_NODELAY on the connections, and Nagle's algorithm meets delayed
+    # ACKs for 40 ms per response. socket(fileno=) reads the real family and protocol.
+    sock = socket.socket(fileno=args.fd)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+# -- the load generator -------------------------------------------------------------------------
+
+
+async def _connection_loop(
+    port: int, path: str, keys: Iterator[str], until: float, latencies: list[float]
+) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = b'{"amount": 100}'
+    errors = 0
+    try:
+        while time.perf_counter() < until:
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nIdempotency-Key: {next(keys)}\r\n\r\n"
+            )
+            started = time.perf_counter()
+            writer.write(head.encode() + body)
+            status_line = await reader.readline()
+            length = 0
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b""):
+                    break
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - started)
+            if int(status_line.split()[1]) != 201:
+                errors += 1
+    finally:
+        writer.close()
+    return errors
+
+
+async def _load(args: argparse.Namespace) -> dict[str, Any]:
+    prefix = f"{os.getpid()}-{time.monotonic_ns()}"
+
+    def unique(worker: int) -> Iterator[str]:
+        n = 0
+        while True:
+            n += 1
+            yield f"{prefix}-{worker}-{n}"
+
+    def same(worker: int) -> Iterator[str]:
+        while True:
+            yield f"replay-{worker}"
+
+    keys = same if args.replay else unique
+    if args.warmup > 0:
+        until = time.perf_counter() + args.warmup
+        await asyncio.gather(
+            *(
+                _connection_loop(args.port, args.path, keys(w), until, [])
+                for w in range(args.connections)
+            )
+        )
+    latencies: list[float] = []
+    started = time.perf_counter()
+    until = started + args.seconds
+    errors = await asyncio.gather(
+        *(
+            _connection_loop(args.port, args.path, keys(w), until, latencies)
+            for w in range(args.connections)
+        )
+    )
+    elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "requests": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "p50_ms": 1000 * latencies[len(latencies) // 2] if latencies else 0.0,
+        "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)] if latencies else 0.0,
+        "errors": sum(errors),
+    }
+
+
+def load(args: argparse.Namespace) -> None:
+    print(json.dumps(asyncio.run(_load(args))))
+
+
+# -- the driver -----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def postgres_database(admin_url: str) -> Iterator[str]:
+    import psycopg
+    from psycopg import conninfo
+    from psycopg import sql as pgsql
+
+    name = f"idempotence_bench_http_{os.getpid()}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    try:
+        yield conninfo.make_conninfo(admin_url, dbname=name)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            drop = pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            admin.execute(drop.format(pgsql.Identifier(name)))
+
+
+@contextlib.contextmanager
+def database(backend: str, admin_url: str) -> Iterator[str]:
+    from idempotence import SqliteStore
+
+    if backend == "postgres":
+        from idempotence.stores.postgres import PostgresStore
+
+        with postgres_database(admin_url) as url:
+            with PostgresStore(url) as store:
+                store.migrate()
+                with store.transaction() as tx:
+                    tx.execute(TABLE)
+            yield url
+    else:
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "bench.sqlite3")
+            with SqliteStore(path) as store:
+                store.migrate()
+                with store.transaction() as tx:
+                    tx.execute(TABLE)
+            yield path
+
+
+@contextlib.contextmanager
+def server(backend: str, target: str) -> Iterator[int]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    command = [sys.executable, __file__, "serve", "--backend", backend, "--target", target]
+    command += ["--fd", str(sock.fileno())]
+    process = subprocess.Popen(command, pass_fds=[sock.fileno()])
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the benchmark server did not start")
+            time.sleep(0.05)
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        sock.close()
+
+
+def run_load(port: int, mode: str, args: argparse.Namespace, warmup: float) -> dict[str, Any]:
+    command = [sys.executable, __file__, "load", "--port", str(port), "--path", PATHS[mode]]
+    command += ["--seconds", str(args.seconds), "--warmup", str(warmup)]
+    command += ["--connections", str(args.connections)]
+    if mode == "replay":
+        command.append("--replay")
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return dict(json.loads(output))
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for backend in args.backend or BACKENDS:
+        with database(backend, args.postgres) as target, server(backend, target) as port:
+            rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+            for number in range(args.rounds):
+                # Alternate the order so no mode always runs on a warmer (or fuller) table.
+                order = MODES if number % 2 == 0 else tuple(reversed(MODES))
+                for mode in order:
+                    warmup = args.warmup if number == 0 else args.warmup / 2
+                    rounds[mode].append(run_load(port, mode, args, warmup))
+            base = statistics.median(r["rps"] for r in rounds["unguarded"])
+            for mode in MODES:
+                results = rounds[mode]
+                rps = statistics.median(r["rps"] for r in results)
+                rows.append(
+                    {
+                        "backend": backend,
+                        "mode": mode,
+                        "rps": rps,
+                        "p50_ms": statistics.median(r["p50_ms"] for r in results),
+                        "p99_ms": statistics.median(r["p99_ms"] for r in results),
+                        "ratio": rps / base if base else 0.0,
+                        "errors": sum(r["errors"] for r in results),
+                        "rounds": results,
+                    }
+                )
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print(
+        f"uvicorn (1 process, asyncio, h11) on 127.0.0.1; {args.connections} keep-alive "
+        f"connections; {args.seconds:g} s per row x {args.rounds} rounds (medians)"
+    )
+    columns = ("req/s", "p50 ms", "p99 ms", "ratio", "errors")
+    header = f"{'backend':<9} {'mode':<12} " + " ".join(f"{name:>8}" for name in columns)
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(
+            f"{row['backend']:<9} {row['mode']:<12} {row['rps']:>8.0f} {row['p50_ms']:>8.2f} "
+            f"{row['p99_ms']:>8.2f} {row['ratio']:>8.2f} {row['errors']:>8}"
+        )
+    print("ratio: req/s over the unguarded endpoint's; target for 'transaction': >= 0.80")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    serving = sub.add_parser("serve", help="(internal) run the benchmark server")
+    serving.add_argument("--backend", choices=BACKENDS, required=True)
+    serving.add_argument("--target", required=True)
+    serving.add_argument("--fd", type=int, required=True)
+    loading = sub.add_parser("load", help="(internal) run the load generator")
+    loading.add_argument("--port", type=int, required=True)
+    loading.add_argument("--path", required=True)
+    loading.add_argument("--seconds", type=float, default=5.0)
+    loading.add_argument("--warmup", type=float, default=1.0)
+    loading.add_argument("--connections", type=int, default=16)
+    loading.add_argument("--replay", action="store_true")
+    parser.add_argument("--backend", action="append", choices=BACKENDS, help="repeatable")
+    env = os.environ.get("IDEMPOTENCE_TEST_POSTGRES", "")
+    parser.add_argument(
+        "--postgres",
+        # The test suite's variable may also say "throwaway" or "embedded": not a URL.
+        default=env
+        if env.startswith("postgres")
+        else "postgresql://postgres@127.0.0.1:5432/postgres",
+    )
+    parser.add_argument("--seconds", type=float, default=4.0, help="per row, per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="a ~30 s smoke run")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args()
+    if args.command == "serve":
+        serve(args)
+        return
+    if args.command == "load":
+        load(args)
+        return
+    if args.quick:
+        args.seconds, args.rounds, args.warmup = 1.0, 1, 0.5
+    rows = measure(args)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print_table(rows, args)
+
+
+if __name__ == "__main__":
+    main()

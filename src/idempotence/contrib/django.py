@@ -1,0 +1,151 @@
+"""Django: a middleware configured by ``settings.IDEMPOTENCE``.
+
+>>> # settings.py                                               # doctest: +SKIP
+>>> def account(request: RequestInfo) -> str | None:
+...     user = request.raw.user                   # the HttpRequest's user
+...     return str(user.pk) if user.is_authenticated else None
+>>> IDEMPOTENCE = Idempotency(store=PostgresStore(os.environ["DATABASE_URL"]), scope=account)
+>>> MIDDLEWARE = [
+...     ...,
+...     "django.contrib.auth.middleware.AuthenticationMiddleware",
+...     "idempotence.contrib.django.IdempotencyMiddleware",   # after authentication
+... ]
+
+The scope callable gets a :class:`~idempotence.http.RequestInfo` whose ``raw`` is the
+``HttpRequest``, so it can use ``request.user``. Django runs it sync with a sync store
+(``PostgresStore``, ``SqliteStore``). Wrapping the WSGI application in
+:class:`~idempotence.http.IdempotencyWSGIMiddleware` works too, without the tenant
+from ``request.user``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+
+# Django ships without type information (django-stubs is not a dependency).
+from django.conf import settings  # type: ignore[import-untyped]
+from django.http import (  # type: ignore[import-untyped]
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    StreamingHttpResponse,
+)
+
+from ..errors import BodyTooLarge, ConfigurationError
+from ..http._config import Idempotency
+from ..http._core import lifecycle
+from ..http._drivers import drive
+from ..http._effects import Capture, Captured, Reply, ReplyKind, RunApp
+from ..http._request import RequestInfo
+from ..http.wsgi import environ_headers
+from ..stores import Store
+
+__all__ = ["IdempotencyMiddleware"]
+
+GetResponse = Callable[[HttpRequest], HttpResponseBase]
+
+
+class IdempotencyMiddleware:
+    """Make POST and PATCH (by default) exactly-once per ``Idempotency-Key``."""
+
+    sync_capable = True
+    async_capable = False
+
+    def __init__(self, get_response: GetResponse) -> None:
+        config = getattr(settings, "IDEMPOTENCE", None)
+        if not isinstance(config, Idempotency):
+            raise ConfigurationError(
+                "settings.IDEMPOTENCE must be an idempotence.http.Idempotency, "
+                f"not {type(config).__name__}"
+            )
+        if not isinstance(config.store, Store):
+            raise ConfigurationError(
+                "the Django middleware needs a sync store: PostgresStore or SqliteStore"
+            )
+        self.get_response = get_response
+        self.config = config
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        method = request.method or "GET"
+        found = self.config.resolve(method, request.path_info)
+        if found is None:
+            return self.get_response(request)  # P9
+        policy, params = found
+        info = RequestInfo(
+            method=method,
+            path=request.path_info,
+            query=request.META.get("QUERY_STRING", ""),
+            headers=environ_headers(request.META),
+            raw=request,
+            path_params=params,
+        )
+        exchange = _Exchange(self.get_response, request)
+        store = self.config.store
+        assert isinstance(store, Store)
+        return exchange.reply(drive(lifecycle(self.config, policy, info), store, exchange))
+
+
+class _Exchange:
+    """One request's state: the app's response as it comes."""
+
+    def __init__(self, get_response: GetResponse, request: HttpRequest) -> None:
+        self.get_response = get_response
+        self.request = request
+        self.response: HttpResponseBase | None = None
+
+    def read_body(self, limit: int) -> bytes:
+        length = str(self.request.META.get("CONTENT_LENGTH") or "").strip()
+        if length.isdigit() and int(length) > limit:
+            raise BodyTooLarge()
+        body: bytes = self.request.body  # Django caches it for the view
+        if len(body) > limit:
+            raise BodyTooLarge()
+        return body
+
+    def run_app(self, run: RunApp, overflow: Callable[[int], None]) -> Captured:
+        response = self.get_response(self.request)
+        self.response = response
+        capture = Capture(run.limit)
+        capture.start(response.status_code, _headers(response))
+        if isinstance(response, StreamingHttpResponse):
+            chunks: Iterator[bytes] = iter(response)
+            for chunk in chunks:
+                if capture.add(chunk) and run.on_overflow is not None:
+                    overflow(response.status_code)
+                    response.streaming_content = itertools.chain([capture.buffered()], chunks)
+                    return capture.result()
+            response.streaming_content = [capture.buffered()]
+        elif isinstance(response, HttpResponse):
+            if capture.add(response.content) and run.on_overflow is not None:
+                overflow(response.status_code)  # the original goes out as it is
+        else:
+            raise ConfigurationError(f"cannot buffer a {type(response).__name__}")
+        return capture.result()
+
+    def reply(self, reply: Reply) -> HttpResponseBase:
+        if reply.kind is ReplyKind.PASS:
+            return self.get_response(self.request)
+        if reply.kind is ReplyKind.SENT or (reply.original and self.response is not None):
+            assert self.response is not None
+            return self.response  # with its cookies and everything else Django adds
+        stored = reply.response
+        assert stored is not None
+        response = HttpResponse(stored.body, status=stored.status)
+        _set_headers(response, stored.headers)
+        return response
+
+
+def _headers(response: HttpResponseBase) -> Iterable[tuple[str, str]]:
+    # Django keeps cookies apart from the headers and adds them at the last moment.
+    yield from response.items()
+    for morsel in response.cookies.values():
+        yield "set-cookie", morsel.OutputString()
+
+
+def _set_headers(response: HttpResponse, headers: Iterable[tuple[str, str]]) -> None:
+    for name, value in headers:
+        if name.lower() == "set-cookie":
+            response.cookies.load(value)
+        else:
+            response.headers[name] = value

@@ -1,0 +1,59 @@
+"""HTTP integration: make POST and PATCH exactly-once per ``Idempotency-Key``.
+
+One sans-I/O core (:mod:`._core`) and thin drivers: :class:`IdempotencyMiddleware`
+(pure ASGI: Starlette, FastAPI, Litestar) and :class:`IdempotencyWSGIMiddleware`
+(Flask, any WSGI app); Django has :mod:`idempotence.contrib.django`.
+
+>>> from idempotence import AsyncSqliteStore
+>>> from idempotence.http import Endpoint, Idempotency, IdempotencyMiddleware, Policy
+>>> config = Idempotency(
+...     store=AsyncSqliteStore("keys.sqlite3"),
+...     scope=lambda request: request.header("x-account-id"),
+...     endpoints=[Endpoint("POST /v1/transfers", Policy(transaction=True))],
+... )                                                          # doctest: +SKIP
+>>> app = IdempotencyMiddleware(app, config)                   # doctest: +SKIP
+
+See the README's "HTTP middleware" section for every setting.
+"""
+
+from __future__ import annotations
+
+from ._config import (
+    DEFAULT_METHODS,
+    DEFAULT_REJECTED_STATUSES,
+    DEFAULT_REPLAY_HEADERS,
+    Endpoint,
+    Idempotency,
+    Mode,
+    Policy,
+    ScopeFn,
+    header_scope,
+    single_tenant,
+)
+from ._context import current_async_transaction, current_lease, current_transaction
+from ._problems import Problem, Profile
+from ._request import RequestInfo, request_fingerprint
+from .asgi import IdempotencyMiddleware
+from .wsgi import IdempotencyWSGIMiddleware
+
+__all__ = [
+    "DEFAULT_METHODS",
+    "DEFAULT_REJECTED_STATUSES",
+    "DEFAULT_REPLAY_HEADERS",
+    "Endpoint",
+    "Idempotency",
+    "IdempotencyMiddleware",
+    "IdempotencyWSGIMiddleware",
+    "Mode",
+    "Policy",
+    "Problem",
+    "Profile",
+    "RequestInfo",
+    "ScopeFn",
+    "current_async_transaction",
+    "current_lease",
+    "current_transaction",
+    "header_scope",
+    "request_fingerprint",
+    "single_tenant",
+]

@@ -1,0 +1,382 @@
+"""The middleware's configuration: a :class:`Policy` per endpoint, :class:`Endpoint`
+patterns that choose it, and :class:`Idempotency`, which holds them with the store,
+the scope and the wire profile.
+
+>>> config = Idempotency(
+...     store=store,                                   # doctest: +SKIP
+...     scope=lambda request: request.header("x-account-id"),
+...     endpoints=[
+...         Endpoint("POST /v1/transfers", Policy(transaction=True)),
+...         Endpoint("POST /v1/webhooks/{source}", None),     # never guarded
+...     ],
+... )
+
+Every value is checked when it is built, so a wrong setting fails at import time
+with a message that names it, never on the first request.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from ..errors import ConfigurationError
+from ..states import DEFAULT_LOCK_TIMEOUT, DEFAULT_RETENTION
+from ._problems import Profile
+from ._request import RequestInfo
+
+if TYPE_CHECKING:
+    from ..flows import Flow
+    from ..stores import AsyncStore, Store
+
+__all__ = [
+    "DEFAULT_METHODS",
+    "DEFAULT_REJECTED_STATUSES",
+    "DEFAULT_REPLAY_HEADERS",
+    "Endpoint",
+    "Idempotency",
+    "Mode",
+    "Policy",
+    "ScopeFn",
+    "header_scope",
+    "single_tenant",
+]
+
+#: A request to its tenant id; None when the request has none (answered 401). In an
+#: ASGI app it may be a coroutine function.
+ScopeFn: TypeAlias = Callable[[RequestInfo], "str | Awaitable[str | None] | None"]
+#: A flow's parameters from the request and its parsed body.
+ParamsFn: TypeAlias = Callable[[RequestInfo, Any], Any]
+
+#: P9: the methods guarded unless configured otherwise.
+DEFAULT_METHODS = frozenset({"POST", "PATCH"})
+#: Statuses that mean "the request was refused as sent": nothing is stored, so the
+#: client can correct the request and retry with the same key (R5).
+DEFAULT_REJECTED_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 415, 422, 429})
+#: Response headers always stored for replay; everything else (Set-Cookie above all)
+#: only when an endpoint lists it in ``replay_headers``.
+DEFAULT_REPLAY_HEADERS = ("content-type", "content-encoding", "location")
+
+_ANY = frozenset({"*"})
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+# Headers that describe one transfer, not the response: never stored.
+_NEVER_STORED = frozenset(
+    {"content-length", "transfer-encoding", "connection", "keep-alive", "idempotent-replayed"}
+)
+_MIB = 1024 * 1024
+
+
+class Mode(enum.Enum):
+    """How a guarded endpoint runs."""
+
+    #: Claim, run the app, store its captured response.
+    HANDLER = "handler"
+    #: F3: claim, the app's writes and the stored response commit in ONE transaction.
+    TRANSACTION = "transaction"
+    #: A registered multi-phase flow is the handler (R1); the app is not called.
+    FLOW = "flow"
+
+
+class _SingleTenant:
+    """A scope that puts every request in one tenant: the explicit opt-in."""
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+
+    def __call__(self, request: RequestInfo) -> str:
+        return self.tenant
+
+    def __repr__(self) -> str:
+        return f"single_tenant({self.tenant!r})"
+
+
+def single_tenant(tenant: str = "default") -> ScopeFn:
+    """Declare that the app has one tenant, so keys are unique across all clients.
+
+    There is no implicit global scope: an app that serves several accounts must
+    pass a callable that finds the account, or one client could replay another's
+    response by guessing its key.
+
+    >>> single_tenant("shop")(RequestInfo("POST", "/orders"))
+    'shop'
+    """
+    if not tenant:
+        raise ConfigurationError("single_tenant() needs a non-empty tenant name")
+    return _SingleTenant(tenant)
+
+
+def header_scope(name: str) -> ScopeFn:
+    """A scope read from request header ``name``.
+
+    Only behind a gateway that authenticates the caller and sets the header itself:
+    a header the client controls is no tenant boundary.
+
+    >>> header_scope("x-account-id")(RequestInfo("POST", "/", headers=(("x-account-id", "a1"),)))
+    'a1'
+    """
+
+    def scope(request: RequestInfo) -> str | None:
+        return request.header(name) or None
+
+    return scope
+
+
+def _invalid(owner: str, name: str, value: object, why: str) -> ConfigurationError:
+    return ConfigurationError(f"{owner}.{name}={value!r} {why}")
+
+
+def _methods(owner: str, methods: Iterable[str]) -> frozenset[str]:
+    if isinstance(methods, str):
+        methods = [methods]
+    upper = frozenset(method.upper() for method in methods)
+    if not upper:
+        raise _invalid(owner, "methods", methods, "is empty: guard at least one method")
+    safe = sorted(upper & _SAFE_METHODS)
+    if safe:
+        raise _invalid(
+            owner,
+            "methods",
+            sorted(upper),
+            f"includes {', '.join(safe)}: safe methods are idempotent already (P9); "
+            "guard POST, PATCH (or PUT, DELETE)",
+        )
+    return upper
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """How one endpoint is guarded. Every field has a named default.
+
+    >>> Policy(transaction=True).mode
+    <Mode.TRANSACTION: 'transaction'>
+    >>> Policy(max_body_bytes=-1)
+    Traceback (most recent call last):
+    ...
+    idempotence.errors.ConfigurationError: Policy.max_body_bytes=-1 must be >= 0
+    """
+
+    #: P9: methods guarded when this policy is the default (an endpoint pattern that
+    #: names its methods overrides it). Others pass through untouched.
+    methods: frozenset[str] = DEFAULT_METHODS
+    #: P7: True answers a request without a key 400; False lets it through unguarded.
+    key_required: bool = True
+    #: Overrides :attr:`Idempotency.scope` for this endpoint.
+    scope: ScopeFn | None = None
+    #: Body fields left out of the fingerprint: JSON names or dotted paths, form names.
+    exclude_fields: tuple[str, ...] = ()
+    #: How long a silent worker keeps the key before a retry may take it over (P4, P5).
+    lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT
+    #: How long a finished key replays; None keeps it forever.
+    retention: timedelta | None = DEFAULT_RETENTION
+    #: P7: larger request bodies are answered 413 before anything is claimed.
+    max_body_bytes: int = _MIB
+    #: Larger responses are not stored (see the README: "Large responses").
+    max_response_bytes: int = _MIB
+    #: P11: run the handler unguarded when the store is unreachable (default: 503).
+    fail_open: bool = False
+    #: R5: store a 5xx (and an exception's 500) like Stripe, instead of letting the
+    #: next retry run again.
+    store_server_errors: bool = False
+    #: 4xx statuses that store nothing, so the client can fix and retry (R5).
+    rejected_statuses: frozenset[int] = DEFAULT_REJECTED_STATUSES
+    #: Response headers stored for replay in addition to DEFAULT_REPLAY_HEADERS.
+    replay_headers: tuple[str, ...] = ()
+    #: P10: wait this long for a twin to finish, then replay, instead of 409 at once.
+    wait: timedelta | None = None
+    #: F3: claim, the app's writes and the response commit in one transaction.
+    transaction: bool = False
+    #: A registered flow that handles the endpoint instead of the app.
+    flow: Flow | None = None
+    #: The flow's parameters from ``(request, parsed body)``; default: the body.
+    flow_params: ParamsFn | None = None
+    #: Retry-After (seconds) on a 409 for a key in progress (P4).
+    in_progress_retry_after: int = 1
+    #: Retry-After (seconds) on a 503 for an unreachable store (P11).
+    unavailable_retry_after: int = 5
+    #: The headers stored for replay: DEFAULT_REPLAY_HEADERS + replay_headers.
+    stored_headers: frozenset[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        owner = "Policy"
+        set_ = object.__setattr__
+        set_(self, "methods", _methods(owner, self.methods))
+        if isinstance(self.exclude_fields, str):
+            raise _invalid(owner, "exclude_fields", self.exclude_fields, "must be a tuple of names")
+        set_(self, "exclude_fields", tuple(self.exclude_fields))
+        if self.scope is not None and not callable(self.scope):
+            raise _invalid(owner, "scope", self.scope, "must be a callable: request -> tenant id")
+        if self.lock_timeout <= timedelta(0):
+            raise _invalid(owner, "lock_timeout", self.lock_timeout, "must be positive")
+        if self.retention is not None and self.retention <= timedelta(0):
+            raise _invalid(owner, "retention", self.retention, "must be positive, or None")
+        for name in ("max_body_bytes", "max_response_bytes"):
+            if getattr(self, name) < 0:
+                raise _invalid(owner, name, getattr(self, name), "must be >= 0")
+        rejected = frozenset(self.rejected_statuses)
+        wrong = sorted(status for status in rejected if not 400 <= status <= 499)
+        if wrong:
+            raise _invalid(
+                owner,
+                "rejected_statuses",
+                wrong,
+                "must all be 4xx (5xx follow store_server_errors; 2xx and 3xx are stored)",
+            )
+        set_(self, "rejected_statuses", rejected)
+        if isinstance(self.replay_headers, str):
+            raise _invalid(owner, "replay_headers", self.replay_headers, "must be a tuple")
+        extra = tuple(name.lower() for name in self.replay_headers)
+        bad = sorted(set(extra) & _NEVER_STORED)
+        if bad:
+            raise _invalid(owner, "replay_headers", bad, "describe a transfer: never stored")
+        set_(self, "replay_headers", extra)
+        set_(self, "stored_headers", frozenset(DEFAULT_REPLAY_HEADERS) | frozenset(extra))
+        if self.wait is not None and not timedelta(0) < self.wait <= timedelta(minutes=5):
+            raise _invalid(owner, "wait", self.wait, "must be positive and at most 5 minutes")
+        if self.transaction and self.flow is not None:
+            raise _invalid(
+                owner,
+                "flow",
+                self.flow,
+                "cannot be combined with transaction=True: give the flow "
+                "request_as_transaction=True instead",
+            )
+        if self.fail_open and self.mode is not Mode.HANDLER:
+            raise _invalid(
+                owner,
+                "fail_open",
+                True,
+                f"needs a plain handler: in {self.mode.value} mode the store is the "
+                "handler's transaction or its flow, and cannot be skipped",
+            )
+        if self.flow_params is not None and self.flow is None:
+            raise _invalid(owner, "flow_params", self.flow_params, "needs a flow")
+        for name in ("in_progress_retry_after", "unavailable_retry_after"):
+            if getattr(self, name) < 1:
+                raise _invalid(owner, name, getattr(self, name), "must be >= 1 second")
+
+    @property
+    def mode(self) -> Mode:
+        if self.flow is not None:
+            return Mode.FLOW
+        return Mode.TRANSACTION if self.transaction else Mode.HANDLER
+
+
+_SEGMENT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(:path)?\}")
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    """``/v1/rides/{id}``: ``{name}`` matches one path segment, ``{name:path}`` the rest."""
+    if not pattern.startswith("/"):
+        raise ConfigurationError(f"Endpoint path {pattern!r} must start with '/'")
+    regex, position = "", 0
+    for match in _SEGMENT.finditer(pattern):
+        regex += re.escape(pattern[position : match.start()])
+        if match.group(2):
+            if match.end() != len(pattern):
+                raise ConfigurationError(f"{{{match.group(1)}:path}} must end pattern {pattern!r}")
+            regex += f"(?P<{match.group(1)}>.*)"
+        else:
+            regex += f"(?P<{match.group(1)}>[^/]+)"
+        position = match.end()
+    return re.compile(regex + re.escape(pattern[position:]))
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A route pattern and its policy: ``"POST /v1/charges/{id}"`` or ``"/v1/orders"``
+    (the policy's methods). ``policy=None`` leaves the endpoint unguarded.
+
+    >>> Endpoint("POST,PATCH /v1/orders/{id}").match("PATCH", "/v1/orders/o_1")
+    {'id': 'o_1'}
+    """
+
+    route: str
+    policy: Policy | None = field(default_factory=Policy)
+    methods: frozenset[str] = field(init=False)
+    path: str = field(init=False)
+    _regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        words = self.route.split()
+        if len(words) == 2:
+            given = [method for method in words[0].split(",") if method]
+            methods = _methods(f"Endpoint({self.route!r})", given) if given else None
+            path = words[1]
+        elif len(words) == 1:
+            methods, path = None, words[0]
+        else:
+            raise ConfigurationError(
+                f"Endpoint route {self.route!r} must be 'METHOD /path' or '/path'"
+            )
+        if methods is None:
+            # Unguarded without methods: every method of the path is left alone.
+            methods = self.policy.methods if self.policy is not None else _ANY
+        object.__setattr__(self, "methods", methods)
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "_regex", _compile(path))
+
+    def match(self, method: str, path: str) -> dict[str, str] | None:
+        """The pattern's parameters if this endpoint serves ``method`` on ``path``."""
+        if method not in self.methods and self.methods is not _ANY:
+            return None
+        found = self._regex.fullmatch(path)
+        return None if found is None else found.groupdict()
+
+
+_NO_SCOPE: Any = object()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Idempotency:
+    """Everything the middleware needs: the store, the tenant scope, the policies.
+
+    ``scope`` is mandatory (a callable from :class:`RequestInfo` to a tenant id, or
+    :func:`single_tenant`): keys are unique per tenant, never global by accident.
+    ``endpoints`` are tried in order; the first that matches the method and path
+    decides. A guarded method (``default.methods``) on any other path gets
+    ``default``; ``default=None`` guards listed endpoints only.
+    """
+
+    store: Store | AsyncStore
+    scope: ScopeFn = _NO_SCOPE
+    endpoints: tuple[Endpoint, ...] = ()
+    default: Policy | None = field(default_factory=Policy)
+    profile: Profile = Profile.IETF
+
+    def __post_init__(self) -> None:
+        if self.scope is _NO_SCOPE:
+            raise ConfigurationError(
+                "Idempotency(scope=...) is required: pass a callable that returns the "
+                "request's tenant id (keys are unique per tenant), or "
+                "scope=single_tenant() if the app has exactly one tenant"
+            )
+        if not callable(self.scope):
+            raise _invalid("Idempotency", "scope", self.scope, "must be a callable")
+        object.__setattr__(self, "endpoints", tuple(self.endpoints))
+        for endpoint in self.endpoints:
+            if not isinstance(endpoint, Endpoint):
+                raise _invalid("Idempotency", "endpoints", endpoint, "must be Endpoint objects")
+        object.__setattr__(self, "profile", Profile(self.profile))
+
+    def resolve(self, method: str, path: str) -> tuple[Policy, Mapping[str, str]] | None:
+        """The policy for ``method`` on ``path`` and the pattern's parameters, or None
+        when the request passes through unguarded (P9).
+
+        >>> config.resolve("GET", "/v1/charges") is None          # doctest: +SKIP
+        True
+        """
+        for endpoint in self.endpoints:
+            params = endpoint.match(method, path)
+            if params is not None:
+                return None if endpoint.policy is None else (endpoint.policy, params)
+        default = self.default
+        if default is not None and method in default.methods:
+            return default, {}
+        return None
+
+    def scope_for(self, policy: Policy) -> ScopeFn:
+        return policy.scope if policy.scope is not None else self.scope

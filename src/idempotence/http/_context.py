@@ -1,0 +1,85 @@
+"""What a guarded handler can reach while it runs: the key's lease and, in
+request-as-transaction mode (F3), the open transaction.
+
+Context variables, so they follow the request into the handler on its task (ASGI)
+or thread (WSGI), and into the thread pool that runs a sync endpoint of an ASGI
+framework (Starlette and FastAPI copy the context there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..states import Lease
+from ..stores import AsyncTransaction, Transaction
+
+__all__ = ["current_async_transaction", "current_lease", "current_transaction"]
+
+_transaction: ContextVar[Any] = ContextVar("idempotence_http_transaction", default=None)
+_lease: ContextVar[Lease | None] = ContextVar("idempotence_http_lease", default=None)
+
+
+def current_transaction() -> Transaction:
+    """The transaction of the request-as-transaction endpoint running now (F3), on a
+    sync store (WSGI, Django). Write in it, and the writes commit together with the
+    claim and the stored response, or not at all.
+
+    >>> @app.post("/v1/transfers")                                # doctest: +SKIP
+    ... def transfer():
+    ...     current_transaction().execute("INSERT INTO transfers ...")
+    ...     return {"ok": True}, 201
+    """
+    tx = _transaction.get()
+    if not isinstance(tx, Transaction):
+        raise _outside("current_transaction", tx, "current_async_transaction")
+    return tx
+
+
+def current_async_transaction() -> AsyncTransaction:
+    """The async twin of :func:`current_transaction`, for ASGI apps on an async store.
+    In FastAPI it is a dependency as it is: ``tx = Depends(current_async_transaction)``.
+
+    >>> async def transfer(request):                              # doctest: +SKIP
+    ...     await current_async_transaction().execute("INSERT INTO transfers ...")
+    """
+    tx = _transaction.get()
+    if not isinstance(tx, AsyncTransaction):
+        raise _outside("current_async_transaction", tx, "current_transaction")
+    return tx
+
+
+def current_lease() -> Lease:
+    """The lease of the key the running handler holds: its row ``id`` names foreign
+    calls' derived keys (R4), e.g. ``f"charge-{current_lease().id}"``."""
+    lease = _lease.get()
+    if lease is None:
+        raise ConfigurationError(
+            "current_lease() is only available inside a handler guarded by the "
+            "idempotence middleware, while it runs with a claimed key"
+        )
+    return lease
+
+
+def _outside(name: str, tx: Any, other: str) -> ConfigurationError:
+    if tx is not None:
+        return ConfigurationError(f"{name}() found an async/sync mismatch: call {other}()")
+    return ConfigurationError(
+        f"{name}() is only available inside a handler of an endpoint guarded with "
+        "Policy(transaction=True), while the request runs"
+    )
+
+
+@contextmanager
+def bound(tx: Transaction | AsyncTransaction | None, lease: Lease) -> Iterator[None]:
+    """Make ``tx`` and ``lease`` current for the app's run."""
+    tx_token = _transaction.set(tx)
+    lease_token = _lease.set(lease)
+    try:
+        yield
+    finally:
+        _lease.reset(lease_token)
+        _transaction.reset(tx_token)

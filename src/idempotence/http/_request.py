@@ -1,0 +1,151 @@
+"""What the middleware reads from a request, without I/O: the key header, the declared
+length, the fingerprint, and a flow's parameters.
+
+:class:`RequestInfo` is the framework-neutral view of a request that a scope callable
+receives; ``raw`` is the framework's own object (the ASGI scope, the WSGI environ, a
+Django ``HttpRequest``) for whatever else a tenant lookup needs.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidBody, InvalidKey
+from ..fingerprint import fingerprint, media_type
+from ..keys import parse_idempotency_key_header
+
+__all__ = ["RequestInfo"]
+
+KEY_HEADER = "idempotency-key"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """A request as the middleware sees it: what a scope callable receives.
+
+    ``headers`` are ``(name, value)`` pairs in arrival order, names lower-cased,
+    values decoded as latin-1 (as HTTP field bytes are).
+
+    >>> request = RequestInfo("POST", "/v1/charges", headers=(("x-account", "acct_1"),))
+    >>> request.header("X-Account")
+    'acct_1'
+    """
+
+    method: str
+    path: str
+    query: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+    #: The framework's own request: ASGI scope, WSGI environ, or Django HttpRequest.
+    raw: Any = None
+    #: Values of the ``{name}`` segments of the endpoint pattern that matched.
+    path_params: Mapping[str, str] = field(default_factory=dict)
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (any case), or None."""
+        name = name.lower()
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    def header_values(self, name: str) -> list[str]:
+        """Every value of header ``name``, one per field line."""
+        name = name.lower()
+        return [value for key, value in self.headers if key == name]
+
+    @property
+    def target(self) -> str:
+        """The path with its query string: what the fingerprint hashes (a query may
+        select what a request does)."""
+        return f"{self.path}?{self.query}" if self.query else self.path
+
+
+def read_key(values: list[str], *, required: bool) -> str | None:
+    """The idempotency key from every ``Idempotency-Key`` field line (P7, P8).
+
+    Two field lines are refused: which one would we honour? A bare (unquoted) value
+    with a comma is refused too, because a WSGI server folds two field lines into
+    one comma-separated value and we could not tell the two apart; a key with a
+    comma can always be sent quoted.
+    """
+    if len(values) > 1:
+        raise RepeatedKey(
+            f"The request has {len(values)} Idempotency-Key headers: send exactly one."
+        )
+    if not values:
+        return parse_idempotency_key_header(None, required=required)
+    value = values[0]
+    if "," in value and not value.strip(" \t").startswith('"'):
+        raise RepeatedKey(
+            "The Idempotency-Key holds a comma outside quotes, which is how two "
+            'Idempotency-Key headers look once combined: send one key, quoted ("a,b") '
+            "if it contains a comma."
+        )
+    return parse_idempotency_key_header(value, required=required)
+
+
+class RepeatedKey(InvalidKey):
+    """The request carries more than one Idempotency-Key."""
+
+
+def declared_length(request: RequestInfo) -> int | None:
+    """The Content-Length the client declared, if it is a number."""
+    value = request.header("content-length")
+    if value is None:
+        return None
+    value = value.strip()
+    return int(value) if value.isdigit() else None
+
+
+def request_fingerprint(request: RequestInfo, body: bytes, exclude: Iterable[str] = ()) -> str:
+    """The fingerprint of ``request`` with ``body`` (DESIGN 2), as the middleware
+    computes it: method, path with query string, media type, canonical body.
+
+    >>> info = RequestInfo("POST", "/x", headers=(("content-type", "application/json"),))
+    >>> one = request_fingerprint(info, b'{"a": 1, "b": 2}')
+    >>> one == request_fingerprint(info, b'{"b":2,"a":1}')
+    True
+    """
+    content_type = request.header("content-type")
+    return fingerprint(request.method, request.target, body, content_type, exclude=exclude)
+
+
+def flow_params(request: RequestInfo, body: bytes) -> Any:
+    """A flow's parameters from the request body: parsed JSON, or a form as a dict
+    (a repeated field becomes a list). An empty body is ``{}``.
+
+    Raises :class:`UnsupportedBody` for other content types and
+    :class:`~idempotence.errors.InvalidBody` for a body that does not parse.
+    """
+    if not body:
+        return {}
+    kind = media_type(request.header("content-type"))
+    if kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json")):
+        try:
+            return json.loads(body.decode("utf-8-sig"))
+        except (UnicodeDecodeError, ValueError) as exc:  # the fingerprint said it parses
+            raise InvalidBody(f"The request body is not valid JSON: {exc}") from exc
+    if kind == "application/x-www-form-urlencoded":
+        form: dict[str, Any] = {}
+        text = body.decode("utf-8", "replace")
+        for name, value in urllib.parse.parse_qsl(text, keep_blank_values=True):
+            if name in form:
+                previous = form[name]
+                form[name] = [*previous, value] if isinstance(previous, list) else [previous, value]
+            else:
+                form[name] = value
+        return form
+    raise UnsupportedBody(
+        f"This endpoint reads JSON or form-encoded bodies, not {kind or 'a body without type'}:"
+        " send Content-Type: application/json."
+    )
+
+
+class UnsupportedBody(InvalidBody):
+    """The body's content type is not one a flow endpoint reads."""
+
+    status = 415
