@@ -29,6 +29,7 @@ from typing import Any
 import click
 
 from .database import DatabaseUrl
+from .demo.cli import demo
 from .errors import ConfigurationError, IdempotenceError
 from .maintenance import commands
 from .maintenance._cli import (
@@ -272,3 +273,7 @@ def worker(
 main.add_command(commands.keys)
 main.add_command(commands.stats)
 main.add_command(commands.reconcile_command)
+
+# -- Rocket Rides, the demo (it imports its web stack only when it runs) -------------------
+
+main.add_command(demo)

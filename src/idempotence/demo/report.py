@@ -1,0 +1,258 @@
+"""The reconciliation (B5): what the clients asked for against what every system did.
+
+Three independent records are compared: Rocket Rides' rides (our database), the
+provider's charges (its own database, over its API) and the mailer's receipts (its
+own file). Exactly-once holds when:
+
+* every requested ride exists exactly once;
+* every paid ride has exactly one successful charge, and that charge is the one the
+  ride records; no charge exists without its ride (double charges);
+* every paid ride got exactly one receipt, and no unpaid ride got one;
+* every key is terminal (``complete`` or ``failed``: a stored answer);
+* every client that got a final answer got the ride the database holds, and every
+  replay it asked for was the same response.
+
+:func:`assess` is pure, so the rules are tested without starting anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..testing.provider import Charge
+from .clients import ClientStats, Ride
+from .mailer import Receipt
+
+__all__ = ["Evidence", "Report", "RideRow", "assess", "render"]
+
+#: Key states that are a final, stored answer.
+TERMINAL = frozenset({"complete", "failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class RideRow:
+    """A ride as our database holds it."""
+
+    id: int
+    request_key: str
+    status: str
+    charge_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """Everything the reconciliation looks at, gathered after the run."""
+
+    requested: Sequence[Ride]
+    rides: Sequence[RideRow]
+    #: The provider's charges for this run's requests.
+    charges: Sequence[Charge]
+    receipts: Sequence[Receipt]
+    #: Each requested key's state (``missing`` if the key row is gone).
+    key_states: Mapping[str, str]
+    clients: ClientStats
+    #: Lock takeovers on this run's keys (fencing tokens bumped past 1).
+    takeovers: int = 0
+    #: This run's keys that the completer picked up.
+    completer_resumed: int = 0
+    #: API workers killed, and processes restarted.
+    crashes: int = 0
+    restarts: int = 0
+    wall_time: float = 0.0
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """The numbers, and every invariant that failed (empty: all hold)."""
+
+    numbers: dict[str, Any]
+    violations: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.numbers, "ok": self.ok, "violations": list(self.violations)}
+
+
+def _key_of(reference: str | None) -> str | None:
+    # Charges carry "<scope>/<key>" as their reference.
+    return None if reference is None else reference.rpartition("/")[2]
+
+
+def assess(evidence: Evidence) -> Report:
+    """Check every invariant on ``evidence``."""
+    violations: list[str] = []
+    clients = evidence.clients
+    requested = {ride.key for ride in evidence.requested}
+    # A client that walked away before the service claimed its key (the worker was
+    # down, or died before the claim committed) booked nothing, and that is right:
+    # such a key must have no row, no ride and no charge.
+    unclaimed = {
+        key for key in clients.abandoned if evidence.key_states.get(key, "missing") == "missing"
+    }
+    rides_by_key: dict[str, list[RideRow]] = {}
+    for ride in evidence.rides:
+        rides_by_key.setdefault(ride.request_key, []).append(ride)
+    duplicate_rides = sum(len(rows) - 1 for rows in rides_by_key.values())
+    missing_rides = sorted(requested - unclaimed - set(rides_by_key))
+    unclaimed_rides = sorted(unclaimed & set(rides_by_key))
+    paid = {ride.id: ride for ride in evidence.rides if ride.status == "charged"}
+    declined = [ride for ride in evidence.rides if ride.status == "declined"]
+
+    succeeded = [c for c in evidence.charges if not c.declined]
+    by_key = Counter(_key_of(c.reference) for c in succeeded)
+    extra_charges = sum(n - 1 for n in by_key.values())
+    charged_keys = {ride.request_key for ride in paid.values()}
+    without_ride = [c for c in succeeded if _key_of(c.reference) not in charged_keys]
+    charge_ids = {c.id for c in succeeded}
+    without_charge = [r for r in paid.values() if r.charge_id not in charge_ids]
+
+    receipts_by_ride = Counter(r.ride_id for r in evidence.receipts)
+    duplicate_receipts = sum(n - 1 for n in receipts_by_ride.values())
+    missing_receipts = [ride_id for ride_id in paid if ride_id not in receipts_by_ride]
+    unpaid_receipts = [ride_id for ride_id in receipts_by_ride if ride_id not in paid]
+
+    states = Counter(evidence.key_states.get(key, "missing") for key in requested)
+    not_terminal = sum(n for state, n in states.items() if state not in TERMINAL)
+    not_terminal -= len(unclaimed)
+
+    wrong_answers = _answers_disagreeing(clients, rides_by_key)
+
+    def check(count: int, what: str) -> None:
+        if count:
+            violations.append(f"{count} {what}")
+
+    check(len(missing_rides), "requested ride(s) never created")
+    check(duplicate_rides, "ride(s) created twice")
+    check(len(unclaimed_rides), "ride(s) created for a key the service never kept")
+    check(extra_charges, "extra charge(s) for an already charged ride")
+    check(len(without_ride), "charge(s) without a paid ride")
+    check(len(without_charge), "paid ride(s) without their charge at the provider")
+    check(duplicate_receipts, "duplicate receipt(s)")
+    check(len(missing_receipts), "paid ride(s) without a receipt")
+    check(len(unpaid_receipts), "receipt(s) for a ride that was not paid")
+    check(not_terminal, "key(s) not terminal")
+    check(len(clients.unexpected), "unexpected answer(s) to clients")
+    check(len(clients.replay_mismatches), "replay(s) that differed from the first answer")
+    check(wrong_answers, "final answer(s) that disagree with the database")
+
+    numbers: dict[str, Any] = {
+        **evidence.settings,
+        "rides_requested": len(requested),
+        "rides_never_claimed": len(unclaimed),
+        "rides_created": len(evidence.rides),
+        "rides_paid": len(paid),
+        "rides_declined": len(declined),
+        "charges": len(evidence.charges),
+        "charges_succeeded": len(succeeded),
+        "charges_declined": len(evidence.charges) - len(succeeded),
+        "double_charges": extra_charges + len(without_ride),
+        "rides_without_charge": len(without_charge),
+        "receipts": len(evidence.receipts),
+        "duplicate_receipts": duplicate_receipts,
+        "missing_receipts": len(missing_receipts),
+        "receipt_deliveries_absorbed": sum(r.deliveries - 1 for r in evidence.receipts),
+        "keys_by_state": dict(sorted(states.items())),
+        "lock_takeovers": evidence.takeovers,
+        "worker_crashes": evidence.crashes,
+        "restarts": evidence.restarts,
+        "requests": clients.requests,
+        "crash_orders": clients.crash_orders,
+        "responses_by_status": {str(k): v for k, v in sorted(clients.statuses.items())},
+        "dropped_connections": clients.dropped,
+        "timeouts": clients.timeouts,
+        "concurrent_duplicates": clients.twins,
+        "replays_checked": clients.replays_checked,
+        "clients_gave_up": len(clients.gave_up),
+        "rides_abandoned": len(clients.abandoned),
+        "completer_resumed": evidence.completer_resumed,
+        "unexpected_answers": [list(u) for u in clients.unexpected[:10]],
+        "wall_time_seconds": round(evidence.wall_time, 2),
+    }
+    return Report(numbers, tuple(violations))
+
+
+def _answers_disagreeing(clients: ClientStats, rides_by_key: Mapping[str, list[RideRow]]) -> int:
+    wrong = 0
+    for key, outcome in clients.outcomes.items():
+        rows = rides_by_key.get(key, [])
+        if outcome.status != 201:
+            continue
+        try:
+            ride_id = json.loads(outcome.body)["id"]
+        except (ValueError, KeyError, TypeError):
+            wrong += 1
+            continue
+        if [row.id for row in rows] != [ride_id]:
+            wrong += 1
+    return wrong
+
+
+def render(report: Report) -> str:
+    """The report as a table for people."""
+    n = report.numbers
+    states = ", ".join(f"{state} {count}" for state, count in n["keys_by_state"].items())
+    statuses = ", ".join(f"{code}: {count}" for code, count in n["responses_by_status"].items())
+    rows = [
+        (
+            "rides requested",
+            f"{n['rides_requested']}  (abandoned before the service claimed them:"
+            f" {n['rides_never_claimed']})",
+        ),
+        (
+            "rides created",
+            f"{n['rides_created']}  (paid {n['rides_paid']}, declined {n['rides_declined']})",
+        ),
+        (
+            "charges at the provider",
+            f"{n['charges']}  (succeeded {n['charges_succeeded']},"
+            f" declined {n['charges_declined']})",
+        ),
+        ("double charges", f"{n['double_charges']}"),
+        ("paid rides without a charge", f"{n['rides_without_charge']}"),
+        (
+            "receipts sent",
+            f"{n['receipts']}  (repeated deliveries absorbed: {n['receipt_deliveries_absorbed']})",
+        ),
+        ("duplicate receipts", f"{n['duplicate_receipts']}"),
+        ("missing receipts", f"{n['missing_receipts']}"),
+        ("keys by state", states or "-"),
+        ("API workers killed", f"{n['worker_crashes']}  (restarts: {n['restarts']})"),
+        ("lock takeovers", f"{n['lock_takeovers']}  (each fenced by a new lock token)"),
+        (
+            "requests",
+            f"{n['requests']}  (dropped {n['dropped_connections']}, timeouts {n['timeouts']},"
+            f" concurrent duplicates {n['concurrent_duplicates']})",
+        ),
+        ("responses", statuses or "-"),
+        ("replays checked", f"{n['replays_checked']}"),
+        (
+            "rides abandoned by clients",
+            f"{n['rides_abandoned']}  (keys the completer resumed: {n['completer_resumed']})",
+        ),
+        ("clients out of patience", f"{n['clients_gave_up']}"),
+        ("wall time", f"{n['wall_time_seconds']:.1f} s"),
+    ]
+    width = max(len(label) for label, _ in rows)
+    head = (
+        f"Rocket Rides on {n.get('backend', '?')}: {n.get('clients', '?')} clients,"
+        f" {n.get('workers', '?')} API workers, crash rate {n.get('crash_rate', 0):.2f},"
+        f" seed {n.get('seed', '?')}"
+    )
+    lines = [head, ""] + [f"  {label:<{width}}  {value}" for label, value in rows] + [""]
+    if report.ok:
+        lines.append(
+            "OK: no double charge, one receipt per paid ride, every key terminal, every replay"
+            " identical."
+        )
+    else:
+        lines.append("FAILED:")
+        lines += [f"  - {violation}" for violation in report.violations]
+    return "\n".join(lines)

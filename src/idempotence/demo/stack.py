@@ -1,0 +1,336 @@
+"""Run the whole service: the provider, API workers and the background worker, as
+processes forked from one supervisor that restarts whichever of them dies.
+
+The supervisor imports everything once and then forks; a restart is a fork, a few
+milliseconds, so a demo that kills workers every few requests spends its time on
+requests, not on Python start-ups. Forking is only safe from a process with no
+threads and no open connections, so the supervisor itself never opens the database:
+even preparing it (migrations, tables, users) happens in a child.
+
+Each child dies with the supervisor (``PR_SET_PDEATHSIG`` on Linux), so a killed
+supervisor leaves nothing behind. The supervisor reports what happens through
+``announce(event)``: the orchestrator reads JSON lines, ``demo serve`` prints text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+
+from ..database import open_store
+from ..flows import FlowRegistry
+from ..http import Profile
+from ..maintenance import (
+    CompleterConfig,
+    EnqueuerConfig,
+    JobRunnerConfig,
+    SweeperConfig,
+    Worker,
+    stop_on_signals,
+)
+from .api import ApiSettings, create_app, tls_context
+from .mailer import FakeMailer, receipt_jobs
+from .provider import Faults, provider_app
+from .rides import rides_flow, sync_charger
+from .schema import prepare
+
+__all__ = ["Event", "StackConfig", "run_stack"]
+
+Event = dict[str, Any]
+#: A child that dies this soon after it started, by itself, is failing to start.
+_QUICK_DEATH = 1.0
+_QUICK_DEATHS_ALLOWED = 5
+_POLL = 0.02
+#: How long children get to stop after SIGTERM before they are killed.
+_STOP_GRACE = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class StackConfig:
+    """Everything the supervisor and its children need; JSON-serialisable, so the
+    orchestrator can hand it to a supervisor process on its command line."""
+
+    database: str
+    #: Where the provider's and the mailer's SQLite files go.
+    data_dir: str
+    api_ports: tuple[int, ...]
+    provider_port: int
+    host: str = "127.0.0.1"
+    profile: str = "ietf"
+    #: Honour the crash-injection headers (the demo's run only).
+    chaos: bool = False
+    #: How long a dead worker keeps a key from its retries (P4, P5).
+    lock_timeout: float = 10.0
+    #: How long the completer leaves an unfinished key to its client (B2).
+    completer_grace: float = 10.0
+    #: How often the background services look for work.
+    service_interval: float = 0.5
+    faults: Faults = field(default_factory=Faults)
+    seed: int | None = None
+    log_level: str = "warning"
+
+    @property
+    def provider_url(self) -> str:
+        return f"http://{self.host}:{self.provider_port}"
+
+    @property
+    def mailer_path(self) -> str:
+        return str(Path(self.data_dir) / "mailer.sqlite3")
+
+    @property
+    def provider_path(self) -> str:
+        return str(Path(self.data_dir) / "provider.sqlite3")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> StackConfig:
+        data = json.loads(text)
+        data["api_ports"] = tuple(data["api_ports"])
+        data["faults"] = Faults(**data["faults"])
+        return cls(**data)
+
+
+# -- the children ---------------------------------------------------------------------------
+
+
+def _serve(app: Any, config: StackConfig, port: int) -> None:
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=port,
+            log_level=config.log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+        )
+    )
+    server.run()
+
+
+def _api(config: StackConfig, port: int) -> None:
+    settings = ApiSettings(
+        database=config.database,
+        provider_url=config.provider_url,
+        profile=Profile(config.profile),
+        lock_timeout=config.lock_timeout,
+        chaos=config.chaos,
+    )
+    _serve(create_app(settings), config, port)
+
+
+def _provider(config: StackConfig) -> None:
+    _serve(
+        provider_app(config.provider_path, config.faults, seed=config.seed),
+        config,
+        config.provider_port,
+    )
+
+
+def _worker(config: StackConfig) -> None:
+    """The sweeper, completer, reaper, enqueuer and job runner (DESIGN 7)."""
+    interval = config.service_interval
+    with (
+        open_store(config.database) as store,
+        httpx.Client(base_url=config.provider_url, timeout=5.0) as client,
+    ):
+        flows = FlowRegistry()
+        # The completer resumes keys on this sync store, so it gets the sync twin of
+        # the API's flow: same name, same phases, same derived keys.
+        flows.register(
+            rides_flow(
+                sync_charger(client),
+                profile=Profile(config.profile),
+                lock_timeout=timedelta(seconds=config.lock_timeout),
+            )
+        )
+        worker = Worker(
+            store,
+            flows=flows,
+            jobs=receipt_jobs(FakeMailer(config.mailer_path)),
+            sweeper=SweeperConfig(interval=interval),
+            completer=CompleterConfig(
+                interval=interval, grace=timedelta(seconds=config.completer_grace)
+            ),
+            enqueuer=EnqueuerConfig(interval=interval / 2),
+            runner=JobRunnerConfig(interval=interval / 2, backoff=timedelta(seconds=1)),
+        )
+        stop = threading.Event()
+        with stop_on_signals(stop):
+            worker.run(stop)
+
+
+def _warm_up() -> None:
+    """Do once, before forking, what every child would otherwise do on each start."""
+    # uvicorn imports its protocol and lifespan modules when a server starts.
+    import uvicorn.lifespan.on
+    import uvicorn.protocols.http.h11_impl
+    import uvicorn.protocols.websockets.auto  # noqa: F401
+
+    tls_context()
+
+
+def _die_with_parent() -> None:
+    # Linux only: the kernel sends us SIGKILL when the supervisor dies, however it dies.
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _fork(target: Callable[[], None], log_level: str) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        _die_with_parent()
+        # Our stdout is the supervisor's report channel: children write to stderr.
+        os.dup2(2, 1)
+        logging.basicConfig(level=log_level.upper(), stream=sys.stderr)
+        # One line per provider call is noise, even at info.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        target()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(code)
+    raise AssertionError("unreachable")
+
+
+# -- the supervisor -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Child:
+    role: str
+    port: int | None
+    start: Callable[[], None]
+    pid: int = 0
+    started: float = 0.0
+
+
+def run_stack(config: StackConfig, announce: Callable[[Event], None]) -> int:
+    """Prepare the database, start every process, restart those that die, until
+    SIGTERM or SIGINT; then stop them all. Returns the exit status."""
+    stopping = threading.Event()
+    children: dict[int, _Child] = {}
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+        for pid in list(children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        setup = _fork(lambda: prepare(config.database), config.log_level)
+        _, status = os.waitpid(setup, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            announce({"event": "failed", "role": "setup"})
+            return 1
+        _warm_up()
+        plan = [_Child("provider", config.provider_port, functools.partial(_provider, config))]
+        plan += [
+            _Child("api", port, functools.partial(_api, config, port)) for port in config.api_ports
+        ]
+        plan.append(_Child("worker", None, functools.partial(_worker, config)))
+        for child in plan:
+            _start(child, children, config, announce)
+        return _supervise(children, config, announce, stopping)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _start(
+    child: _Child,
+    children: dict[int, _Child],
+    config: StackConfig,
+    announce: Callable[[Event], None],
+) -> None:
+    child.pid = _fork(child.start, config.log_level)
+    child.started = time.monotonic()
+    children[child.pid] = child
+    announce({"event": "started", "role": child.role, "port": child.port, "pid": child.pid})
+
+
+def _supervise(
+    children: dict[int, _Child],
+    config: StackConfig,
+    announce: Callable[[Event], None],
+    stopping: threading.Event,
+) -> int:
+    quick_deaths = 0
+    status_code = 0
+    deadline: float | None = None
+    while children:
+        if stopping.is_set() and deadline is None:
+            deadline = time.monotonic() + _STOP_GRACE
+        if deadline is not None and time.monotonic() > deadline:
+            for pid in list(children):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        # Polling, not a blocking wait: the loop must also notice the stop deadline.
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            time.sleep(_POLL)
+            continue
+        child = children.pop(pid, None)
+        if child is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        announce(
+            {
+                "event": "exited",
+                "role": child.role,
+                "port": child.port,
+                "pid": pid,
+                "signal": -code if code < 0 else None,
+                "code": code if code >= 0 else None,
+            }
+        )
+        if stopping.is_set():
+            continue
+        if code >= 0 and time.monotonic() - child.started < _QUICK_DEATH:
+            quick_deaths += 1
+            if quick_deaths > _QUICK_DEATHS_ALLOWED:
+                # A child that cannot start (a port in use, a database down) would be
+                # restarted forever: give up, and say so.
+                announce({"event": "failed", "role": child.role, "port": child.port})
+                status_code = 1
+                stopping.set()
+                for other in list(children):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(other, signal.SIGTERM)
+                continue
+        _start(child, children, config, announce)
+    announce({"event": "stopped"})
+    return status_code

@@ -1,0 +1,162 @@
+"""The demo itself, as a user runs it: ``python -m idempotence.demo … --json`` in a
+subprocess, on SQLite and PostgreSQL, without and with heavy crash injection.
+
+Exit status 0 means every invariant held; the report's numbers are checked too, so
+a demo that silently did nothing cannot pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from idempotence.demo.run import free_port
+from tests.demo.conftest import assert_group_gone
+
+RIDES, CLIENTS = 60, 4
+
+
+def run_demo(*args: str) -> tuple[int, dict]:
+    process = subprocess.run(
+        [
+            # The console script the README tells a new user to run.
+            os.path.join(os.path.dirname(sys.executable), "idempotence"),
+            "demo",
+            "--rides",
+            str(RIDES),
+            "--clients",
+            str(CLIENTS),
+            "--seed",
+            "7",
+            "--json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = process.stdout.strip().splitlines()
+    assert len(lines) == 1, process.stdout + process.stderr
+    return process.returncode, json.loads(lines[0])
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest) -> list[str]:
+    if request.param == "sqlite":
+        return []  # the default: SQLite in a temporary directory
+    return ["--database", request.getfixturevalue("empty_pg_url")]
+
+
+@pytest.mark.parametrize("crash_rate", [None, "0.3"], ids=["default-crash-rate", "crash-rate-0.3"])
+def test_the_demo_proves_exactly_once(database: list[str], crash_rate: str | None):
+    # With crashes, clients also walk away from some rides: the completer's to finish.
+    chaos = ["--crash-rate", crash_rate, "--abandon-rate", "0.2"] if crash_rate else []
+    args = [*database, *chaos]
+
+    status, report = run_demo(*args)
+
+    assert status == 0, report["violations"]
+    assert report["ok"] is True and report["violations"] == []
+    # Every ride is booked, but those whose client walked away before the service
+    # ever kept its key: those must have left nothing at all.
+    unclaimed = report["rides_never_claimed"]
+    assert report["rides_requested"] == RIDES
+    assert report["rides_created"] == RIDES - unclaimed
+    assert report["double_charges"] == 0 and report["duplicate_receipts"] == 0
+    assert report["charges"] == report["rides_created"]  # declined ones included
+    assert report["receipts"] == report["rides_paid"] > 0
+    states = report["keys_by_state"]
+    assert set(states) <= {"complete", "failed", "missing"}
+    assert states.get("missing", 0) == unclaimed
+    assert sum(states.values()) == RIDES
+    assert report["backend"] == ("postgres" if database else "sqlite")
+    if crash_rate:
+        # The crashes happened, and the retries took the keys of dead workers over.
+        assert report["worker_crashes"] > 5
+        assert report["restarts"] >= report["worker_crashes"]
+        assert report["lock_takeovers"] > 0
+        assert report["rides_abandoned"] > 0 and report["completer_resumed"] > 0
+
+
+def test_the_table_report_and_the_exit_status(tmp_path):
+    process = subprocess.run(
+        [
+            # The console script the README tells a new user to run.
+            os.path.join(os.path.dirname(sys.executable), "idempotence"),
+            "demo",
+            "--rides",
+            "10",
+            "--clients",
+            "2",
+            "--crash-rate",
+            "0",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert process.returncode == 0, process.stdout + process.stderr
+    assert "rides requested" in process.stdout and "double charges" in process.stdout
+    assert process.stdout.rstrip().splitlines()[-1].startswith("OK:")
+    # The data directory was asked for, so it is kept: the databases and the log.
+    kept = {path.name for path in (tmp_path / "data").iterdir()}
+    assert {"rides.sqlite3", "provider.sqlite3", "mailer.sqlite3", "processes.log"} <= kept
+
+
+def test_serve_runs_until_stopped_and_leaves_nothing_behind(tmp_path):
+    port, provider_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [
+            # The console script the README tells a new user to run.
+            os.path.join(os.path.dirname(sys.executable), "idempotence"),
+            "demo",
+            "serve",
+            "--port",
+            str(port),
+            "--provider-port",
+            str(provider_port),
+            "--data-dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        ride = {"origin_lat": 1, "origin_lon": 2, "target_lat": 3, "target_lon": 4}
+        headers = {"Authorization": "Bearer user-5", "Idempotency-Key": "serve-1"}
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/rides", json=ride, headers=headers)
+        assert response.status_code == 201
+        # serve never honours the demo's crash orders
+        headers["X-Demo-Crash"] = "respond"
+        again = httpx.post(f"http://127.0.0.1:{port}/v1/rides", json=ride, headers=headers)
+        assert again.headers["idempotent-replayed"] == "true"
+
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0
+        assert_group_gone(process.pid)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        assert process.stderr is not None
+        process.stderr.close()

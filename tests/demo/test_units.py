@@ -1,0 +1,275 @@
+"""The demo's pure parts, without a server: request validation, the reconciliation's
+rules (it must be able to fail, or it proves nothing), and the small plumbing."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from click.testing import CliRunner
+
+from idempotence.cli import main
+from idempotence.demo import chaos
+from idempotence.demo.api import bearer
+from idempotence.demo.clients import ClientStats, Outcome, make_workload
+from idempotence.demo.mailer import FakeMailer, Receipt
+from idempotence.demo.provider import Faults
+from idempotence.demo.report import Evidence, RideRow, assess, render
+from idempotence.demo.rides import ride_params, validate
+from idempotence.demo.stack import StackConfig
+from idempotence.testing import Charge, Fault
+
+RIDE = {"origin_lat": 48.88, "origin_lon": 2.35, "target_lat": 48.72, "target_lon": 2.38}
+
+# -- validation ----------------------------------------------------------------------------
+
+
+def fields_in_error(body: object) -> dict[str, str]:
+    return {e.field: e.code for e in validate(ride_params("usr_1", "tok_visa", body))}
+
+
+def test_a_valid_ride_has_no_errors_and_keeps_only_its_fields():
+    params = ride_params("usr_1", "tok_visa", {**RIDE, "origin_lat": 90, "target_lon": "-180"})
+
+    assert validate(params) == []
+    assert params == {
+        "user": "usr_1",
+        "card": "tok_visa",
+        **RIDE,
+        "origin_lat": 90.0,
+        "target_lon": -180.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "code"),
+    [
+        (None, "parameter_missing"),
+        (True, "parameter_invalid"),
+        ("north", "parameter_invalid"),
+        ("NaN", "parameter_invalid"),
+        ("inf", "parameter_invalid"),
+        ("1e400", "parameter_invalid"),
+        (10**400, "parameter_invalid"),
+        (float("inf"), "parameter_invalid"),
+        (float("nan"), "parameter_invalid"),
+        ([1], "parameter_invalid"),
+        ({"a": 1}, "parameter_invalid"),
+        (-90.0001, "parameter_invalid"),
+        (91, "parameter_invalid"),
+    ],
+)
+def test_a_bad_latitude_is_named(value: object, code: str):
+    assert fields_in_error({**RIDE, "origin_lat": value}) == {"origin_lat": code}
+
+
+def test_unknown_fields_and_non_objects_are_errors():
+    assert fields_in_error({**RIDE, "tip\x00": 1}) == {"tip?": "parameter_unknown"}
+    assert fields_in_error([RIDE]) == {"body": "parameter_invalid"}
+    assert set(fields_in_error({})) == set(RIDE)
+
+
+def test_bearer():
+    assert bearer("Bearer user-1") == "user-1"
+    assert bearer("Basic dXNlcg==") is None
+    assert bearer("Bearer ") is None
+
+
+# -- the reconciliation ----------------------------------------------------------------------
+
+
+def charge(n: int, key: str, status: str = "succeeded") -> Charge:
+    return Charge(f"ch_{n}", 2000, "tok_visa", status, f"k{n}", f"usr_1/{key}", 0.0)
+
+
+def receipt(job: str, ride_id: int) -> Receipt:
+    return Receipt(job, ride_id, "usr_1", None, 1, 0.0)
+
+
+def good_evidence() -> dict:
+    workload = make_workload(run="t", rides=3, clients=1, crash_rate=0, declined_rate=0, seed=1)
+    keys = [ride.key for ride in workload.rides]
+    clients = ClientStats()
+    for n, key in enumerate(keys, start=1):
+        clients.outcomes[key] = Outcome(201, b'{"id": %d}' % n)
+    return {
+        "requested": workload.rides,
+        "rides": [RideRow(n, key, "charged", f"ch_{n}") for n, key in enumerate(keys, start=1)],
+        "charges": [charge(n, key) for n, key in enumerate(keys, start=1)],
+        "receipts": [receipt(f"job{n}", n) for n in range(1, 4)],
+        "key_states": dict.fromkeys(keys, "complete"),
+        "clients": clients,
+    }
+
+
+def test_a_clean_run_is_ok():
+    report = assess(Evidence(**good_evidence()))
+
+    assert report.ok, report.violations
+    assert report.to_json()["double_charges"] == 0
+    assert render(report).splitlines()[-1].startswith("OK")
+
+
+def broken(change) -> list[str]:
+    evidence = good_evidence()
+    change(evidence)
+    report = assess(Evidence(**evidence))
+    assert not report.ok
+    assert "FAILED:" in render(report).splitlines()
+    return list(report.violations)
+
+
+def test_the_reconciliation_catches_every_kind_of_defect():
+    first = lambda e: e["requested"][0].key  # noqa: E731
+
+    def twice_charged(e):
+        e["charges"].append(charge(9, first(e)))
+
+    def orphan_charge(e):
+        e["charges"].append(charge(8, "demo-other-00001"))
+
+    def second_ride(e):
+        e["rides"].append(RideRow(7, first(e), "created", None))
+
+    def lost_ride(e):
+        del e["rides"][0]
+
+    def duplicate_receipt(e):
+        e["receipts"].append(receipt("job-again", 1))
+
+    def missing_receipt(e):
+        del e["receipts"][0]
+
+    def stuck_key(e):
+        e["key_states"][first(e)] = "processing"
+
+    def wrong_answer(e):
+        e["clients"].outcomes[first(e)] = Outcome(201, b'{"id": 2}')
+
+    def replay_differs(e):
+        e["clients"].replay_mismatches.append(first(e))
+
+    assert broken(twice_charged) == ["1 extra charge(s) for an already charged ride"]
+    assert broken(orphan_charge) == ["1 charge(s) without a paid ride"]
+    assert "1 ride(s) created twice" in broken(second_ride)
+    assert "1 requested ride(s) never created" in broken(lost_ride)
+    assert broken(duplicate_receipt) == ["1 duplicate receipt(s)"]
+    assert broken(missing_receipt) == ["1 paid ride(s) without a receipt"]
+    assert broken(stuck_key) == ["1 key(s) not terminal"]
+    assert broken(wrong_answer) == ["1 final answer(s) that disagree with the database"]
+    assert broken(replay_differs) == ["1 replay(s) that differed from the first answer"]
+
+
+def test_a_ride_abandoned_before_its_claim_may_leave_nothing_and_must():
+    def abandon_first(evidence: dict, *, keep_ride: bool) -> list[str]:
+        key = evidence["requested"][0].key
+        evidence["clients"].abandoned.append(key)
+        del evidence["clients"].outcomes[key]
+        del evidence["key_states"][key]  # the service never kept it
+        evidence["charges"] = evidence["charges"][1:]
+        evidence["receipts"] = evidence["receipts"][1:]
+        if not keep_ride:
+            evidence["rides"] = evidence["rides"][1:]
+        return list(assess(Evidence(**evidence)).violations)
+
+    assert abandon_first(good_evidence(), keep_ride=False) == []
+    assert "1 ride(s) created for a key the service never kept" in abandon_first(
+        good_evidence(), keep_ride=True
+    )
+    # A key the service lost without the client walking away is a defect.
+    evidence = good_evidence()
+    del evidence["key_states"][evidence["requested"][0].key]
+    assert list(assess(Evidence(**evidence)).violations) == ["1 key(s) not terminal"]
+
+
+def test_the_double_charge_count_adds_extra_and_orphan_charges():
+    evidence = good_evidence()
+    evidence["charges"] += [charge(9, evidence["requested"][0].key), charge(8, "elsewhere")]
+
+    assert assess(Evidence(**evidence)).numbers["double_charges"] == 2
+
+
+# -- plumbing --------------------------------------------------------------------------------
+
+
+def test_the_mailer_sends_once_per_job(tmp_path):
+    mailer = FakeMailer(tmp_path / "mailer.sqlite3")
+
+    assert mailer.send("job-1", ride_id=1, user="usr_1") is True
+    assert mailer.send("job-1", ride_id=1, user="usr_1") is False
+    assert [(r.job_key, r.deliveries) for r in mailer.receipts()] == [("job-1", 2)]
+
+
+def test_faults_come_at_their_rates():
+    faults = Faults(fail_before_commit=0.1, drop_after_commit=0.2, server_error=0.05)
+    rng = random.Random(1)
+
+    counts = Counter(faults.pick(rng) for _ in range(20_000))
+
+    assert counts[Fault.RESET_BEFORE_COMMIT] == pytest.approx(2000, rel=0.1)
+    assert counts[Fault.RESET_AFTER_COMMIT] == pytest.approx(4000, rel=0.1)
+    assert counts[Fault.SERVER_ERROR] == pytest.approx(1000, rel=0.15)
+    assert Faults().pick(rng) is None
+
+
+def test_the_stack_config_travels_as_json():
+    config = StackConfig(
+        database="sqlite:////tmp/x.db",
+        data_dir="/tmp",
+        api_ports=(1, 2),
+        provider_port=3,
+        faults=Faults(latency=0.1),
+    )
+
+    assert StackConfig.from_json(config.to_json()) == config
+
+
+def test_chaos_headers():
+    plan = chaos._plan_of([(b"X-Demo-Crash", b"charge:after"), (b"x-demo-delay", b"99")])
+
+    assert plan is not None
+    assert chaos.POINTS[plan.crash_at or 0] == "charge:after"
+    assert plan.delay == chaos.MAX_DELAY
+    assert chaos._plan_of([(b"x-demo-crash", b"nowhere")]) is None
+
+
+def test_the_workload_is_the_same_for_the_same_seed():
+    make = lambda seed: make_workload(  # noqa: E731
+        run="r", rides=50, clients=3, crash_rate=0.1, declined_rate=0.2, seed=seed
+    )
+
+    assert make(5) == make(5) != make(6)
+    rides = make(5).rides
+    assert any(ride.api_key.endswith("-declined") for ride in rides)
+    assert any(ride.form for ride in rides)
+    assert all(
+        ride.scope.replace("usr_", "user-").replace("_", "-") == ride.api_key for ride in rides
+    )
+
+
+def test_the_idempotence_command_has_the_demo():
+    runner = CliRunner()
+
+    overview = runner.invoke(main, ["demo", "--help"])
+    serve = runner.invoke(main, ["demo", "serve", "--help"])
+    wrong = runner.invoke(main, ["demo", "--database", "mysql://x"])
+
+    assert overview.exit_code == 0 and "--crash-rate" in overview.output
+    assert serve.exit_code == 0 and "--provider-port" in serve.output
+    assert "stack" not in overview.output.split("Commands:")[1]  # internal, hidden
+    assert wrong.exit_code == 2 and "unsupported database" in wrong.output
+
+
+def test_registering_the_group_imports_no_web_stack():
+    # The library needs only click; the demo's Starlette, uvicorn and httpx are imported
+    # when a demo command runs, not when the idempotence command starts.
+    code = (
+        "import sys, idempotence.demo.cli; "
+        "print(sorted(m for m in ('starlette', 'uvicorn', 'httpx') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+    assert out.stdout.strip() == "[]"
