@@ -67,6 +67,9 @@ def test_scope_is_mandatory_and_says_how_to_opt_into_one_tenant(store):
         ({"transaction": True, "flow": Flow("f")}, "flow"),
         ({"fail_open": True, "transaction": True}, "fail_open"),
         ({"flow_params": lambda r, b: b}, "flow_params"),
+        # A flow's keys follow the flow's own settings (the completer resumes them).
+        ({"flow": Flow("f"), "lock_timeout": timedelta(seconds=5)}, "lock_timeout"),
+        ({"flow": Flow("f"), "retention": None}, "retention"),
         ({"in_progress_retry_after": 0}, "in_progress_retry_after"),
     ],
 )

@@ -252,6 +252,20 @@ class Policy:
                 f"needs a plain handler: in {self.mode.value} mode the store is the "
                 "handler's transaction or its flow, and cannot be skipped",
             )
+        if self.flow is not None:
+            # The completer resumes a flow's keys by the flow's own settings (B2), so
+            # they must be the flow's, not the endpoint's: never silently ignored.
+            for name, default in (
+                ("lock_timeout", DEFAULT_LOCK_TIMEOUT),
+                ("retention", DEFAULT_RETENTION),
+            ):
+                if getattr(self, name) != default:
+                    raise _invalid(
+                        owner,
+                        name,
+                        getattr(self, name),
+                        f"does not apply to a flow endpoint: set Flow({name}=...) instead",
+                    )
         if self.flow_params is not None and self.flow is None:
             raise _invalid(owner, "flow_params", self.flow_params, "needs a flow")
         for name in ("in_progress_retry_after", "unavailable_retry_after"):

@@ -1,0 +1,178 @@
+"""A guarded app in a server process of its own, for the kill-and-restart tests.
+
+    python -m tests.http.crash_server uvicorn|waitress sqlite|postgres TARGET DIR
+
+It prints its port on stdout, then serves. Its effects are rows in ``crash_effects``
+on the store's database, so they outlive the process. While ``DIR/hang`` exists, an
+endpoint that reaches its hang point creates ``DIR/reached`` and sleeps, holding
+whatever it holds, until the test SIGKILLs the process:
+
+* ``POST /tx/{name}`` (request-as-transaction, F3): inserts an effect row in the
+  request's transaction, then hangs: the kill rolls the claim back with the row;
+* ``POST /rides`` (a two-phase flow): phase ``started`` inserts the effect row and
+  commits the recovery point ``created``; phase ``created`` hangs: the kill leaves a
+  locked key at ``created``, which the retry resumes there once the lock expires.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from idempotence.flows import Advance, Finish, Flow, PhaseContext
+from idempotence.http import (
+    Endpoint,
+    Idempotency,
+    Policy,
+    current_async_transaction,
+    current_lease,
+    current_transaction,
+    single_tenant,
+)
+from idempotence.states import StoredResponse
+
+TABLE = (
+    "CREATE TABLE IF NOT EXISTS crash_effects ("
+    "scope TEXT NOT NULL, key TEXT NOT NULL, what TEXT NOT NULL)"
+)
+INSERT = {
+    "sqlite": "INSERT INTO crash_effects (scope, key, what) VALUES (:scope, :key, :what)",
+    "postgres": "INSERT INTO crash_effects (scope, key, what) "
+    "VALUES (%(scope)s, %(key)s, %(what)s)",
+}
+#: How long a killed worker's lock holds the key before a retry may take it over (P5).
+LOCK_TIMEOUT = timedelta(seconds=1)
+
+
+class Hang:
+    def __init__(self, directory: Path) -> None:
+        self.flag = directory / "hang"
+        self.reached = directory / "reached"
+
+    def point(self) -> None:
+        """Hang here if told to: the test kills the process while it sleeps."""
+        if self.flag.exists():
+            self.reached.touch()
+            time.sleep(3600)
+
+
+def effect(what: str, scope: str, key: str) -> dict[str, str]:
+    return {"scope": scope, "key": key, "what": what}
+
+
+def rides_flow(backend: str, hang: Hang, *, asynchronous: bool) -> Flow:
+    flow = Flow("crash-test-rides", lock_timeout=LOCK_TIMEOUT)
+    insert = INSERT[backend]
+
+    def finish(ctx: PhaseContext) -> Finish:
+        hang.point()
+        body = json.dumps({"ride": ctx.lease.id, "amount": ctx.params["amount"]})
+        return Finish(StoredResponse.of(201, {"content-type": "application/json"}, body))
+
+    if asynchronous:
+
+        @flow.phase("started")
+        async def create_async(ctx: PhaseContext) -> Advance:
+            await ctx.tx.execute(insert, effect("ride", ctx.lease.scope, ctx.lease.key))
+            return Advance("created")
+
+    else:
+
+        @flow.phase("started")
+        def create(ctx: PhaseContext) -> Advance:
+            ctx.tx.execute(insert, effect("ride", ctx.lease.scope, ctx.lease.key))
+            return Advance("created")
+
+    flow.phase("created")(finish)
+    return flow
+
+
+def config(store: Any, backend: str, hang: Hang, *, asynchronous: bool) -> Idempotency:
+    flow = rides_flow(backend, hang, asynchronous=asynchronous)
+    return Idempotency(
+        store=store,
+        scope=single_tenant("crash"),
+        endpoints=[
+            Endpoint("POST /tx/{name}", Policy(transaction=True, lock_timeout=LOCK_TIMEOUT)),
+            Endpoint("POST /rides", Policy(flow=flow)),
+        ],
+        default=None,
+    )
+
+
+def asgi_app(backend: str, target: str, hang: Hang) -> Any:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from idempotence import AsyncSqliteStore
+    from idempotence.http import IdempotencyMiddleware
+    from idempotence.stores.postgres import AsyncPostgresStore
+
+    store: Any = AsyncPostgresStore(target) if backend == "postgres" else AsyncSqliteStore(target)
+
+    async def transfer(request: Request) -> JSONResponse:
+        lease = current_lease()
+        await current_async_transaction().execute(
+            INSERT[backend], effect("transfer", lease.scope, lease.key)
+        )
+        hang.point()
+        return JSONResponse({"transfer": lease.id}, status_code=201)
+
+    app = Starlette(routes=[Route("/tx/{name}", transfer, methods=["POST"])])
+    return IdempotencyMiddleware(app, config(store, backend, hang, asynchronous=True))
+
+
+def wsgi_app(backend: str, target: str, hang: Hang) -> Any:
+    from flask import Flask
+
+    from idempotence import SqliteStore
+    from idempotence.contrib.flask import install
+    from idempotence.stores.postgres import PostgresStore
+
+    store: Any = PostgresStore(target) if backend == "postgres" else SqliteStore(target)
+    app = Flask("crash-server")
+
+    @app.post("/tx/<name>")
+    def transfer(name: str) -> Any:
+        lease = current_lease()
+        current_transaction().execute(INSERT[backend], effect("transfer", lease.scope, lease.key))
+        hang.point()
+        return {"transfer": lease.id}, 201
+
+    install(app, config(store, backend, hang, asynchronous=False))
+    return app
+
+
+def main() -> None:
+    server, backend, target, directory = sys.argv[1:5]
+    hang = Hang(Path(directory))
+    if server == "uvicorn":
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        print(sock.getsockname()[1], flush=True)
+        app = asgi_app(backend, target, hang)
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(
+            sockets=[sock]
+        )
+    else:
+        from waitress.server import create_server
+
+        wsgi = create_server(wsgi_app(backend, target, hang), host="127.0.0.1", port=0)
+        print(wsgi.effective_port, flush=True)
+        wsgi.run()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -1,0 +1,146 @@
+"""A server killed mid-request, restarted, and the request retried on the same key:
+the work resumes and nothing happens twice (F3, R1, P5), through uvicorn (ASGI, async
+store) and waitress (WSGI, sync store) on SQLite and PostgreSQL.
+
+The server runs in a process of its own (tests/http/crash_server.py) and is SIGKILLed
+while the request hangs at a point it chose; its effects are rows in the store's
+database, so they are counted after the process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.http import crash_server
+from tests.http.clients import sync_store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=["uvicorn", "waitress"])
+def server(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def crash_target(backend: str, target: str) -> str:
+    with sync_store(backend, target) as store, store.transaction() as tx:
+        tx.execute(crash_server.TABLE)
+    return target
+
+
+@contextlib.contextmanager
+def serving(server: str, backend: str, target: str, directory: Path) -> Iterator[Server]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.http.crash_server", server, backend, target, str(directory)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline())
+        yield Server(process, f"http://127.0.0.1:{port}")
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen[str], url: str) -> None:
+        self.process = process
+        self.url = url
+
+    def post(self, path: str, key: str, timeout: float = 10) -> httpx.Response:
+        return httpx.post(
+            self.url + path, json={"amount": 20}, headers={"idempotency-key": key}, timeout=timeout
+        )
+
+    def wait_until_up(self) -> None:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                httpx.get(self.url + "/health", timeout=1)
+                return
+            except httpx.TransportError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise
+                time.sleep(0.05)
+
+
+def effects(backend: str, target: str, key: str) -> list[str]:
+    marker = "%(key)s" if backend == "postgres" else ":key"
+    with sync_store(backend, target) as store, store.transaction() as tx:
+        rows = tx.execute(f"SELECT what FROM crash_effects WHERE key = {marker}", {"key": key})
+    return [row["what"] for row in rows]
+
+
+def retry_until_done(server: Server, path: str, key: str) -> httpx.Response:
+    """Retry like a client: 409 means the dead worker's lock still holds (P4, P5)."""
+    deadline = time.monotonic() + 20
+    while True:
+        response = server.post(path, key)
+        if response.status_code != 409 or time.monotonic() > deadline:
+            return response
+        assert response.json()["code"] == "idempotency_key_in_use"
+        time.sleep(min(float(response.headers["retry-after"]), 0.25))
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [("/tx/transfer", ["transfer"]), ("/rides", ["ride"])],
+    ids=["request-as-transaction", "flow"],
+)
+def test_killed_mid_request_then_retried_resumes_without_duplicate(
+    server: str, backend: str, crash_target: str, tmp_path: Path, path: str, expected: list[str]
+) -> None:
+    key = f"crash-{uuid.uuid4().hex}"
+    (tmp_path / "hang").touch()
+    with serving(server, backend, crash_target, tmp_path) as first:
+        first.wait_until_up()
+        failures: list[BaseException] = []
+
+        def doomed() -> None:
+            try:
+                first.post(path, key, timeout=30)
+            except httpx.TransportError as exc:  # the server died under it
+                failures.append(exc)
+
+        client = threading.Thread(target=doomed)
+        client.start()
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "reached").exists():
+            assert time.monotonic() < deadline, "the request never reached its hang point"
+            time.sleep(0.02)
+        os.kill(first.process.pid, signal.SIGKILL)
+        first.process.wait(timeout=10)
+        client.join(timeout=10)
+        assert failures, "the client got an answer from a server that was killed"
+
+    # What the dead worker committed: the flow's first phase; the transaction, nothing.
+    assert effects(backend, crash_target, key) == (["ride"] if path == "/rides" else [])
+
+    (tmp_path / "hang").unlink()
+    with serving(server, backend, crash_target, tmp_path) as second:
+        second.wait_until_up()
+        done = retry_until_done(second, path, key)
+        replay = second.post(path, key)
+
+    assert done.status_code == 201, done.text
+    assert "idempotent-replayed" not in done.headers
+    assert (replay.status_code, replay.content) == (201, done.content)
+    assert replay.headers["idempotent-replayed"] == "true"
+    assert effects(backend, crash_target, key) == expected  # exactly once
