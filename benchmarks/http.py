@@ -18,6 +18,12 @@ answers 201 with a small JSON body:
 ``transaction`` request-as-transaction (F3): the claim, the INSERT and the stored response
                in the handler's one transaction; the target is >= 0.8 of ``unguarded``.
 ``replay``     the same key again and again on ``handler``: every request is a replay.
+``sql-floor``  no middleware: the handler runs the store's own claim and finish statements
+               (from the package's queries.sql) by hand around its INSERT, in one
+               transaction. It is what ``transaction`` costs the database client with no
+               library code at all, so ``transaction`` / ``sql-floor`` is the library's own
+               overhead, and ``sql-floor`` / ``unguarded`` the bound on any guard that
+               stores a claim and a response in the request's transaction.
 
 PostgreSQL comes from ``--postgres URL`` (default ``$IDEMPOTENCE_TEST_POSTGRES``, else
 ``postgresql://postgres@127.0.0.1:5432/postgres``); the script creates
@@ -40,6 +46,7 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.a
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import socket
 import statistics
@@ -47,14 +54,16 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
-MODES = ("unguarded", "handler", "transaction", "replay")
+MODES = ("unguarded", "handler", "transaction", "replay", "sql-floor")
 PATHS = {
     "unguarded": "/unguarded",
     "handler": "/handler",
     "transaction": "/tx",
     "replay": "/handler",
+    "sql-floor": "/floor",
 }
 BACKENDS = ("postgres", "sqlite")
 TABLE = "CREATE TABLE IF NOT EXISTS bench_items (amount INTEGER NOT NULL, note TEXT NOT NULL)"
@@ -103,6 +112,53 @@ def build_app(backend: str, target: str) -> Any:
         await tx.execute(insert, {"amount": data["amount"], "note": request.url.path})
         return JSONResponse({"ok": True, "amount": data["amount"]}, status_code=201)
 
+    from idempotence._queries import load as load_queries
+
+    queries = load_queries(backend)
+    timeout, retention = timedelta(minutes=1), timedelta(days=1)
+    if backend == "postgres":
+        claims = [queries["claim"]]
+        durations: tuple[Any, Any] = (timeout, retention)
+    else:
+        # SQLite's claim is a read, then the insert, in the write transaction.
+        claims = [queries["claim_read"], queries["claim_insert"]]
+        durations = (timeout.total_seconds(), retention.total_seconds())
+
+    async def sql_floor(request: Request) -> JSONResponse:
+        data = await request.json()
+        key = request.headers["idempotency-key"]
+        async with store.transaction() as tx:
+            for claim in claims:
+                rows = await tx.execute(
+                    claim,
+                    {
+                        "scope": "bench",
+                        "key": key,
+                        "method": "POST",
+                        "path": request.url.path,
+                        "fingerprint": key,
+                        "params": "{}",
+                        "flow": "http",
+                        "lock_timeout": durations[0],
+                        "retention": durations[1],
+                    },
+                )
+            await tx.execute(insert, {"amount": data["amount"], "note": request.url.path})
+            body = json.dumps({"ok": True, "amount": data["amount"]}).encode()
+            await tx.execute(
+                queries["finish"],
+                {
+                    "status": 201,
+                    "headers": '[["content-type", "application/json"]]',
+                    "body": body,
+                    "error": None,
+                    "scope": "bench",
+                    "id": rows[0]["id"],
+                    "token": rows[0]["lock_token"],
+                },
+            )
+        return JSONResponse({"ok": True, "amount": data["amount"]}, status_code=201)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> Any:
         yield
@@ -113,6 +169,7 @@ def build_app(backend: str, target: str) -> Any:
             Route("/unguarded", own_transaction, methods=["POST"]),
             Route("/handler", own_transaction, methods=["POST"]),
             Route("/tx", in_transaction, methods=["POST"]),
+            Route("/floor", sql_floor, methods=["POST"]),
         ],
         lifespan=lifespan,
     )
@@ -121,6 +178,7 @@ def build_app(backend: str, target: str) -> Any:
         scope=single_tenant("bench"),
         endpoints=[
             Endpoint("POST /unguarded", None),
+            Endpoint("POST /floor", None),
             Endpoint("POST /tx", Policy(transaction=True)),
         ],
     )
@@ -177,11 +235,14 @@ async def _connection_loop(
 async def _load(args: argparse.Namespace) -> dict[str, Any]:
     prefix = f"{os.getpid()}-{time.monotonic_ns()}"
 
+    # One counter for the warm-up and the measured run, so that no key of the run
+    # was already used in the warm-up (which would make it a cheap replay).
+    counters: dict[int, itertools.count[int]] = {}
+
     def unique(worker: int) -> Iterator[str]:
-        n = 0
+        counter = counters.setdefault(worker, itertools.count(1))
         while True:
-            n += 1
-            yield f"{prefix}-{worker}-{n}"
+            yield f"{prefix}-{worker}-{next(counter)}"
 
     def same(worker: int) -> Iterator[str]:
         while True:
@@ -346,6 +407,13 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             f"{row['p99_ms']:>8.2f} {row['ratio']:>8.2f} {row['errors']:>8}"
         )
     print("ratio: req/s over the unguarded endpoint's; target for 'transaction': >= 0.80")
+    for backend in dict.fromkeys(row["backend"] for row in rows):
+        rps = {row["mode"]: row["rps"] for row in rows if row["backend"] == backend}
+        if rps.get("sql-floor") and "transaction" in rps:
+            print(
+                f"{backend}: transaction / sql-floor = {rps['transaction'] / rps['sql-floor']:.2f}"
+                " (the library's own overhead over the same statements by hand)"
+            )
 
 
 def main() -> None:
