@@ -43,7 +43,18 @@ class Rides:
         return ["b", "c", "d"]
 
 
+class Receipts:
+    """Both sides agree: sent receipts x and y."""
+
+    def foreign_ids(self, since: datetime, until: datetime) -> Iterable[str]:
+        return ["x", "y"]
+
+    def local_ids(self, since: datetime, until: datetime) -> Iterable[str]:
+        return ["y", "x"]
+
+
 reconcilers = ReconcilerRegistry()
 reconcilers.register("rides", Rides())
+reconcilers.register("receipts", Receipts())
 
 not_a_registry = 42

@@ -285,23 +285,31 @@ def test_cli_an_unmigrated_store_says_to_migrate(tmp_path: Path) -> None:
 # -- reconcile (B5) ---------------------------------------------------------------------------
 
 
-def test_cli_reconcile_prints_the_differences() -> None:
-    out = ok("reconcile", "rides", "--since", "24h", "--reconcilers", f"{APP}:reconcilers")
+def test_cli_reconcile_prints_the_differences_and_exits_3() -> None:
+    # Exit status 3 says "differences found", so a cron job can alert on it.
+    found = run("reconcile", "rides", "--since", "24h", "--reconcilers", f"{APP}:reconcilers")
+    assert found.returncode == 3, found.stderr
+    out = found.stdout
     assert "2 matched, 1 foreign without local, 1 local without foreign" in out
     assert "foreign without local: a" in out
     assert "local without foreign: d" in out
-    data = json.loads(
-        ok(
-            "reconcile",
-            "rides",
-            "--since",
-            "2024-01-01",
-            "--reconcilers",
-            f"{APP}:reconcilers",
-            "--json",
-        )
+    as_json = run(
+        "reconcile",
+        "rides",
+        "--since",
+        "2024-01-01",
+        "--reconcilers",
+        f"{APP}:reconcilers",
+        "--json",
     )
+    assert as_json.returncode == 3
+    data = json.loads(as_json.stdout)
     assert (data["foreign_only"], data["local_only"], data["matched"]) == (["a"], ["d"], 2)
+
+
+def test_cli_reconcile_clean_window_exits_0() -> None:
+    out = ok("reconcile", "receipts", "--since", "1h", "--reconcilers", f"{APP}:reconcilers")
+    assert "2 matched, 0 foreign without local, 0 local without foreign" in out
 
 
 def test_cli_reconcile_an_unknown_flow_or_time_is_a_usage_error() -> None:

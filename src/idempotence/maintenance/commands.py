@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import click
@@ -22,6 +23,10 @@ from ._cli import (
     open_cli_store,
 )
 from .reconcile import Reconciler, ReconcilerRegistry, parse_since, reconcile, reconcilers
+
+#: ``reconcile``'s exit status when the two sides differ (0: they agree; 1: the store or
+#: the application's listing failed; 2: usage), so that a scheduled run can alert.
+DIFFERENCES_FOUND = 3
 
 
 @click.group()
@@ -118,7 +123,9 @@ def reconcile_command(
     flow: str, since: str, until: str | None, registry: Any, flows: Any, as_json: bool
 ) -> None:
     """Compare FLOW's local records with the foreign system's over a window (B5):
-    foreign records without a local one, and local ones without a foreign one."""
+    foreign records without a local one, and local ones without a foreign one.
+
+    Exit status 3 when there are differences, 0 when the two sides agree."""
     try:
         start, end = parse_since(since), parse_since(until) if until else None
     except ConfigurationError as exc:
@@ -131,6 +138,8 @@ def reconcile_command(
     except Exception as exc:  # the application's listing failed
         fail(f"reconciling {flow!r} failed: {exc!r}")
     click.echo(_format.to_json(result) if as_json else _format.reconciliation_text(result))
+    if not result.clean:
+        sys.exit(DIFFERENCES_FOUND)
 
 
 def _reconciler(flow: str, registry: Any, flows: Any) -> Reconciler:
