@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from idempotence import ClaimRequest, SchemaMissing, SqliteStore, _queries
+from idempotence import ClaimRequest, SchemaMissing, SqliteStore, StoredResponse, _queries
 from idempotence.stores.postgres import PostgresStore
 from tests.support.postgres import ProvidedServer, create_database, drop_database
 
@@ -211,6 +211,22 @@ def test_postgres_store_without_schema_says_to_migrate(empty_pg_url: str) -> Non
     with PostgresStore(empty_pg_url) as store, pytest.raises(SchemaMissing) as raised:
         store.claim(REQUEST)
     assert "idempotence migrate" in raised.value.message
+
+
+def test_postgres_schema_older_than_the_code_says_to_migrate(empty_pg_url: str) -> None:
+    # A deployment that upgraded the library but not the schema: every migration but
+    # the last applied by hand. The store fails closed with the fix in its message.
+    *older, _latest = _queries.migrations("postgres")
+    with psycopg.connect(empty_pg_url, autocommit=True) as conn:
+        for _version, script in older:
+            conn.execute(script)
+    with PostgresStore(empty_pg_url) as store:
+        claim = store.claim(REQUEST)
+        assert claim.lease is not None
+        with pytest.raises(SchemaMissing) as raised:
+            store.finish(claim.lease, StoredResponse.of(201))
+    assert "idempotence migrate" in raised.value.message
+    assert "older than this release" in raised.value.message
 
 
 # -- SQLite ------------------------------------------------------------------------------

@@ -31,6 +31,10 @@ CLAIM_SHAPE = {
     "sqlite": {"claim_read", "claim_insert", "claim_take_over"},
 }
 
+#: The other documented difference: PostgreSQL wakes duplicates waiting for their twin
+#: with LISTEN/NOTIFY (P10); SQLite's waits poll, with no query of their own.
+WAKEUP_SHAPE: dict[str, set[str]] = {"postgres": {"mark_waiter", "listen"}, "sqlite": set()}
+
 #: Queries that must exist and touch the key table, so the scope check cannot pass
 #: vacuously (a renamed table or an emptied file would otherwise check nothing).
 KEY_TABLE_OPERATIONS = {"checkpoint", "finish", "release", "heartbeat", "get"}
@@ -264,6 +268,7 @@ def scope_violations(sql: str, param: str) -> list[str]:
 def test_d8_every_key_table_query_filters_on_scope(dialect: str) -> None:
     queries = key_table_queries(dialect)
     assert KEY_TABLE_OPERATIONS | CLAIM_SHAPE[dialect] <= set(queries)
+    assert WAKEUP_SHAPE[dialect] - {"listen"} <= set(queries)
     problems = {
         name: found
         for name, sql in queries.items()
@@ -408,11 +413,13 @@ def test_parse_rejects_a_duplicate_name() -> None:
 # -- the dialects agree ---------------------------------------------------------------
 
 
-def test_dialects_define_the_same_queries_but_the_claims_shape() -> None:
+def test_dialects_define_the_same_queries_but_the_claims_and_wakeups_shape() -> None:
     postgres, sqlite = set(_queries.load("postgres")), set(_queries.load("sqlite"))
-    assert CLAIM_SHAPE["postgres"] <= postgres
-    assert CLAIM_SHAPE["sqlite"] <= sqlite
-    assert postgres - CLAIM_SHAPE["postgres"] == sqlite - CLAIM_SHAPE["sqlite"]
+    assert CLAIM_SHAPE["postgres"] | WAKEUP_SHAPE["postgres"] <= postgres
+    assert CLAIM_SHAPE["sqlite"] | WAKEUP_SHAPE["sqlite"] <= sqlite
+    assert postgres - CLAIM_SHAPE["postgres"] - WAKEUP_SHAPE["postgres"] == (
+        sqlite - CLAIM_SHAPE["sqlite"] - WAKEUP_SHAPE["sqlite"]
+    )
 
 
 def test_each_dialect_runs_its_claim_in_the_shape_its_queries_have() -> None:

@@ -29,6 +29,7 @@ from .errors import (
     StoreError,
     StoreUnavailable,
 )
+from .observability import Instrumentation
 from .states import (
     FINISHED,
     STARTED,
@@ -64,6 +65,7 @@ __all__ = [
     "DatabaseUrl",
     "IdempotenceError",
     "InvalidBody",
+    "Instrumentation",
     "InvalidKey",
     "KeyNotFound",
     "KeyRecord",

@@ -2,7 +2,8 @@
 
 The engine (:meth:`idempotence.flows.Flow.engine`) decides; these two only do what it
 asks and send back the result, or throw back the exception. They are the only flow
-code that exists twice.
+code that exists twice. Both wrap each phase and foreign call in the store's
+instrumentation (:func:`_watch`), which is synchronous code either way.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from .flows import (
     Observer,
     PhaseContext,
 )
-from .states import FINISHED, Outcome
+from .observability import NO_WATCH, Instrumentation, Watch
+from .states import FINISHED, STARTED, Outcome
 from .stores import AsyncStore, Store
 
 
@@ -90,13 +92,15 @@ def _perform(effect: Effect, store: Store, observer: Observer | None) -> Any:
         return store.claim(effect.request)
     if isinstance(effect, DoPhase):
         ctx = effect.context
-        with store.transaction() as tx:
-            ctx.tx = tx
-            result = effect.fn(ctx, ctx.result) if effect.with_result else effect.fn(ctx)
-            ending = closing(result, ctx)
-            if observer is not None:
-                observer(effect.event("before_commit"))
-            lease = store.end_phase(tx, ctx.lease, jobs=ctx.jobs, **ending)
+        with _watch(store.instrumentation, effect) as watch:
+            with store.transaction() as tx:
+                ctx.tx = tx
+                result = effect.fn(ctx, ctx.result) if effect.with_result else effect.fn(ctx)
+                ending = closing(result, ctx)
+                if observer is not None:
+                    observer(effect.event("before_commit"))
+                lease = store.end_phase(tx, ctx.lease, jobs=ctx.jobs, **ending)
+            watch.done(result)
         if observer is not None:
             observer(effect.event("after_commit"))
         return result, lease
@@ -105,26 +109,29 @@ def _perform(effect: Effect, store: Store, observer: Observer | None) -> Any:
         foreign = ForeignContext(
             effect.flow, effect.record, lease, heartbeat=lambda: store.heartbeat(lease)
         )
-        if observer is not None:
-            observer(effect.event("before"))
-        value = effect.step.call(foreign)
-        if inspect.isawaitable(value):
-            _discard(value)
-            raise ConfigurationError("a foreign call returned a coroutine: use run_async")
-        _after_call(observer, effect)
+        with _watch(store.instrumentation, effect):
+            if observer is not None:
+                observer(effect.event("before"))
+            value = effect.step.call(foreign)
+            if inspect.isawaitable(value):
+                _discard(value)
+                raise ConfigurationError("a foreign call returned a coroutine: use run_async")
+            _after_call(observer, effect)
         return value
     if isinstance(effect, DoInTransaction):
-        with store.transaction() as tx:
-            claim = store.claim(effect.request, tx=tx)
-            if claim.outcome is not Outcome.EXECUTE:
-                return claim, None
-            assert claim.lease is not None
-            ctx = PhaseContext(effect.flow, claim.record, claim.lease, tx)
-            result = effect.fn(ctx)
-            _require_finish(result)
-            if observer is not None:
-                observer(effect.event("before_commit"))
-            store.end_phase(tx, claim.lease, jobs=ctx.jobs, **closing(result, ctx))
+        with _watch(store.instrumentation, effect) as watch:
+            with store.transaction() as tx:
+                claim = store.claim(effect.request, tx=tx)
+                if claim.outcome is not Outcome.EXECUTE:
+                    return claim, None
+                assert claim.lease is not None
+                ctx = PhaseContext(effect.flow, claim.record, claim.lease, tx)
+                result = effect.fn(ctx)
+                _require_finish(result)
+                if observer is not None:
+                    observer(effect.event("before_commit"))
+                store.end_phase(tx, claim.lease, jobs=ctx.jobs, **closing(result, ctx))
+            watch.done(result)
         if observer is not None:
             observer(effect.event("after_commit"))
         return claim, result
@@ -168,15 +175,17 @@ async def _perform_async(effect: Effect, store: AsyncStore, observer: Observer |
         return await store.claim(effect.request)
     if isinstance(effect, DoPhase):
         ctx = effect.context
-        async with store.transaction() as tx:
-            ctx.tx = tx
-            result = await _settle(
-                effect.fn(ctx, ctx.result) if effect.with_result else effect.fn(ctx)
-            )
-            ending = closing(result, ctx)
-            if observer is not None:
-                observer(effect.event("before_commit"))
-            lease = await store.end_phase(tx, ctx.lease, jobs=ctx.jobs, **ending)
+        with _watch(store.instrumentation, effect) as watch:
+            async with store.transaction() as tx:
+                ctx.tx = tx
+                result = await _settle(
+                    effect.fn(ctx, ctx.result) if effect.with_result else effect.fn(ctx)
+                )
+                ending = closing(result, ctx)
+                if observer is not None:
+                    observer(effect.event("before_commit"))
+                lease = await store.end_phase(tx, ctx.lease, jobs=ctx.jobs, **ending)
+            watch.done(result)
         if observer is not None:
             observer(effect.event("after_commit"))
         return result, lease
@@ -185,23 +194,26 @@ async def _perform_async(effect: Effect, store: AsyncStore, observer: Observer |
         foreign = ForeignContext(
             effect.flow, effect.record, lease, heartbeat=lambda: store.heartbeat(lease)
         )
-        if observer is not None:
-            observer(effect.event("before"))
-        value = await _settle(effect.step.call(foreign))
-        _after_call(observer, effect)
+        with _watch(store.instrumentation, effect):
+            if observer is not None:
+                observer(effect.event("before"))
+            value = await _settle(effect.step.call(foreign))
+            _after_call(observer, effect)
         return value
     if isinstance(effect, DoInTransaction):
-        async with store.transaction() as tx:
-            claim = await store.claim(effect.request, tx=tx)
-            if claim.outcome is not Outcome.EXECUTE:
-                return claim, None
-            assert claim.lease is not None
-            ctx = PhaseContext(effect.flow, claim.record, claim.lease, tx)
-            result = await _settle(effect.fn(ctx))
-            _require_finish(result)
-            if observer is not None:
-                observer(effect.event("before_commit"))
-            await store.end_phase(tx, claim.lease, jobs=ctx.jobs, **closing(result, ctx))
+        with _watch(store.instrumentation, effect) as watch:
+            async with store.transaction() as tx:
+                claim = await store.claim(effect.request, tx=tx)
+                if claim.outcome is not Outcome.EXECUTE:
+                    return claim, None
+                assert claim.lease is not None
+                ctx = PhaseContext(effect.flow, claim.record, claim.lease, tx)
+                result = await _settle(effect.fn(ctx))
+                _require_finish(result)
+                if observer is not None:
+                    observer(effect.event("before_commit"))
+                await store.end_phase(tx, claim.lease, jobs=ctx.jobs, **closing(result, ctx))
+            watch.done(result)
         if observer is not None:
             observer(effect.event("after_commit"))
         return claim, result
@@ -215,6 +227,27 @@ async def _perform_async(effect: Effect, store: AsyncStore, observer: Observer |
     if isinstance(effect, DoForget):
         return await store.forget(effect.lease)
     raise AssertionError(f"unknown effect {effect!r}")
+
+
+def _watch(
+    instrumentation: Instrumentation | None, effect: DoPhase | DoCall | DoInTransaction
+) -> Watch[Any]:
+    """The store's instrumentation around a phase or a foreign call (nothing without
+    one). A phase is named by its step's recovery point, as the observer names it."""
+    if instrumentation is None:
+        return NO_WATCH
+    if isinstance(effect, DoCall):
+        lease = effect.lease
+        return instrumentation.call(
+            effect.flow.name,
+            effect.step.name,
+            derived_key=effect.flow.key_for(lease.id, effect.step.name),
+            idempotent=effect.step.idempotent,
+        )
+    if isinstance(effect, DoInTransaction):
+        return instrumentation.phase(effect.flow.name, STARTED)
+    point = effect.context.lease.recovery_point.partition(ATTEMPT_MARK)[0]
+    return instrumentation.phase(effect.context.flow.name, point)
 
 
 def _after_call(observer: Observer | None, effect: DoCall) -> None:

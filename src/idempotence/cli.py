@@ -45,6 +45,7 @@ from .maintenance._cli import (
     json_option,
     open_cli_store,
 )
+from .observability import Instrumentation
 from .stores import Store
 
 
@@ -255,6 +256,7 @@ def worker(
         "enqueuer": _config(EnqueuerConfig, None, **every),
         "runner": _config(JobRunnerConfig, None, **every),
     }
+    instrumentation: Instrumentation | None = None
     if metrics_port is not None:
         if not AVAILABLE:
             raise click.UsageError(
@@ -262,9 +264,16 @@ def worker(
             )
         import prometheus_client
 
+        from .metrics import PrometheusInstrumentation
+
         prometheus_client.start_http_server(metrics_port)
+        # The completer's claims count on the hot-path metrics too.
+        instrumentation = PrometheusInstrumentation()
     stop = threading.Event()
-    with open_cli_store(database) as store, stop_on_signals(stop):
+    with (
+        open_cli_store(database, instrumentation=instrumentation) as store,
+        stop_on_signals(stop),
+    ):
         Worker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
 
 

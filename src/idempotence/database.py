@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .errors import ConfigurationError
+from .observability import Instrumentation
 from .stores import AsyncStore, Store
 
 ENV_VAR = "IDEMPOTENCE_DATABASE_URL"
@@ -63,25 +64,27 @@ class DatabaseUrl:
         return cls.parse(url)
 
 
-def open_store(url: str | DatabaseUrl) -> Store:
-    """The sync store for ``url``."""
+def open_store(url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None) -> Store:
+    """The sync store for ``url``, reporting to ``instrumentation`` if given."""
     parsed = url if isinstance(url, DatabaseUrl) else DatabaseUrl.parse(url)
     if parsed.backend == "postgres":
         from .stores.postgres import PostgresStore
 
-        return PostgresStore(parsed.target)
+        return PostgresStore(parsed.target, instrumentation=instrumentation)
     from .stores.sqlite import SqliteStore
 
-    return SqliteStore(parsed.target)
+    return SqliteStore(parsed.target, instrumentation=instrumentation)
 
 
-def open_async_store(url: str | DatabaseUrl) -> AsyncStore:
-    """The async store for ``url``."""
+def open_async_store(
+    url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None
+) -> AsyncStore:
+    """The async store for ``url``, reporting to ``instrumentation`` if given."""
     parsed = url if isinstance(url, DatabaseUrl) else DatabaseUrl.parse(url)
     if parsed.backend == "postgres":
         from .stores.postgres import AsyncPostgresStore
 
-        return AsyncPostgresStore(parsed.target)
+        return AsyncPostgresStore(parsed.target, instrumentation=instrumentation)
     from .stores.sqlite import AsyncSqliteStore
 
-    return AsyncSqliteStore(parsed.target)
+    return AsyncSqliteStore(parsed.target, instrumentation=instrumentation)

@@ -38,6 +38,10 @@ boundary where a crash leaves a different state behind (the crash-injection harn
 * ``phase:<point>:after_commit``: the phase's transaction committed;
 * ``call:<name>:before`` and ``call:<name>:after``: around foreign call ``<name>``,
   with no transaction open.
+
+Metrics and traces come from the store instead: a store built with
+``instrumentation=`` watches each run of a flow on it, each phase and each foreign
+call (:mod:`idempotence.observability`).
 """
 
 from __future__ import annotations
@@ -495,11 +499,17 @@ class Flow:
         """Run (or resume, or replay) this flow for ``request`` on a sync store.
 
         ``observer`` is told of every boundary the run crosses (F4; see the module
-        docstring); without one the run pays nothing for it.
+        docstring); without one the run pays nothing for it. The store's
+        instrumentation, if any, watches the run, its phases and its foreign calls
+        (:mod:`idempotence.observability`).
         """
         from ._flow_drivers import drive
 
-        return drive(self.engine(request), store, observer)
+        instrumentation = store.instrumentation
+        if instrumentation is None:
+            return drive(self.engine(request), store, observer)
+        with instrumentation.run(self.name, request) as watch:
+            return watch.done(drive(self.engine(request), store, observer))
 
     async def run_async(
         self, store: AsyncStore, request: ClaimRequest, *, observer: Observer | None = None
@@ -508,7 +518,11 @@ class Flow:
         ``observer`` is a plain function, as for :meth:`run`."""
         from ._flow_drivers import drive_async
 
-        return await drive_async(self.engine(request), store, observer)
+        instrumentation = store.instrumentation
+        if instrumentation is None:
+            return await drive_async(self.engine(request), store, observer)
+        with instrumentation.run(self.name, request) as watch:
+            return watch.done(await drive_async(self.engine(request), store, observer))
 
     def engine(self, request: ClaimRequest) -> Engine:
         """The flow's logic for one request, as a generator of effects."""

@@ -170,6 +170,13 @@ class Claim:
         """The stored response, for REPLAY."""
         return self.record.response
 
+    @property
+    def took_over(self) -> bool:
+        """Whether this claim took an existing key over (P5): an earlier claim held
+        it, and its lock expired or was released (a crash, a sweep, a failed run), so
+        the fencing token was bumped past the first claim's 1."""
+        return self.lease is not None and self.lease.token > 1
+
 
 @dataclass(frozen=True, slots=True)
 class StagedJob:

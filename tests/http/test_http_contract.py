@@ -192,6 +192,32 @@ def test_p10_wait_is_bounded(make_harness):
     assert 0.15 <= waited < 2
 
 
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_p10_postgres_wakes_the_twin_by_notify_not_by_its_next_poll(make_harness, monkeypatch):
+    """P10 on PostgreSQL: the waiting twin is woken by LISTEN/NOTIFY as soon as the first
+    request finishes. Its polling pause is made as long as the whole wait, so polling
+    alone would answer only after the 10 s."""
+    from idempotence.http import _core
+
+    monkeypatch.setattr(_core, "_FIRST_POLL", 60.0)
+    monkeypatch.setattr(_core, "_MAX_POLL", 60.0)
+    with make_harness(default_wait=timedelta(seconds=10)) as harness:
+        claim = harness.hold("p10-notify")
+        finisher = threading.Timer(0.3, harness.finish_twin, (claim.lease,))
+        started = time.monotonic()
+        finisher.start()
+        try:
+            response = harness.post(key="p10-notify")
+        finally:
+            finisher.join()
+        waited = time.monotonic() - started
+    assert response.status == 201
+    assert response.body == b"from-twin"
+    assert response.header("idempotent-replayed") == "true"
+    assert harness.effects.total() == 0
+    assert 0.3 <= waited < 5
+
+
 # -- P11: the store is down ----------------------------------------------------------------------
 
 

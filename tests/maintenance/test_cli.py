@@ -213,7 +213,9 @@ def test_cli_worker_serves_metrics(db: Backend) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "IDEMPOTENCE_DATABASE_URL"}
+    abandon(db, new_scope(), "metered")  # the completer's claim is counted too
     args = ["worker", "--database", db.url, "--interval", "0.1", "--metrics-port", str(port)]
+    args += ["--flows", f"{APP}:flows", "--grace", "0"]
     # Asked of a fresh interpreter, as the command sees it: in this one, tests/http can
     # shadow the standard library's http, which prometheus_client imports.
     probe = subprocess.run([sys.executable, "-c", "import prometheus_client"], check=False)
@@ -228,7 +230,10 @@ def test_cli_worker_serves_metrics(db: Backend) -> None:
         while True:
             try:
                 body = http_get(port, "/metrics")
-                if 'idempotence_maintenance_passes_total{service="reaper"}' in body:
+                if (
+                    'idempotence_maintenance_passes_total{service="reaper"}' in body
+                    and 'idempotence_claims_total{outcome="execute"} 1.0' in body
+                ):
                     break
             except OSError:
                 pass

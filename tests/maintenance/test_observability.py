@@ -13,8 +13,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from idempotence import StoreError
-from idempotence.flows import FlowRegistry, FlowResult, ResultKind
+from idempotence import StoredResponse, StoreError, open_store
+from idempotence import metrics as metrics_module
+from idempotence.flows import Finish, Flow, FlowRegistry, FlowResult, ResultKind
 from idempotence.maintenance import (
     Completer,
     CompleterConfig,
@@ -25,10 +26,10 @@ from idempotence.maintenance import (
     SweeperConfig,
     default_metrics,
 )
-from idempotence.maintenance import metrics as metrics_module
 from idempotence.maintenance._service import Service
 from idempotence.maintenance.logs import StructuredFormatter, fields_of
-from tests.maintenance.support import EXPIRED, Backend, claim, new_scope
+from idempotence.metrics import PrometheusInstrumentation
+from tests.maintenance.support import EXPIRED, Backend, claim, new_scope, pending
 
 
 @pytest.fixture
@@ -89,6 +90,30 @@ def test_metrics_are_a_no_op_without_prometheus_client(monkeypatch: pytest.Monke
 def test_default_metrics_are_built_once_per_registry(registry: Any) -> None:
     assert default_metrics(registry) is default_metrics(registry)
     assert default_metrics() is default_metrics()
+
+
+def test_an_instrumented_store_counts_the_completers_claims_on_the_services_registry(
+    db: Backend, registry: Any
+) -> None:
+    """The completer resumes through a flow on the store, so the store's
+    instrumentation sees its claims: a resumed key is a takeover (P5). The store's
+    metrics and the services' share the registry's one Metrics."""
+    metrics = default_metrics(registry)
+    store = open_store(db.url, instrumentation=PrometheusInstrumentation(registry=registry))
+    try:
+        flow, flows, scope = Flow("resumable"), FlowRegistry(), new_scope()
+        flow.phase("started")(lambda ctx: Finish(StoredResponse.of(201)))
+        flows.register(flow)
+        pending(store, scope, "abandoned", flow="resumable")
+        config = CompleterConfig(grace=timedelta(0), batch_pause=0.0)
+        Completer(store, config, flows=flows, metrics=metrics).run_once()
+    finally:
+        store.close()
+
+    assert sample(registry, "idempotence_keys_completed_total", outcome="completed") == 1
+    assert sample(registry, "idempotence_claims_total", outcome="execute") == 2
+    assert sample(registry, "idempotence_lock_takeovers_total") == 1
+    assert sample(registry, "idempotence_claim_seconds_count") == 2
 
 
 # -- logs ---------------------------------------------------------------------------------

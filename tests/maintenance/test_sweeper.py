@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -50,6 +51,34 @@ def test_b1_a_zombies_late_checkpoint_is_refused(db: Backend) -> None:
     record = store.get(scope, "k")
     assert record is not None
     assert record.recovery_point == "started"
+
+
+def test_b1_p10_sweeping_a_lock_wakes_the_duplicates_waiting_for_it(pg_db: Backend) -> None:
+    """P10: the sweeper's unlock settles the key like a release, so a duplicate waiting
+    for the crashed holder is woken by its NOTIFY (and can take the key over) rather
+    than at the end of its pause."""
+    store, scope = pg_db.store, new_scope()
+    claim(store, scope, "crashed", lock_timeout=timedelta(minutes=5))
+    waited: list[float] = []
+
+    def wait() -> None:
+        started = time.monotonic()
+        store.wait_for_settle(scope, "crashed", 10.0)
+        waited.append(time.monotonic() - started)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while (pg_db.row(scope, "crashed") or {}).get("waiters") is not True:
+        assert time.monotonic() < deadline, "the waiter never marked the key"
+        time.sleep(0.01)
+    pg_db.backdate(scope, "crashed", timedelta(minutes=10), "locked_at")  # the holder died
+
+    assert Sweeper(store, FAST).run_once().count == 1
+
+    waiter.join(timeout=20)
+    assert waited and waited[0] < 5
+    assert (pg_db.row(scope, "crashed") or {}).get("waiters") is False
 
 
 def test_b1_empty_database_is_a_no_op(db: Backend) -> None:

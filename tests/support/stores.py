@@ -73,6 +73,12 @@ class Blocking:
     def get(self, scope: str, key: str) -> Any:
         return self._loop.run(self.store.get(scope, key))
 
+    def forget(self, lease: Any) -> None:
+        self._loop.run(self.store.forget(lease))
+
+    def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
+        self._loop.run(self.store.wait_for_settle(scope, key, seconds))
+
     def migrate(self) -> list[str]:
         return self._loop.run(self.store.migrate())
 

@@ -9,10 +9,8 @@ exists twice.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Protocol
@@ -113,7 +111,7 @@ def _perform(effect: Effect, store: Store, tx: Transaction | None, io: SyncIO) -
     if isinstance(effect, FinishKey | ReleaseKey | ForgetKey):
         return _store_op(effect, store, tx)
     if isinstance(effect, WaitForTwin):
-        time.sleep(effect.seconds)
+        store.wait_for_settle(effect.request.scope, effect.request.key, effect.seconds)
         return None
     if isinstance(effect, RunFlow):
         return effect.flow.run(store, effect.request)
@@ -203,7 +201,7 @@ async def _perform_async(
     if isinstance(effect, FinishKey | ReleaseKey | ForgetKey):
         return await _store_op_async(effect, store, tx)
     if isinstance(effect, WaitForTwin):
-        await asyncio.sleep(effect.seconds)
+        await store.wait_for_settle(effect.request.scope, effect.request.key, effect.seconds)
         return None
     if isinstance(effect, RunFlow):
         return await effect.flow.run_async(store, effect.request)

@@ -82,7 +82,9 @@ StoreEffect: TypeAlias = FinishKey | ReleaseKey | ForgetKey
 @dataclass(frozen=True, slots=True)
 class WaitForTwin:
     """Wait up to ``seconds`` for the request holding ``request``'s key to progress
-    (P10). A driver may return early when it learns that the key changed."""
+    (P10): ``store.wait_for_settle(scope, key, seconds)``, which may return early when
+    it learns that the key settled (PostgreSQL: a NOTIFY), after which the lifecycle
+    claims again."""
 
     request: ClaimRequest
     seconds: float

@@ -16,6 +16,7 @@ import click
 from ..database import ENV_VAR, DatabaseUrl, open_store
 from ..errors import ConfigurationError, IdempotenceError
 from ..flows import Flow, FlowRegistry
+from ..observability import Instrumentation
 from ..stores import Store
 from .jobs import JobRegistry
 from .logs import StructuredFormatter
@@ -92,10 +93,12 @@ def fail(message: str) -> NoReturn:
 
 
 @contextmanager
-def open_cli_store(database: DatabaseUrl) -> Iterator[Store]:
+def open_cli_store(
+    database: DatabaseUrl, *, instrumentation: Instrumentation | None = None
+) -> Iterator[Store]:
     """The store, with the library's errors turned into exit status 1."""
     try:
-        with open_store(database) as store:
+        with open_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
         fail(exc.message)

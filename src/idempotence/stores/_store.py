@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
+from ..observability import Instrumentation, combine, fenced
 from ..states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredResponse
 from . import _ops
 from ._driver import (
@@ -81,7 +82,9 @@ class AsyncTransaction:
 
 class Store:
     """A key store on a SQL database (sync). Build one with
-    :class:`~idempotence.PostgresStore` or :class:`~idempotence.SqliteStore`.
+    :class:`~idempotence.PostgresStore` or :class:`~idempotence.SqliteStore`; their
+    ``instrumentation`` keyword (:mod:`idempotence.observability`) is told of every
+    claim, every refused fenced write, and the runs of the flows on the store.
 
     >>> claim = store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
     ... # doctest: +SKIP
@@ -91,9 +94,13 @@ class Store:
     ...         store.finish(claim.lease, StoredResponse.of(201, body="{}"), tx=tx)
     """
 
-    def __init__(self, source: Source, dialect: Dialect) -> None:
+    def __init__(
+        self, source: Source, dialect: Dialect, *, instrumentation: Instrumentation | None = None
+    ) -> None:
         self._source = source
         self._dialect = dialect
+        # A disabled instrumentation (its package missing) is dropped: None costs nothing.
+        self._instrumentation = combine(instrumentation)
 
     def claim(self, request: ClaimRequest, *, tx: Transaction | None = None) -> Claim:
         """Claim ``request``'s key in one atomic step and return its single outcome.
@@ -101,6 +108,12 @@ class Store:
         Given ``tx``, the claim joins that transaction (request-as-transaction, F3): a
         racing duplicate then waits for it to commit and replays its response.
         """
+        if self._instrumentation is not None:
+            with self._instrumentation.claim(request) as watch:
+                return watch.done(self._claim(request, tx))
+        return self._claim(request, tx)
+
+    def _claim(self, request: ClaimRequest, tx: Transaction | None) -> Claim:
         if tx is not None:
             return run(self._dialect.claim(request), tx._conn)
         if self._dialect.previews_claims:
@@ -125,7 +138,8 @@ class Store:
         Raises :class:`~idempotence.errors.LockLost` when another worker holds the
         key now; the caller must then let ``tx`` roll back.
         """
-        return run(_ops.checkpoint(self._dialect, lease, recovery_point), tx._conn)
+        op = _ops.checkpoint(self._dialect, lease, recovery_point)
+        return run(fenced(self._instrumentation, "checkpoint", op), tx._conn)
 
     def finish(
         self,
@@ -141,17 +155,21 @@ class Store:
         """
         op = functools.partial(_ops.finish, self._dialect, lease, response, error)
         if tx is not None:
-            run(op(), tx._conn)
+            run(fenced(self._instrumentation, "finish", op()), tx._conn)
         else:
-            self._own(op)
+            self._own(lambda: fenced(self._instrumentation, "finish", op()))
 
     def release(self, lease: Lease) -> None:
         """Unlock without finishing, fenced: the next claim resumes (R5)."""
-        self._own(lambda: _ops.release(self._dialect, lease))
+        self._own(
+            lambda: fenced(self._instrumentation, "release", _ops.release(self._dialect, lease))
+        )
 
     def heartbeat(self, lease: Lease) -> datetime:
         """Extend the lock by its timeout from now, fenced (F2)."""
-        return self._own(lambda: _ops.heartbeat(self._dialect, lease))
+        return self._own(
+            lambda: fenced(self._instrumentation, "heartbeat", _ops.heartbeat(self._dialect, lease))
+        )
 
     def end_phase(
         self,
@@ -165,11 +183,14 @@ class Store:
         """Close a phase in ``tx``: stage ``jobs``, then store ``response`` or
         checkpoint ``recovery_point`` (the same one when None), fenced."""
         op = _ops.end_phase(self._dialect, lease, list(jobs), recovery_point, response)
-        return run(op, tx._conn)
+        operation = "checkpoint" if response is None else "finish"
+        return run(fenced(self._instrumentation, operation, op), tx._conn)
 
     def forget(self, lease: Lease) -> None:
         """Delete a key still at ``started``, fenced: a rejected request stores nothing (R5)."""
-        self._own(lambda: _ops.forget(self._dialect, lease))
+        self._own(
+            lambda: fenced(self._instrumentation, "forget", _ops.forget(self._dialect, lease))
+        )
 
     def stage_jobs(self, tx: Transaction, lease: Lease, jobs: list[tuple[str, str, Any]]) -> None:
         """Stage ``(job_key, name, args)`` jobs in ``tx``; they commit with it (R7)."""
@@ -184,10 +205,30 @@ class Store:
         """The key's current record, or None."""
         return self._own(lambda: _ops.get(self._dialect, scope, key), write=False)
 
+    def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
+        """Wait up to ``seconds`` for another request's claim on the key to
+        settle (finish, release): P10's wait for the twin, between two claims.
+
+        It may return early, and returns having learnt nothing: the caller claims
+        again to find out. This default sleeps ``seconds`` (bounded polling, as on
+        SQLite); :class:`~idempotence.PostgresStore` returns as soon as a NOTIFY says
+        the key settled. It never raises for a store failure: the next claim reports it.
+
+        >>> while (claim := store.claim(request)).outcome is Outcome.IN_PROGRESS:
+        ...     store.wait_for_settle(request.scope, request.key, 0.25)  # doctest: +SKIP
+        """
+        time.sleep(seconds)
+
     @property
     def dialect(self) -> Dialect:
         """The store's SQL dialect: its named queries and value conversions."""
         return self._dialect
+
+    @property
+    def instrumentation(self) -> Instrumentation | None:
+        """What the store and the flows run on it report to, or None
+        (:mod:`idempotence.observability`)."""
+        return self._instrumentation
 
     def perform(
         self,
@@ -243,11 +284,24 @@ class AsyncStore:
     Every method is the awaitable twin of :class:`Store`'s.
     """
 
-    def __init__(self, source: AsyncSource, dialect: Dialect) -> None:
+    def __init__(
+        self,
+        source: AsyncSource,
+        dialect: Dialect,
+        *,
+        instrumentation: Instrumentation | None = None,
+    ) -> None:
         self._source = source
         self._dialect = dialect
+        self._instrumentation = combine(instrumentation)
 
     async def claim(self, request: ClaimRequest, *, tx: AsyncTransaction | None = None) -> Claim:
+        if self._instrumentation is not None:
+            with self._instrumentation.claim(request) as watch:
+                return watch.done(await self._claim(request, tx))
+        return await self._claim(request, tx)
+
+    async def _claim(self, request: ClaimRequest, tx: AsyncTransaction | None) -> Claim:
         if tx is not None:
             return await run_async(self._dialect.claim(request), tx._conn)
         if self._dialect.previews_claims:
@@ -266,7 +320,8 @@ class AsyncStore:
             yield AsyncTransaction(conn)
 
     async def checkpoint(self, tx: AsyncTransaction, lease: Lease, recovery_point: str) -> Lease:
-        return await run_async(_ops.checkpoint(self._dialect, lease, recovery_point), tx._conn)
+        op = _ops.checkpoint(self._dialect, lease, recovery_point)
+        return await run_async(fenced(self._instrumentation, "checkpoint", op), tx._conn)
 
     async def finish(
         self,
@@ -278,15 +333,19 @@ class AsyncStore:
     ) -> None:
         op = functools.partial(_ops.finish, self._dialect, lease, response, error)
         if tx is not None:
-            await run_async(op(), tx._conn)
+            await run_async(fenced(self._instrumentation, "finish", op()), tx._conn)
         else:
-            await self._own(op)
+            await self._own(lambda: fenced(self._instrumentation, "finish", op()))
 
     async def release(self, lease: Lease) -> None:
-        await self._own(lambda: _ops.release(self._dialect, lease))
+        await self._own(
+            lambda: fenced(self._instrumentation, "release", _ops.release(self._dialect, lease))
+        )
 
     async def heartbeat(self, lease: Lease) -> datetime:
-        return await self._own(lambda: _ops.heartbeat(self._dialect, lease))
+        return await self._own(
+            lambda: fenced(self._instrumentation, "heartbeat", _ops.heartbeat(self._dialect, lease))
+        )
 
     async def end_phase(
         self,
@@ -298,10 +357,13 @@ class AsyncStore:
         response: StoredResponse | None = None,
     ) -> Lease:
         op = _ops.end_phase(self._dialect, lease, list(jobs), recovery_point, response)
-        return await run_async(op, tx._conn)
+        operation = "checkpoint" if response is None else "finish"
+        return await run_async(fenced(self._instrumentation, operation, op), tx._conn)
 
     async def forget(self, lease: Lease) -> None:
-        await self._own(lambda: _ops.forget(self._dialect, lease))
+        await self._own(
+            lambda: fenced(self._instrumentation, "forget", _ops.forget(self._dialect, lease))
+        )
 
     async def stage_jobs(
         self, tx: AsyncTransaction, lease: Lease, jobs: list[tuple[str, str, Any]]
@@ -314,9 +376,17 @@ class AsyncStore:
     async def get(self, scope: str, key: str) -> KeyRecord | None:
         return await self._own(lambda: _ops.get(self._dialect, scope, key), write=False)
 
+    async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
+        """The awaitable twin of :meth:`Store.wait_for_settle`."""
+        await asyncio.sleep(seconds)
+
     @property
     def dialect(self) -> Dialect:
         return self._dialect
+
+    @property
+    def instrumentation(self) -> Instrumentation | None:
+        return self._instrumentation
 
     async def perform(
         self,

@@ -33,8 +33,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
+from ..observability import Instrumentation
 from ..states import ClaimRequest
 from ._driver import TransientError, run_async
+from ._listener import AsyncListener, Listener, mark_waiter
 from ._ops import Dialect, Op, Query, Row, claim_in_one_statement
 from ._store import AsyncStore, Store
 
@@ -70,8 +72,12 @@ def translate(exc: BaseException) -> StoreError:
     # Class 40 is "transaction rollback": serialization failure, deadlock.
     if sqlstate.startswith("40"):
         return TransientError(f"PostgreSQL aborted the transaction: {exc}")
-    if isinstance(exc, psycopg.errors.UndefinedTable):
-        return SchemaMissing()
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
+        # No table, or one from an older release: the migrations have not run.
+        return SchemaMissing(
+            f"The key store's schema is missing or older than this release ({exc}): "
+            "run `idempotence migrate --database URL`"
+        )
     # No SQLSTATE means libpq itself failed (refused, reset, timed out); class 08 is a
     # connection exception, 57P0x a server shutting down or starting, 53 out of
     # resources (too many connections).
@@ -192,6 +198,7 @@ class PostgresStore(Store):
         *,
         max_size: int = 10,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        instrumentation: Instrumentation | None = None,
     ) -> None:
         source: _PoolSource | _SingleSource
         if isinstance(target, str):
@@ -209,7 +216,27 @@ class PostgresStore(Store):
             source = _PoolSource(target, owned=False)
         else:
             source = _SingleSource(target)
-        super().__init__(source, PostgresDialect())
+        super().__init__(source, PostgresDialect(), instrumentation=instrumentation)
+        self._listener = _listener(Listener, self._dialect, target, connect_timeout)
+
+    def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
+        """P10: return as soon as a NOTIFY says the key settled, or after ``seconds``.
+
+        The notifications come on one connection of the store's own, opened at the
+        first wait (see :mod:`idempotence.stores._listener`). A store on the
+        application's one connection has none, and sleeps ``seconds``.
+        """
+        if self._listener is None:
+            super().wait_for_settle(scope, key, seconds)
+            return
+        self._listener.wait(
+            scope, key, seconds, lambda: self._own(lambda: mark_waiter(self._dialect, scope, key))
+        )
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        super().close()
 
 
 # -- async -----------------------------------------------------------------------------
@@ -307,6 +334,7 @@ class AsyncPostgresStore(AsyncStore):
         *,
         max_size: int = 10,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        instrumentation: Instrumentation | None = None,
     ) -> None:
         source: _AsyncPoolSource | _AsyncSingleSource
         if isinstance(target, str):
@@ -323,4 +351,44 @@ class AsyncPostgresStore(AsyncStore):
             source = _AsyncPoolSource(target, owned=False)
         else:
             source = _AsyncSingleSource(target)
-        super().__init__(source, PostgresDialect())
+        super().__init__(source, PostgresDialect(), instrumentation=instrumentation)
+        self._listener = _listener(AsyncListener, self._dialect, target, connect_timeout)
+
+    async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
+        """The awaitable twin of :meth:`PostgresStore.wait_for_settle`."""
+        if self._listener is None:
+            await super().wait_for_settle(scope, key, seconds)
+            return
+        await self._listener.wait(
+            scope,
+            key,
+            seconds,
+            lambda: self._own(lambda: mark_waiter(self._dialect, scope, key)),
+        )
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
+        await super().close()
+
+
+L = TypeVar("L", Listener, AsyncListener)
+
+
+def _listener(
+    kind: type[L],
+    dialect: Dialect,
+    target: object,
+    connect_timeout: float,
+) -> L | None:
+    """The P10 listener of a store on ``target``: it connects as the store's pool
+    does. None on the application's own connection (its password cannot be read back)
+    or a pool whose connection parameters are computed: that store's waits poll."""
+    if isinstance(target, str):
+        return kind(dialect, target, {}, connect_timeout)
+    if isinstance(target, psycopg_pool.ConnectionPool | psycopg_pool.AsyncConnectionPool):
+        conninfo, kwargs = target.conninfo, target.kwargs
+        # A pool may compute them for each connection (callables): then waits poll.
+        if isinstance(conninfo, str) and (kwargs is None or isinstance(kwargs, dict)):
+            return kind(dialect, conninfo, kwargs or {}, connect_timeout)
+    return None

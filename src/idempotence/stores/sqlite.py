@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
+from ..observability import Instrumentation
 from ..states import ClaimRequest
 from ._driver import TransientError, perform
 from ._ops import Dialect, Op, Query, Row, claim_in_transaction
@@ -84,8 +85,12 @@ def translate(exc: sqlite3.Error) -> StoreError:
     if isinstance(exc, sqlite3.OperationalError):
         if "locked" in text or "busy" in text:
             return TransientError(f"SQLite is busy: {text}")
-        if "no such table" in text:
-            return SchemaMissing()
+        if "no such table" in text or "no such column" in text:
+            # No table, or one from an older release: the migrations have not run.
+            return SchemaMissing(
+                f"The key store's schema is missing or older than this release ({text}): "
+                "run `idempotence migrate --database URL`"
+            )
         if "unable to open" in text or "disk I/O" in text or "readonly" in text:
             return StoreUnavailable(f"SQLite database is unavailable: {text}")
     return StoreError(f"SQLite error: {text}")
@@ -249,9 +254,15 @@ class SqliteStore(Store):
     """
 
     def __init__(
-        self, target: str | sqlite3.Connection, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+        self,
+        target: str | sqlite3.Connection,
+        *,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        instrumentation: Instrumentation | None = None,
     ) -> None:
-        super().__init__(_source(target, busy_timeout), SqliteDialect())
+        super().__init__(
+            _source(target, busy_timeout), SqliteDialect(), instrumentation=instrumentation
+        )
 
 
 # -- async: each connection on a thread of its own ---------------------------------------
@@ -377,6 +388,7 @@ class AsyncSqliteStore(AsyncStore):
         *,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         max_size: int = MAX_IDLE_CONNECTIONS,
+        instrumentation: Instrumentation | None = None,
     ) -> None:
         source: _AsyncSource
         if isinstance(target, sqlite3.Connection):
@@ -386,4 +398,4 @@ class AsyncSqliteStore(AsyncStore):
             # Every connection to ":memory:" is a different database: share one.
             size = 1 if target == ":memory:" else max_size
             source = _AsyncSource(opener, max_size=size, owned=True)
-        super().__init__(source, SqliteDialect())
+        super().__init__(source, SqliteDialect(), instrumentation=instrumentation)

@@ -56,6 +56,7 @@ RETURNING lock_token;
 -- Store the response and unlock, fenced (F1). The retention window restarts at the
 -- finish, so a key finished late by the completer is still replayable for as long as
 -- one finished at once (expires_at - created_at is the retention the claim set).
+-- Duplicates waiting for the key are woken (P10: see mark_waiter).
 UPDATE idempotency_keys
 SET recovery_point = 'finished',
     response_status = %(status)s,
@@ -64,15 +65,26 @@ SET recovery_point = 'finished',
     error = %(error)s,
     finished_at = statement_timestamp(),
     locked_at = NULL,
-    expires_at = statement_timestamp() + (expires_at - created_at)
+    expires_at = statement_timestamp() + (expires_at - created_at),
+    waiters = CASE
+        WHEN NOT waiters THEN false
+        WHEN octet_length(json_build_array(scope, key)::text) >= 8000 THEN false
+        ELSE pg_notify('idempotence_settled', json_build_array(scope, key)::text) IS NULL
+    END
 WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
   AND finished_at IS NULL
 RETURNING id;
 
 -- release --
 -- Unlock without finishing (R5): the next claim resumes from the recovery point.
+-- Duplicates waiting for the key are woken to claim it (P10: see mark_waiter).
 UPDATE idempotency_keys
-SET locked_at = NULL
+SET locked_at = NULL,
+    waiters = CASE
+        WHEN NOT waiters THEN false
+        WHEN octet_length(json_build_array(scope, key)::text) >= 8000 THEN false
+        ELSE pg_notify('idempotence_settled', json_build_array(scope, key)::text) IS NULL
+    END
 WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
   AND finished_at IS NULL
 RETURNING id;
@@ -126,11 +138,50 @@ RETURNING id, job_key, scope, key_id, name, args, created_at;
 -- forget --
 -- R5: a request rejected before its first phase committed leaves nothing stored, so
 -- the client may correct it and retry with the same key. Fenced, and only at
--- 'started', when nothing else can refer to the row.
-DELETE FROM idempotency_keys
-WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
-  AND recovery_point = 'started' AND finished_at IS NULL
+-- 'started', when nothing else can refer to the row. Duplicates waiting for the key
+-- are woken to claim it afresh (P10: see mark_waiter; RETURNING of a DELETE reads the
+-- deleted row, so the test is made there).
+WITH forgotten AS (
+    DELETE FROM idempotency_keys
+    WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
+      AND recovery_point = 'started' AND finished_at IS NULL
+    RETURNING id, scope, key, waiters
+)
+SELECT id,
+    CASE
+        WHEN NOT waiters THEN false
+        WHEN octet_length(json_build_array(scope, key)::text) >= 8000 THEN false
+        ELSE pg_notify('idempotence_settled', json_build_array(scope, key)::text) IS NOT NULL
+    END AS woke_waiters
+FROM forgotten;
+
+-- mark_waiter --
+-- P10: a duplicate request is about to wait for the key's holder, and asks to be
+-- woken when the key settles. The statements that settle a key (finish, release,
+-- forget, sweep_expired_locks) then send one NOTIFY on the channel
+-- idempotence_settled, with the JSON array [scope, key] as payload, and clear the
+-- flag. Keys nobody waits for send none: a NOTIFY takes a lock that is held until
+-- commit and serializes every notifying commit in the cluster.
+-- Those statements test the flag in SET, which reads the row as it was before the
+-- update (RETURNING sees it after), and the latest committed version of it, so a mark
+-- that commits while they wait for the row lock is seen. pg_notify returns void, never
+-- NULL, so `pg_notify(...) IS NULL` clears the flag once the NOTIFY is queued. A
+-- payload of 8000 bytes or more (a very long scope) would fail the statement, so it is
+-- never sent: the waiter's own bounded pause ends its wait instead.
+-- Only a key still in progress (unfinished, with a live lock: states.arbitrate's P4)
+-- is marked. No row back means it settled since the claim: the duplicate claims again
+-- at once. The waiter LISTENs before it marks, so a settle that commits after this
+-- statement always reaches it. The row lock may make this wait for a transaction that
+-- holds the key (request-as-transaction mode), as the duplicate's claim would have.
+UPDATE idempotency_keys
+SET waiters = true
+WHERE scope = %(scope)s AND key = %(key)s
+  AND finished_at IS NULL AND locked_at + lock_timeout > now()
 RETURNING id;
+
+-- listen --
+-- P10: the store's one listener connection subscribes to the channel of mark_waiter.
+LISTEN idempotence_settled;
 
 -- == maintenance (cross-scope) ==
 -- The background services and the operator's commands (DESIGN 7, F5). Most of them
@@ -156,12 +207,18 @@ SELECT statement_timestamp() AS db_now;
 -- sweep_expired_locks --
 -- cross-scope: the sweeper looks for expired locks in every scope (B1).
 -- Unlock keys whose holder stopped renewing its lock (a crashed worker), bumping the
--- fencing token so that a zombie's late checkpoint is refused (F1). Unfinished keys
--- only: a finished key holds no lock. The outer WHERE repeats the expiry test on the
--- row it updates, in case a claim renewed the lock since the subquery read it.
+-- fencing token so that a zombie's late checkpoint is refused (F1), and wake the
+-- duplicates waiting for them (P10: see mark_waiter). Unfinished keys only: a finished
+-- key holds no lock. The outer WHERE repeats the expiry test on the row it updates, in
+-- case a claim renewed the lock since the subquery read it.
 UPDATE idempotency_keys AS k
 SET lock_token = k.lock_token + 1,
-    locked_at = NULL
+    locked_at = NULL,
+    waiters = CASE
+        WHEN NOT k.waiters THEN false
+        WHEN octet_length(json_build_array(k.scope, k.key)::text) >= 8000 THEN false
+        ELSE pg_notify('idempotence_settled', json_build_array(k.scope, k.key)::text) IS NULL
+    END
 FROM (
     SELECT scope, id, locked_at
     FROM idempotency_keys

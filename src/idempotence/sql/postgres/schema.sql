@@ -26,6 +26,8 @@ CREATE TABLE idempotency_keys (
     expires_at      timestamptz,
     -- How many times a completer has picked the key up (B2).
     completer_attempts integer  NOT NULL DEFAULT 0,
+    -- Duplicates wait for this key (P10): settling it sends a NOTIFY and clears this.
+    waiters         boolean     NOT NULL DEFAULT false,
     -- The scope leads every key so the table can be distributed by scope (DESIGN 8).
     PRIMARY KEY (scope, id),
     CONSTRAINT idempotency_keys_scope_key_unique UNIQUE (scope, key),

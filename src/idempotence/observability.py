@@ -1,0 +1,194 @@
+"""Instrumentation: what a key store and the flows on it tell the outside (F5).
+
+A store built with ``instrumentation=`` reports every claim (its outcome, whether it
+took a key over, how long it took) and every write its fencing token refused (F1);
+the flows that run on the store, and so the HTTP middleware, report each run, atomic
+phase and foreign call through the same object. Enabling it is one keyword:
+
+>>> from idempotence.metrics import PrometheusInstrumentation
+>>> from idempotence.tracing import OpenTelemetryInstrumentation
+>>> store = PostgresStore(url, instrumentation=combine(
+...     PrometheusInstrumentation(), OpenTelemetryInstrumentation()))   # doctest: +SKIP
+
+Without it (the default) a claim pays one ``is None`` test. The seam is one object for
+sync and async stores alike: every hook is plain synchronous code that wraps the
+work, awaited or not, in a :class:`Watch` (a context manager told the result). Hooks
+only report; what happens to a key is decided elsewhere (:mod:`idempotence.states`,
+the flow engine) and never here.
+
+Write your own by subclassing :class:`Instrumentation` and overriding what you need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from .errors import LockLost
+
+if TYPE_CHECKING:
+    from .flows import FlowResult, PhaseResult
+    from .states import Claim, ClaimRequest
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Watch(Generic[T]):
+    """What a hook returns: a context manager around one piece of work, told its
+    result by :meth:`done` when there is one. This one watches nothing.
+
+    >>> with instrumentation.claim(request) as watch:           # doctest: +SKIP
+    ...     claim = watch.done(run_the_claim())
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> Watch[T]:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    def done(self, result: T) -> T:
+        """Note the work's ``result`` and hand it back."""
+        return result
+
+
+#: The watch of a hook that watches nothing; it keeps no state, so one serves all.
+NO_WATCH: Watch[Any] = Watch()
+
+
+class Instrumentation:
+    """The hooks a store and its flows call. Every hook here does nothing: subclass
+    and override the ones you need, or use :class:`~idempotence.metrics.PrometheusInstrumentation`
+    and :class:`~idempotence.tracing.OpenTelemetryInstrumentation`, and
+    :func:`combine` several.
+
+    Hooks run on the worker's own thread or task, around the work: keep them quick,
+    and never raise from them.
+    """
+
+    @property
+    def enabled(self) -> bool:
+        """False when the instrumentation cannot record anything (its package is not
+        installed); :func:`combine` and the stores then drop it."""
+        return True
+
+    def claim(self, request: ClaimRequest) -> Watch[Claim]:
+        """Around one claim (DESIGN 4), told the :class:`~idempotence.Claim`."""
+        return NO_WATCH
+
+    def run(self, flow: str, request: ClaimRequest) -> Watch[FlowResult]:
+        """Around one run of flow ``flow``, claim included, told the
+        :class:`~idempotence.flows.FlowResult`."""
+        return NO_WATCH
+
+    def phase(self, flow: str, recovery_point: str) -> Watch[PhaseResult]:
+        """Around the atomic phase at ``recovery_point`` (R2), its transaction
+        included, told what the phase returned (``Advance``, ``Finish``, ``NoOp``)."""
+        return NO_WATCH
+
+    def call(self, flow: str, name: str, *, derived_key: str, idempotent: bool) -> Watch[Any]:
+        """Around foreign call ``name`` (R3), made with ``derived_key`` (R4)."""
+        return NO_WATCH
+
+    def lock_lost(self, operation: str, error: LockLost) -> None:
+        """A fenced write was refused (F1): ``operation`` is ``checkpoint``,
+        ``finish``, ``release``, ``heartbeat`` or ``forget``."""
+
+
+class _Combined(Instrumentation):
+    """Reports to each part in turn."""
+
+    def __init__(self, parts: tuple[Instrumentation, ...]) -> None:
+        self.parts = parts
+
+    def claim(self, request: ClaimRequest) -> Watch[Claim]:
+        return _Watches([part.claim(request) for part in self.parts])
+
+    def run(self, flow: str, request: ClaimRequest) -> Watch[FlowResult]:
+        return _Watches([part.run(flow, request) for part in self.parts])
+
+    def phase(self, flow: str, recovery_point: str) -> Watch[PhaseResult]:
+        return _Watches([part.phase(flow, recovery_point) for part in self.parts])
+
+    def call(self, flow: str, name: str, *, derived_key: str, idempotent: bool) -> Watch[Any]:
+        return _Watches(
+            [
+                part.call(flow, name, derived_key=derived_key, idempotent=idempotent)
+                for part in self.parts
+            ]
+        )
+
+    def lock_lost(self, operation: str, error: LockLost) -> None:
+        for part in self.parts:
+            part.lock_lost(operation, error)
+
+
+class _Watches(Watch[T]):
+    """Several watches as one: entered in order, left in reverse, like nested ``with``."""
+
+    __slots__ = ("_watches",)
+
+    def __init__(self, watches: list[Watch[T]]) -> None:
+        self._watches = watches
+
+    def __enter__(self) -> Watch[T]:
+        for watch in self._watches:
+            watch.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for watch in reversed(self._watches):
+            watch.__exit__(exc_type, exc, tb)
+
+    def done(self, result: T) -> T:
+        for watch in self._watches:
+            watch.done(result)
+        return result
+
+
+def combine(*parts: Instrumentation | None) -> Instrumentation | None:
+    """One instrumentation reporting to every enabled part; None when there is none,
+    so a store given it pays nothing.
+
+    >>> combine(PrometheusInstrumentation(), OpenTelemetryInstrumentation())  # doctest: +SKIP
+    """
+    live = tuple(part for part in parts if part is not None and part.enabled)
+    if not live:
+        return None
+    if len(live) == 1:
+        return live[0]
+    return _Combined(live)
+
+
+def fenced(
+    instrumentation: Instrumentation | None, operation: str, op: Generator[Any, Any, R]
+) -> Generator[Any, Any, R]:
+    """A store operation that tells ``instrumentation`` when its fenced write is
+    refused (F1). Without instrumentation, ``op`` itself: nothing is added."""
+    if instrumentation is None:
+        return op
+    return _reporting_lock_lost(instrumentation, operation, op)
+
+
+def _reporting_lock_lost(
+    instrumentation: Instrumentation, operation: str, op: Generator[Any, Any, R]
+) -> Generator[Any, Any, R]:
+    try:
+        return (yield from op)
+    except LockLost as lost:
+        instrumentation.lock_lost(operation, lost)
+        raise
