@@ -43,7 +43,15 @@ from .states import (
     arbitrate,
     key_state,
 )
-from .stores import AsyncStore, AsyncTransaction, Store, Transaction, TransientError
+from .stores import (
+    AsyncKeyStore,
+    AsyncStore,
+    AsyncTransaction,
+    KeyStore,
+    Store,
+    Transaction,
+    TransientError,
+)
 from .stores.sqlite import AsyncSqliteStore, SqliteStore
 
 if TYPE_CHECKING:
@@ -54,6 +62,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "FINISHED",
     "STARTED",
+    "AsyncKeyStore",
     "AsyncPostgresStore",
     "AsyncSqliteStore",
     "AsyncStore",
@@ -70,6 +79,7 @@ __all__ = [
     "KeyNotFound",
     "KeyRecord",
     "KeyState",
+    "KeyStore",
     "Lease",
     "LockLost",
     "MissingKey",

@@ -27,7 +27,10 @@ commit, repeat, until a step finishes with a response (R1).
 >>> result = rides.run(store, request)                          # doctest: +SKIP
 
 The engine below is written once, as a generator of effects; :mod:`._flow_drivers`
-performs them on a sync or an async store.
+performs them on a sync or an async SQL store. A flow needs the SQL store's
+transaction shared with its phases, so :meth:`Flow.run` takes a
+:class:`~idempotence.Store`, not a :class:`~idempotence.KeyStore`: a backend without
+one (Redis) is refused by type.
 
 A run can be watched: ``run(store, request, observer=fn)`` calls ``fn(event)`` at each
 boundary where a crash leaves a different state behind (the crash-injection harness,
@@ -69,7 +72,7 @@ from .states import (
 )
 
 if TYPE_CHECKING:
-    from .stores import AsyncStore, Store
+    from .stores import AsyncKeyStore, AsyncStore, KeyStore, Store
 
 # -- what a phase returns (R2) ----------------------------------------------------------
 
@@ -498,6 +501,11 @@ class Flow:
     ) -> FlowResult:
         """Run (or resume, or replay) this flow for ``request`` on a sync store.
 
+        ``store`` is a SQL store (:class:`~idempotence.Store`), never a bare
+        :class:`~idempotence.KeyStore`: each phase's writes commit with its checkpoint
+        in the store's transaction (R2), which a store without transactions shared
+        with the application (Redis) cannot offer.
+
         ``observer`` is told of every boundary the run crosses (F4; see the module
         docstring); without one the run pays nothing for it. The store's
         instrumentation, if any, watches the run, its phases and its foreign calls
@@ -514,7 +522,8 @@ class Flow:
     async def run_async(
         self, store: AsyncStore, request: ClaimRequest, *, observer: Observer | None = None
     ) -> FlowResult:
-        """Run this flow on an async store; phases and calls may be coroutines.
+        """Run this flow on an async SQL store (:class:`~idempotence.AsyncStore`, for
+        the reason given in :meth:`run`); phases and calls may be coroutines.
         ``observer`` is a plain function, as for :meth:`run`."""
         from ._flow_drivers import drive_async
 
@@ -691,3 +700,13 @@ class FlowRegistry:
 
 #: The default registry.
 flows = FlowRegistry()
+
+
+if TYPE_CHECKING:
+    # The refusal by type, proven by mypy: a store that is only a KeyStore cannot run
+    # a flow. Strict mode reports these ignores as unused the day it could.
+    async def _refused(
+        flow: Flow, store: KeyStore, a_store: AsyncKeyStore, r: ClaimRequest
+    ) -> None:
+        flow.run(store, r)  # type: ignore[arg-type]
+        await flow.run_async(a_store, r)  # type: ignore[arg-type]

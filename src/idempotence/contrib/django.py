@@ -13,7 +13,8 @@
 
 The scope callable gets a :class:`~idempotence.http.RequestInfo` whose ``raw`` is the
 ``HttpRequest``, so it can use ``request.user``. Django runs it sync with a sync store
-(``PostgresStore``, ``SqliteStore``). Wrapping the WSGI application in
+(``PostgresStore``, ``SqliteStore``, or another ``KeyStore`` for plain handler
+endpoints). Wrapping the WSGI application in
 :class:`~idempotence.http.IdempotencyWSGIMiddleware` works too, without the tenant
 from ``request.user``.
 """
@@ -39,7 +40,8 @@ from ..http._drivers import drive
 from ..http._effects import Capture, Captured, Reply, ReplyKind, RunApp
 from ..http._request import RequestInfo
 from ..http.wsgi import environ_headers
-from ..stores import Store
+from ..stores import KeyStore
+from ..stores._interface import is_sync
 
 __all__ = ["IdempotencyMiddleware"]
 
@@ -59,12 +61,15 @@ class IdempotencyMiddleware:
                 "settings.IDEMPOTENCE must be an idempotence.http.Idempotency, "
                 f"not {type(config).__name__}"
             )
-        if not isinstance(config.store, Store):
+        store = config.store
+        if not is_sync(store):
             raise ConfigurationError(
-                "the Django middleware needs a sync store: PostgresStore or SqliteStore"
+                "the Django middleware needs a sync store: PostgresStore, SqliteStore or "
+                f"another KeyStore, not {type(store).__name__}"
             )
         self.get_response = get_response
         self.config = config
+        self.store: KeyStore = store
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         method = request.method or "GET"
@@ -81,9 +86,7 @@ class IdempotencyMiddleware:
             path_params=params,
         )
         exchange = _Exchange(self.get_response, request)
-        store = self.config.store
-        assert isinstance(store, Store)
-        return exchange.reply(drive(lifecycle(self.config, policy, info), store, exchange))
+        return exchange.reply(drive(lifecycle(self.config, policy, info), self.store, exchange))
 
 
 class _Exchange:

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..errors import ConfigurationError
 from ..states import DEFAULT_LOCK_TIMEOUT, DEFAULT_RETENTION
+from ..stores import AsyncKeyStore, AsyncStore, KeyStore, Store
 from ._problems import Profile
 from ._request import RequestInfo
 
 if TYPE_CHECKING:
     from ..flows import Flow
-    from ..stores import AsyncStore, Store
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -353,9 +353,15 @@ class Idempotency:
     ``endpoints`` are tried in order; the first that matches the method and path
     decides. A guarded method (``default.methods``) on any other path gets
     ``default``; ``default=None`` guards listed endpoints only.
+
+    ``store`` is any key store (:class:`~idempotence.KeyStore`, or its async twin for
+    an ASGI app) for plain handler endpoints. An endpoint in ``transaction=True`` or
+    ``flow=`` mode shares the store's transaction with the application, so it needs a
+    SQL store (:class:`~idempotence.PostgresStore`, :class:`~idempotence.SqliteStore`
+    or their async twins): with any other store it is refused here.
     """
 
-    store: Store | AsyncStore
+    store: KeyStore | AsyncKeyStore
     scope: ScopeFn = _NO_SCOPE
     endpoints: tuple[Endpoint, ...] = ()
     default: Policy | None = field(default_factory=Policy)
@@ -375,6 +381,23 @@ class Idempotency:
             if not isinstance(endpoint, Endpoint):
                 raise _invalid("Idempotency", "endpoints", endpoint, "must be Endpoint objects")
         object.__setattr__(self, "profile", Profile(self.profile))
+        if not isinstance(self.store, Store | AsyncStore):
+            self._refuse_shared_transactions()
+
+    def _refuse_shared_transactions(self) -> None:
+        """A store without transactions shared with the application (not SQL) serves
+        plain handler endpoints only: refuse the others now, not on their first request."""
+        guarded = [(f"Endpoint({e.route!r})", e.policy) for e in self.endpoints]
+        guarded.append(("Idempotency.default", self.default))
+        for owner, policy in guarded:
+            if policy is not None and policy.mode is not Mode.HANDLER:
+                raise ConfigurationError(
+                    f"{owner} is in {policy.mode.value} mode, which "
+                    f"{type(self.store).__name__} cannot serve. Request-as-transaction "
+                    "and flows share the store's transaction with the application: they "
+                    "need a SQL store (PostgresStore, SqliteStore, or their async twins); "
+                    "this store serves plain handler endpoints only"
+                )
 
     def resolve(self, method: str, path: str) -> tuple[Policy, Mapping[str, str]] | None:
         """The policy for ``method`` on ``path`` and the pattern's parameters, or None

@@ -5,6 +5,10 @@
 performed here; reading the body and running the app are the server-specific part,
 delegated to an ``io`` object. These two functions are the only lifecycle code that
 exists twice.
+
+A plain handler runs on any :class:`~idempotence.KeyStore`; a transaction or a flow
+narrows it to the SQL store (:func:`_sql`), which :class:`~._config.Idempotency`
+already demanded for such an endpoint.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Protocol
 
 from ..errors import ConfigurationError, IdempotenceError
-from ..stores import AsyncStore, AsyncTransaction, Store, Transaction
+from ..stores import AsyncKeyStore, AsyncStore, AsyncTransaction, KeyStore, Store, Transaction
 from ._context import bound
 from ._effects import (
     BeginTransaction,
@@ -60,7 +64,26 @@ class AsyncIO(Protocol):
     ) -> Captured: ...
 
 
-def drive(engine: Lifecycle, store: Store, io: SyncIO) -> Reply:
+def _sql(store: KeyStore) -> Store:
+    """``store`` as the SQL store that a transaction or a flow needs."""
+    if not isinstance(store, Store):
+        raise ConfigurationError(_NOT_SQL.format(type(store).__name__))
+    return store
+
+
+def _sql_async(store: AsyncKeyStore) -> AsyncStore:
+    if not isinstance(store, AsyncStore):
+        raise ConfigurationError(_NOT_SQL.format(type(store).__name__))
+    return store
+
+
+_NOT_SQL = (
+    "{} serves plain handler endpoints only: request-as-transaction and flows share "
+    "the store's transaction with the application and need a SQL store"
+)
+
+
+def drive(engine: Lifecycle, store: KeyStore, io: SyncIO) -> Reply:
     """Run ``engine`` on a sync store; an exception of the app's propagates."""
     tx_cm: AbstractContextManager[Transaction] | None = None
     tx: Transaction | None = None
@@ -76,7 +99,7 @@ def drive(engine: Lifecycle, store: Store, io: SyncIO) -> Reply:
             value, error = None, None
             try:
                 if isinstance(effect, BeginTransaction):
-                    opening: AbstractContextManager[Transaction] = store.transaction()
+                    opening: AbstractContextManager[Transaction] = _sql(store).transaction()
                     tx = opening.__enter__()
                     tx_cm = opening
                 elif isinstance(effect, EndTransaction):
@@ -95,7 +118,7 @@ def drive(engine: Lifecycle, store: Store, io: SyncIO) -> Reply:
             _end(tx_cm, commit=False)
 
 
-def _perform(effect: Effect, store: Store, tx: Transaction | None, io: SyncIO) -> Any:
+def _perform(effect: Effect, store: KeyStore, tx: Transaction | None, io: SyncIO) -> Any:
     if isinstance(effect, ResolveScope):
         tenant = effect.fn(effect.request)
         if inspect.isawaitable(tenant):
@@ -107,21 +130,25 @@ def _perform(effect: Effect, store: Store, tx: Transaction | None, io: SyncIO) -
     if isinstance(effect, ReadBody):
         return io.read_body(effect.limit)
     if isinstance(effect, ClaimKey):
-        return store.claim(effect.request, tx=tx if effect.in_transaction else None)
+        if effect.in_transaction and tx is not None:
+            return _sql(store).claim(effect.request, tx=tx)
+        return store.claim(effect.request)
     if isinstance(effect, FinishKey | ReleaseKey | ForgetKey):
         return _store_op(effect, store, tx)
     if isinstance(effect, WaitForTwin):
         store.wait_for_settle(effect.request.scope, effect.request.key, effect.seconds)
         return None
     if isinstance(effect, RunFlow):
-        return effect.flow.run(store, effect.request)
+        return effect.flow.run(_sql(store), effect.request)
     raise AssertionError(f"unexpected effect {effect!r}")
 
 
-def _store_op(effect: StoreEffect, store: Store, tx: Transaction | None) -> None:
+def _store_op(effect: StoreEffect, store: KeyStore, tx: Transaction | None) -> None:
     if isinstance(effect, FinishKey):
-        in_tx = tx if effect.in_transaction else None
-        store.finish(effect.lease, effect.response, tx=in_tx, error=effect.error)
+        if effect.in_transaction and tx is not None:
+            _sql(store).finish(effect.lease, effect.response, tx=tx, error=effect.error)
+        else:
+            store.finish(effect.lease, effect.response, error=effect.error)
     elif isinstance(effect, ReleaseKey):
         store.release(effect.lease)
     else:
@@ -138,7 +165,7 @@ def _end(cm: AbstractContextManager[Any], commit: bool) -> None:
         logger.warning("rollback failed: %s", exc)
 
 
-def _overflow(run: RunApp, store: Store) -> Callable[[int], None]:
+def _overflow(run: RunApp, store: KeyStore) -> Callable[[int], None]:
     """Settle the key of a response too large to store, just before it streams out.
     The response is on its way regardless: a store failure is logged, and the key's
     lock expires so that a retry can take it over (P5)."""
@@ -153,7 +180,7 @@ def _overflow(run: RunApp, store: Store) -> Callable[[int], None]:
     return overflow
 
 
-async def drive_async(engine: Lifecycle, store: AsyncStore, io: AsyncIO) -> Reply:
+async def drive_async(engine: Lifecycle, store: AsyncKeyStore, io: AsyncIO) -> Reply:
     """The async twin of :func:`drive`."""
     tx_cm: AbstractAsyncContextManager[AsyncTransaction] | None = None
     tx: AsyncTransaction | None = None
@@ -169,7 +196,8 @@ async def drive_async(engine: Lifecycle, store: AsyncStore, io: AsyncIO) -> Repl
             value, error = None, None
             try:
                 if isinstance(effect, BeginTransaction):
-                    opening: AbstractAsyncContextManager[AsyncTransaction] = store.transaction()
+                    sql = _sql_async(store)
+                    opening: AbstractAsyncContextManager[AsyncTransaction] = sql.transaction()
                     tx = await opening.__aenter__()
                     tx_cm = opening
                 elif isinstance(effect, EndTransaction):
@@ -189,7 +217,7 @@ async def drive_async(engine: Lifecycle, store: AsyncStore, io: AsyncIO) -> Repl
 
 
 async def _perform_async(
-    effect: Effect, store: AsyncStore, tx: AsyncTransaction | None, io: AsyncIO
+    effect: Effect, store: AsyncKeyStore, tx: AsyncTransaction | None, io: AsyncIO
 ) -> Any:
     if isinstance(effect, ResolveScope):
         tenant = effect.fn(effect.request)
@@ -197,30 +225,35 @@ async def _perform_async(
     if isinstance(effect, ReadBody):
         return await io.read_body(effect.limit)
     if isinstance(effect, ClaimKey):
-        return await store.claim(effect.request, tx=tx if effect.in_transaction else None)
+        if effect.in_transaction and tx is not None:
+            return await _sql_async(store).claim(effect.request, tx=tx)
+        return await store.claim(effect.request)
     if isinstance(effect, FinishKey | ReleaseKey | ForgetKey):
         return await _store_op_async(effect, store, tx)
     if isinstance(effect, WaitForTwin):
         await store.wait_for_settle(effect.request.scope, effect.request.key, effect.seconds)
         return None
     if isinstance(effect, RunFlow):
-        return await effect.flow.run_async(store, effect.request)
+        return await effect.flow.run_async(_sql_async(store), effect.request)
     raise AssertionError(f"unexpected effect {effect!r}")
 
 
 async def _store_op_async(
-    effect: StoreEffect, store: AsyncStore, tx: AsyncTransaction | None
+    effect: StoreEffect, store: AsyncKeyStore, tx: AsyncTransaction | None
 ) -> None:
     if isinstance(effect, FinishKey):
-        in_tx = tx if effect.in_transaction else None
-        await store.finish(effect.lease, effect.response, tx=in_tx, error=effect.error)
+        if effect.in_transaction and tx is not None:
+            sql = _sql_async(store)
+            await sql.finish(effect.lease, effect.response, tx=tx, error=effect.error)
+        else:
+            await store.finish(effect.lease, effect.response, error=effect.error)
     elif isinstance(effect, ReleaseKey):
         await store.release(effect.lease)
     else:
         await store.forget(effect.lease)
 
 
-def _overflow_async(run: RunApp, store: AsyncStore) -> Callable[[int], Awaitable[None]]:
+def _overflow_async(run: RunApp, store: AsyncKeyStore) -> Callable[[int], Awaitable[None]]:
     async def overflow(status: int) -> None:
         assert run.on_overflow is not None
         try:

@@ -17,7 +17,8 @@ again), ``send`` to capture the response. Per-request state lives in the
 ... )
 
 It needs an async store (:class:`~idempotence.AsyncPostgresStore`,
-:class:`~idempotence.AsyncSqliteStore`) and an asyncio server (uvicorn, hypercorn's
+:class:`~idempotence.AsyncSqliteStore`, or another :class:`~idempotence.AsyncKeyStore`
+for plain handler endpoints) and an asyncio server (uvicorn, hypercorn's
 asyncio worker, granian...); put it outside the app's routing and inside the
 middleware that authenticates, so the scope callable can see the tenant.
 
@@ -32,7 +33,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ..errors import BodyTooLarge, ConfigurationError
-from ..stores import AsyncStore
+from ..stores import AsyncKeyStore
+from ..stores._interface import is_async
 from ._config import Idempotency
 from ._core import lifecycle
 from ._drivers import drive_async
@@ -60,13 +62,15 @@ class IdempotencyMiddleware:
     """Make POST and PATCH (by default) exactly-once per ``Idempotency-Key``."""
 
     def __init__(self, app: ASGIApp, config: Idempotency) -> None:
-        if not isinstance(config.store, AsyncStore):
+        store = config.store
+        if not is_async(store):
             raise ConfigurationError(
-                "the ASGI middleware needs an async store: AsyncPostgresStore or "
-                f"AsyncSqliteStore, not {type(config.store).__name__}"
+                "the ASGI middleware needs an async store: AsyncPostgresStore, "
+                f"AsyncSqliteStore or another AsyncKeyStore, not {type(store).__name__}"
             )
         self.app = app
         self.config = config
+        self.store: AsyncKeyStore = store
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -86,10 +90,9 @@ class IdempotencyMiddleware:
             path_params=params,
         )
         exchange = _Exchange(self.app, scope, receive, send)
-        store = self.config.store
-        assert isinstance(store, AsyncStore)
+        engine = lifecycle(self.config, policy, request)
         try:
-            reply = await drive_async(lifecycle(self.config, policy, request), store, exchange)
+            reply = await drive_async(engine, self.store, exchange)
         except _Disconnected:
             return
         await exchange.reply(reply)

@@ -15,7 +15,8 @@ sent. Per-request state lives in the :class:`_Exchange` each call makes.
 ... )
 
 It needs a sync store (:class:`~idempotence.PostgresStore`,
-:class:`~idempotence.SqliteStore`).
+:class:`~idempotence.SqliteStore`, or another :class:`~idempotence.KeyStore` for plain
+handler endpoints).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from http import HTTPStatus
 from typing import Any
 
 from ..errors import BodyTooLarge, ConfigurationError
-from ..stores import Store
+from ..stores import KeyStore
+from ..stores._interface import is_sync
 from ._config import Idempotency
 from ._core import lifecycle
 from ._drivers import drive
@@ -47,13 +49,15 @@ class IdempotencyWSGIMiddleware:
     """Make POST and PATCH (by default) exactly-once per ``Idempotency-Key``."""
 
     def __init__(self, app: WSGIApp, config: Idempotency) -> None:
-        if not isinstance(config.store, Store):
+        store = config.store
+        if not is_sync(store):
             raise ConfigurationError(
-                "the WSGI middleware needs a sync store: PostgresStore or SqliteStore, "
-                f"not {type(config.store).__name__}"
+                "the WSGI middleware needs a sync store: PostgresStore, SqliteStore or "
+                f"another KeyStore, not {type(store).__name__}"
             )
         self.app = app
         self.config = config
+        self.store: KeyStore = store
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = environ["REQUEST_METHOD"]
@@ -71,9 +75,7 @@ class IdempotencyWSGIMiddleware:
             path_params=params,
         )
         exchange = _Exchange(self.app, environ, start_response)
-        store = self.config.store
-        assert isinstance(store, Store)
-        reply = drive(lifecycle(self.config, policy, request), store, exchange)
+        reply = drive(lifecycle(self.config, policy, request), self.store, exchange)
         return exchange.reply(reply)
 
 

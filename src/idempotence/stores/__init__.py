@@ -1,10 +1,29 @@
 """Key stores. Import the backend you use from its module, or from :mod:`idempotence`.
 
 The PostgreSQL store needs the ``postgres`` extra (psycopg 3); the SQLite store needs
-nothing beyond the standard library.
+nothing beyond the standard library. :class:`KeyStore` and :class:`AsyncKeyStore` are
+what every backend honours; :class:`Store` and :class:`AsyncStore`, the SQL stores,
+add the transaction shared with the application that flows and request-as-transaction
+need (:mod:`._interface`).
 """
 
+from typing import TYPE_CHECKING
+
 from ._driver import TransientError
+from ._interface import AsyncKeyStore, KeyStore
 from ._store import AsyncStore, AsyncTransaction, Store, Transaction
 
-__all__ = ["AsyncStore", "AsyncTransaction", "Store", "Transaction", "TransientError"]
+__all__ = [
+    "AsyncKeyStore",
+    "AsyncStore",
+    "AsyncTransaction",
+    "KeyStore",
+    "Store",
+    "Transaction",
+    "TransientError",
+]
+
+if TYPE_CHECKING:
+    # mypy proves here that the SQL stores honour the key-store interface.
+    def _conforms(sync: Store, async_: AsyncStore) -> tuple[KeyStore, AsyncKeyStore]:
+        return sync, async_

@@ -1,0 +1,118 @@
+"""The key-store interface: what ANY backend can honour (DESIGN 4, 8).
+
+:class:`KeyStore` and :class:`AsyncKeyStore` are the operations of a key store that
+owns its own writes: claim a key atomically (P1-P6), then finish, release, forget or
+heartbeat the lease, fenced by its token (F1, F2), read a record, wait for a twin
+(P10). A backend without transactions shared with the application (Redis, whose
+claim is one Lua script) can implement them all.
+
+A transactional store adds what only a SQL database can do, because the application
+writes in the same database: :meth:`~idempotence.Store.transaction`, ``claim(...,
+tx=)`` and ``finish(..., tx=)``, :meth:`~idempotence.Store.checkpoint`,
+:meth:`~idempotence.Store.end_phase`, :meth:`~idempotence.Store.stage_jobs`,
+:meth:`~idempotence.Store.perform` and the maintenance services built on it. Flows
+(R2: a phase's writes commit with its checkpoint) and request-as-transaction (F3)
+need them, and so they take the SQL classes :class:`~idempotence.Store` /
+:class:`~idempotence.AsyncStore` (``Flow.run(store: Store, ...)``): a key store that
+is only a :class:`KeyStore` is refused by type, and the HTTP configuration refuses
+it at construction for a ``transaction=True`` or ``flow=`` endpoint.
+
+The SQL stores satisfy these protocols structurally (mypy checks it in
+:mod:`idempotence.stores`), so code that only claims and settles keys is typed
+against the protocol and runs on every backend:
+
+>>> def replayed(store: KeyStore, request: ClaimRequest) -> bool:
+...     return store.claim(request).outcome is Outcome.REPLAY      # doctest: +SKIP
+
+The protocols are ``runtime_checkable``, but ``isinstance`` only sees method names,
+which the sync and the async interface share: :func:`is_async` tells them apart.
+"""
+
+from __future__ import annotations
+
+import inspect
+from datetime import datetime
+from typing import Protocol, TypeGuard, runtime_checkable
+
+from ..states import Claim, ClaimRequest, KeyRecord, Lease, StoredResponse
+
+__all__ = ["AsyncKeyStore", "KeyStore", "is_async", "is_sync"]
+
+
+@runtime_checkable
+class KeyStore(Protocol):
+    """A sync key store: the operations every backend honours, no shared transaction.
+
+    Every write but the claim is fenced by the lease's token (F1): it raises
+    :class:`~idempotence.errors.LockLost` when another worker took the key over.
+    """
+
+    def claim(self, request: ClaimRequest) -> Claim:
+        """Claim ``request``'s key in one atomic step; return its single outcome (P1-P5)."""
+        ...
+
+    def finish(self, lease: Lease, response: StoredResponse, *, error: str | None = None) -> None:
+        """Store ``response`` and unlock; ``error`` marks the key errored (R6)."""
+        ...
+
+    def release(self, lease: Lease) -> None:
+        """Unlock without finishing: the next claim resumes (R5)."""
+        ...
+
+    def heartbeat(self, lease: Lease) -> datetime:
+        """Extend the lock by its timeout from now; return the new expiry (F2)."""
+        ...
+
+    def forget(self, lease: Lease) -> None:
+        """Delete a key still at ``started``: a rejected request stores nothing (R5)."""
+        ...
+
+    def get(self, scope: str, key: str) -> KeyRecord | None:
+        """The key's current record, or None."""
+        ...
+
+    def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
+        """Wait up to ``seconds`` for a twin's claim to settle (P10); may return early."""
+        ...
+
+    def close(self) -> None:
+        """Release the store's connections."""
+        ...
+
+
+@runtime_checkable
+class AsyncKeyStore(Protocol):
+    """The async twin of :class:`KeyStore`: every operation is awaitable."""
+
+    async def claim(self, request: ClaimRequest) -> Claim: ...
+
+    async def finish(
+        self, lease: Lease, response: StoredResponse, *, error: str | None = None
+    ) -> None: ...
+
+    async def release(self, lease: Lease) -> None: ...
+
+    async def heartbeat(self, lease: Lease) -> datetime: ...
+
+    async def forget(self, lease: Lease) -> None: ...
+
+    async def get(self, scope: str, key: str) -> KeyRecord | None: ...
+
+    async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def is_async(store: KeyStore | AsyncKeyStore) -> TypeGuard[AsyncKeyStore]:
+    """True when ``store``'s operations are coroutine functions (an async store).
+
+    >>> from idempotence import AsyncSqliteStore, SqliteStore
+    >>> is_async(AsyncSqliteStore(":memory:")), is_async(SqliteStore(":memory:"))
+    (True, False)
+    """
+    return inspect.iscoroutinefunction(store.claim)
+
+
+def is_sync(store: KeyStore | AsyncKeyStore) -> TypeGuard[KeyStore]:
+    """True when ``store`` is a sync store: the negation of :func:`is_async`."""
+    return not inspect.iscoroutinefunction(store.claim)
