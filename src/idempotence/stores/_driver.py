@@ -58,6 +58,9 @@ class AsyncConnection(Protocol):
         """Run a whole operation in a transaction of its own (``atomic``) or in
         autocommit; ``write`` says whether it writes."""
 
+    async def run_in_transaction(self, op: Op[T]) -> T:
+        """Run a whole operation inside the transaction open on this connection."""
+
 
 class Source(Protocol):
     """Where a sync store gets its connections: a pool, one connection, a file."""

@@ -26,7 +26,6 @@ from ._driver import (
     TransientError,
     perform,
     run,
-    run_async,
 )
 from ._ops import Dialect, Op, Query, Row
 
@@ -303,7 +302,7 @@ class AsyncStore:
 
     async def _claim(self, request: ClaimRequest, tx: AsyncTransaction | None) -> Claim:
         if tx is not None:
-            return await run_async(self._dialect.claim(request), tx._conn)
+            return await tx._conn.run_in_transaction(self._dialect.claim(request))
         if self._dialect.previews_claims:
             preview = await self._own(
                 lambda: _ops.claim_preview(self._dialect, request), write=False
@@ -321,7 +320,7 @@ class AsyncStore:
 
     async def checkpoint(self, tx: AsyncTransaction, lease: Lease, recovery_point: str) -> Lease:
         op = _ops.checkpoint(self._dialect, lease, recovery_point)
-        return await run_async(fenced(self._instrumentation, "checkpoint", op), tx._conn)
+        return await tx._conn.run_in_transaction(fenced(self._instrumentation, "checkpoint", op))
 
     async def finish(
         self,
@@ -333,7 +332,7 @@ class AsyncStore:
     ) -> None:
         op = functools.partial(_ops.finish, self._dialect, lease, response, error)
         if tx is not None:
-            await run_async(fenced(self._instrumentation, "finish", op()), tx._conn)
+            await tx._conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
         else:
             await self._own(lambda: fenced(self._instrumentation, "finish", op()))
 
@@ -358,7 +357,7 @@ class AsyncStore:
     ) -> Lease:
         op = _ops.end_phase(self._dialect, lease, list(jobs), recovery_point, response)
         operation = "checkpoint" if response is None else "finish"
-        return await run_async(fenced(self._instrumentation, operation, op), tx._conn)
+        return await tx._conn.run_in_transaction(fenced(self._instrumentation, operation, op))
 
     async def forget(self, lease: Lease) -> None:
         await self._own(
@@ -368,10 +367,10 @@ class AsyncStore:
     async def stage_jobs(
         self, tx: AsyncTransaction, lease: Lease, jobs: list[tuple[str, str, Any]]
     ) -> None:
-        await run_async(_ops.stage_jobs(self._dialect, lease, jobs), tx._conn)
+        await tx._conn.run_in_transaction(_ops.stage_jobs(self._dialect, lease, jobs))
 
     async def take_staged_jobs(self, tx: AsyncTransaction, limit: int = 100) -> list[StagedJob]:
-        return await run_async(_ops.take_staged_jobs(self._dialect, limit), tx._conn)
+        return await tx._conn.run_in_transaction(_ops.take_staged_jobs(self._dialect, limit))
 
     async def get(self, scope: str, key: str) -> KeyRecord | None:
         return await self._own(lambda: _ops.get(self._dialect, scope, key), write=False)
@@ -397,7 +396,7 @@ class AsyncStore:
     ) -> T:
         """The awaitable twin of :meth:`Store.perform`."""
         if tx is not None:
-            return await run_async(make_op(), tx._conn)
+            return await tx._conn.run_in_transaction(make_op())
         return await self._own(make_op, atomic=write, write=write)
 
     async def migrate(self) -> list[str]:

@@ -273,6 +273,9 @@ class _AsyncConnection:
         async with self.atomic() if atomic else self.unit():
             return await run_async(op, self)
 
+    async def run_in_transaction(self, op: Op[T]) -> T:
+        return await run_async(op, self)
+
 
 class _AsyncPoolSource:
     def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any], *, owned: bool) -> None:

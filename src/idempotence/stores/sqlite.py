@@ -14,6 +14,7 @@ cost.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import itertools
 import sqlite3
@@ -32,7 +33,7 @@ from typing import Any, TypeVar
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..observability import Instrumentation
 from ..states import ClaimRequest
-from ._driver import TransientError, perform
+from ._driver import TransientError, perform, run
 from ._ops import Dialect, Op, Query, Row, claim_in_transaction
 from ._store import AsyncStore, Store
 
@@ -293,7 +294,10 @@ class _ThreadedConnection:
         return cls(raw, executor, writer)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        # In the caller's context, as asyncio.to_thread runs it: an operation reports
+        # to the current trace span (a refused fenced write, for one).
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     async def fetch(self, query: Query) -> list[Row]:
         return await self._call(self._conn.fetch, query)
@@ -317,6 +321,11 @@ class _ThreadedConnection:
             async with self._writer:
                 return await self._call(whole)
         return await self._call(whole)
+
+    async def run_in_transaction(self, op: Op[T]) -> T:
+        # One trip too: a request-as-transaction holds SQLite's one write lock across
+        # its statements, so every trip saved there is time every other writer waits.
+        return await self._call(run, op, self._conn)
 
     @asynccontextmanager
     async def _on_thread(self, cm: AbstractContextManager[None]) -> AsyncIterator[None]:
