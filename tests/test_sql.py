@@ -202,11 +202,28 @@ def _check_where(text: str, ref: re.Match[str], param: str) -> str | None:
 def _check_insert(text: str, ref: re.Match[str], param: str) -> str | None:
     columns = _group(text, ref.end())
     values = re.compile(r"\s*VALUES\b", re.I).match(text, columns[1]) if columns else None
-    if columns is None or values is None:
-        return "is not INSERT INTO ... (columns) VALUES (...) (teach the checker this shape)"
+    select = re.compile(r"\s*SELECT\b", re.I).match(text, columns[1]) if columns else None
+    if columns is None or (values is None and select is None):
+        return (
+            "is not INSERT INTO ... (columns) VALUES (...) or SELECT <values> "
+            "(teach the checker this shape)"
+        )
     names = [c.lower() for c in _split_top_level(columns[0], re.compile(r",", re.I))]
     if "scope" not in names:
         return "does not insert the scope column"
+    if select is not None:
+        # INSERT ... SELECT <one row of values> [WHERE ...]: a FROM would make the
+        # rows (and their scope) come from elsewhere, which is not this shape.
+        end = _scan(text, select.end(), re.compile(r"WHERE\b|ON\s+CONFLICT\b|FROM\b", re.I))
+        if re.match(r"FROM\b", text[end:], re.IGNORECASE):
+            return "inserts the rows of a query (teach the checker this shape)"
+        row_values = _split_top_level(text[select.end() : end], re.compile(r",", re.I))
+        if len(row_values) != len(names):
+            return f"selects {len(row_values)} values for {len(names)} columns"
+        value = row_values[names.index("scope")]
+        if not re.fullmatch(re.escape(param) + r"(?:::\w+)?", value):
+            return f"inserts {value!r} as the scope, not {param}"
+        return _check_conflict_target(text, end)
     position = values.end()
     while (row := _group(text, position)) is not None:
         row_values = _split_top_level(row[0], re.compile(r",", re.I))
@@ -220,6 +237,10 @@ def _check_insert(text: str, ref: re.Match[str], param: str) -> str | None:
         if not comma:
             break
         position = comma.end()
+    return _check_conflict_target(text, position)
+
+
+def _check_conflict_target(text: str, position: int) -> str | None:
     end = _scan(text, position, re.compile(r"ON\s+CONFLICT\b|" + _STATEMENT_END.pattern, re.I))
     conflict = re.compile(r"ON\s+CONFLICT\b", re.I).match(text, end)
     if conflict:
@@ -341,6 +362,12 @@ BROKEN = {
         "INSERT INTO idempotency_keys (scope, key) VALUES ({p}, :a), ('other', :b)"
     ),
     "insert-select": "INSERT INTO idempotency_keys (scope, key) SELECT scope, key FROM old",
+    "insert-select-scope-from-elsewhere": (
+        "INSERT INTO idempotency_keys (scope, key) SELECT :key, {p} WHERE true"
+    ),
+    "insert-select-conflict-on-key-only": (
+        "INSERT INTO idempotency_keys (scope, key) SELECT {p}, :key ON CONFLICT (key) DO NOTHING"
+    ),
     "conflict-without-target": (
         "INSERT INTO idempotency_keys (scope, key) VALUES ({p}, :key) ON CONFLICT DO NOTHING"
     ),
@@ -354,6 +381,10 @@ SCOPED = {
     "alias": "DELETE FROM idempotency_keys k WHERE k.scope = {p} AND k.expires_at < now()",
     "table-qualified": "SELECT 1 FROM idempotency_keys WHERE idempotency_keys.scope = {p}",
     "insert": "INSERT INTO idempotency_keys (key, scope) VALUES (:key, {p}) RETURNING id",
+    "insert-select-one-row": (
+        "INSERT INTO idempotency_keys (scope, key) SELECT {p}, :key WHERE NOT EXISTS "
+        "(SELECT FROM settled) ON CONFLICT (scope, key) DO NOTHING RETURNING id"
+    ),
     "name-in-a-string": "SELECT 'FROM idempotency_keys' AS note",
 }
 

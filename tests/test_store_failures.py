@@ -180,6 +180,29 @@ def test_p6_the_postgres_claim_is_one_statement_in_autocommit(
     assert sent == [("claim", True), ("claim", True), ("finish", True), ("claim", True)]
 
 
+def test_p3_a_postgres_replay_or_mismatch_writes_nothing(pg_url: str, scope: str) -> None:
+    # ON CONFLICT locks the row even when it leaves it unchanged, and a lock is a write
+    # (the row's xmax) whose commit waits for a WAL flush: a replay storm would cost a
+    # flush per retry. The claim skips the INSERT for a key already finished.
+    def row_version(conn: psycopg.Connection[Any]) -> tuple[Any, Any]:
+        found = conn.execute(
+            "SELECT xmin::text, xmax::text FROM idempotency_keys WHERE scope = %s AND key = %s",
+            (scope, "k"),
+        ).fetchone()
+        assert found is not None
+        return found[0], found[1]
+
+    with PostgresStore(pg_url) as store, psycopg.connect(pg_url, autocommit=True) as conn:
+        first = store.claim(req(scope))
+        assert first.lease is not None
+        store.finish(first.lease, StoredResponse.of(201, body=b"done"))
+        finished = row_version(conn)
+        replay = store.claim(req(scope))
+        mismatch = store.claim(ClaimRequest(scope=scope, key="k", fingerprint="d" * 64))
+        assert (replay.outcome, mismatch.outcome) == (Outcome.REPLAY, Outcome.MISMATCH)
+        assert row_version(conn) == finished  # not locked, not rewritten
+
+
 # -- connections the application already has -------------------------------------------
 
 

@@ -9,20 +9,29 @@
 -- (P1, P5), in ONE statement: the unique constraint arbitrates, never a prior SELECT
 -- (P6). The takeover predicate in the WHERE clause is states.arbitrate's P5 rule.
 -- When the existing row may not be taken, ON CONFLICT leaves it unchanged and the
--- second branch returns it for the caller to classify (P2-P4). If a concurrent
--- transaction committed the row after this statement's snapshot, the second branch
+-- last branch returns it for the caller to classify (P2-P4). If a concurrent
+-- transaction committed the row after this statement's snapshot, the last branch
 -- cannot see it and the statement returns no row, or an older version of it: the
 -- caller notices (no row, or a row the state machine would have taken) and runs the
 -- statement again.
-WITH claimed AS (
+-- A finished key is settled for good (P3: a replay, or P2: a mismatch), so when the
+-- snapshot already shows it finished the INSERT is skipped: ON CONFLICT would lock the
+-- row even to leave it unchanged, and that lock is a write whose commit waits for a
+-- WAL flush. A replay then writes nothing. (A key the reaper deletes after the
+-- snapshot is replayed once more, as a retry a moment earlier would have been.)
+WITH settled AS (
+    SELECT FROM idempotency_keys AS s
+    WHERE s.scope = %(scope)s AND s.key = %(key)s AND s.finished_at IS NOT NULL
+),
+claimed AS (
     INSERT INTO idempotency_keys AS k (
         scope, key, request_method, request_path, fingerprint, request_params,
         flow, lock_timeout, locked_at, last_run_at, expires_at
     )
-    VALUES (
+    SELECT
         %(scope)s, %(key)s, %(method)s, %(path)s, %(fingerprint)s, %(params)s::jsonb,
         %(flow)s, %(lock_timeout)s, now(), now(), now() + %(retention)s::interval
-    )
+    WHERE NOT EXISTS (SELECT FROM settled)
     ON CONFLICT (scope, key) DO UPDATE
         SET lock_token = k.lock_token + 1,
             locked_at = now(),
