@@ -203,6 +203,17 @@ def test_p3_a_postgres_replay_or_mismatch_writes_nothing(pg_url: str, scope: str
         assert row_version(conn) == finished  # not locked, not rewritten
 
 
+def test_postgres_pools_the_store_opens_use_generic_plans(pg_url: str) -> None:
+    # Re-planning the claim at every run cost a replay several times its execution.
+    async def async_mode() -> str:
+        async with AsyncPostgresStore(pg_url) as store, store.transaction() as tx:
+            return str((await tx.execute("SHOW plan_cache_mode"))[0]["plan_cache_mode"])
+
+    with PostgresStore(pg_url) as store, store.transaction() as tx:
+        sync_mode = tx.execute("SHOW plan_cache_mode")[0]["plan_cache_mode"]
+    assert (sync_mode, asyncio.run(async_mode())) == ("force_generic_plan",) * 2
+
+
 # -- connections the application already has -------------------------------------------
 
 
