@@ -51,6 +51,16 @@ def _database(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return value
 
 
+#: Both commands take the database the same way.
+database_option = click.option(
+    "--database",
+    default=None,
+    callback=_database,
+    metavar="URL",
+    help="postgresql://… or sqlite:///… (default: SQLite in the data directory).",
+)
+
+
 @click.group(invoke_without_command=True)
 @click.option("--rides", default=200, show_default=True, type=click.IntRange(1, 100_000))
 @click.option(
@@ -88,13 +98,7 @@ def _database(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     type=click.FloatRange(0.0, 1.0),
     help="Share of rides by riders whose card is declined.",
 )
-@click.option(
-    "--database",
-    default=None,
-    callback=_database,
-    metavar="URL",
-    help="postgresql://… or sqlite:///… (default: SQLite in the data directory).",
-)
+@database_option
 @click.option(
     "--abandon-rate",
     default=0.05,
@@ -159,13 +163,7 @@ def demo(ctx: click.Context, /, **options: Any) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--provider-port", default=8001, show_default=True, type=click.IntRange(1, 65535))
-@click.option(
-    "--database",
-    default=None,
-    callback=_database,
-    metavar="URL",
-    help="postgresql://… or sqlite:///… (default: SQLite in the data directory).",
-)
+@database_option
 @click.option(
     "--profile",
     type=click.Choice(["ietf", "stripe"]),
