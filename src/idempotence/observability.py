@@ -184,6 +184,26 @@ def fenced(
     return _reporting_lock_lost(instrumentation, operation, op)
 
 
+def watched_claim(
+    instrumentation: Instrumentation | None,
+    request: ClaimRequest,
+    op: Generator[Any, Any, Claim],
+) -> Generator[Any, Any, Claim]:
+    """A claim operation that ``instrumentation`` watches while its statements run
+    (and no longer: a claim that opens a transaction does not time the transaction).
+    Without instrumentation, ``op`` itself."""
+    if instrumentation is None:
+        return op
+    return _watching_claim(instrumentation, request, op)
+
+
+def _watching_claim(
+    instrumentation: Instrumentation, request: ClaimRequest, op: Generator[Any, Any, Claim]
+) -> Generator[Any, Any, Claim]:
+    with instrumentation.claim(request) as watch:
+        return watch.done((yield from op))
+
+
 def _reporting_lock_lost(
     instrumentation: Instrumentation, operation: str, op: Generator[Any, Any, R]
 ) -> Generator[Any, Any, R]:

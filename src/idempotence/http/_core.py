@@ -283,13 +283,8 @@ def _in_transaction(policy: Policy, profile: Profile, request: ClaimRequest) -> 
     waiter = _Waiter(policy)
     while True:
         try:
-            yield BeginTransaction()
+            claim: Claim = yield BeginTransaction(request)
         except StoreError as exc:
-            return store_down(policy, profile, exc, rolled_back=False)
-        try:
-            claim: Claim = yield ClaimKey(request, in_transaction=True)
-        except StoreError as exc:
-            yield EndTransaction(commit=False)
             return store_down(policy, profile, exc, rolled_back=False)
         if claim.outcome is Outcome.EXECUTE:
             return (yield from _execute_in_transaction(policy, profile, claim))
@@ -325,15 +320,12 @@ def _execute_in_transaction(policy: Policy, profile: Profile, claim: Claim) -> L
         # R5: a rejected or failed request leaves nothing behind, not even its claim.
         yield EndTransaction(commit=False)
         return reply
-    try:
-        yield FinishKey(lease, storable(policy, captured), in_transaction=True)
-    except StoreError as exc:
-        yield EndTransaction(commit=False)
-        return store_down(policy, profile, exc, rolled_back=True)
+    yield FinishKey(lease, storable(policy, captured), at_commit=True)
     try:
         yield EndTransaction(commit=True)
     except StoreError as exc:
-        # Whether a commit that lost its connection took effect is unknown; either
+        # The finish was refused (the key was taken over: everything rolled back), or
+        # the commit lost its connection and whether it took effect is unknown; either
         # way a retry is safe: it replays, or executes the first time.
         return store_down(policy, profile, exc, rolled_back=True)
     return reply

@@ -99,9 +99,10 @@ def drive(engine: Lifecycle, store: KeyStore, io: SyncIO) -> Reply:
             value, error = None, None
             try:
                 if isinstance(effect, BeginTransaction):
-                    opening: AbstractContextManager[Transaction] = _sql(store).transaction()
+                    opening = _sql(store).transaction(claim=effect.claim)
                     tx = opening.__enter__()
                     tx_cm = opening
+                    value = tx.claim
                 elif isinstance(effect, EndTransaction):
                     closing, tx_cm, tx = tx_cm, None, None  # closed whatever happens next
                     assert closing is not None, "EndTransaction without a transaction"
@@ -130,8 +131,6 @@ def _perform(effect: Effect, store: KeyStore, tx: Transaction | None, io: SyncIO
     if isinstance(effect, ReadBody):
         return io.read_body(effect.limit)
     if isinstance(effect, ClaimKey):
-        if effect.in_transaction and tx is not None:
-            return _sql(store).claim(effect.request, tx=tx)
         return store.claim(effect.request)
     if isinstance(effect, FinishKey | ReleaseKey | ForgetKey):
         return _store_op(effect, store, tx)
@@ -145,8 +144,10 @@ def _perform(effect: Effect, store: KeyStore, tx: Transaction | None, io: SyncIO
 
 def _store_op(effect: StoreEffect, store: KeyStore, tx: Transaction | None) -> None:
     if isinstance(effect, FinishKey):
-        if effect.in_transaction and tx is not None:
-            _sql(store).finish(effect.lease, effect.response, tx=tx, error=effect.error)
+        if effect.at_commit:
+            assert tx is not None, "FinishKey(at_commit=True) without a transaction"
+            sql = _sql(store)
+            sql.finish(effect.lease, effect.response, tx=tx, error=effect.error, at_commit=True)
         else:
             store.finish(effect.lease, effect.response, error=effect.error)
     elif isinstance(effect, ReleaseKey):
@@ -196,10 +197,10 @@ async def drive_async(engine: Lifecycle, store: AsyncKeyStore, io: AsyncIO) -> R
             value, error = None, None
             try:
                 if isinstance(effect, BeginTransaction):
-                    sql = _sql_async(store)
-                    opening: AbstractAsyncContextManager[AsyncTransaction] = sql.transaction()
-                    tx = await opening.__aenter__()
-                    tx_cm = opening
+                    opening_async = _sql_async(store).transaction(claim=effect.claim)
+                    tx = await opening_async.__aenter__()
+                    tx_cm = opening_async
+                    value = tx.claim
                 elif isinstance(effect, EndTransaction):
                     closing, tx_cm, tx = tx_cm, None, None
                     assert closing is not None, "EndTransaction without a transaction"
@@ -225,8 +226,6 @@ async def _perform_async(
     if isinstance(effect, ReadBody):
         return await io.read_body(effect.limit)
     if isinstance(effect, ClaimKey):
-        if effect.in_transaction and tx is not None:
-            return await _sql_async(store).claim(effect.request, tx=tx)
         return await store.claim(effect.request)
     if isinstance(effect, FinishKey | ReleaseKey | ForgetKey):
         return await _store_op_async(effect, store, tx)
@@ -242,9 +241,12 @@ async def _store_op_async(
     effect: StoreEffect, store: AsyncKeyStore, tx: AsyncTransaction | None
 ) -> None:
     if isinstance(effect, FinishKey):
-        if effect.in_transaction and tx is not None:
-            sql = _sql_async(store)
-            await sql.finish(effect.lease, effect.response, tx=tx, error=effect.error)
+        if effect.at_commit:
+            assert tx is not None, "FinishKey(at_commit=True) without a transaction"
+            sql_async = _sql_async(store)
+            await sql_async.finish(
+                effect.lease, effect.response, tx=tx, error=effect.error, at_commit=True
+            )
         else:
             await store.finish(effect.lease, effect.response, error=effect.error)
     elif isinstance(effect, ReleaseKey):

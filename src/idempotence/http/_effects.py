@@ -39,15 +39,18 @@ class ReadBody:
 
 @dataclass(frozen=True, slots=True)
 class ClaimKey:
-    """``store.claim(request)``, in the open transaction when ``in_transaction``."""
+    """``store.claim(request)``: returns the :class:`~idempotence.Claim`."""
 
     request: ClaimRequest
-    in_transaction: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class BeginTransaction:
-    """Open ``store.transaction()`` and keep it open across the next effects."""
+    """Open ``store.transaction(claim=claim)`` and keep it open across the next
+    effects; returns the claim's :class:`~idempotence.Claim` (F3: the claim is the
+    transaction's first statement, sent with its BEGIN)."""
+
+    claim: ClaimRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +63,12 @@ class EndTransaction:
 
 @dataclass(frozen=True, slots=True)
 class FinishKey:
+    """Store the response. ``at_commit``: as the open transaction's last statement,
+    sent with its COMMIT; a refused write then comes from the EndTransaction."""
+
     lease: Lease
     response: StoredResponse
-    in_transaction: bool = False
+    at_commit: bool = False
     error: str | None = None
 
 

@@ -38,8 +38,19 @@ class Connection(Protocol):
     def fetch(self, query: Query) -> list[Row]:
         """Run one statement; return its rows (empty for none)."""
 
-    def atomic(self) -> AbstractContextManager[None]:
-        """A write transaction (a savepoint when one is already open)."""
+    def atomic(self, first: Op[T] | None = None) -> AbstractContextManager[T | None]:
+        """A write transaction (a savepoint when one is already open).
+
+        ``first`` runs as its first statements and its result is what the block
+        yields; an operation handed to :meth:`defer` inside the block runs as its last
+        statements, just before the commit. A driver sends each with the BEGIN or the
+        COMMIT in one trip where it can (request-as-transaction, F3, makes no more
+        trips than the bare handler).
+        """
+
+    def defer(self, op: Op[Any]) -> None:
+        """Run ``op`` when the innermost open :meth:`atomic` block commits, as its
+        last statements; if it raises, the block rolls back and its exit raises."""
 
     def unit(self, *, write: bool = True) -> AbstractContextManager[None]:
         """What a self-contained operation needs to be committed on its own."""
@@ -52,7 +63,9 @@ class AsyncConnection(Protocol):
 
     async def fetch(self, query: Query) -> list[Row]: ...
 
-    def atomic(self) -> AbstractAsyncContextManager[None]: ...
+    def atomic(self, first: Op[T] | None = None) -> AbstractAsyncContextManager[T | None]: ...
+
+    def defer(self, op: Op[Any]) -> None: ...
 
     async def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
         """Run a whole operation in a transaction of its own (``atomic``) or in
@@ -74,6 +87,31 @@ class AsyncSource(Protocol):
     def connection(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
 
     async def close(self) -> None: ...
+
+
+class Blocks:
+    """The operations deferred to the commit of each open transaction block of one
+    connection (see :meth:`Connection.defer`), innermost last."""
+
+    def __init__(self) -> None:
+        self._open: list[list[Op[Any]]] = []
+
+    def open(self) -> list[Op[Any]]:
+        block: list[Op[Any]] = []
+        self._open.append(block)
+        return block
+
+    def close(self, block: list[Op[Any]]) -> list[Op[Any]]:
+        """Forget ``block`` (once; a second call is a no-op) and return its operations."""
+        if self._open and self._open[-1] is block:
+            self._open.pop()
+        return block
+
+    def defer(self, op: Op[Any]) -> None:
+        if not self._open:
+            op.close()
+            raise RuntimeError("defer() needs an open transaction block")
+        self._open[-1].append(op)
 
 
 def perform(conn: Connection, op: Op[T], *, atomic: bool, write: bool) -> T:

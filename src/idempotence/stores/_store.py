@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
-from ..observability import Instrumentation, combine, fenced
+from ..observability import Instrumentation, combine, fenced, watched_claim
 from ..states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredResponse
 from . import _ops
 from ._driver import (
@@ -51,8 +51,11 @@ class Transaction:
     together.
     """
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, claim: Claim | None = None) -> None:
         self._conn = conn
+        #: The outcome of the claim the transaction opened with
+        #: (``store.transaction(claim=...)``), else None.
+        self.claim = claim
 
     @property
     def connection(self) -> Any:
@@ -67,8 +70,9 @@ class Transaction:
 class AsyncTransaction:
     """The async twin of :class:`Transaction`."""
 
-    def __init__(self, conn: AsyncConnection) -> None:
+    def __init__(self, conn: AsyncConnection, claim: Claim | None = None) -> None:
         self._conn = conn
+        self.claim = claim
 
     @property
     def connection(self) -> Any:
@@ -77,6 +81,11 @@ class AsyncTransaction:
 
     async def execute(self, sql: str, params: Any = None) -> list[Row]:
         return await self._conn.fetch(Query("application", sql, params or {}))
+
+
+def _no_commit(at_commit: bool) -> None:
+    if at_commit:
+        raise ValueError("finish(at_commit=True) needs the transaction to commit with: tx=")
 
 
 class Store:
@@ -126,10 +135,22 @@ class Store:
         )
 
     @contextmanager
-    def transaction(self) -> Iterator[Transaction]:
-        """Open a write transaction for a phase: commits on exit, rolls back on error."""
-        with self._source.connection() as conn, conn.atomic():
-            yield Transaction(conn)
+    def transaction(self, *, claim: ClaimRequest | None = None) -> Iterator[Transaction]:
+        """Open a write transaction for a phase: commits on exit, rolls back on error.
+
+        Given ``claim``, the transaction opens with that claim (request-as-transaction,
+        F3), sent with the BEGIN where the driver can; its outcome is ``tx.claim``. A
+        racing duplicate then waits for this transaction to end and replays its
+        response.
+        """
+        with self._source.connection() as conn:
+            if claim is None:
+                with conn.atomic():
+                    yield Transaction(conn)
+                return
+            op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim))
+            with conn.atomic(op) as got:
+                yield Transaction(conn, got)
 
     def checkpoint(self, tx: Transaction, lease: Lease, recovery_point: str) -> Lease:
         """Record ``recovery_point`` in ``tx``, fenced (F1); returns the advanced lease.
@@ -147,15 +168,22 @@ class Store:
         *,
         tx: Transaction | None = None,
         error: str | None = None,
+        at_commit: bool = False,
     ) -> None:
         """Store ``response`` and unlock, fenced; in ``tx`` when given (R2).
 
-        ``error`` marks the key errored (R6): terminal and listed for a human.
+        ``error`` marks the key errored (R6): terminal and listed for a human. With
+        ``at_commit`` the finish waits for ``tx`` to commit and is its last statement,
+        sent with the COMMIT where the driver can: then a refused write (LockLost)
+        comes out of the transaction's exit, with everything in it rolled back.
         """
         op = functools.partial(_ops.finish, self._dialect, lease, response, error)
-        if tx is not None:
+        if tx is not None and at_commit:
+            tx._conn.defer(fenced(self._instrumentation, "finish", op()))
+        elif tx is not None:
             run(fenced(self._instrumentation, "finish", op()), tx._conn)
         else:
+            _no_commit(at_commit)
             self._own(lambda: fenced(self._instrumentation, "finish", op()))
 
     def release(self, lease: Lease) -> None:
@@ -314,9 +342,17 @@ class AsyncStore:
         )
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[AsyncTransaction]:
-        async with self._source.connection() as conn, conn.atomic():
-            yield AsyncTransaction(conn)
+    async def transaction(
+        self, *, claim: ClaimRequest | None = None
+    ) -> AsyncIterator[AsyncTransaction]:
+        async with self._source.connection() as conn:
+            if claim is None:
+                async with conn.atomic():
+                    yield AsyncTransaction(conn)
+                return
+            op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim))
+            async with conn.atomic(op) as got:
+                yield AsyncTransaction(conn, got)
 
     async def checkpoint(self, tx: AsyncTransaction, lease: Lease, recovery_point: str) -> Lease:
         op = _ops.checkpoint(self._dialect, lease, recovery_point)
@@ -329,11 +365,15 @@ class AsyncStore:
         *,
         tx: AsyncTransaction | None = None,
         error: str | None = None,
+        at_commit: bool = False,
     ) -> None:
         op = functools.partial(_ops.finish, self._dialect, lease, response, error)
-        if tx is not None:
+        if tx is not None and at_commit:
+            tx._conn.defer(fenced(self._instrumentation, "finish", op()))
+        elif tx is not None:
             await tx._conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
         else:
+            _no_commit(at_commit)
             await self._own(lambda: fenced(self._instrumentation, "finish", op()))
 
     async def release(self, lease: Lease) -> None:

@@ -35,7 +35,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..observability import Instrumentation
 from ..states import ClaimRequest
-from ._driver import TransientError, run_async
+from ._driver import Blocks, TransientError, run, run_async
 from ._listener import AsyncListener, Listener, mark_waiter
 from ._ops import Dialect, Op, Query, Row, claim_in_one_statement
 from ._store import AsyncStore, Store
@@ -112,6 +112,7 @@ def _has_rows(cur: Any) -> bool:
 class _Connection:
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
+        self._blocks = Blocks()
 
     def fetch(self, query: Query) -> list[Row]:
         with _translated(), self.raw.cursor(row_factory=dict_row) as cur:
@@ -122,20 +123,28 @@ class _Connection:
             return cur.fetchall() if _has_rows(cur) else []
 
     @contextmanager
-    def atomic(self) -> Iterator[None]:
+    def atomic(self, first: Op[T] | None = None) -> Iterator[T | None]:
         # Only the transaction's own begin and commit are translated: an error from
         # the application's statements in between stays the application's error.
         tx = self.raw.transaction()
         with _translated():
             tx.__enter__()
+        deferred = self._blocks.open()
         try:
-            yield
+            yield None if first is None else run(first, self)
+            for op in self._blocks.close(deferred):
+                run(op, self)
         except BaseException as exc:
+            for op in self._blocks.close(deferred):
+                op.close()
             with _translated():
                 tx.__exit__(type(exc), exc, exc.__traceback__)
             raise
         with _translated():
             tx.__exit__(None, None, None)
+
+    def defer(self, op: Op[Any]) -> None:
+        self._blocks.defer(op)
 
     def unit(self, *, write: bool = True) -> AbstractContextManager[None]:
         # In autocommit one statement commits itself: one round trip. Otherwise a
@@ -264,6 +273,7 @@ class PostgresStore(Store):
 class _AsyncConnection:
     def __init__(self, raw: psycopg.AsyncConnection[Any]) -> None:
         self.raw = raw
+        self._blocks = Blocks()
 
     async def fetch(self, query: Query) -> list[Row]:
         with _translated():
@@ -272,18 +282,26 @@ class _AsyncConnection:
                 return await cur.fetchall() if _has_rows(cur) else []
 
     @asynccontextmanager
-    async def atomic(self) -> AsyncIterator[None]:
+    async def atomic(self, first: Op[T] | None = None) -> AsyncIterator[T | None]:
         tx = self.raw.transaction()
         with _translated():
             await tx.__aenter__()
+        deferred = self._blocks.open()
         try:
-            yield
+            yield None if first is None else await run_async(first, self)
+            for op in self._blocks.close(deferred):
+                await run_async(op, self)
         except BaseException as exc:
+            for op in self._blocks.close(deferred):
+                op.close()
             with _translated():
                 await tx.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         with _translated():
             await tx.__aexit__(None, None, None)
+
+    def defer(self, op: Op[Any]) -> None:
+        self._blocks.defer(op)
 
     def unit(self) -> AbstractAsyncContextManager[None]:
         return nullcontext() if self.raw.autocommit else self.atomic()

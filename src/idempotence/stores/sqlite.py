@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..observability import Instrumentation
 from ..states import ClaimRequest
-from ._driver import TransientError, perform, run
+from ._driver import Blocks, TransientError, perform, run
 from ._ops import Dialect, Op, Query, Row, claim_in_transaction
 from ._store import AsyncStore, Store
 
@@ -116,6 +116,7 @@ class _Connection:
         # and wake the moment it is free; left to SQLite's busy handler they would
         # sleep in growing steps (up to 100 ms) and throughput would collapse.
         self._writer = writer if writer is not None else nullcontext()
+        self._blocks = Blocks()
 
     def fetch(self, query: Query) -> list[Row]:
         with _translated():
@@ -130,7 +131,7 @@ class _Connection:
                 cur.close()
 
     @contextmanager
-    def atomic(self) -> Iterator[None]:
+    def atomic(self, first: Op[T] | None = None) -> Iterator[T | None]:
         if self.raw.in_transaction:
             name = f"idempotence_{next(self._savepoints)}"
             begin, commit, rollback = (
@@ -146,15 +147,23 @@ class _Connection:
         with self._writer if not self.raw.in_transaction else nullcontext():
             with _translated():
                 self.raw.execute(begin)
+            deferred = self._blocks.open()
             try:
-                yield
+                yield None if first is None else run(first, self)
+                for op in self._blocks.close(deferred):
+                    run(op, self)
             except BaseException:
+                for op in self._blocks.close(deferred):
+                    op.close()
                 with _translated():
                     for statement in rollback.split("; "):
                         self.raw.execute(statement)
                 raise
             with _translated():
                 self.raw.execute(commit)
+
+    def defer(self, op: Op[Any]) -> None:
+        self._blocks.defer(op)
 
     def unit(self, *, write: bool = True) -> AbstractContextManager[None]:
         if self.raw.in_transaction:
@@ -303,15 +312,21 @@ class _ThreadedConnection:
         return await self._call(self._conn.fetch, query)
 
     @asynccontextmanager
-    async def atomic(self) -> AsyncIterator[None]:
+    async def atomic(self, first: Op[T] | None = None) -> AsyncIterator[T | None]:
         # Tasks queue for the one writer here, on the event loop, rather than in
-        # SQLite's busy handler on their threads (see _Connection).
+        # SQLite's busy handler on their threads (see _Connection). The BEGIN and
+        # ``first`` make one trip to the thread, and the deferred operations and the
+        # COMMIT another: the write lock is held for no trip more than the bare
+        # transaction needs.
         if self.raw.in_transaction:
-            async with self._on_thread(self._conn.atomic()):
-                yield
+            async with self._on_thread(self._conn.atomic(first)) as result:
+                yield result
         else:
-            async with self._writer, self._on_thread(self._conn.atomic()):
-                yield
+            async with self._writer, self._on_thread(self._conn.atomic(first)) as result:
+                yield result
+
+    def defer(self, op: Op[Any]) -> None:
+        self._conn.defer(op)
 
     async def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
         # The whole operation in one trip to the connection's thread: each trip costs
@@ -328,10 +343,10 @@ class _ThreadedConnection:
         return await self._call(run, op, self._conn)
 
     @asynccontextmanager
-    async def _on_thread(self, cm: AbstractContextManager[None]) -> AsyncIterator[None]:
-        await self._call(cm.__enter__)
+    async def _on_thread(self, cm: AbstractContextManager[T]) -> AsyncIterator[T]:
+        entered = await self._call(cm.__enter__)
         try:
-            yield
+            yield entered
         except BaseException as exc:
             if not await self._call(cm.__exit__, type(exc), exc, exc.__traceback__):
                 raise
