@@ -352,3 +352,71 @@ def test_keys_are_unique_per_scope_even_in_many_claims(store: Any, scope: str) -
     leases = [store.claim(request(scope, key=k)).lease for k in keys]
     assert len({lease.id for lease in leases}) == 50
     assert all(store.claim(request(scope, key=k)).outcome is Outcome.IN_PROGRESS for k in keys)
+
+
+# -- F3: a transaction that opens with its claim and commits with its finish ----------
+
+
+def test_f3_a_transaction_opened_with_a_claim_commits_claim_writes_and_response_together(
+    store: Any, store_kind: StoreKind, scope: str
+) -> None:
+    make_side_table(store)
+    with store.transaction(claim=request(scope)) as tx:
+        assert tx.claim.outcome is Outcome.EXECUTE and tx.claim.lease.token == 1
+        write_note(tx, store_kind, scope, "ride")
+        store.finish(tx.claim.lease, response(7), tx=tx, at_commit=True)
+        # Deferred: the finish is the last statement, sent with the COMMIT.
+        p = store_kind.placeholder
+        rows = tx.execute(
+            f"SELECT finished_at FROM idempotency_keys WHERE scope = {p('scope')}",
+            {"scope": scope},
+        )
+        assert [row["finished_at"] for row in rows] == [None]
+    assert side_notes(store, store_kind, scope) == ["ride"]
+    replay = store.claim(request(scope))
+    assert replay.outcome is Outcome.REPLAY and replay.response == response(7)
+
+
+def test_f3_a_transaction_opened_on_a_finished_key_sees_the_replay(store: Any, scope: str) -> None:
+    store.finish(store.claim(request(scope)).lease, response(3))
+    with store.transaction(claim=request(scope)) as tx:
+        assert tx.claim.outcome is Outcome.REPLAY and tx.claim.response == response(3)
+    with store.transaction(claim=request(scope, fingerprint=OTHER_FP)) as tx:
+        assert tx.claim.outcome is Outcome.MISMATCH
+
+
+def test_f3_a_failure_before_the_commit_rolls_back_the_claim_and_skips_the_finish(
+    store: Any, store_kind: StoreKind, scope: str
+) -> None:
+    make_side_table(store)
+    with pytest.raises(RuntimeError), store.transaction(claim=request(scope)) as tx:
+        write_note(tx, store_kind, scope, "half")
+        store.finish(tx.claim.lease, response(1), tx=tx, at_commit=True)
+        raise RuntimeError("the handler crashed after finishing")
+    assert side_notes(store, store_kind, scope) == []
+    assert store.get(scope, "key-1") is None  # R5: nothing stored, the key is free
+    assert store.claim(request(scope)).outcome is Outcome.EXECUTE
+
+
+def test_f1_a_finish_at_commit_refused_by_the_fence_rolls_everything_back(
+    store: Any, store_kind: StoreKind, scope: str
+) -> None:
+    make_side_table(store)
+    zombie = store.claim(request(scope, lock_timeout=SHORT)).lease
+    time.sleep(SHORT.total_seconds() + 0.1)
+    taker = store.claim(request(scope)).lease
+    assert taker.token == zombie.token + 1
+    # The refusal comes out of the transaction's exit, with the writes rolled back.
+    with pytest.raises(LockLost), store.transaction() as tx:
+        write_note(tx, store_kind, scope, "zombie")
+        store.finish(zombie, response(666), tx=tx, at_commit=True)
+    assert side_notes(store, store_kind, scope) == []
+    store.finish(taker, response(2))
+    assert store.claim(request(scope)).response == response(2)
+
+
+def test_finish_at_commit_needs_a_transaction(store: Any, scope: str) -> None:
+    lease = store.claim(request(scope)).lease
+    with pytest.raises(ValueError, match="tx="):
+        store.finish(lease, response(1), at_commit=True)
+    assert store.get(scope, "key-1").finished_at is None

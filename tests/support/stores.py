@@ -42,6 +42,7 @@ class BlockingTransaction:
         self._tx = tx
         self._loop = loop
         self.connection = tx.connection
+        self.claim = tx.claim
 
     def execute(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
         return self._loop.run(self._tx.execute(sql, params))
@@ -60,9 +61,19 @@ class Blocking:
     def checkpoint(self, tx: BlockingTransaction, lease: Any, recovery_point: str) -> Any:
         return self._loop.run(self.store.checkpoint(tx._tx, lease, recovery_point))
 
-    def finish(self, lease: Any, response: Any, *, tx: Any = None, error: Any = None) -> None:
+    def finish(
+        self,
+        lease: Any,
+        response: Any,
+        *,
+        tx: Any = None,
+        error: Any = None,
+        at_commit: bool = False,
+    ) -> None:
         inner = None if tx is None else tx._tx
-        self._loop.run(self.store.finish(lease, response, tx=inner, error=error))
+        self._loop.run(
+            self.store.finish(lease, response, tx=inner, error=error, at_commit=at_commit)
+        )
 
     def release(self, lease: Any) -> None:
         self._loop.run(self.store.release(lease))
@@ -86,8 +97,8 @@ class Blocking:
         self._loop.run(self.store.close())
 
     @contextmanager
-    def transaction(self) -> Iterator[BlockingTransaction]:
-        cm = self.store.transaction()
+    def transaction(self, *, claim: Any = None) -> Iterator[BlockingTransaction]:
+        cm = self.store.transaction(claim=claim)
         tx = self._loop.run(cm.__aenter__())
         try:
             yield BlockingTransaction(tx, self._loop)

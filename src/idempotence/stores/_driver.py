@@ -102,7 +102,7 @@ class Blocks:
         return block
 
     def close(self, block: list[Op[Any]]) -> list[Op[Any]]:
-        """Forget ``block`` (once; a second call is a no-op) and return its operations."""
+        """Forget ``block`` and return its operations (a second call only returns them)."""
         if self._open and self._open[-1] is block:
             self._open.pop()
         return block
