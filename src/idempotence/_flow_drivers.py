@@ -120,8 +120,9 @@ def _perform(effect: Effect, store: Store, observer: Observer | None) -> Any:
         return value
     if isinstance(effect, DoInTransaction):
         with _watch(store.instrumentation, effect) as watch:
-            with store.transaction() as tx:
-                claim = store.claim(effect.request, tx=tx)
+            with store.transaction(claim=effect.request) as tx:
+                claim = tx.claim
+                assert claim is not None
                 if claim.outcome is not Outcome.EXECUTE:
                     return claim, None
                 assert claim.lease is not None
@@ -202,8 +203,9 @@ async def _perform_async(effect: Effect, store: AsyncStore, observer: Observer |
         return value
     if isinstance(effect, DoInTransaction):
         with _watch(store.instrumentation, effect) as watch:
-            async with store.transaction() as tx:
-                claim = await store.claim(effect.request, tx=tx)
+            async with store.transaction(claim=effect.request) as tx:
+                claim = tx.claim
+                assert claim is not None
                 if claim.outcome is not Outcome.EXECUTE:
                     return claim, None
                 assert claim.lease is not None

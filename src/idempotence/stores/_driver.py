@@ -11,7 +11,13 @@ driver's exception).
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
 from typing import Any, Protocol, TypeVar
 
 from ..errors import StoreError
@@ -91,27 +97,55 @@ class AsyncSource(Protocol):
 
 class Blocks:
     """The operations deferred to the commit of each open transaction block of one
-    connection (see :meth:`Connection.defer`), innermost last."""
+    connection (see :meth:`Connection.defer`), innermost last.
+
+    A driver's ``atomic`` opens and ends the transaction; between the two it runs
+    :meth:`body` (or :meth:`body_async`), which runs ``first``, yields its result to
+    the block, and runs what was deferred before the driver commits. An exception out
+    of it, the block's own or a deferred operation's, is the driver's cue to roll back.
+    """
 
     def __init__(self) -> None:
         self._open: list[list[Op[Any]]] = []
-
-    def open(self) -> list[Op[Any]]:
-        block: list[Op[Any]] = []
-        self._open.append(block)
-        return block
-
-    def close(self, block: list[Op[Any]]) -> list[Op[Any]]:
-        """Forget ``block`` and return its operations (a second call only returns them)."""
-        if self._open and self._open[-1] is block:
-            self._open.pop()
-        return block
 
     def defer(self, op: Op[Any]) -> None:
         if not self._open:
             op.close()
             raise RuntimeError("defer() needs an open transaction block")
         self._open[-1].append(op)
+
+    @contextmanager
+    def body(self, conn: Connection, first: Op[T] | None) -> Iterator[T | None]:
+        deferred: list[Op[Any]] = []
+        self._open.append(deferred)
+        try:
+            yield None if first is None else run(first, conn)
+            self._open.pop()
+            while deferred:
+                run(deferred.pop(0), conn)
+        finally:
+            self._abandon(deferred)
+
+    @asynccontextmanager
+    async def body_async(
+        self, conn: AsyncConnection, first: Op[T] | None
+    ) -> AsyncIterator[T | None]:
+        deferred: list[Op[Any]] = []
+        self._open.append(deferred)
+        try:
+            yield None if first is None else await run_async(first, conn)
+            self._open.pop()
+            while deferred:
+                await run_async(deferred.pop(0), conn)
+        finally:
+            self._abandon(deferred)
+
+    def _abandon(self, deferred: list[Op[Any]]) -> None:
+        # The block failed (or is done): what it deferred never runs.
+        if self._open and self._open[-1] is deferred:
+            self._open.pop()
+        for op in deferred:
+            op.close()
 
 
 def perform(conn: Connection, op: Op[T], *, atomic: bool, write: bool) -> T:

@@ -35,7 +35,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..observability import Instrumentation
 from ..states import ClaimRequest
-from ._driver import Blocks, TransientError, run, run_async
+from ._driver import Blocks, TransientError, run_async
 from ._listener import AsyncListener, Listener, mark_waiter
 from ._ops import Dialect, Op, Query, Row, claim_in_one_statement
 from ._store import AsyncStore, Store
@@ -129,14 +129,10 @@ class _Connection:
         tx = self.raw.transaction()
         with _translated():
             tx.__enter__()
-        deferred = self._blocks.open()
         try:
-            yield None if first is None else run(first, self)
-            for op in self._blocks.close(deferred):
-                run(op, self)
+            with self._blocks.body(self, first) as result:
+                yield result
         except BaseException as exc:
-            for op in self._blocks.close(deferred):
-                op.close()
             with _translated():
                 tx.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -286,14 +282,10 @@ class _AsyncConnection:
         tx = self.raw.transaction()
         with _translated():
             await tx.__aenter__()
-        deferred = self._blocks.open()
         try:
-            yield None if first is None else await run_async(first, self)
-            for op in self._blocks.close(deferred):
-                await run_async(op, self)
+            async with self._blocks.body_async(self, first) as result:
+                yield result
         except BaseException as exc:
-            for op in self._blocks.close(deferred):
-                op.close()
             with _translated():
                 await tx.__aexit__(type(exc), exc, exc.__traceback__)
             raise

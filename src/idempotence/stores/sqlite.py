@@ -147,14 +147,10 @@ class _Connection:
         with self._writer if not self.raw.in_transaction else nullcontext():
             with _translated():
                 self.raw.execute(begin)
-            deferred = self._blocks.open()
             try:
-                yield None if first is None else run(first, self)
-                for op in self._blocks.close(deferred):
-                    run(op, self)
+                with self._blocks.body(self, first) as result:
+                    yield result
             except BaseException:
-                for op in self._blocks.close(deferred):
-                    op.close()
                 with _translated():
                     for statement in rollback.split("; "):
                         self.raw.execute(statement)
