@@ -148,22 +148,25 @@ class _Connection:
         return nullcontext() if self.raw.autocommit else self.atomic()
 
 
-# The store's statements are prepared by psycopg after a few runs. Left to choose,
-# PostgreSQL can settle on re-planning the claim at every run (its custom-plan
-# estimate beats the generic one's), and planning that statement costs several times
-# running it: measured here, a replay took 2 ms of server CPU instead of 0.3. Its
-# parameters are keys and scopes, where a generic plan (the unique index) is always
-# right. Only the pools the store opens itself are set so; an application that runs
-# its own statements in a request's transaction there gets generic plans too.
-_GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
+# The store's statements are prepared by psycopg after a few runs, and PostgreSQL may
+# then cache one generic plan per statement for the connection's life. A generic plan
+# made while the key table is nearly empty cannot tell the (scope, key) index from the
+# (scope, id) one, and may pick an index scan on the scope alone: every later claim and
+# finish then reads the whole scope, slower at every key the table gains. Only an
+# ANALYZE of the table replaces such a plan (and autovacuum may be off). So the pools
+# the store opens plan each run with its own keys (custom plans), which always finds
+# the unique row; planning costs less than one round trip. An application that runs
+# its own statements in a request's transaction on these connections gets custom
+# plans too, as it would without prepared statements.
+_CUSTOM_PLANS = "SET plan_cache_mode = force_custom_plan"
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(_GENERIC_PLANS)
+    conn.execute(_CUSTOM_PLANS)
 
 
 async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    await conn.execute(_GENERIC_PLANS)
+    await conn.execute(_CUSTOM_PLANS)
 
 
 class _PoolSource:
