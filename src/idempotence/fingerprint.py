@@ -190,11 +190,14 @@ def _dump(value: Any) -> str:
         return str(value)
     if isinstance(value, str):
         return _dump_str(value)
-    return json.dumps(value)  # True, False, None
+    return _CONSTANTS[value]
 
 
-def _dump_str(value: str) -> str:
-    return json.dumps(value, ensure_ascii=False)
+_CONSTANTS = {True: "true", False: "false", None: "null"}
+
+# What json.dumps(value, ensure_ascii=False) writes for a str, without building an
+# encoder per call: the same C function, so the canonical form is unchanged.
+_dump_str = json.encoder.encode_basestring
 
 
 def _dump_number(number: Decimal) -> str:

@@ -137,19 +137,13 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo) -> Life
     if not isinstance(tenant, str):
         raise TypeError(f"the scope callable must return a str or None, not {tenant!r}")
     limit = policy.max_body_bytes
-    too_large = problem_reply(
-        profile,
-        Problem.BODY_TOO_LARGE,
-        f"The request body is larger than this endpoint accepts ({limit} bytes): "
-        "send a smaller body.",
-    )
     declared = declared_length(request)
     if declared is not None and declared > limit:
-        return too_large  # before reading a byte of it (and before 100 Continue)
+        return _too_large(profile, limit)  # before reading a byte (and before 100 Continue)
     try:
         body = yield ReadBody(limit)
     except BodyTooLarge:
-        return too_large
+        return _too_large(profile, limit)
     try:
         fingerprint = request_fingerprint(request, body, policy.exclude_fields)
         params = _params(policy, request, body) if policy.flow is not None else {}
@@ -180,6 +174,15 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo) -> Life
     if policy.mode is Mode.TRANSACTION:
         return (yield from _in_transaction(policy, profile, claim))
     return (yield from _handler(policy, profile, claim))
+
+
+def _too_large(profile: Profile, limit: int) -> Reply:
+    return problem_reply(
+        profile,
+        Problem.BODY_TOO_LARGE,
+        f"The request body is larger than this endpoint accepts ({limit} bytes): "
+        "send a smaller body.",
+    )
 
 
 def _params(policy: Policy, request: RequestInfo, body: bytes) -> Any:
