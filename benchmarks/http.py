@@ -18,19 +18,25 @@ answers 201 with a small JSON body:
 ``transaction`` request-as-transaction (F3): the claim, the INSERT and the stored response
                in the handler's one transaction; the target is >= 0.8 of ``unguarded``.
 ``replay``     the same key again and again on ``handler``: every request is a replay.
-``sql-floor``  no middleware: the handler runs the store's own claim and finish statements
-               (from the package's queries.sql) by hand around its INSERT, in one
-               transaction. It is what ``transaction`` costs the database client with no
-               library code at all, so ``transaction`` / ``sql-floor`` is the library's own
-               overhead, and ``sql-floor`` / ``unguarded`` the bound on any guard that
-               stores a claim and a response in the request's transaction.
+``sql-floor``  no middleware and no library code: the handler runs the store's own claim
+               and finish statements (from the package's queries.sql) by hand around its
+               INSERT, in one transaction, with as few round trips as they can take: on
+               PostgreSQL the BEGIN and the claim in one pipeline, the finish and the
+               COMMIT in another; on SQLite, a thread per connection, as the store has,
+               and the claim in the BEGIN's trip, the finish in the COMMIT's. So
+               ``transaction`` / ``sql-floor`` is the library's own overhead, and
+               ``sql-floor`` / ``unguarded`` the bound on any guard that stores a claim and
+               a response in the request's transaction.
 
 PostgreSQL comes from ``--postgres URL`` (default ``$IDEMPOTENCE_TEST_POSTGRES``, else
 ``postgresql://postgres@127.0.0.1:5432/postgres``); the script creates
 ``idempotence_bench_http_<pid>`` and drops it at the end. SQLite is a file in a
 temporary directory. The rows of one database are measured in one server process,
 back to back, in ``--rounds`` rounds (medians are reported), so the ratios compare
-like with like. The script measures and never judges: it exits 0 whatever the ratios.
+like with like. ``cpu us`` is the server process's CPU time per request (user and
+system, from /proc): on a small machine the one uvicorn process is the bottleneck, so
+the ratio follows it. The script measures and never judges: it exits 0 whatever the
+ratios.
 """
 
 from __future__ import annotations
@@ -114,54 +120,43 @@ def build_app(backend: str, target: str) -> Any:
 
     from idempotence._queries import load as load_queries
 
+    floor: Any = _PgFloor(target) if backend == "postgres" else _SqliteFloor(target)
     queries = load_queries(backend)
     timeout, retention = timedelta(minutes=1), timedelta(days=1)
-    if backend == "postgres":
-        claims = [queries["claim"]]
-        durations: tuple[Any, Any] = (timeout, retention)
-    else:
-        # SQLite's claim is a read, then the insert, in the write transaction.
-        claims = [queries["claim_read"], queries["claim_insert"]]
+    durations: tuple[Any, Any] = (timeout, retention)
+    if backend == "sqlite":
         durations = (timeout.total_seconds(), retention.total_seconds())
 
     async def sql_floor(request: Request) -> JSONResponse:
         data = await request.json()
         key = request.headers["idempotency-key"]
-        async with store.transaction() as tx:
-            for claim in claims:
-                rows = await tx.execute(
-                    claim,
-                    {
-                        "scope": "bench",
-                        "key": key,
-                        "method": "POST",
-                        "path": request.url.path,
-                        "fingerprint": key,
-                        "params": "{}",
-                        "flow": "http",
-                        "lock_timeout": durations[0],
-                        "retention": durations[1],
-                    },
-                )
-            await tx.execute(insert, {"amount": data["amount"], "note": request.url.path})
-            body = json.dumps({"ok": True, "amount": data["amount"]}).encode()
-            await tx.execute(
-                queries["finish"],
-                {
-                    "status": 201,
-                    "headers": '[["content-type", "application/json"]]',
-                    "body": body,
-                    "error": None,
-                    "scope": "bench",
-                    "id": rows[0]["id"],
-                    "token": rows[0]["lock_token"],
-                },
-            )
+        claim = {
+            "scope": "bench",
+            "key": key,
+            "method": "POST",
+            "path": request.url.path,
+            "fingerprint": key,
+            "params": "{}",
+            "flow": "http",
+            "lock_timeout": durations[0],
+            "retention": durations[1],
+        }
+        body = json.dumps({"ok": True, "amount": data["amount"]}).encode()
+        finish = {
+            "status": 201,
+            "headers": '[["content-type", "application/json"]]',
+            "body": body,
+            "error": None,
+            "scope": "bench",
+        }
+        write = {"amount": data["amount"], "note": request.url.path}
+        await floor(queries, claim, (insert, write), finish)
         return JSONResponse({"ok": True, "amount": data["amount"]}, status_code=201)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> Any:
         yield
+        await floor.close()
         await store.close()
 
     app = Starlette(
@@ -183,6 +178,110 @@ def build_app(backend: str, target: str) -> Any:
         ],
     )
     return IdempotencyMiddleware(app, config)
+
+
+class _PgFloor:
+    """The sql-floor row on PostgreSQL: a pool like the store's, statements by hand."""
+
+    def __init__(self, target: str) -> None:
+        import psycopg_pool
+
+        from idempotence.stores import postgres
+
+        self.pool: Any = psycopg_pool.AsyncConnectionPool(
+            target,
+            max_size=20,
+            kwargs={"autocommit": True},
+            configure=postgres._configure_async,
+            open=False,
+        )
+        self.opened = False
+        self.strict = postgres._FAIL_UNLESS_APPLIED
+
+    async def __call__(
+        self, queries: Any, claim: Any, write: tuple[str, Any], finish: dict[str, Any]
+    ) -> None:
+        from psycopg.rows import dict_row
+
+        if not self.opened:
+            await self.pool.open()
+            self.opened = True
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            async with conn.pipeline():
+                await conn.execute("BEGIN")
+                await cur.execute(queries["claim"], claim)
+            row = await cur.fetchone()
+            try:
+                await conn.execute(*write)
+                async with conn.pipeline():
+                    finish = {**finish, "id": row["id"], "token": row["lock_token"]}
+                    statement = queries["finish"].strip().rstrip(";")
+                    await conn.execute(self.strict.format(statement=statement), finish)
+                    await conn.execute("COMMIT")
+            except BaseException:
+                await conn.execute("ROLLBACK")
+                raise
+
+    async def close(self) -> None:
+        if self.opened:
+            await self.pool.close()
+
+
+class _SqliteFloor:
+    """The sql-floor row on SQLite: connections on threads of their own and one writer
+    at a time, as the store has them, statements by hand in three trips."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.idle: list[tuple[Any, Any]] = []
+        self.writer = asyncio.Lock()
+
+    async def __call__(
+        self, queries: Any, claim: Any, write: tuple[str, Any], finish: dict[str, Any]
+    ) -> None:
+        import sqlite3
+        from concurrent.futures import ThreadPoolExecutor
+
+        loop = asyncio.get_running_loop()
+        if self.idle:
+            conn, thread = self.idle.pop()
+        else:
+            thread = ThreadPoolExecutor(1)
+            conn = await loop.run_in_executor(
+                thread, lambda: sqlite3.connect(self.path, isolation_level=None, timeout=5)
+            )
+            await loop.run_in_executor(thread, conn.execute, "PRAGMA journal_mode=WAL")
+
+        def begin() -> Any:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(queries["claim_read"], claim).fetchall()
+            cur = conn.execute(queries["claim_insert"], claim)
+            names = [column[0] for column in cur.description]
+            return dict(zip(names, cur.fetchone(), strict=True))
+
+        def commit(row: Any) -> None:
+            params = {**finish, "id": row["id"], "token": row["lock_token"]}
+            if not conn.execute(queries["finish"], params).fetchall():
+                raise RuntimeError("the floor's finish matched no row")
+            conn.execute("COMMIT")
+
+        try:
+            async with self.writer:
+                try:
+                    row = await loop.run_in_executor(thread, begin)
+                    await loop.run_in_executor(thread, lambda: conn.execute(*write).fetchall())
+                    await loop.run_in_executor(thread, commit, row)
+                except BaseException:
+                    await loop.run_in_executor(thread, conn.rollback)
+                    raise
+        finally:
+            self.idle.append((conn, thread))
+
+    async def close(self) -> None:
+        for conn, thread in self.idle:
+            thread.submit(conn.close)  # on the thread that opened it
+            thread.shutdown(wait=True)
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -249,11 +348,12 @@ async def _load(args: argparse.Namespace) -> dict[str, Any]:
             yield f"replay-{worker}"
 
     keys = same if args.replay else unique
+    warm: list[float] = []
     if args.warmup > 0:
         until = time.perf_counter() + args.warmup
         await asyncio.gather(
             *(
-                _connection_loop(args.port, args.path, keys(w), until, [])
+                _connection_loop(args.port, args.path, keys(w), until, warm)
                 for w in range(args.connections)
             )
         )
@@ -274,6 +374,7 @@ async def _load(args: argparse.Namespace) -> dict[str, Any]:
         "p50_ms": 1000 * latencies[len(latencies) // 2] if latencies else 0.0,
         "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)] if latencies else 0.0,
         "errors": sum(errors),
+        "warmup_requests": len(warm),
     }
 
 
@@ -324,8 +425,18 @@ def database(backend: str, admin_url: str) -> Iterator[str]:
             yield path
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User and system CPU time of a process so far (Linux), else None."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def server(backend: str, target: str) -> Iterator[int]:
+def server(backend: str, target: str) -> Iterator[tuple[int, int]]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -341,7 +452,7 @@ def server(backend: str, target: str) -> Iterator[int]:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the benchmark server did not start")
             time.sleep(0.05)
-        yield port
+        yield port, process.pid
     finally:
         process.terminate()
         try:
@@ -352,27 +463,36 @@ def server(backend: str, target: str) -> Iterator[int]:
         sock.close()
 
 
-def run_load(port: int, mode: str, args: argparse.Namespace, warmup: float) -> dict[str, Any]:
+def run_load(
+    server: tuple[int, int], mode: str, args: argparse.Namespace, warmup: float
+) -> dict[str, Any]:
+    port, pid = server
     command = [sys.executable, __file__, "load", "--port", str(port), "--path", PATHS[mode]]
     command += ["--seconds", str(args.seconds), "--warmup", str(warmup)]
     command += ["--connections", str(args.connections)]
     if mode == "replay":
         command.append("--replay")
+    before = _cpu_seconds(pid)
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return dict(json.loads(output))
+    after = _cpu_seconds(pid)
+    result = dict(json.loads(output))
+    served = result["requests"] + result["warmup_requests"]
+    cpu = None if before is None or after is None or not served else (after - before) / served
+    result["cpu_us"] = None if cpu is None else 1e6 * cpu
+    return result
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for backend in args.backend or BACKENDS:
-        with database(backend, args.postgres) as target, server(backend, target) as port:
+        with database(backend, args.postgres) as target, server(backend, target) as serving:
             rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
             for number in range(args.rounds):
                 # Alternate the order so no mode always runs on a warmer (or fuller) table.
                 order = MODES if number % 2 == 0 else tuple(reversed(MODES))
                 for mode in order:
                     warmup = args.warmup if number == 0 else args.warmup / 2
-                    rounds[mode].append(run_load(port, mode, args, warmup))
+                    rounds[mode].append(run_load(serving, mode, args, warmup))
             base = statistics.median(r["rps"] for r in rounds["unguarded"])
             for mode in MODES:
                 results = rounds[mode]
@@ -385,6 +505,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "p50_ms": statistics.median(r["p50_ms"] for r in results),
                         "p99_ms": statistics.median(r["p99_ms"] for r in results),
                         "ratio": rps / base if base else 0.0,
+                        "cpu_us": _median_or_none(r["cpu_us"] for r in results),
                         "errors": sum(r["errors"] for r in results),
                         "rounds": results,
                     }
@@ -392,19 +513,25 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _median_or_none(values: Iterator[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
+
+
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(
         f"uvicorn (1 process, asyncio, h11) on 127.0.0.1; {args.connections} keep-alive "
         f"connections; {args.seconds:g} s per row x {args.rounds} rounds (medians)"
     )
-    columns = ("req/s", "p50 ms", "p99 ms", "ratio", "errors")
+    columns = ("req/s", "p50 ms", "p99 ms", "ratio", "errors", "cpu us")
     header = f"{'backend':<9} {'mode':<12} " + " ".join(f"{name:>8}" for name in columns)
     print(header)
     print("-" * len(header))
     for row in rows:
         print(
             f"{row['backend']:<9} {row['mode']:<12} {row['rps']:>8.0f} {row['p50_ms']:>8.2f} "
-            f"{row['p99_ms']:>8.2f} {row['ratio']:>8.2f} {row['errors']:>8}"
+            f"{row['p99_ms']:>8.2f} {row['ratio']:>8.2f} {row['errors']:>8} "
+            + ("       -" if row["cpu_us"] is None else f"{row['cpu_us']:>8.0f}")
         )
     print("ratio: req/s over the unguarded endpoint's; target for 'transaction': >= 0.80")
     for backend in dict.fromkeys(row["backend"] for row in rows):

@@ -1,17 +1,23 @@
-"""Request-as-transaction (F3) costs the async SQLite store no trip to the connection's
-thread beyond what the bare transaction makes: the claim rides with the BEGIN and the
-deferred finish with the COMMIT. Each trip is time the one write lock is held."""
+"""Request-as-transaction (F3) costs a store no trip beyond what the bare transaction
+makes: the claim rides with the BEGIN and the deferred finish with the COMMIT. On async
+SQLite a trip is a call on the connection's thread, time the one write lock is held; on
+PostgreSQL it is a network round trip, counted by a proxy in front of the server."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from idempotence import AsyncSqliteStore, ClaimRequest, Outcome, StoredResponse
+from idempotence import AsyncSqliteStore, ClaimRequest, LockLost, Outcome, StoredResponse
 from idempotence.stores import sqlite as sqlite_store
+from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from tests.support.roundtrips import RoundTrips, round_trips
 
 INSERT = "INSERT INTO side_effects (note) VALUES (:note)"
 
@@ -62,3 +68,152 @@ def test_f3_a_claimed_transaction_makes_as_many_trips_as_a_bare_one(sqlite_path,
     bare, guarded = asyncio.run(main())
     assert bare == 3  # BEGIN, the INSERT, COMMIT
     assert guarded == bare, f"{guarded} trips for a claimed transaction, {bare} bare"
+
+
+# -- PostgreSQL: network round trips --------------------------------------------------
+
+PG_INSERT = "INSERT INTO trip_effects (note) VALUES (%(note)s)"
+# Enough runs for psycopg to have prepared every statement (after five), so that no
+# PREPARE lands in a counted run.
+WARM_UP = 8
+
+
+class _Counted:
+    """Round trips of the statements one block makes, on a store of one connection."""
+
+    def __init__(self, proxy: RoundTrips) -> None:
+        self.proxy = proxy
+        self.counts: dict[str, int] = {}
+
+    @contextmanager
+    def counting(self, name: str, counted: bool) -> Iterator[None]:
+        before = self.proxy.count
+        yield
+        if counted:
+            self.counts[name] = self.proxy.count - before
+
+
+def _pg_sync(url: str, counted: _Counted) -> None:
+    with PostgresStore(url, max_size=1) as store:
+        with store.transaction() as tx:
+            tx.execute("CREATE TABLE IF NOT EXISTS trip_effects (note text)")
+        for n in range(WARM_UP + 1):
+            last = n == WARM_UP
+            with counted.counting("bare", last), store.transaction() as tx:
+                tx.execute(PG_INSERT, {"note": "bare"})
+            with (
+                counted.counting("claimed", last),
+                store.transaction(claim=_request(f"s{n}")) as tx,
+            ):
+                assert tx.claim is not None and tx.claim.lease is not None
+                tx.execute(PG_INSERT, {"note": "guarded"})
+                store.finish(tx.claim.lease, StoredResponse.of(201), tx=tx, at_commit=True)
+            # A claim that does not win rolls its transaction back.
+            with (
+                counted.counting("rolled back", last),
+                pytest.raises(_Rollback),
+                store.transaction(claim=_request(f"s{n}")) as tx,
+            ):
+                assert tx.claim is not None and tx.claim.outcome is Outcome.REPLAY
+                raise _Rollback()
+
+
+async def _pg_async(url: str, counted: _Counted) -> None:
+    async with AsyncPostgresStore(url, max_size=1) as store:
+        async with store.transaction() as tx:
+            await tx.execute("CREATE TABLE IF NOT EXISTS trip_effects (note text)")
+        for n in range(WARM_UP + 1):
+            last = n == WARM_UP
+            with counted.counting("bare", last):
+                async with store.transaction() as tx:
+                    await tx.execute(PG_INSERT, {"note": "bare"})
+            with counted.counting("claimed", last):
+                async with store.transaction(claim=_request(f"a{n}")) as tx:
+                    assert tx.claim is not None and tx.claim.lease is not None
+                    await tx.execute(PG_INSERT, {"note": "guarded"})
+                    response = StoredResponse.of(201)
+                    await store.finish(tx.claim.lease, response, tx=tx, at_commit=True)
+            with counted.counting("rolled back", last), pytest.raises(_Rollback):
+                async with store.transaction(claim=_request(f"a{n}")) as tx:
+                    assert tx.claim is not None and tx.claim.outcome is Outcome.REPLAY
+                    raise _Rollback()
+
+
+EXPIRE_LOCK = "UPDATE idempotency_keys SET locked_at = now() - interval '1 hour' WHERE key = %(k)s"
+
+
+class _Rollback(Exception):
+    pass
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_f3_on_postgres_a_claimed_transaction_makes_as_many_round_trips_as_a_bare_one(
+    pg_url: str, api: str
+) -> None:
+    with round_trips(pg_url) as proxy:
+        counted = _Counted(proxy)
+        if api == "sync":
+            _pg_sync(proxy.url, counted)
+        else:
+            asyncio.run(_pg_async(proxy.url, counted))
+    # BEGIN, the INSERT, COMMIT; claimed: BEGIN and the claim, the INSERT, the finish
+    # and the COMMIT; rolled back: BEGIN and the claim, ROLLBACK (with psycopg's own
+    # transaction a rollback also deallocated every prepared statement: one more).
+    assert counted.counts == {"bare": 3, "claimed": 3, "rolled back": 2}
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_f1_on_postgres_a_finish_sent_with_the_commit_is_refused_by_the_fence(
+    pg_url: str, api: str
+) -> None:
+    # The finish and the COMMIT go out together, so the finish cannot be looked at
+    # before the COMMIT runs: a refused one must stop the COMMIT by failing. A zombie
+    # (its lock taken over) commits none of its writes, and the connection is clean
+    # for the next transaction.
+    async def body(store: Any, key: str) -> tuple[int, Outcome]:
+        zombie = (await _maybe(store.claim(_request(key)))).lease
+        async with _tx(store) as tx:  # the takeover: the zombie's lock has expired
+            await _maybe(tx.execute(EXPIRE_LOCK, {"k": key}))
+        winner = (await _maybe(store.claim(_request(key)))).lease
+        assert winner is not None and winner.token == zombie.token + 1
+        with pytest.raises(LockLost):
+            async with _tx(store) as tx:
+                await _maybe(tx.execute(PG_INSERT, {"note": key}))
+                await _maybe(store.finish(zombie, StoredResponse.of(201), tx=tx, at_commit=True))
+        async with _tx(store) as tx:
+            rows = await _maybe(
+                tx.execute("SELECT count(*) AS n FROM trip_effects WHERE note = %(k)s", {"k": key})
+            )
+        state = (await _maybe(store.claim(_request(key)))).outcome
+        return rows[0]["n"], state
+
+    if api == "sync":
+        with PostgresStore(pg_url, max_size=1) as store:
+            with store.transaction() as tx:
+                tx.execute("CREATE TABLE IF NOT EXISTS trip_effects (note text)")
+            written, state = asyncio.run(body(store, "zombie-sync"))
+    else:
+
+        async def main() -> tuple[int, Outcome]:
+            async with AsyncPostgresStore(pg_url, max_size=1) as store:
+                async with store.transaction() as tx:
+                    await tx.execute("CREATE TABLE IF NOT EXISTS trip_effects (note text)")
+                return await body(store, "zombie-async")
+
+        written, state = asyncio.run(main())
+    assert written == 0  # the zombie's INSERT rolled back with its refused finish
+    assert state is Outcome.IN_PROGRESS  # the winner still holds the key
+
+
+async def _maybe(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+@asynccontextmanager
+async def _tx(store: Any) -> AsyncIterator[Any]:
+    if isinstance(store, PostgresStore):
+        with store.transaction() as tx:
+            yield tx
+    else:
+        async with store.transaction() as tx:
+            yield tx

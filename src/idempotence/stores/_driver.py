@@ -103,6 +103,8 @@ class Blocks:
     :meth:`body` (or :meth:`body_async`), which runs ``first``, yields its result to
     the block, and runs what was deferred before the driver commits. An exception out
     of it, the block's own or a deferred operation's, is the driver's cue to roll back.
+    A driver that sends the deferred statements with its COMMIT keeps only the
+    bookkeeping: :meth:`block`, then :meth:`seal` before it runs them.
     """
 
     def __init__(self) -> None:
@@ -115,37 +117,43 @@ class Blocks:
         self._open[-1].append(op)
 
     @contextmanager
-    def body(self, conn: Connection, first: Op[T] | None) -> Iterator[T | None]:
+    def block(self) -> Iterator[list[Op[Any]]]:
+        """Open a block; the list collects what is deferred to its commit. Whatever
+        is still in it when the block ends (it failed, or never ran them) is closed."""
         deferred: list[Op[Any]] = []
         self._open.append(deferred)
         try:
+            yield deferred
+        finally:
+            # The block failed (or is done): what it deferred never runs.
+            if self._open and self._open[-1] is deferred:
+                self._open.pop()
+            for op in deferred:
+                op.close()
+
+    def seal(self, deferred: list[Op[Any]]) -> None:
+        """Nothing more is deferred to this block: its commit is under way."""
+        if not self._open or self._open[-1] is not deferred:
+            raise RuntimeError("transaction blocks must end innermost first")
+        self._open.pop()
+
+    @contextmanager
+    def body(self, conn: Connection, first: Op[T] | None) -> Iterator[T | None]:
+        with self.block() as deferred:
             yield None if first is None else run(first, conn)
-            self._open.pop()
+            self.seal(deferred)
             while deferred:
                 run(deferred.pop(0), conn)
-        finally:
-            self._abandon(deferred)
 
     @asynccontextmanager
     async def body_async(
         self, conn: AsyncConnection, first: Op[T] | None
     ) -> AsyncIterator[T | None]:
-        deferred: list[Op[Any]] = []
-        self._open.append(deferred)
-        try:
+        with self.block() as deferred:
             yield None if first is None else await run_async(first, conn)
-            self._open.pop()
+            self.seal(deferred)
             while deferred:
                 await run_async(deferred.pop(0), conn)
-        finally:
-            self._abandon(deferred)
-
-    def _abandon(self, deferred: list[Op[Any]]) -> None:
-        # The block failed (or is done): what it deferred never runs.
-        if self._open and self._open[-1] is deferred:
-            self._open.pop()
-        for op in deferred:
-            op.close()
 
 
 def perform(conn: Connection, op: Op[T], *, atomic: bool, write: bool) -> T:
@@ -154,10 +162,11 @@ def perform(conn: Connection, op: Op[T], *, atomic: bool, write: bool) -> T:
         return run(op, conn)
 
 
-def run(op: Op[T], conn: Connection) -> T:
-    """Run ``op`` to completion on a sync connection."""
+def run(op: Op[T], conn: Connection, rows: list[Row] | None = None) -> T:
+    """Run ``op`` to completion on a sync connection; given ``rows``, its first
+    statement already ran (sent with others in one round trip) and returned them."""
     try:
-        query = next(op)
+        query = next(op) if rows is None else op.send(rows)
         while True:
             query = op.send(conn.fetch(query))
     except StopIteration as done:
@@ -165,10 +174,10 @@ def run(op: Op[T], conn: Connection) -> T:
         return result
 
 
-async def run_async(op: Op[T], conn: AsyncConnection) -> T:
-    """Run ``op`` to completion on an async connection."""
+async def run_async(op: Op[T], conn: AsyncConnection, rows: list[Row] | None = None) -> T:
+    """Run ``op`` to completion on an async connection (``rows`` as for :func:`run`)."""
     try:
-        query = next(op)
+        query = next(op) if rows is None else op.send(rows)
         while True:
             query = op.send(await conn.fetch(query))
     except StopIteration as done:

@@ -59,7 +59,10 @@ class Transaction:
 
     @property
     def connection(self) -> Any:
-        """The driver's connection: ``psycopg.Connection`` or ``sqlite3.Connection``."""
+        """The driver's connection: ``psycopg.Connection`` or ``sqlite3.Connection``.
+
+        The transaction is the store's: run statements on it (nested ``transaction()``
+        blocks become savepoints), but never commit or roll it back yourself."""
         return self._conn.raw
 
     def execute(self, sql: str, params: Any = None) -> list[Row]:

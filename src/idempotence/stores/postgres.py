@@ -18,6 +18,7 @@ from contextlib import (
     asynccontextmanager,
     contextmanager,
     nullcontext,
+    suppress,
 )
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -35,7 +36,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..observability import Instrumentation
 from ..states import ClaimRequest
-from ._driver import Blocks, TransientError, run_async
+from ._driver import Blocks, TransientError, run, run_async
 from ._listener import AsyncListener, Listener, mark_waiter
 from ._ops import Dialect, Op, Query, Row, claim_in_one_statement
 from ._store import AsyncStore, Store
@@ -106,6 +107,53 @@ def _has_rows(cur: Any) -> bool:
     return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 
 
+# -- a transaction in two round trips ---------------------------------------------------
+#
+# On the store's own connections (autocommit, no transaction open) a transaction that
+# opens with an operation (a request-as-transaction claim, F3) sends the BEGIN and the
+# operation's first statement in one pipeline, and the statements deferred to its
+# commit (the finish) with the COMMIT in another: two round trips where there were
+# four, and a shorter transaction. The store sends BEGIN, COMMIT and ROLLBACK itself,
+# so a rollback keeps the connection's prepared statements (psycopg's own transaction
+# deallocates them all at every rollback). Anywhere else (an application's connection,
+# a transaction already open) psycopg's transaction() is used, one statement a trip.
+
+# A deferred statement goes out with the COMMIT, before anyone can look at its rows. A
+# fenced write that the fence refuses (F1) matches no row; wrapped so, it fails instead
+# (a division by zero), the server skips the COMMIT queued behind it, and the
+# transaction can only roll back. Its one row says the write went through.
+_FAIL_UNLESS_APPLIED = "WITH applied AS ({statement}) SELECT 1 / count(*) AS applied FROM applied"
+
+
+def _pipelines(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return (
+        raw.autocommit
+        and raw.info.transaction_status == pq.TransactionStatus.IDLE
+        and psycopg.Pipeline.is_supported()
+    )
+
+
+def _deferred_sql(query: Query) -> str:
+    return _FAIL_UNLESS_APPLIED.format(statement=query.sql.strip().rstrip(";"))
+
+
+def _settle_deferred(deferred: list[Op[Any]], rows: list[list[Row]], refused: bool) -> None:
+    """Hand each deferred operation the rows of the statement that went out with the
+    COMMIT: none for the one the fence refused, which raises (LockLost)."""
+    while deferred:
+        op = deferred.pop(0)
+        got = rows.pop(0) if rows else []
+        try:
+            op.send(got)
+        except StopIteration:
+            continue
+        op.close()
+        # Sent after the COMMIT, a second statement would run outside the transaction.
+        raise StoreError("an operation deferred to a commit must be one statement")
+    if refused:  # every operation checks its rows; this is the backstop
+        raise StoreError("a statement sent with the COMMIT was refused; nothing was committed")
+
+
 # -- sync ------------------------------------------------------------------------------
 
 
@@ -126,6 +174,10 @@ class _Connection:
     def atomic(self, first: Op[T] | None = None) -> Iterator[T | None]:
         # Only the transaction's own begin and commit are translated: an error from
         # the application's statements in between stays the application's error.
+        if _pipelines(self.raw):
+            with self._pipelined(first) as result:
+                yield result
+            return
         tx = self.raw.transaction()
         with _translated():
             tx.__enter__()
@@ -138,6 +190,54 @@ class _Connection:
             raise
         with _translated():
             tx.__exit__(None, None, None)
+
+    @contextmanager
+    def _pipelined(self, first: Op[T] | None) -> Iterator[T | None]:
+        with self._blocks.block() as deferred:
+            try:
+                result = self._begin(first)
+                yield result
+                self._blocks.seal(deferred)
+                self._commit(deferred)
+            except BaseException:
+                self._rollback()
+                raise
+
+    def _begin(self, first: Op[T] | None) -> T | None:
+        with _translated(), self.raw.cursor(row_factory=dict_row) as cur:
+            if first is None:
+                cur.execute("BEGIN")
+                return None
+            query = next(first)
+            with self.raw.pipeline():
+                self.raw.execute("BEGIN")
+                cur.execute(query.sql, query.params)
+            rows = cur.fetchall() if _has_rows(cur) else []
+        return run(first, self, rows)
+
+    def _commit(self, deferred: list[Op[Any]]) -> None:
+        cursors, refused = [], False
+        try:
+            with self.raw.pipeline():
+                for op in deferred:
+                    query = next(op)
+                    cursors.append(cur := self.raw.cursor(row_factory=dict_row))
+                    cur.execute(_deferred_sql(query), query.params)
+                self.raw.execute("COMMIT")
+        except psycopg.errors.DivisionByZero:
+            refused = True
+        except _DRIVER_ERRORS as exc:
+            raise translate(exc) from exc
+        rows = [cur.fetchall() if _has_rows(cur) else [] for cur in cursors]
+        _settle_deferred(deferred, rows, refused)
+
+    def _rollback(self) -> None:
+        # Nothing to roll back after a COMMIT that failed: the server ended it. A
+        # connection too broken to roll back is the pool's to discard; the error that
+        # got us here is the one to report.
+        if self.raw.info.transaction_status != pq.TransactionStatus.IDLE:
+            with suppress(psycopg.Error):
+                self.raw.execute("ROLLBACK")
 
     def defer(self, op: Op[Any]) -> None:
         self._blocks.defer(op)
@@ -282,6 +382,10 @@ class _AsyncConnection:
 
     @asynccontextmanager
     async def atomic(self, first: Op[T] | None = None) -> AsyncIterator[T | None]:
+        if _pipelines(self.raw):
+            async with self._pipelined(first) as result:
+                yield result
+            return
         tx = self.raw.transaction()
         with _translated():
             await tx.__aenter__()
@@ -294,6 +398,52 @@ class _AsyncConnection:
             raise
         with _translated():
             await tx.__aexit__(None, None, None)
+
+    @asynccontextmanager
+    async def _pipelined(self, first: Op[T] | None) -> AsyncIterator[T | None]:
+        with self._blocks.block() as deferred:
+            try:
+                result = await self._begin(first)
+                yield result
+                self._blocks.seal(deferred)
+                await self._commit(deferred)
+            except BaseException:
+                await self._rollback()
+                raise
+
+    async def _begin(self, first: Op[T] | None) -> T | None:
+        with _translated():
+            async with self.raw.cursor(row_factory=dict_row) as cur:
+                if first is None:
+                    await cur.execute("BEGIN")
+                    return None
+                query = next(first)
+                async with self.raw.pipeline():
+                    await self.raw.execute("BEGIN")
+                    await cur.execute(query.sql, query.params)
+                rows = await cur.fetchall() if _has_rows(cur) else []
+        return await run_async(first, self, rows)
+
+    async def _commit(self, deferred: list[Op[Any]]) -> None:
+        cursors, refused = [], False
+        try:
+            async with self.raw.pipeline():
+                for op in deferred:
+                    query = next(op)
+                    cursors.append(cur := self.raw.cursor(row_factory=dict_row))
+                    await cur.execute(_deferred_sql(query), query.params)
+                await self.raw.execute("COMMIT")
+        except psycopg.errors.DivisionByZero:
+            refused = True
+        except _DRIVER_ERRORS as exc:
+            raise translate(exc) from exc
+        rows = [await cur.fetchall() if _has_rows(cur) else [] for cur in cursors]
+        _settle_deferred(deferred, rows, refused)
+
+    async def _rollback(self) -> None:
+        if self.raw.info.transaction_status != pq.TransactionStatus.IDLE:
+            with suppress(psycopg.Error):
+                await self.raw.execute("ROLLBACK")
 
     def defer(self, op: Op[Any]) -> None:
         self._blocks.defer(op)
