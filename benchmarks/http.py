@@ -402,6 +402,74 @@ def postgres_database(admin_url: str) -> Iterator[str]:
             admin.execute(drop.format(pgsql.Identifier(name)))
 
 
+class _Delay:
+    """A TCP proxy on 127.0.0.1 that holds every chunk ``seconds`` before passing it on,
+    each way: a database across a network, for ``--db-delay-ms``. Chunks sent back to
+    back arrive back to back, as on a real link (each is due at its arrival time plus
+    the delay), so a pipeline keeps what it saves."""
+
+    def __init__(self, upstream: tuple[str, int], seconds: float) -> None:
+        import threading
+
+        self.upstream, self.seconds = upstream, seconds
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            for sock in (client, server):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        import queue
+        import threading
+
+        due: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
+
+        def deliver() -> None:
+            with contextlib.suppress(OSError):
+                while (item := due.get())[1]:
+                    time.sleep(max(0.0, item[0] - time.perf_counter()))
+                    sink.sendall(item[1])
+                sink.shutdown(socket.SHUT_WR)
+
+        threading.Thread(target=deliver, daemon=True).start()
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                due.put((time.perf_counter() + self.seconds, data))
+        due.put((0.0, b""))
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@contextlib.contextmanager
+def delayed(admin_url: str, milliseconds: float) -> Iterator[str]:
+    """``admin_url`` through a :class:`_Delay` proxy (unchanged for 0 ms)."""
+    from psycopg import conninfo
+
+    if milliseconds <= 0:
+        yield admin_url
+        return
+    params = conninfo.conninfo_to_dict(admin_url)
+    upstream = (str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+    proxy = _Delay(upstream, milliseconds / 1000)
+    try:
+        yield conninfo.make_conninfo(admin_url, host="127.0.0.1", port=proxy.port)
+    finally:
+        proxy.close()
+
+
 @contextlib.contextmanager
 def database(backend: str, admin_url: str) -> Iterator[str]:
     from idempotence import SqliteStore
@@ -485,7 +553,11 @@ def run_load(
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for backend in args.backend or BACKENDS:
-        with database(backend, args.postgres) as target, server(backend, target) as serving:
+        with (
+            delayed(args.postgres, args.db_delay_ms) as admin_url,
+            database(backend, admin_url) as target,
+            server(backend, target) as serving,
+        ):
             rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
             for number in range(args.rounds):
                 # Alternate the order so no mode always runs on a warmer (or fuller) table.
@@ -519,9 +591,10 @@ def _median_or_none(values: Iterator[float | None]) -> float | None:
 
 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    delay = f"; PostgreSQL {args.db_delay_ms:g} ms away each way" if args.db_delay_ms else ""
     print(
         f"uvicorn (1 process, asyncio, h11) on 127.0.0.1; {args.connections} keep-alive "
-        f"connections; {args.seconds:g} s per row x {args.rounds} rounds (medians)"
+        f"connections; {args.seconds:g} s per row x {args.rounds} rounds (medians){delay}"
     )
     columns = ("req/s", "p50 ms", "p99 ms", "ratio", "errors", "cpu us")
     header = f"{'backend':<9} {'mode':<12} " + " ".join(f"{name:>8}" for name in columns)
@@ -565,6 +638,12 @@ def main() -> None:
         default=env
         if env.startswith("postgres")
         else "postgresql://postgres@127.0.0.1:5432/postgres",
+    )
+    parser.add_argument(
+        "--db-delay-ms",
+        type=float,
+        default=0.0,
+        help="hold PostgreSQL traffic this long each way (a database across a network)",
     )
     parser.add_argument("--seconds", type=float, default=4.0, help="per row, per round")
     parser.add_argument("--rounds", type=int, default=3)
