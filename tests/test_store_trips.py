@@ -12,9 +12,17 @@ from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
-from idempotence import AsyncSqliteStore, ClaimRequest, LockLost, Outcome, StoredResponse
+from idempotence import (
+    AsyncSqliteStore,
+    ClaimRequest,
+    LockLost,
+    Outcome,
+    StoredResponse,
+    StoreUnavailable,
+)
 from idempotence.stores import sqlite as sqlite_store
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from tests.support.roundtrips import RoundTrips, round_trips
@@ -210,10 +218,53 @@ async def _maybe(value: Any) -> Any:
 
 
 @asynccontextmanager
-async def _tx(store: Any) -> AsyncIterator[Any]:
+async def _tx(store: Any, claim: ClaimRequest | None = None) -> AsyncIterator[Any]:
+    """``store.transaction(claim=...)`` of a sync or an async store, in async code."""
     if isinstance(store, PostgresStore):
-        with store.transaction() as tx:
+        with store.transaction(claim=claim) as tx:
             yield tx
     else:
-        async with store.transaction() as tx:
+        async with store.transaction(claim=claim) as tx:
             yield tx
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_f3_on_postgres_a_connection_lost_before_the_commit_commits_nothing(
+    pg_url: str, api: str
+) -> None:
+    # The finish and the COMMIT go out together; if the connection dies before they
+    # do, the store must report the store unavailable (the HTTP layer answers 503, and
+    # the retry is safe) and the claim and the writes must be gone with it.
+    key = f"lost-{api}"
+
+    def kill(pid: int) -> None:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+    async def body(store: Any) -> Outcome:
+        async with _tx(store) as tx:
+            await _maybe(tx.execute("CREATE TABLE IF NOT EXISTS trip_effects (note text)"))
+        with pytest.raises(StoreUnavailable):
+            async with _tx(store, _request(key)) as tx:
+                await _maybe(tx.execute(PG_INSERT, {"note": key}))
+                response = StoredResponse.of(201)
+                await _maybe(store.finish(tx.claim.lease, response, tx=tx, at_commit=True))
+                kill((await _maybe(tx.execute("SELECT pg_backend_pid() AS pid")))[0]["pid"])
+        async with _tx(store) as tx:  # on a fresh connection: the pool dropped the dead one
+            rows = await _maybe(
+                tx.execute("SELECT count(*) AS n FROM trip_effects WHERE note = %(k)s", {"k": key})
+            )
+        assert rows[0]["n"] == 0
+        return (await _maybe(store.claim(_request(key)))).outcome
+
+    if api == "sync":
+        with PostgresStore(pg_url, max_size=1) as store:
+            outcome = asyncio.run(body(store))
+    else:
+
+        async def main() -> Outcome:
+            async with AsyncPostgresStore(pg_url, max_size=1) as store:
+                return await body(store)
+
+        outcome = asyncio.run(main())
+    assert outcome is Outcome.EXECUTE  # never claimed: the first claim of the key
