@@ -196,12 +196,14 @@ class _PgFloor:
             open=False,
         )
         self.opened = False
-        self.strict = postgres._FAIL_UNLESS_APPLIED
+        self.finish = postgres._deferred_sql  # the finish as the store sends it
 
     async def __call__(
         self, queries: Any, claim: Any, write: tuple[str, Any], finish: dict[str, Any]
     ) -> None:
         from psycopg.rows import dict_row
+
+        from idempotence.stores._ops import Query
 
         if not self.opened:
             await self.pool.open()
@@ -216,8 +218,8 @@ class _PgFloor:
                 await conn.execute(*write)
                 async with conn.pipeline():
                     finish = {**finish, "id": row["id"], "token": row["lock_token"]}
-                    statement = queries["finish"].strip().rstrip(";")
-                    await conn.execute(self.strict.format(statement=statement), finish)
+                    query = Query("finish", queries["finish"], finish)
+                    await conn.execute(self.finish(query), finish)
                     await conn.execute("COMMIT")
             except BaseException:
                 await conn.execute("ROLLBACK")

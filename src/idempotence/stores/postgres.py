@@ -204,10 +204,11 @@ class _Connection:
                 raise
 
     def _begin(self, first: Op[T] | None) -> T | None:
+        if first is None:
+            with _translated():
+                self.raw.execute("BEGIN")
+            return None
         with _translated(), self.raw.cursor(row_factory=dict_row) as cur:
-            if first is None:
-                cur.execute("BEGIN")
-                return None
             query = next(first)
             with self.raw.pipeline():
                 self.raw.execute("BEGIN")
@@ -218,6 +219,9 @@ class _Connection:
     def _commit(self, deferred: list[Op[Any]]) -> None:
         cursors, refused = [], False
         try:
+            if not deferred:  # nothing to send with it: no pipeline to pay for
+                self.raw.execute("COMMIT")
+                return
             with self.raw.pipeline():
                 for op in deferred:
                     query = next(op)
@@ -413,11 +417,12 @@ class _AsyncConnection:
                 raise
 
     async def _begin(self, first: Op[T] | None) -> T | None:
+        if first is None:
+            with _translated():
+                await self.raw.execute("BEGIN")
+            return None
         with _translated():
             async with self.raw.cursor(row_factory=dict_row) as cur:
-                if first is None:
-                    await cur.execute("BEGIN")
-                    return None
                 query = next(first)
                 async with self.raw.pipeline():
                     await self.raw.execute("BEGIN")
@@ -428,6 +433,9 @@ class _AsyncConnection:
     async def _commit(self, deferred: list[Op[Any]]) -> None:
         cursors, refused = [], False
         try:
+            if not deferred:
+                await self.raw.execute("COMMIT")
+                return
             async with self.raw.pipeline():
                 for op in deferred:
                     query = next(op)
