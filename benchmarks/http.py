@@ -186,17 +186,17 @@ class _PgFloor:
     def __init__(self, target: str) -> None:
         import psycopg_pool
 
-        from idempotence.stores import postgres
+        from idempotence.stores import _postgres_async, _postgres_base
 
         self.pool: Any = psycopg_pool.AsyncConnectionPool(
             target,
             max_size=20,
             kwargs={"autocommit": True},
-            configure=postgres._configure_async,
+            configure=_postgres_async._configure_async,
             open=False,
         )
         self.opened = False
-        self.finish = postgres._deferred_sql  # the finish as the store sends it
+        self.finish = _postgres_base.deferred_sql  # the finish as the store sends it
 
     async def __call__(
         self, queries: Any, claim: Any, write: tuple[str, Any], finish: dict[str, Any]

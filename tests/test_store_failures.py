@@ -23,7 +23,7 @@ from idempotence import (
     StoreUnavailable,
     TransientError,
 )
-from idempotence.stores import postgres
+from idempotence.stores import _postgres as postgres
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from tests.support.postgres import ProvidedServer, throwaway_cluster
 

@@ -26,7 +26,7 @@ commit, repeat, until a step finishes with a response (R1).
 ... )                                                           # doctest: +SKIP
 >>> result = rides.run(store, request)                          # doctest: +SKIP
 
-The engine below is written once, as a generator of effects; :mod:`._flow_drivers`
+The engine below is written once, as a generator of effects; :mod:`._flow_driver_async`
 performs them on a sync or an async SQL store. A flow needs the SQL store's
 transaction shared with its phases, so :meth:`Flow.run` takes a
 :class:`~idempotence.Store`, not a :class:`~idempotence.KeyStore`: a backend without
@@ -511,7 +511,7 @@ class Flow:
         instrumentation, if any, watches the run, its phases and its foreign calls
         (:mod:`idempotence.observability`).
         """
-        from ._flow_drivers import drive
+        from ._flow_driver import drive
 
         instrumentation = store.instrumentation
         if instrumentation is None:
@@ -525,7 +525,7 @@ class Flow:
         """Run this flow on an async SQL store (:class:`~idempotence.AsyncStore`, for
         the reason given in :meth:`run`); phases and calls may be coroutines.
         ``observer`` is a plain function, as for :meth:`run`."""
-        from ._flow_drivers import drive_async
+        from ._flow_driver_async import drive_async
 
         instrumentation = store.instrumentation
         if instrumentation is None:

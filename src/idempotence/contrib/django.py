@@ -36,7 +36,7 @@ from django.http import (  # type: ignore[import-untyped]
 from ..errors import BodyTooLarge, ConfigurationError
 from ..http._config import Idempotency
 from ..http._core import lifecycle
-from ..http._drivers import drive
+from ..http._driver import drive
 from ..http._effects import Capture, Captured, Reply, ReplyKind, RunApp
 from ..http._request import RequestInfo
 from ..http.wsgi import environ_headers

@@ -2,9 +2,10 @@
 
 :func:`lifecycle` is a generator: it yields effects (read the body, claim the key,
 run the app, store the response...) and is sent each effect's result, or thrown its
-exception, by a driver (:mod:`._drivers`). The ASGI middleware, the WSGI middleware
-and the Django middleware only perform effects and put bytes on the wire, so every
-decision of DESIGN 4 and R5 lives here, once:
+exception, by a driver (:mod:`._driver_async`; :mod:`._driver` is generated from it).
+The ASGI middleware, the WSGI middleware and the Django middleware only perform
+effects and put bytes on the wire, so every decision of DESIGN 4 and R5 lives here,
+once:
 
 1. the key (P7, P8): missing, malformed or repeated answers 400; an optional key
    that is absent lets the request through unguarded;

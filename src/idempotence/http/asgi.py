@@ -37,7 +37,7 @@ from ..stores import AsyncKeyStore
 from ..stores._interface import is_async
 from ._config import Idempotency
 from ._core import lifecycle
-from ._drivers import drive_async
+from ._driver_async import drive_async
 from ._effects import Capture, Captured, Reply, ReplyKind, RunApp
 from ._request import RequestInfo
 

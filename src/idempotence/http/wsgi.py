@@ -32,7 +32,7 @@ from ..stores import KeyStore
 from ..stores._interface import is_sync
 from ._config import Idempotency
 from ._core import lifecycle
-from ._drivers import drive
+from ._driver import drive
 from ._effects import Capture, Captured, Reply, ReplyKind, RunApp
 from ._request import RequestInfo
 

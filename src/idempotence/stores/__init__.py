@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from ._driver import TransientError
 from ._interface import AsyncKeyStore, KeyStore
-from ._store import AsyncStore, AsyncTransaction, Store, Transaction
+from ._store import Store, Transaction
+from ._store_async import AsyncStore, AsyncTransaction
 
 __all__ = [
     "AsyncKeyStore",

@@ -33,9 +33,11 @@ from typing import Any, TypeVar
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..observability import Instrumentation
 from ..states import ClaimRequest
-from ._driver import Blocks, TransientError, perform, run
+from ._connection import body, run
+from ._driver import Blocks, TransientError
 from ._ops import Dialect, Op, Query, Row, claim_in_transaction
-from ._store import AsyncStore, Store
+from ._store import Store
+from ._store_async import AsyncStore
 
 #: Seconds a connection waits for another's write lock before the attempt fails (and
 #: the store retries it a few times, see ``_store.TRANSIENT_ATTEMPTS``).
@@ -148,7 +150,7 @@ class _Connection:
             with _translated():
                 self.raw.execute(begin)
             try:
-                with self._blocks.body(self, first) as result:
+                with body(self._blocks, self, first) as result:
                     yield result
             except BaseException:
                 with _translated():
@@ -160,6 +162,13 @@ class _Connection:
 
     def defer(self, op: Op[Any]) -> None:
         self._blocks.defer(op)
+
+    def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
+        with self.atomic() if atomic else self.unit(write=write):
+            return run(op, self)
+
+    def run_in_transaction(self, op: Op[T]) -> T:
+        return run(op, self)
 
     def unit(self, *, write: bool = True) -> AbstractContextManager[None]:
         if self.raw.in_transaction:
@@ -327,7 +336,7 @@ class _ThreadedConnection:
     async def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
         # The whole operation in one trip to the connection's thread: each trip costs
         # about 0.1 ms, as much as the statements themselves.
-        whole = functools.partial(perform, self._conn, op, atomic=atomic, write=write)
+        whole = functools.partial(self._conn.perform, op, atomic=atomic, write=write)
         if (atomic or write) and not self.raw.in_transaction:
             async with self._writer:
                 return await self._call(whole)
@@ -336,7 +345,7 @@ class _ThreadedConnection:
     async def run_in_transaction(self, op: Op[T]) -> T:
         # One trip too: a request-as-transaction holds SQLite's one write lock across
         # its statements, so every trip saved there is time every other writer waits.
-        return await self._call(run, op, self._conn)
+        return await self._call(self._conn.run_in_transaction, op)
 
     @asynccontextmanager
     async def _on_thread(self, cm: AbstractContextManager[T]) -> AsyncIterator[T]:

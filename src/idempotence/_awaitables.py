@@ -1,0 +1,33 @@
+"""What the application hands back may be awaitable: a scope callable, a phase, a
+foreign call. The async drivers await it; the sync ones refuse it with a clear error
+(and close it, so Python does not also warn "coroutine was never awaited" far from the
+cause). The generated sync drivers (scripts/unasync.py) call :func:`settle` where
+their async sources call :func:`settle_async`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from .errors import ConfigurationError
+
+
+async def settle_async(value: Any, refusal: str) -> Any:
+    """``value``, awaited if it is awaitable."""
+    return await value if inspect.isawaitable(value) else value
+
+
+def settle(value: Any, refusal: str) -> Any:
+    """``value``; an awaitable is refused with ``ConfigurationError(refusal)``."""
+    if inspect.isawaitable(value):
+        discard(value)
+        raise ConfigurationError(refusal)
+    return value
+
+
+def discard(awaitable: Any) -> None:
+    """Close a coroutine that will never be awaited."""
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()

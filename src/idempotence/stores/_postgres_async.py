@@ -1,0 +1,273 @@
+"""The PostgreSQL key store on psycopg 3 (DESIGN 8: the reference).
+
+The claim is one ``INSERT ... ON CONFLICT`` statement in autocommit: one round trip
+(see ``sql/postgres/queries.sql``). The store works with a pool it opens from a
+conninfo, with the application's own ``psycopg_pool`` pool, or with one connection
+the application already has (then its operations share that connection's
+transactions, which is what request-as-transaction mode wants).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    asynccontextmanager,
+    nullcontext,
+    suppress,
+)
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+from psycopg import pq
+from psycopg.rows import dict_row
+
+from .._concurrency import AsyncLock
+from ..observability import Instrumentation
+from ._connection_async import body_async, run_async
+from ._driver import Blocks
+from ._listener import AsyncListener, mark_waiter
+from ._ops import Op, Query, Row
+from ._postgres_base import (
+    CUSTOM_PLANS,
+    DEFAULT_CONNECT_TIMEOUT,
+    DRIVER_ERRORS,
+    PostgresDialect,
+    deferred_sql,
+    has_rows,
+    listener,
+    pipelines,
+    settle_deferred,
+    translate,
+    translated,
+)
+from ._store_async import AsyncStore
+
+T = TypeVar("T")
+
+
+# -- a transaction in two round trips ---------------------------------------------------
+#
+# On the store's own connections (autocommit, no transaction open) a transaction that
+# opens with an operation (a request-as-transaction claim, F3) sends the BEGIN and the
+# operation's first statement in one pipeline, and the statements deferred to its
+# commit (the finish) with the COMMIT in another: two round trips where there were
+# four, and a shorter transaction. The store sends BEGIN, COMMIT and ROLLBACK itself,
+# so a rollback keeps the connection's prepared statements (psycopg's own transaction
+# deallocates them all at every rollback). Anywhere else (an application's connection,
+# a transaction already open) psycopg's transaction() is used, one statement a trip.
+
+
+class _AsyncConnection:
+    def __init__(self, raw: psycopg.AsyncConnection[Any]) -> None:
+        self.raw = raw
+        self._blocks = Blocks()
+
+    async def fetch(self, query: Query) -> list[Row]:
+        with translated():
+            async with self.raw.cursor(row_factory=dict_row) as cur:
+                # No parameters: a script of several statements (migrations) is allowed.
+                await cur.execute(query.sql, query.params or None)
+                # pgresult.status is what cur.description would tell, without building
+                # a column description per statement (measurable on the hot path).
+                return await cur.fetchall() if has_rows(cur) else []
+
+    @asynccontextmanager
+    async def atomic(self, first: Op[T] | None = None) -> AsyncIterator[T | None]:
+        # Only the transaction's own begin and commit are translated: an error from
+        # the application's statements in between stays the application's error.
+        if pipelines(self.raw):
+            async with self._pipelined(first) as result:
+                yield result
+            return
+        tx = self.raw.transaction()
+        with translated():
+            await tx.__aenter__()
+        try:
+            async with body_async(self._blocks, self, first) as result:
+                yield result
+        except BaseException as exc:
+            with translated():
+                await tx.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        with translated():
+            await tx.__aexit__(None, None, None)
+
+    @asynccontextmanager
+    async def _pipelined(self, first: Op[T] | None) -> AsyncIterator[T | None]:
+        with self._blocks.block() as deferred:
+            try:
+                result = await self._begin(first)
+                yield result
+                self._blocks.seal(deferred)
+                await self._commit(deferred)
+            except BaseException:
+                await self._rollback()
+                raise
+
+    async def _begin(self, first: Op[T] | None) -> T | None:
+        if first is None:
+            with translated():
+                await self.raw.execute("BEGIN")
+            return None
+        with translated():
+            async with self.raw.cursor(row_factory=dict_row) as cur:
+                query = next(first)
+                async with self.raw.pipeline():
+                    await self.raw.execute("BEGIN")
+                    await cur.execute(query.sql, query.params)
+                rows = await cur.fetchall() if has_rows(cur) else []
+        return await run_async(first, self, rows)
+
+    async def _commit(self, deferred: list[Op[Any]]) -> None:
+        cursors, refused = [], False
+        try:
+            if not deferred:  # nothing to send with it: no pipeline to pay for
+                await self.raw.execute("COMMIT")
+                return
+            async with self.raw.pipeline():
+                for op in deferred:
+                    query = next(op)
+                    cursors.append(cur := self.raw.cursor(row_factory=dict_row))
+                    await cur.execute(deferred_sql(query), query.params)
+                await self.raw.execute("COMMIT")
+        except psycopg.errors.DivisionByZero:
+            refused = True
+        except DRIVER_ERRORS as exc:
+            raise translate(exc) from exc
+        rows = [await cur.fetchall() if has_rows(cur) else [] for cur in cursors]
+        settle_deferred(deferred, rows, refused)
+
+    async def _rollback(self) -> None:
+        # Nothing to roll back after a COMMIT that failed: the server ended it. A
+        # connection too broken to roll back is the pool's to discard; the error that
+        # got us here is the one to report.
+        if self.raw.info.transaction_status != pq.TransactionStatus.IDLE:
+            with suppress(psycopg.Error):
+                await self.raw.execute("ROLLBACK")
+
+    def defer(self, op: Op[Any]) -> None:
+        self._blocks.defer(op)
+
+    def unit(self, *, write: bool = True) -> AbstractAsyncContextManager[None]:
+        # In autocommit one statement commits itself: one round trip. Otherwise a
+        # statement would leave a transaction open, so give it one.
+        return nullcontext() if self.raw.autocommit else self.atomic()
+
+    async def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
+        async with self.atomic() if atomic else self.unit(write=write):
+            return await run_async(op, self)
+
+    async def run_in_transaction(self, op: Op[T]) -> T:
+        return await run_async(op, self)
+
+
+async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    # Custom plans: see CUSTOM_PLANS.
+    await conn.execute(CUSTOM_PLANS)
+
+
+class _AsyncPoolSource:
+    def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any], *, owned: bool) -> None:
+        self.pool = pool
+        self._owned = owned
+        self._opened = not owned
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[_AsyncConnection]:
+        if not self._opened:
+            # The first use opens the pool (an async pool cannot open in __init__).
+            # Opening an open pool again does nothing, so a race here is harmless.
+            await self.pool.open(wait=False)
+            self._opened = True
+        with translated():
+            cm = self.pool.connection()
+            raw = await cm.__aenter__()
+        try:
+            yield _AsyncConnection(raw)
+        except BaseException as exc:
+            await cm.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await cm.__aexit__(None, None, None)
+
+    async def close(self) -> None:
+        if self._owned and self._opened:
+            await self.pool.close()
+
+
+class _AsyncSingleSource:
+    """The application's one connection; operations take turns on it."""
+
+    def __init__(self, raw: psycopg.AsyncConnection[Any]) -> None:
+        self._conn = _AsyncConnection(raw)
+        self._lock = AsyncLock()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[_AsyncConnection]:
+        async with self._lock:
+            yield self._conn
+
+    async def close(self) -> None:
+        pass  # the application owns it
+
+
+class AsyncPostgresStore(AsyncStore):
+    """The PostgreSQL key store.
+
+    ``target`` is a conninfo or ``postgresql://`` URL (the store opens and owns a
+    pool), a ``psycopg_pool.AsyncConnectionPool``, or a ``psycopg.AsyncConnection``.
+
+    >>> store = AsyncPostgresStore("postgresql://app@db/app")   # doctest: +SKIP
+    >>> await store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
+    ... # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        target: str | psycopg_pool.AsyncConnectionPool[Any] | psycopg.AsyncConnection[Any],
+        *,
+        max_size: int = 10,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        instrumentation: Instrumentation | None = None,
+    ) -> None:
+        source: _AsyncPoolSource | _AsyncSingleSource
+        if isinstance(target, str):
+            pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
+                target,
+                min_size=1,
+                max_size=max_size,
+                timeout=connect_timeout,
+                kwargs={"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)},
+                configure=_configure_async,
+                open=False,
+            )
+            source = _AsyncPoolSource(pool, owned=True)
+        elif isinstance(target, psycopg_pool.AsyncConnectionPool):
+            source = _AsyncPoolSource(target, owned=False)
+        else:
+            source = _AsyncSingleSource(target)
+        super().__init__(source, PostgresDialect(), instrumentation=instrumentation)
+        self._listener = listener(AsyncListener, self._dialect, target, connect_timeout)
+
+    async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
+        """P10: return as soon as a NOTIFY says the key settled, or after ``seconds``.
+
+        The notifications come on one connection of the store's own, opened at the
+        first wait (see :mod:`idempotence.stores._listener`). A store on the
+        application's one connection has none, and sleeps ``seconds``.
+        """
+        if self._listener is None:
+            await super().wait_for_settle(scope, key, seconds)
+            return
+        await self._listener.wait(
+            scope,
+            key,
+            seconds,
+            lambda: self._own(lambda: mark_waiter(self._dialect, scope, key)),
+        )
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
+        await super().close()

@@ -1,0 +1,174 @@
+"""What the PostgreSQL stores share, sync or async: the dialect, the translation of
+psycopg's errors, the pieces of a pipelined transaction, and the pool settings.
+
+The stores themselves are in :mod:`._postgres_async` (the source) and
+:mod:`._postgres` (generated from it); :mod:`.postgres` is their public face.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+try:
+    import psycopg
+    import psycopg_pool
+    from psycopg import pq
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "the PostgreSQL store needs psycopg 3: pip install 'idempotence[postgres]'"
+    ) from exc
+
+from ..errors import SchemaMissing, StoreError, StoreUnavailable
+from ..states import ClaimRequest
+from ._driver import TransientError
+from ._listener import AsyncListener, Listener
+from ._ops import Dialect, Op, Query, Row, claim_in_one_statement
+
+#: Seconds to wait for a connection before the store reports itself unavailable
+#: (P11): a request should get its 503 quickly, not after libpq's default minutes.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
+
+class PostgresDialect(Dialect):
+    name = "postgres"
+    claim_is_one_statement = True
+
+    def timestamp(self, value: Any) -> datetime:
+        assert isinstance(value, datetime)
+        return value.astimezone(UTC)
+
+    def duration_in(self, value: timedelta | None) -> Any:
+        return value
+
+    def duration_out(self, value: Any) -> timedelta:
+        assert isinstance(value, timedelta)
+        return value
+
+    def claim(self, request: ClaimRequest) -> Op[Any]:
+        return claim_in_one_statement(self, request)
+
+
+def translate(exc: BaseException) -> StoreError:
+    """The library's error for a psycopg or pool error (the caller raises it ``from``)."""
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    # Class 40 is "transaction rollback": serialization failure, deadlock.
+    if sqlstate.startswith("40"):
+        return TransientError(f"PostgreSQL aborted the transaction: {exc}")
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
+        # No table, or one from an older release: the migrations have not run.
+        return SchemaMissing(
+            f"The key store's schema is missing or older than this release ({exc}): "
+            "run `idempotence migrate --database URL`"
+        )
+    # No SQLSTATE means libpq itself failed (refused, reset, timed out); class 08 is a
+    # connection exception, 57P0x a server shutting down or starting, 53 out of
+    # resources (too many connections).
+    if (
+        isinstance(exc, psycopg_pool.PoolTimeout)
+        or (isinstance(exc, psycopg.OperationalError) and not sqlstate)
+        or sqlstate.startswith(("08", "57P", "53"))
+    ):
+        return StoreUnavailable(f"PostgreSQL is unavailable: {exc}")
+    return StoreError(f"PostgreSQL error: {exc}")
+
+
+DRIVER_ERRORS = (psycopg.Error, psycopg_pool.PoolTimeout)
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    try:
+        yield
+    except DRIVER_ERRORS as exc:
+        raise translate(exc) from exc
+
+
+def has_rows(cur: Any) -> bool:
+    result = cur.pgresult
+    return result is not None and result.status == pq.ExecStatus.TUPLES_OK
+
+
+# -- a transaction in two round trips ---------------------------------------------------
+#
+# On the store's own connections (autocommit, no transaction open) a transaction that
+# opens with an operation (a request-as-transaction claim, F3) sends the BEGIN and the
+# operation's first statement in one pipeline, and the statements deferred to its
+# commit (the finish) with the COMMIT in another: two round trips where there were
+# four, and a shorter transaction. The store sends BEGIN, COMMIT and ROLLBACK itself,
+# so a rollback keeps the connection's prepared statements (psycopg's own transaction
+# deallocates them all at every rollback). Anywhere else (an application's connection,
+# a transaction already open) psycopg's transaction() is used, one statement a trip.
+
+# A deferred statement goes out with the COMMIT, before anyone can look at its rows. A
+# fenced write that the fence refuses (F1) matches no row; wrapped so, it fails instead
+# (a division by zero), the server skips the COMMIT queued behind it, and the
+# transaction can only roll back. Its one row says the write went through.
+FAIL_UNLESS_APPLIED = "WITH applied AS ({statement}) SELECT 1 / count(*) AS applied FROM applied"
+
+
+def pipelines(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return (
+        raw.autocommit
+        and raw.info.transaction_status == pq.TransactionStatus.IDLE
+        and psycopg.Pipeline.is_supported()
+    )
+
+
+def deferred_sql(query: Query) -> str:
+    return FAIL_UNLESS_APPLIED.format(statement=query.sql.strip().rstrip(";"))
+
+
+def settle_deferred(deferred: list[Op[Any]], rows: list[list[Row]], refused: bool) -> None:
+    """Hand each deferred operation the rows of the statement that went out with the
+    COMMIT: none for the one the fence refused, which raises (LockLost)."""
+    while deferred:
+        op = deferred.pop(0)
+        got = rows.pop(0) if rows else []
+        try:
+            op.send(got)
+        except StopIteration:
+            continue
+        op.close()
+        # Sent after the COMMIT, a second statement would run outside the transaction.
+        raise StoreError("an operation deferred to a commit must be one statement")
+    if refused:  # every operation checks its rows; this is the backstop
+        raise StoreError("a statement sent with the COMMIT was refused; nothing was committed")
+
+
+# The store's statements are prepared by psycopg after a few runs, and PostgreSQL may
+# then cache one generic plan per statement for the connection's life. A generic plan
+# made while the key table is nearly empty cannot tell the (scope, key) index from the
+# (scope, id) one, and may pick an index scan on the scope alone: every later claim and
+# finish then reads the whole scope, slower at every key the table gains. Only an
+# ANALYZE of the table replaces such a plan (and autovacuum may be off). So the pools
+# the store opens plan each run with its own keys (custom plans), which always finds
+# the unique row. The price is the planning: about 0.15 ms of server CPU for the claim
+# (measured here), against a scan that grows without bound. An application that runs
+# its own statements in a request's transaction on these connections gets custom
+# plans too, as it would without prepared statements.
+CUSTOM_PLANS = "SET plan_cache_mode = force_custom_plan"
+
+
+L = TypeVar("L", Listener, AsyncListener)
+
+
+def listener(
+    kind: type[L],
+    dialect: Dialect,
+    target: object,
+    connect_timeout: float,
+) -> L | None:
+    """The P10 listener of a store on ``target``: it connects as the store's pool
+    does. None on the application's own connection (its password cannot be read back)
+    or a pool whose connection parameters are computed: that store's waits poll."""
+    if isinstance(target, str):
+        return kind(dialect, target, {}, connect_timeout)
+    if isinstance(target, psycopg_pool.ConnectionPool | psycopg_pool.AsyncConnectionPool):
+        conninfo, kwargs = target.conninfo, target.kwargs
+        # A pool may compute them for each connection (callables): then waits poll.
+        if isinstance(conninfo, str) and (kwargs is None or isinstance(kwargs, dict)):
+            return kind(dialect, conninfo, kwargs or {}, connect_timeout)
+    return None

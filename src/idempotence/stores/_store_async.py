@@ -1,0 +1,284 @@
+"""The SQL key stores: one method per operation (DESIGN 4, 6).
+
+The store only chooses a connection and a transaction and hands the operation from
+:mod:`._ops` to it; the logic lives in the ops and the dialect.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any, TypeVar
+
+from .._concurrency import sleep_async
+from ..observability import Instrumentation, combine, fenced, watched_claim
+from ..states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredResponse
+from . import _ops
+from ._connection_async import AsyncConnection, AsyncSource
+from ._driver import TRANSIENT_ATTEMPTS, TransientError, backoff
+from ._ops import Dialect, Op, Query, Row
+
+T = TypeVar("T")
+
+
+class AsyncTransaction:
+    """An open write transaction on the store's database (R2).
+
+    The application writes through :attr:`connection` (the driver's own connection)
+    or :meth:`execute`; :meth:`AsyncStore.checkpoint` or :meth:`AsyncStore.finish`
+    given this transaction is its last statement, and the whole lot commits or rolls
+    back together.
+    """
+
+    def __init__(self, conn: AsyncConnection, claim: Claim | None = None) -> None:
+        self._conn = conn
+        #: The outcome of the claim the transaction opened with
+        #: (``store.transaction(claim=...)``), else None.
+        self.claim = claim
+
+    @property
+    def connection(self) -> Any:
+        """The driver's connection: ``psycopg.AsyncConnection`` or ``sqlite3.Connection``.
+
+        The transaction is the store's: run statements on it (nested ``transaction()``
+        blocks become savepoints), but never commit or roll it back yourself."""
+        return self._conn.raw
+
+    async def execute(self, sql: str, params: Any = None) -> list[Row]:
+        """Run one statement of the application's in this transaction; return its rows."""
+        return await self._conn.fetch(Query("application", sql, params or {}))
+
+
+def _no_commit(at_commit: bool) -> None:
+    if at_commit:
+        raise ValueError("finish(at_commit=True) needs the transaction to commit with: tx=")
+
+
+class AsyncStore:
+    """A key store on a SQL database. Build one with
+    :class:`~idempotence.AsyncPostgresStore` or :class:`~idempotence.AsyncSqliteStore`;
+    their ``instrumentation`` keyword (:mod:`idempotence.observability`) is told of
+    every claim, every refused fenced write, and the runs of the flows on the store.
+
+    >>> claim = await store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
+    ... # doctest: +SKIP
+    >>> if claim.outcome is Outcome.EXECUTE:                              # doctest: +SKIP
+    ...     async with store.transaction() as tx:
+    ...         await tx.execute("INSERT INTO rides ...")
+    ...         await store.finish(claim.lease, StoredResponse.of(201, body="{}"), tx=tx)
+    """
+
+    def __init__(
+        self,
+        source: AsyncSource,
+        dialect: Dialect,
+        *,
+        instrumentation: Instrumentation | None = None,
+    ) -> None:
+        self._source = source
+        self._dialect = dialect
+        # A disabled instrumentation (its package missing) is dropped: None costs nothing.
+        self._instrumentation = combine(instrumentation)
+
+    async def claim(self, request: ClaimRequest, *, tx: AsyncTransaction | None = None) -> Claim:
+        """Claim ``request``'s key in one atomic step and return its single outcome.
+
+        Given ``tx``, the claim joins that transaction (request-as-transaction, F3): a
+        racing duplicate then waits for it to commit and replays its response.
+        """
+        if self._instrumentation is not None:
+            with self._instrumentation.claim(request) as watch:
+                return watch.done(await self._claim(request, tx))
+        return await self._claim(request, tx)
+
+    async def _claim(self, request: ClaimRequest, tx: AsyncTransaction | None) -> Claim:
+        if tx is not None:
+            return await tx._conn.run_in_transaction(self._dialect.claim(request))
+        if self._dialect.previews_claims:
+            # Replays, mismatches and conflicts are decided by a read, without the
+            # write lock; only a claim that may take the key goes on to write.
+            preview = await self._own(
+                lambda: _ops.claim_preview(self._dialect, request), write=False
+            )
+            if preview is not None:
+                return preview
+        return await self._own(
+            lambda: self._dialect.claim(request), atomic=not self._dialect.claim_is_one_statement
+        )
+
+    @asynccontextmanager
+    async def transaction(
+        self, *, claim: ClaimRequest | None = None
+    ) -> AsyncIterator[AsyncTransaction]:
+        """Open a write transaction for a phase: commits on exit, rolls back on error.
+
+        Given ``claim``, the transaction opens with that claim (request-as-transaction,
+        F3), sent with the BEGIN where the driver can; its outcome is ``tx.claim``. A
+        racing duplicate then waits for this transaction to end and replays its
+        response.
+        """
+        async with self._source.connection() as conn:
+            if claim is None:
+                async with conn.atomic():
+                    yield AsyncTransaction(conn)
+                return
+            op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim))
+            async with conn.atomic(op) as got:
+                yield AsyncTransaction(conn, got)
+
+    async def checkpoint(self, tx: AsyncTransaction, lease: Lease, recovery_point: str) -> Lease:
+        """Record ``recovery_point`` in ``tx``, fenced (F1); returns the advanced lease.
+
+        Raises :class:`~idempotence.errors.LockLost` when another worker holds the
+        key now; the caller must then let ``tx`` roll back.
+        """
+        op = _ops.checkpoint(self._dialect, lease, recovery_point)
+        return await tx._conn.run_in_transaction(fenced(self._instrumentation, "checkpoint", op))
+
+    async def finish(
+        self,
+        lease: Lease,
+        response: StoredResponse,
+        *,
+        tx: AsyncTransaction | None = None,
+        error: str | None = None,
+        at_commit: bool = False,
+    ) -> None:
+        """Store ``response`` and unlock, fenced; in ``tx`` when given (R2).
+
+        ``error`` marks the key errored (R6): terminal and listed for a human. With
+        ``at_commit`` the finish waits for ``tx`` to commit and is its last statement,
+        sent with the COMMIT where the driver can: then a refused write (LockLost)
+        comes out of the transaction's exit, with everything in it rolled back.
+        """
+        op = functools.partial(_ops.finish, self._dialect, lease, response, error)
+        if tx is not None and at_commit:
+            tx._conn.defer(fenced(self._instrumentation, "finish", op()))
+        elif tx is not None:
+            await tx._conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
+        else:
+            _no_commit(at_commit)
+            await self._own(lambda: fenced(self._instrumentation, "finish", op()))
+
+    async def release(self, lease: Lease) -> None:
+        """Unlock without finishing, fenced: the next claim resumes (R5)."""
+        await self._own(
+            lambda: fenced(self._instrumentation, "release", _ops.release(self._dialect, lease))
+        )
+
+    async def heartbeat(self, lease: Lease) -> datetime:
+        """Extend the lock by its timeout from now, fenced (F2)."""
+        return await self._own(
+            lambda: fenced(self._instrumentation, "heartbeat", _ops.heartbeat(self._dialect, lease))
+        )
+
+    async def end_phase(
+        self,
+        tx: AsyncTransaction,
+        lease: Lease,
+        *,
+        jobs: Sequence[tuple[str, str, Any]] = (),
+        recovery_point: str | None = None,
+        response: StoredResponse | None = None,
+    ) -> Lease:
+        """Close a phase in ``tx``: stage ``jobs``, then store ``response`` or
+        checkpoint ``recovery_point`` (the same one when None), fenced."""
+        op = _ops.end_phase(self._dialect, lease, list(jobs), recovery_point, response)
+        operation = "checkpoint" if response is None else "finish"
+        return await tx._conn.run_in_transaction(fenced(self._instrumentation, operation, op))
+
+    async def forget(self, lease: Lease) -> None:
+        """Delete a key still at ``started``, fenced: a rejected request stores nothing (R5)."""
+        await self._own(
+            lambda: fenced(self._instrumentation, "forget", _ops.forget(self._dialect, lease))
+        )
+
+    async def stage_jobs(
+        self, tx: AsyncTransaction, lease: Lease, jobs: list[tuple[str, str, Any]]
+    ) -> None:
+        """Stage ``(job_key, name, args)`` jobs in ``tx``; they commit with it (R7)."""
+        await tx._conn.run_in_transaction(_ops.stage_jobs(self._dialect, lease, jobs))
+
+    async def take_staged_jobs(self, tx: AsyncTransaction, limit: int = 100) -> list[StagedJob]:
+        """Take up to ``limit`` staged jobs out of the table in ``tx`` (the enqueuer's
+        batch: commit ``tx`` only once they are delivered)."""
+        return await tx._conn.run_in_transaction(_ops.take_staged_jobs(self._dialect, limit))
+
+    async def get(self, scope: str, key: str) -> KeyRecord | None:
+        """The key's current record, or None."""
+        return await self._own(lambda: _ops.get(self._dialect, scope, key), write=False)
+
+    async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
+        """Wait up to ``seconds`` for another request's claim on the key to
+        settle (finish, release): P10's wait for the twin, between two claims.
+
+        It may return early, and returns having learnt nothing: the caller claims
+        again to find out. This default sleeps ``seconds`` (bounded polling, as on
+        SQLite); the PostgreSQL store returns as soon as a NOTIFY says the key
+        settled. It never raises for a store failure: the next claim reports it.
+
+        >>> while (claim := await store.claim(request)).outcome is Outcome.IN_PROGRESS:
+        ...     await store.wait_for_settle(request.scope, request.key, 0.25)  # doctest: +SKIP
+        """
+        await sleep_async(seconds)
+
+    @property
+    def dialect(self) -> Dialect:
+        """The store's SQL dialect: its named queries and value conversions."""
+        return self._dialect
+
+    @property
+    def instrumentation(self) -> Instrumentation | None:
+        """What the store and the flows run on it report to, or None
+        (:mod:`idempotence.observability`)."""
+        return self._instrumentation
+
+    async def perform(
+        self,
+        make_op: Callable[[], Op[T]],
+        *,
+        tx: AsyncTransaction | None = None,
+        write: bool = True,
+    ) -> T:
+        """Run a store operation (a generator of queries over :attr:`dialect`).
+
+        In ``tx`` when given. Otherwise in a transaction of its own (``write``) or as
+        a plain read, retried after a transient abort, which is why this takes a
+        factory: each attempt gets a fresh operation. The background services
+        (:mod:`idempotence.maintenance`) run their operations through here.
+
+        >>> await store.perform(lambda: my_op(store.dialect, 10))   # doctest: +SKIP
+        """
+        if tx is not None:
+            return await tx._conn.run_in_transaction(make_op())
+        return await self._own(make_op, atomic=write, write=write)
+
+    async def migrate(self) -> list[str]:
+        """Apply pending schema migrations; return the versions applied."""
+        return await self._own(lambda: _ops.migrate(self._dialect), atomic=True)
+
+    async def close(self) -> None:
+        """Close the connections the store opened itself."""
+        await self._source.close()
+
+    async def __aenter__(self) -> AsyncStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _own(
+        self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True
+    ) -> T:
+        """Run an operation in a transaction of its own, retrying transient aborts."""
+        for attempt in range(TRANSIENT_ATTEMPTS):
+            try:
+                async with self._source.connection() as conn:
+                    return await conn.perform(make_op(), atomic=atomic, write=write)
+            except TransientError:
+                if attempt == TRANSIENT_ATTEMPTS - 1:
+                    raise
+                await sleep_async(backoff(attempt))
+        raise AssertionError("unreachable")
