@@ -30,6 +30,7 @@ PACKAGE = ROOT / "src" / "idempotence"
 #: the ``_async`` suffix.
 SOURCES = [
     "stores/_connection_async.py",
+    "stores/_listener_async.py",
     "stores/_store_async.py",
     "stores/_postgres_async.py",
     "_flow_driver_async.py",

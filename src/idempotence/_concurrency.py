@@ -8,10 +8,24 @@ live here, side by side, and nowhere else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import threading
 import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from typing import Any
 
-__all__ = ["AsyncLock", "Lock", "sleep", "sleep_async"]
+__all__ = [
+    "AsyncBackground",
+    "AsyncLock",
+    "AsyncWakeup",
+    "Background",
+    "Lock",
+    "Wakeup",
+    "sleep",
+    "sleep_async",
+]
 
 #: A mutual exclusion between tasks (async) or threads (sync).
 AsyncLock = asyncio.Lock
@@ -26,3 +40,138 @@ async def sleep_async(seconds: float) -> None:
 def sleep(seconds: float) -> None:
     """Pause the thread for ``seconds``."""
     time.sleep(seconds)
+
+
+class AsyncWakeup:
+    """Woken from any thread or event loop; waited for by one task of the loop it was
+    made on."""
+
+    __slots__ = ("_future", "_loop")
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._future: asyncio.Future[None] = self._loop.create_future()
+
+    def set(self) -> None:
+        # The waker may run on another loop or thread than the waiter.
+        with contextlib.suppress(RuntimeError):  # the waiter's loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+
+    async def wait(self, seconds: float) -> None:
+        """Return when woken, or after ``seconds``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._future), seconds)
+
+
+class Wakeup:
+    """Woken from any thread; waited for by one thread."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def wait(self, seconds: float) -> None:
+        self._event.wait(seconds)
+
+
+#: A long-running job (see :class:`AsyncBackground`), handed the callback with which
+#: it reports once whether it came up.
+AsyncJob = Callable[[Callable[[bool], None]], Coroutine[Any, Any, None]]
+Job = Callable[[Callable[[bool], None]], None]
+
+
+class AsyncBackground:
+    """One long-running job of an object's, started when first needed and again after
+    it ended: a task on the loop of whoever needs it (and moved to another loop if
+    that one is gone). The job reads :attr:`stopping` to know when to end."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[bool] | None = None
+        self.stopping = False
+
+    async def ensure(self, job: AsyncJob) -> bool:
+        """Make sure the job runs, starting ``job`` if it does not; return what it
+        reported: True once it is up, False if it failed to come up."""
+        if self.stopping:
+            return False
+        loop = asyncio.get_running_loop()
+        task = self._task
+        if task is None or task.done() or task.get_loop() is not loop:
+            if task is not None and not task.done():
+                _cancel(task)  # it runs on a loop other than this one
+            self._ready = ready = loop.create_future()
+            self._task = loop.create_task(job(functools.partial(_report, ready)), name=self._name)
+        assert self._ready is not None
+        # Shielded: a caller given up on must not cancel the start others wait for.
+        return await asyncio.shield(self._ready)
+
+    async def stop(self, grace: float) -> None:
+        """End the job (for good), waiting up to ``grace`` seconds for it."""
+        self.stopping = True
+        task, self._task = self._task, None
+        if task is None or task.done():
+            return
+        if task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+            await asyncio.wait([task], timeout=grace)
+        else:
+            _cancel(task)
+
+
+class Background:
+    """One long-running job of an object's, on a daemon thread of its own, started
+    when first needed and again after it ended. The job reads :attr:`stopping` to
+    know when to end (a thread cannot be interrupted)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._ready: Future[bool] = Future()
+        self.stopping = False
+
+    def ensure(self, job: Job) -> bool:
+        """Make sure the job runs, starting ``job`` if it does not; return what it
+        reported: True once it is up, False if it failed to come up."""
+        with self._lock:
+            if self.stopping:
+                return False
+            if self._thread is None or not self._thread.is_alive():
+                ready: Future[bool] = Future()
+                self._ready = ready
+                report = functools.partial(_report, ready)
+                self._thread = threading.Thread(
+                    target=job, args=(report,), name=self._name, daemon=True
+                )
+                self._thread.start()
+            ready = self._ready
+        return ready.result()
+
+    def stop(self, grace: float) -> None:
+        """End the job (for good), waiting up to ``grace`` seconds for it."""
+        with self._lock:
+            self.stopping = True
+            thread = self._thread
+        if thread is not None:
+            thread.join(grace)
+
+
+def _report(ready: asyncio.Future[bool] | Future[bool], up: bool) -> None:
+    # Only the job reports, and only its first report counts.
+    if not ready.done():
+        ready.set_result(up)
+
+
+def _cancel(task: asyncio.Task[None]) -> None:
+    with contextlib.suppress(RuntimeError):  # its loop is closed: the task is gone
+        task.get_loop().call_soon_threadsafe(task.cancel)

@@ -29,7 +29,8 @@ from .._concurrency import Lock
 from ..observability import Instrumentation
 from ._connection import body, run
 from ._driver import Blocks
-from ._listener import Listener, mark_waiter
+from ._listener import Listener
+from ._listener_base import mark_waiter
 from ._ops import Op, Query, Row
 from ._postgres_base import (
     CUSTOM_PLANS,
@@ -192,7 +193,10 @@ class _PoolSource:
         cm.__exit__(None, None, None)
 
     def close(self) -> None:
-        if self._owned and self._opened:
+        # Final: a store closed before its first use never opens its pool, and a
+        # closed pool refuses connections (the store is unavailable).
+        opened, self._opened = self._opened, True
+        if self._owned and opened:
             self.pool.close()
 
 

@@ -27,7 +27,8 @@ from .._concurrency import AsyncLock
 from ..observability import Instrumentation
 from ._connection_async import body_async, run_async
 from ._driver import Blocks
-from ._listener import AsyncListener, mark_waiter
+from ._listener_async import AsyncListener
+from ._listener_base import mark_waiter
 from ._ops import Op, Query, Row
 from ._postgres_base import (
     CUSTOM_PLANS,
@@ -192,7 +193,10 @@ class _AsyncPoolSource:
         await cm.__aexit__(None, None, None)
 
     async def close(self) -> None:
-        if self._owned and self._opened:
+        # Final: a store closed before its first use never opens its pool, and a
+        # closed pool refuses connections (the store is unavailable).
+        opened, self._opened = self._opened, True
+        if self._owned and opened:
             await self.pool.close()
 
 

@@ -24,7 +24,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..states import ClaimRequest
 from ._driver import TransientError
-from ._listener import AsyncListener, Listener
+from ._listener import Listener
+from ._listener_async import AsyncListener
 from ._ops import Dialect, Op, Query, Row, claim_in_one_statement
 
 #: Seconds to wait for a connection before the store reports itself unavailable
