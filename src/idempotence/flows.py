@@ -255,7 +255,9 @@ class FlowResult:
     #: (its claim with it).
     claim: Claim | None
     #: The response to send; None for MISMATCH, IN_PROGRESS and LOST, whose wire
-    #: form depends on the HTTP profile.
+    #: form depends on the HTTP profile. A library problem (FAILED's 500, ERRORED's
+    #: 502) is in neutral form: :meth:`~idempotence.problems.ProblemDetails.from_stored`
+    #: reads it, and the HTTP layer renders it in the endpoint's profile (F6).
     response: StoredResponse | None = None
     #: Whether ``response`` is the stored one (replayed to every retry).
     stored: bool = False
