@@ -58,6 +58,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from .errors import ConfigurationError, LockLost
+from .problems import Problem, ProblemDetails
 from .states import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_RETENTION,
@@ -254,7 +255,9 @@ class FlowResult:
     #: (its claim with it).
     claim: Claim | None
     #: The response to send; None for MISMATCH, IN_PROGRESS and LOST, whose wire
-    #: form depends on the HTTP profile.
+    #: form depends on the HTTP profile. A library problem (FAILED's 500, ERRORED's
+    #: 502) is in neutral form: :meth:`~idempotence.problems.ProblemDetails.from_stored`
+    #: reads it, and the HTTP layer renders it in the endpoint's profile (F6).
     response: StoredResponse | None = None
     #: Whether ``response`` is the stored one (replayed to every retry).
     stored: bool = False
@@ -263,30 +266,32 @@ class FlowResult:
 
 
 def problem(status: int, title: str, detail: str) -> StoredResponse:
-    """An RFC 9457 problem response."""
+    """An RFC 9457 problem response of the application's own (a declined card): stored
+    and replayed verbatim, whatever the endpoint's wire profile. The library's own
+    problems are :class:`~idempotence.problems.ProblemDetails` instead."""
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
     return StoredResponse.of(
         status, {"content-type": "application/problem+json"}, json.dumps(body).encode()
     )
 
 
-SERVER_ERROR = problem(
-    500,
-    "Internal Server Error",
+#: R5: what a run that raised answers, in neutral form (rendered at the edge, F6).
+SERVER_ERROR = ProblemDetails.of(
+    Problem.SERVER_ERROR,
     "The request failed and nothing of it was stored. Retry with the same "
     "Idempotency-Key: the work resumes from its last completed step.",
-)
+).stored()
 PAUSED_RESPONSE = StoredResponse.of(202, {"retry-after": "1"}, b"")
 
 
 def indeterminate_response(name: str) -> StoredResponse:
-    return problem(
-        502,
-        "Outcome Unknown",
+    """R6: what a key errored by foreign call ``name`` answers, in neutral form."""
+    return ProblemDetails.of(
+        Problem.OUTCOME_UNKNOWN,
         f"The call {name!r} to an external system may or may not have taken effect, and "
         "it cannot be repeated safely. The request is on hold for an operator; retrying "
         "it will return this answer.",
-    )
+    ).stored()
 
 
 # -- observing a run (F4) -----------------------------------------------------------------

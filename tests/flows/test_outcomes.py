@@ -21,6 +21,7 @@ from idempotence.flows import (
     ResultKind,
     problem,
 )
+from idempotence.problems import Problem, ProblemDetails
 from idempotence.testing import (
     FakeProvider,
     Fault,
@@ -213,6 +214,10 @@ def test_r6_an_indeterminate_failure_of_a_non_idempotent_call_errors_the_key(
     assert record.error is not None and "'charge'" in record.error
     assert "indeterminate" in record.error
     assert key_state(record, record.finished_at) is KeyState.ERRORED
+    # F6: stored neutral with a code of its own; the HTTP profile renders it.
+    assert record.response is not None
+    details = ProblemDetails.from_stored(record.response)
+    assert details is not None and details.problem is Problem.OUTCOME_UNKNOWN
 
     for _ in range(2):
         replay = runner.run(flow, req)

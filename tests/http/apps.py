@@ -12,7 +12,9 @@ Endpoints (see :func:`make_config` for how each is guarded):
   4000 streamed bytes (guarded with ``max_response_bytes=1024``);
 * ``/tx/...`` request-as-transaction: inserts a row through current_transaction();
   ``/tx/reject`` then answers 422;
-* ``/slow``: sleeps 20 ms first (for the races).
+* ``/slow``: sleeps 20 ms first (for the races);
+* ``/rides`` a flow; ``/failing`` a flow that stores its failures: its phase raises,
+  or (``{"outcome": "indeterminate"}``) its non-idempotent foreign call times out (R6).
 """
 
 from __future__ import annotations
@@ -131,6 +133,27 @@ def _finish(ctx: PhaseContext) -> Finish:
     return Finish(StoredResponse.of(201, {"content-type": "application/json"}, body))
 
 
+failing = Flow("http-test-failing", store_server_errors=True)
+
+
+@failing.phase("started")
+def _fail_or_call(ctx: PhaseContext) -> Advance:
+    if isinstance(ctx.params, dict) and ctx.params.get("outcome") == "indeterminate":
+        return Advance("charging")
+    raise RuntimeError("boom: an unexpected error in a phase")
+
+
+def _time_out(ctx: Any) -> Any:
+    raise TimeoutError("the provider did not answer")
+
+
+def _never_recorded(ctx: PhaseContext, result: Any) -> Finish:
+    raise AssertionError("a call that timed out is never recorded")
+
+
+failing.foreign("charging", name="charge", call=_time_out, record=_never_recorded, idempotent=False)
+
+
 def make_config(store: Any, **overrides: Any) -> Idempotency:
     """The suites' configuration; ``overrides`` go to Idempotency, ``default_*`` to
     the default policy (``default_wait=...``)."""
@@ -146,6 +169,7 @@ def make_config(store: Any, **overrides: Any) -> Idempotency:
         Endpoint("POST /open", Policy(fail_open=True)),
         Endpoint("POST /waiting", Policy(wait=timedelta(seconds=5))),
         Endpoint("POST /rides", Policy(flow=rides)),
+        Endpoint("POST /failing", Policy(flow=failing)),
         Endpoint("/exempt", None),
     ]
     settings: dict[str, Any] = {

@@ -23,6 +23,7 @@ from idempotence.maintenance import (
     CompletionOutcome,
     Signals,
 )
+from idempotence.problems import Problem, ProblemDetails
 from tests.maintenance.checkout import setup
 from tests.maintenance.support import EXPIRED, Backend, in_threads, new_scope, pending
 
@@ -107,6 +108,10 @@ def test_b2_a_key_whose_flow_keeps_failing_is_left_for_a_human(db: Backend) -> N
     assert record is not None and record.error is not None
     assert "3 attempt(s)" in record.error and "the flow has a bug" in record.error
     assert key_state(record, record.created_at) is KeyState.ERRORED
+    # F6: the give-up is stored neutral with a code of its own, for any wire profile.
+    assert record.response is not None
+    details = ProblemDetails.from_stored(record.response)
+    assert details is not None and details.problem is Problem.REQUEST_ABANDONED
     # Errored keys are never picked again.
     assert Completer(db.store, config, flows=registry).run_once().completions == ()
 

@@ -3,7 +3,6 @@ ones, and never touches a live lock or an errored key."""
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from idempotence import KeyState, LockLost, StoredResponse, key_state
 from idempotence.flows import Flow
 from idempotence.maintenance import Reaper, ReaperConfig, Retention, Signals
+from idempotence.problems import Problem, ProblemDetails
 from tests.maintenance.support import Backend, claim, finished, in_threads, new_scope, pending
 
 FAST = ReaperConfig(batch_pause=0.0)
@@ -36,8 +36,9 @@ def test_b3_an_expired_pending_key_gets_a_stored_408(db: Backend) -> None:
     assert record is not None and record.response is not None
     assert record.finished and record.error is None
     assert record.response.status == 408
-    assert ("content-type", "application/problem+json") in record.response.headers
-    assert json.loads(record.response.body)["status"] == 408
+    # F6: stored neutral, with a code of its own; the HTTP profile renders it.
+    details = ProblemDetails.from_stored(record.response)
+    assert details is not None and details.problem is Problem.REQUEST_EXPIRED
     assert record.expires_at is not None and record.finished_at is not None
     assert record.expires_at - record.finished_at == DAY
     assert key_state(record, record.finished_at) is KeyState.FAILED

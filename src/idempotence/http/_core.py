@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import BodyTooLarge, InvalidBody, InvalidKey, LockLost, MissingKey, StoreError
 from ..flows import Flow, FlowResult, ResultKind
+from ..problems import ProblemDetails
 from ..states import Claim, ClaimRequest, Lease, Outcome
 from ._config import Idempotency, Mode, Policy
 from ._effects import (
@@ -54,7 +55,7 @@ from ._effects import (
     StoreEffect,
     WaitForTwin,
 )
-from ._problems import Problem, Profile, render
+from ._problems import Problem, Profile, render_stored
 from ._request import (
     KEY_HEADER,
     RepeatedKey,
@@ -67,6 +68,7 @@ from ._request import (
 )
 from ._responses import (
     DOWN,
+    STORED_SERVER_ERROR,
     Action,
     answer,
     as_response,
@@ -74,7 +76,6 @@ from ._responses import (
     finalize,
     problem_reply,
     retry_after,
-    server_error,
     storable,
     store_down,
 )
@@ -236,13 +237,13 @@ def _handler(policy: Policy, profile: Profile, request: ClaimRequest) -> Lifecyc
             policy.max_response_bytes,
             lease,
             in_transaction=False,
-            on_overflow=lambda status: _overflow(policy, profile, lease, status),
+            on_overflow=lambda status: _overflow(policy, lease, status),
         )
     except Exception:
         # R5: an exception stores nothing (unless the endpoint stores server errors),
         # so a retry runs the request again; the framework answers the 500.
         if policy.store_server_errors:
-            yield from _settle(FinishKey(lease, server_error(profile)))
+            yield from _settle(FinishKey(lease, STORED_SERVER_ERROR))
         else:
             yield from _settle(ReleaseKey(lease))
         raise
@@ -258,7 +259,7 @@ def _handler(policy: Policy, profile: Profile, request: ClaimRequest) -> Lifecyc
     return Reply(ReplyKind.RESPOND, finalize(as_response(captured)), original=True)
 
 
-def _overflow(policy: Policy, profile: Profile, lease: Lease, status: int) -> StoreEffect:
+def _overflow(policy: Policy, lease: Lease, status: int) -> StoreEffect:
     """A response too large to store, in handler mode: the app's effects happened, so
     the response is sent once, streamed, and never stored truncated. A key that would
     have been stored is finished with a problem instead, marked errored for an
@@ -275,7 +276,7 @@ def _overflow(policy: Policy, profile: Profile, lease: Lease, status: int) -> St
         f"stores ({limit} bytes), so it cannot be replayed. It will not be processed "
         "again: look its result up through the API."
     )
-    response = render(profile, Problem.RESPONSE_NOT_REPLAYABLE, detail)
+    response = ProblemDetails.of(Problem.RESPONSE_NOT_REPLAYABLE, detail).stored()
     reason = f"response with status {status} larger than max_response_bytes={limit}: sent once"
     return FinishKey(lease, response, error=reason)
 
@@ -364,5 +365,7 @@ def _run_flow(policy: Policy, profile: Profile, flow: Flow, request: ClaimReques
         if result.error is not None and kind is ResultKind.FAILED:
             logger.error("flow %r failed", flow.name, exc_info=result.error)
         assert result.response is not None
-        replayed = kind is ResultKind.REPLAYED
-        return Reply(ReplyKind.RESPOND, finalize(result.response, replayed=replayed))
+        # A library problem the flow made (R5's 500, R6's 502) or stored comes
+        # neutral: the endpoint's profile gives it its wire form (F6).
+        response = render_stored(profile, result.response)
+        return Reply(ReplyKind.RESPOND, finalize(response, replayed=kind is ResultKind.REPLAYED))

@@ -9,11 +9,12 @@ import logging
 import math
 
 from ..errors import StoreError, StoreUnavailable
+from ..problems import ProblemDetails
 from ..states import Claim, Outcome, StoredResponse
 from ..stores import TransientError
 from ._config import Policy
 from ._effects import Captured, Reply, ReplyKind
-from ._problems import Problem, Profile, render
+from ._problems import Problem, Profile, render, render_stored
 
 logger = logging.getLogger("idempotence.http")
 
@@ -79,7 +80,9 @@ def answer(claim: Claim, policy: Policy, profile: Profile) -> Reply:
     """The reply to a claim this request did not win (P2, P3, P4)."""
     if claim.outcome is Outcome.REPLAY:
         assert claim.response is not None
-        return Reply(ReplyKind.RESPOND, finalize(claim.response, replayed=True))
+        return Reply(
+            ReplyKind.RESPOND, finalize(render_stored(profile, claim.response), replayed=True)
+        )
     record = claim.record
     if claim.outcome is Outcome.MISMATCH:
         return problem_reply(
@@ -123,12 +126,12 @@ def store_down(policy: Policy, profile: Profile, exc: StoreError, *, rolled_back
     )
 
 
-def server_error(profile: Profile) -> StoredResponse:
-    return render(
-        profile,
-        Problem.SERVER_ERROR,
-        "The request failed with an unexpected error. Retrying it returns this answer.",
-    )
+#: Stored when the app raised on an endpoint that stores server errors (R5); neutral,
+#: so every replay renders it in the endpoint's profile.
+STORED_SERVER_ERROR = ProblemDetails.of(
+    Problem.SERVER_ERROR,
+    "The request failed with an unexpected error. Retrying it returns this answer.",
+).stored()
 
 
 def as_response(captured: Captured) -> StoredResponse:

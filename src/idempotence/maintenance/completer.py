@@ -34,8 +34,9 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import ConfigurationError, LockLost
-from ..flows import Flow, FlowRegistry, FlowResult, ResultKind, problem
+from ..flows import Flow, FlowRegistry, FlowResult, ResultKind
 from ..flows import flows as default_flows
+from ..problems import Problem, ProblemDetails
 from ..states import KeyRecord, Outcome
 from ..stores import Store
 from . import _ops
@@ -122,12 +123,11 @@ class CompleteResult:
 
 
 #: What a key the completer gave up on answers to every retry.
-GAVE_UP_RESPONSE = problem(
-    500,
-    "Request Abandoned",
+GAVE_UP_RESPONSE = ProblemDetails.of(
+    Problem.REQUEST_ABANDONED,
     "The request could not be completed after repeated attempts and is on hold for an "
     "operator. Retrying it returns this answer.",
-)
+).stored()
 
 _KINDS = {
     ResultKind.EXECUTED: CompletionOutcome.COMPLETED,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ..flows import problem
+from ..problems import Problem, ProblemDetails
 from ..stores import Store
 from . import _ops
 from ._ops import ExpiredKey
@@ -51,13 +51,12 @@ class Retention:
 
 
 #: What a key that expired before it finished answers to every retry.
-EXPIRED_RESPONSE = problem(
-    408,
-    "Request Expired",
+EXPIRED_RESPONSE = ProblemDetails.of(
+    Problem.REQUEST_EXPIRED,
     "The request was not completed before its Idempotency-Key expired, and it will not "
     "be completed. Check whether its effects happened before sending it again with a "
     "new Idempotency-Key.",
-)
+).stored()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
