@@ -27,6 +27,7 @@ from ._driver import (
     perform,
     run,
 )
+from ._nesting import Gate
 from ._ops import Dialect, Op, Query, Row
 
 T = TypeVar("T")
@@ -97,6 +98,14 @@ class Store:
     ``instrumentation`` keyword (:mod:`idempotence.observability`) is told of every
     claim, every refused fenced write, and the runs of the flows on the store.
 
+    While a thread (or, async, a task) has the store's :meth:`transaction` open, the
+    store's operations there take ``tx=`` (claim, finish, perform) or wait for the
+    transaction to end: one that would need a connection of its own (any operation
+    without ``tx=``, a second ``transaction()``) raises
+    :class:`~idempotence.errors.StoreInTransaction` at once, on every store, rather
+    than wait for the transaction that waits for it. After :meth:`close`, every
+    operation raises :class:`~idempotence.errors.StoreUnavailable`.
+
     >>> claim = store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
     ... # doctest: +SKIP
     >>> if claim.outcome is Outcome.EXECUTE:                              # doctest: +SKIP
@@ -112,6 +121,7 @@ class Store:
         self._dialect = dialect
         # A disabled instrumentation (its package missing) is dropped: None costs nothing.
         self._instrumentation = combine(instrumentation)
+        self._gate = Gate()
 
     def claim(self, request: ClaimRequest, *, tx: Transaction | None = None) -> Claim:
         """Claim ``request``'s key in one atomic step and return its single outcome.
@@ -146,7 +156,7 @@ class Store:
         racing duplicate then waits for this transaction to end and replays its
         response.
         """
-        with self._source.connection() as conn:
+        with self._gate.transaction(), self._source.connection() as conn:
             if claim is None:
                 with conn.atomic():
                     yield Transaction(conn)
@@ -285,7 +295,10 @@ class Store:
         return self._own(lambda: _ops.migrate(self._dialect), atomic=True)
 
     def close(self) -> None:
-        """Close the connections the store opened itself."""
+        """Close the connections the store opened itself; every later operation raises
+        :class:`~idempotence.errors.StoreUnavailable` (an application's pool or
+        connection stays open). Closing twice is harmless."""
+        self._gate.close()
         self._source.close()
 
     def __enter__(self) -> Store:
@@ -296,6 +309,7 @@ class Store:
 
     def _own(self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True) -> T:
         """Run an operation in a transaction of its own, retrying transient aborts."""
+        self._gate.check()
         for attempt in range(TRANSIENT_ATTEMPTS):
             try:
                 with self._source.connection() as conn:
@@ -324,6 +338,7 @@ class AsyncStore:
         self._source = source
         self._dialect = dialect
         self._instrumentation = combine(instrumentation)
+        self._gate = Gate()
 
     async def claim(self, request: ClaimRequest, *, tx: AsyncTransaction | None = None) -> Claim:
         if self._instrumentation is not None:
@@ -348,7 +363,7 @@ class AsyncStore:
     async def transaction(
         self, *, claim: ClaimRequest | None = None
     ) -> AsyncIterator[AsyncTransaction]:
-        async with self._source.connection() as conn:
+        async with self._gate.transaction_async(), self._source.connection() as conn:
             if claim is None:
                 async with conn.atomic():
                     yield AsyncTransaction(conn)
@@ -446,6 +461,7 @@ class AsyncStore:
         return await self._own(lambda: _ops.migrate(self._dialect), atomic=True)
 
     async def close(self) -> None:
+        self._gate.close()
         await self._source.close()
 
     async def __aenter__(self) -> AsyncStore:
@@ -457,6 +473,7 @@ class AsyncStore:
     async def _own(
         self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True
     ) -> T:
+        self._gate.check()
         for attempt in range(TRANSIENT_ATTEMPTS):
             try:
                 async with self._source.connection() as conn:
