@@ -28,7 +28,8 @@ from idempotence import (
     StoredResponse,
     StoreInTransaction,
 )
-from tests.support.sources import OWNED_POOLS, OnSource
+from tests.support.sources import OWNED_POOLS, SOURCES, OnSource, open_on
+from tests.support.stores import EventLoopThread
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -43,7 +44,7 @@ def response() -> StoredResponse:
 
 def hold(store: Any, scope: str, key: str = "k") -> Lease:
     lease = store.claim(request(scope, key)).lease
-    assert lease is not None
+    assert isinstance(lease, Lease)
     return lease
 
 
@@ -112,18 +113,22 @@ def test_operations_given_tx_run_in_the_transaction(on_source: OnSource) -> None
     assert store.get(scope, "k").response is not None  # finished
 
 
-def test_another_thread_is_not_refused(on_source: OnSource) -> None:
+@pytest.mark.parametrize("source_id", [s for s in SOURCES if s.endswith(OWNED_POOLS)])
+def test_another_thread_is_not_refused(
+    source_id: str, loop_thread: EventLoopThread, pg_url: str, sqlite_path: str
+) -> None:
     """The rule is per thread (task): another thread takes its own turn, and on a
     store with connections to spare it does not even wait."""
-    if on_source.source not in OWNED_POOLS:
-        pytest.skip("one connection: another thread waits for the transaction to end")
-    store, scope = on_source.store, _scope()
+    store, scope = open_on(source_id, loop_thread, pg_url, sqlite_path).store, _scope()
     got: list[Any] = []
-    with store.transaction():
-        reader = threading.Thread(target=lambda: got.append(store.get(scope, "k")))
-        reader.start()
-        reader.join(timeout=20)
-        assert not reader.is_alive()
+    try:
+        with store.transaction():
+            reader = threading.Thread(target=lambda: got.append(store.get(scope, "k")))
+            reader.start()
+            reader.join(timeout=20)
+            assert not reader.is_alive()
+    finally:
+        store.close()
     assert got == [None]
 
 

@@ -46,10 +46,6 @@ class OnSource:
     #: Closes what the application opened, after the store.
     app_close: list[Callable[[], None]] = field(default_factory=list)
 
-    @property
-    def source(self) -> str:
-        return self.id.rsplit("-", 1)[1]
-
 
 def open_on(source_id: str, loop: EventLoopThread, pg_url: str, sqlite_path: str) -> OnSource:
     """Open the store ``source_id`` names (one of :data:`SOURCES`), migrated."""
@@ -109,6 +105,7 @@ def _sqlite(flavour: str, source: str, loop: EventLoopThread, path: str) -> OnSo
 
 def _sqlite_alive(conn: sqlite3.Connection) -> bool:
     try:
-        return conn.execute("SELECT 1").fetchone() == (1,)
+        row = conn.execute("SELECT 1").fetchone()
     except sqlite3.ProgrammingError:  # closed
         return False
+    return bool(row == (1,))
