@@ -23,6 +23,7 @@ from tests.support.postgres import (
     drop_database,
     provide_server_info,
 )
+from tests.support.sources import SOURCES, OnSource, open_on
 from tests.support.stores import Blocking, EventLoopThread, StoreKind
 
 STORE_IDS = ["postgres-sync", "postgres-async", "sqlite-sync", "sqlite-async"]
@@ -116,3 +117,17 @@ def store(store_kind: StoreKind, loop_thread: EventLoopThread) -> Iterator[Any]:
 def scope() -> str:
     """A scope of this test's own."""
     return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=SOURCES)
+def on_source(
+    request: pytest.FixtureRequest, loop_thread: EventLoopThread, pg_url: str, sqlite_path: str
+) -> Iterator[OnSource]:
+    """Each store on each kind of source it takes (tests/support/sources.py)."""
+    opened = open_on(request.param, loop_thread, pg_url, sqlite_path)
+    try:
+        yield opened
+    finally:
+        opened.store.close()
+        for close in opened.app_close:
+            close()

@@ -27,6 +27,7 @@ from .errors import (
     RequestError,
     SchemaMissing,
     StoreError,
+    StoreInTransaction,
     StoreUnavailable,
 )
 from .observability import Instrumentation
@@ -90,6 +91,7 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreError",
+    "StoreInTransaction",
     "StoreUnavailable",
     "StoredResponse",
     "Transaction",

@@ -78,3 +78,9 @@ class KeyNotFound(StoreError):
 
 class ConfigurationError(IdempotenceError):
     """The library is configured in a way that cannot work."""
+
+
+class StoreInTransaction(ConfigurationError):
+    """This store has a transaction open in this thread or task, and the operation
+    would need a connection of its own, so it would wait for that transaction forever:
+    pass ``tx=`` (claim, finish, perform) or call it after the transaction ends."""

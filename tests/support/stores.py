@@ -3,12 +3,16 @@
 The suite is written once and run against each store in both flavours. An async store
 is driven through :class:`Blocking`, which runs its coroutines on a private event
 loop in a background thread, so a test reads the same either way; the concurrency
-tests that must use asyncio tasks use the async store directly.
+tests that must use asyncio tasks use the async store directly. All the calls one
+thread makes through a :class:`Blocking` face run in one context of that thread's own,
+as the awaits of one task would: a transaction opened through the face is open for the
+thread's next calls (the store refuses to nest, see ``stores/_nesting.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -28,7 +32,11 @@ class EventLoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], context: contextvars.Context | None = None) -> T:
+        """Run ``coro`` to its end; in ``context`` when given (else a copy of the
+        caller's, as for any new task)."""
+        if context is not None:
+            coro = _in_context(coro, context)
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=120)
 
     def close(self) -> None:
@@ -37,15 +45,27 @@ class EventLoopThread:
         self.loop.close()
 
 
+async def _in_context(coro: Coroutine[Any, Any, T], context: contextvars.Context) -> T:
+    return await asyncio.create_task(coro, context=context)
+
+
+class _ThreadContexts(threading.local):
+    """One context per thread, as one task keeps one through all its awaits."""
+
+    def __init__(self) -> None:
+        self.context = contextvars.Context()
+
+
 class BlockingTransaction:
-    def __init__(self, tx: Any, loop: EventLoopThread) -> None:
+    def __init__(self, tx: Any, run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
         self._tx = tx
-        self._loop = loop
+        self._run = run
         self.connection = tx.connection
         self.claim = tx.claim
 
     def execute(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
-        return self._loop.run(self._tx.execute(sql, params))
+        result: list[dict[str, Any]] = self._run(self._tx.execute(sql, params))
+        return result
 
 
 class Blocking:
@@ -54,12 +74,16 @@ class Blocking:
     def __init__(self, store: AsyncStore, loop: EventLoopThread) -> None:
         self.store = store
         self._loop = loop
+        self._contexts = _ThreadContexts()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._loop.run(coro, self._contexts.context)
 
     def claim(self, request: Any) -> Any:
-        return self._loop.run(self.store.claim(request))
+        return self._run(self.store.claim(request))
 
     def checkpoint(self, tx: BlockingTransaction, lease: Any, recovery_point: str) -> Any:
-        return self._loop.run(self.store.checkpoint(tx._tx, lease, recovery_point))
+        return self._run(self.store.checkpoint(tx._tx, lease, recovery_point))
 
     def finish(
         self,
@@ -71,42 +95,40 @@ class Blocking:
         at_commit: bool = False,
     ) -> None:
         inner = None if tx is None else tx._tx
-        self._loop.run(
-            self.store.finish(lease, response, tx=inner, error=error, at_commit=at_commit)
-        )
+        self._run(self.store.finish(lease, response, tx=inner, error=error, at_commit=at_commit))
 
     def release(self, lease: Any) -> None:
-        self._loop.run(self.store.release(lease))
+        self._run(self.store.release(lease))
 
     def heartbeat(self, lease: Any) -> Any:
-        return self._loop.run(self.store.heartbeat(lease))
+        return self._run(self.store.heartbeat(lease))
 
     def get(self, scope: str, key: str) -> Any:
-        return self._loop.run(self.store.get(scope, key))
+        return self._run(self.store.get(scope, key))
 
     def forget(self, lease: Any) -> None:
-        self._loop.run(self.store.forget(lease))
+        self._run(self.store.forget(lease))
 
     def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
-        self._loop.run(self.store.wait_for_settle(scope, key, seconds))
+        self._run(self.store.wait_for_settle(scope, key, seconds))
 
     def migrate(self) -> list[str]:
-        return self._loop.run(self.store.migrate())
+        return self._run(self.store.migrate())
 
     def close(self) -> None:
-        self._loop.run(self.store.close())
+        self._run(self.store.close())
 
     @contextmanager
     def transaction(self, *, claim: Any = None) -> Iterator[BlockingTransaction]:
         cm = self.store.transaction(claim=claim)
-        tx = self._loop.run(cm.__aenter__())
+        tx = self._run(cm.__aenter__())
         try:
-            yield BlockingTransaction(tx, self._loop)
+            yield BlockingTransaction(tx, self._run)
         except BaseException as exc:
-            if not self._loop.run(cm.__aexit__(type(exc), exc, exc.__traceback__)):
+            if not self._run(cm.__aexit__(type(exc), exc, exc.__traceback__)):
                 raise
         else:
-            self._loop.run(cm.__aexit__(None, None, None))
+            self._run(cm.__aexit__(None, None, None))
 
 
 @dataclass(frozen=True)

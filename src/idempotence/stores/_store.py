@@ -20,6 +20,7 @@ from ..states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredRes
 from . import _ops
 from ._connection import Connection, Source
 from ._driver import TRANSIENT_ATTEMPTS, TransientError, backoff
+from ._nesting import Gate
 from ._ops import Dialect, Op, Query, Row
 
 T = TypeVar("T")
@@ -70,6 +71,14 @@ class Store:
     ...     with store.transaction() as tx:
     ...         tx.execute("INSERT INTO rides ...")
     ...         store.finish(claim.lease, StoredResponse.of(201, body="{}"), tx=tx)
+
+    While a thread (or, async, a task) has the store's :meth:`transaction` open, the
+    store's operations there take ``tx=`` (claim, finish, perform) or wait for the
+    transaction to end: one that would need a connection of its own (any operation
+    without ``tx=``, a second ``transaction()``) raises
+    :class:`~idempotence.errors.StoreInTransaction` at once, on every store, rather
+    than wait for the transaction that waits for it. After :meth:`close`, every
+    operation raises :class:`~idempotence.errors.StoreUnavailable`.
     """
 
     def __init__(
@@ -83,6 +92,7 @@ class Store:
         self._dialect = dialect
         # A disabled instrumentation (its package missing) is dropped: None costs nothing.
         self._instrumentation = combine(instrumentation)
+        self._gate = Gate()
 
     def claim(self, request: ClaimRequest, *, tx: Transaction | None = None) -> Claim:
         """Claim ``request``'s key in one atomic step and return its single outcome.
@@ -117,7 +127,7 @@ class Store:
         racing duplicate then waits for this transaction to end and replays its
         response.
         """
-        with self._source.connection() as conn:
+        with self._gate.transaction(), self._source.connection() as conn:
             if claim is None:
                 with conn.atomic():
                     yield Transaction(conn)
@@ -256,7 +266,10 @@ class Store:
         return self._own(lambda: _ops.migrate(self._dialect), atomic=True)
 
     def close(self) -> None:
-        """Close the connections the store opened itself."""
+        """Close the connections the store opened itself; every later operation raises
+        :class:`~idempotence.errors.StoreUnavailable` (an application's pool or
+        connection stays open). Closing twice is harmless."""
+        self._gate.close()
         self._source.close()
 
     def __enter__(self) -> Store:
@@ -267,6 +280,7 @@ class Store:
 
     def _own(self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True) -> T:
         """Run an operation in a transaction of its own, retrying transient aborts."""
+        self._gate.check()
         for attempt in range(TRANSIENT_ATTEMPTS):
             try:
                 with self._source.connection() as conn:

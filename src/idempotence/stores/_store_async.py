@@ -18,6 +18,7 @@ from ..states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredRes
 from . import _ops
 from ._connection_async import AsyncConnection, AsyncSource
 from ._driver import TRANSIENT_ATTEMPTS, TransientError, backoff
+from ._nesting import Gate
 from ._ops import Dialect, Op, Query, Row
 
 T = TypeVar("T")
@@ -68,6 +69,14 @@ class AsyncStore:
     ...     async with store.transaction() as tx:
     ...         await tx.execute("INSERT INTO rides ...")
     ...         await store.finish(claim.lease, StoredResponse.of(201, body="{}"), tx=tx)
+
+    While a thread (or, async, a task) has the store's :meth:`transaction` open, the
+    store's operations there take ``tx=`` (claim, finish, perform) or wait for the
+    transaction to end: one that would need a connection of its own (any operation
+    without ``tx=``, a second ``transaction()``) raises
+    :class:`~idempotence.errors.StoreInTransaction` at once, on every store, rather
+    than wait for the transaction that waits for it. After :meth:`close`, every
+    operation raises :class:`~idempotence.errors.StoreUnavailable`.
     """
 
     def __init__(
@@ -81,6 +90,7 @@ class AsyncStore:
         self._dialect = dialect
         # A disabled instrumentation (its package missing) is dropped: None costs nothing.
         self._instrumentation = combine(instrumentation)
+        self._gate = Gate()
 
     async def claim(self, request: ClaimRequest, *, tx: AsyncTransaction | None = None) -> Claim:
         """Claim ``request``'s key in one atomic step and return its single outcome.
@@ -119,7 +129,7 @@ class AsyncStore:
         racing duplicate then waits for this transaction to end and replays its
         response.
         """
-        async with self._source.connection() as conn:
+        async with self._gate.transaction_async(), self._source.connection() as conn:
             if claim is None:
                 async with conn.atomic():
                     yield AsyncTransaction(conn)
@@ -260,7 +270,10 @@ class AsyncStore:
         return await self._own(lambda: _ops.migrate(self._dialect), atomic=True)
 
     async def close(self) -> None:
-        """Close the connections the store opened itself."""
+        """Close the connections the store opened itself; every later operation raises
+        :class:`~idempotence.errors.StoreUnavailable` (an application's pool or
+        connection stays open). Closing twice is harmless."""
+        self._gate.close()
         await self._source.close()
 
     async def __aenter__(self) -> AsyncStore:
@@ -273,6 +286,7 @@ class AsyncStore:
         self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True
     ) -> T:
         """Run an operation in a transaction of its own, retrying transient aborts."""
+        self._gate.check()
         for attempt in range(TRANSIENT_ATTEMPTS):
             try:
                 async with self._source.connection() as conn:

@@ -238,7 +238,8 @@ class _SingleSource:
 
     def __init__(self, raw: sqlite3.Connection, *, owned: bool) -> None:
         self._conn = _Connection(raw)
-        # Re-entrant: a thread inside store.transaction() may call the store again.
+        # A thread inside store.transaction() never comes back for it: the store's
+        # gate refuses that (StoreInTransaction, see _nesting).
         self._lock = threading.RLock()
         self._owned = owned
 
@@ -397,9 +398,13 @@ class _AsyncSource:
             finally:
                 if conn.raw.in_transaction:  # an interrupted operation
                     await conn.reset()
-                self._idle.append(conn)
+                if self._closed:  # back after close(): nobody will take it again
+                    await conn.close(close_raw=self._owned)
+                else:
+                    self._idle.append(conn)
 
     async def close(self) -> None:
+        # Idle connections close now, busy ones as they come back (above).
         self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:

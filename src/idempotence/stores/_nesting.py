@@ -1,0 +1,85 @@
+"""The one gate every SQL store's own connections go through, sync and async alike.
+
+Two rules, the same on every store and every source:
+
+* Inside a store's open transaction, the same thread or task must not ask the store
+  for a connection of its own (an operation without ``tx=``, a second
+  ``transaction()``). Depending on the source that would wait forever for the very
+  transaction that waits for it (SQLite's one writer, a single-connection source's
+  one slot, a PostgreSQL row lock), or quietly run inside it: so it raises
+  :class:`~idempotence.errors.StoreInTransaction` at once, everywhere.
+* After ``close()`` the store takes no connection at all, even from an application's
+  pool or connection that stays open: :class:`~idempotence.errors.StoreUnavailable`.
+
+"The same thread or task" is a :class:`contextvars.ContextVar`: each thread has a
+context of its own, each asyncio task a copy of its creator's. So a task created
+inside the transaction counts as inside it (awaiting it there could deadlock just the
+same), and a thread started inside it does not (it waits its turn like any other).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
+
+from ..errors import StoreInTransaction, StoreUnavailable
+
+#: The gates of the stores that have a transaction open in the current context.
+_OPEN: ContextVar[frozenset[Gate]] = ContextVar(
+    "idempotence_open_transactions", default=frozenset()
+)
+
+_NESTED_OPERATION = (
+    "A store operation without tx= (claim, finish, release, heartbeat, forget, get, "
+    "perform, migrate) was called while this store's transaction is open in the same "
+    "thread or task: it would need a connection of its own and could wait forever for "
+    "that transaction. Pass tx= (claim, finish, perform) to run it in the transaction, "
+    "or call it after the transaction ends."
+)
+_NESTED_TRANSACTION = (
+    "store.transaction() was opened while this store's transaction is open in the same "
+    "thread or task: it would need a connection of its own and could wait forever for "
+    "the first. Run the statements in the open transaction (tx.execute, tx= on the "
+    "store's operations), or open the second after the first ends."
+)
+_CLOSED = "This store is closed (close() is final): open a new store to use the database."
+
+
+class Gate:
+    """A store's way to connections of its own: refused while the store has a
+    transaction open in this context, and for good after :meth:`close`."""
+
+    def __init__(self) -> None:
+        self._closed = False
+
+    def check(self) -> None:
+        """Raise unless an operation may take a connection of its own now."""
+        if self._closed:
+            raise StoreUnavailable(_CLOSED)
+        if self in _OPEN.get():
+            raise StoreInTransaction(_NESTED_OPERATION)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Mark the store's transaction open in this context while the block runs."""
+        if self in _OPEN.get():
+            raise StoreInTransaction(_NESTED_TRANSACTION)
+        self.check()
+        _OPEN.set(_OPEN.get() | {self})
+        try:
+            yield
+        finally:
+            # Not ContextVar.reset(): transactions of two stores may end out of order
+            # (the HTTP drivers enter and exit them by hand), and an async block may
+            # be exited from another task's context, where a token is refused.
+            _OPEN.set(_OPEN.get() - {self})
+
+    @asynccontextmanager
+    async def transaction_async(self) -> AsyncIterator[None]:
+        """:meth:`transaction` for an ``async with`` beside the connection's."""
+        with self.transaction():
+            yield
+
+    def close(self) -> None:
+        self._closed = True
