@@ -2,7 +2,7 @@
 
 Clients send an ``Idempotency-Key``; the key store claims it atomically, replays the
 stored response to retries, and refuses racing or mismatched duplicates. See the
-README for a tour and ``DESIGN.md`` for the contract.
+README for a tour and ``docs/design.md`` for the contract.
 
 >>> from idempotence import SqliteStore, ClaimRequest, Outcome
 >>> store = SqliteStore(":memory:"); _ = store.migrate()
@@ -19,17 +19,20 @@ from .errors import (
     BodyTooLarge,
     ConfigurationError,
     IdempotenceError,
+    Indeterminate,
     InvalidBody,
     InvalidKey,
     KeyNotFound,
     LockLost,
     MissingKey,
+    Reject,
     RequestError,
     SchemaMissing,
     StoreError,
     StoreInTransaction,
     StoreUnavailable,
 )
+from .flows import Advance, Finish, Flow, FlowRegistry, FlowResult, NoOp, ResultKind
 from .observability import Instrumentation
 from .states import (
     FINISHED,
@@ -61,6 +64,15 @@ if TYPE_CHECKING:
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "ResultKind",
+    "Reject",
+    "NoOp",
+    "Indeterminate",
+    "FlowResult",
+    "FlowRegistry",
+    "Flow",
+    "Finish",
+    "Advance",
     "FINISHED",
     "STARTED",
     "AsyncKeyStore",

@@ -8,7 +8,10 @@ went wrong; pass a message to say more. Driver errors are always wrapped with
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .states import StoredResponse
 
 
 class IdempotenceError(Exception):
@@ -84,3 +87,24 @@ class StoreInTransaction(ConfigurationError):
     """This store has a transaction open in this thread or task, and the operation
     would need a connection of its own, so it would wait for that transaction forever:
     pass ``tx=`` (claim, finish, perform) or call it after the transaction ends."""
+
+
+# -- raised by the application's own steps, read by the flow engine (R5, R6) ----------
+
+
+class Reject(Exception):
+    """Raise from a phase to refuse the request with ``response``.
+
+    Before the first phase commits, nothing is stored and the key is forgotten, so the
+    client can correct the request and retry with the same key (R5). Later, the
+    response is stored like any terminal answer.
+    """
+
+    def __init__(self, response: StoredResponse) -> None:
+        super().__init__(f"request rejected with {response.status}")
+        self.response = response
+
+
+class Indeterminate(Exception):
+    """Raise from a foreign call whose outcome is unknown (a timeout after the request
+    was sent, a reset connection). ``TimeoutError`` and ``ConnectionError`` count too."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from .errors import LockLost
 
 if TYPE_CHECKING:
-    from .flows import FlowResult, PhaseResult
+    from .flows.results import FlowResult, PhaseResult
     from .states import Claim, ClaimRequest
 
 T = TypeVar("T")

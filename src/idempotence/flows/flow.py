@@ -1,65 +1,14 @@
-"""Resumable flows: atomic phases, recovery points, foreign calls (DESIGN 5, F1-F3).
-
-A :class:`Flow` is a small DAG of steps keyed by recovery point. Running it claims
-the key and then loops: read the recovery point, run the step registered there,
-commit, repeat, until a step finishes with a response (R1).
-
-* An **atomic phase** runs in ONE transaction on the store's database; the phase's own
-  writes go through ``ctx.tx`` and commit together with the checkpoint, which is the
-  transaction's last statement and is fenced by the lock token (R2, F1).
-* A **foreign step** calls something outside the database (a payment provider) with
-  no transaction open, using a key derived from the key row (R3, R4), and then records
-  the call's result in an atomic phase. A crash between the call and the record makes
-  the next attempt call again with the SAME derived key, and the provider's own
-  idempotency absorbs the repeat. A call marked ``idempotent=False`` is never repeated
-  blindly: a crash or an indeterminate failure makes the key errored, for a human (R6).
-
->>> rides = Flow("rides")
->>> @rides.phase("started")
-... def create_ride(ctx: PhaseContext) -> Advance:
-...     ctx.tx.execute("INSERT INTO rides (key_id) VALUES (?)", (ctx.lease.id,))
-...     return Advance("ride_created")
->>> rides.foreign(
-...     "ride_created", name="charge",
-...     call=lambda ctx: provider.charge(2000, idempotency_key=ctx.key_for("charge")),
-...     record=lambda ctx, charge: Finish(StoredResponse.of(201, body=charge["id"])),
-... )                                                           # doctest: +SKIP
->>> result = rides.run(store, request)                          # doctest: +SKIP
-
-The engine below is written once, as a generator of effects; :mod:`._flow_driver_async`
-performs them on a sync or an async SQL store. A flow needs the SQL store's
-transaction shared with its phases, so :meth:`Flow.run` takes a
-:class:`~idempotence.Store`, not a :class:`~idempotence.KeyStore`: a backend without
-one (Redis) is refused by type.
-
-A run can be watched: ``run(store, request, observer=fn)`` calls ``fn(event)`` at each
-boundary where a crash leaves a different state behind (the crash-injection harness,
-:mod:`idempotence.testing.harness`, kills the worker there; F4):
-
-* ``phase:<point>:before_commit``: the phase at ``<point>`` returned, its writes are
-  in the open transaction, its checkpoint is not written yet;
-* ``phase:<point>:after_commit``: the phase's transaction committed;
-* ``call:<name>:before`` and ``call:<name>:after``: around foreign call ``<name>``,
-  with no transaction open.
-
-Metrics and traces come from the store instead: a store built with
-``instrumentation=`` watches each run of a flow on it, each phase and each foreign
-call (:mod:`idempotence.observability`).
-"""
+"""A flow: its steps, its engine (a generator of effects), and its runs."""
 
 from __future__ import annotations
 
 import contextlib
-import enum
-import json
-from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigurationError, LockLost
-from .problems import Problem, ProblemDetails
-from .states import (
+from ..errors import ConfigurationError, LockLost, Reject
+from ..states import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_RETENTION,
     FINISHED,
@@ -71,322 +20,44 @@ from .states import (
     Outcome,
     StoredResponse,
 )
+from ..stores import AsyncStore, Store
+from ._driver import drive
+from ._driver_async import drive_async
+from .contexts import Observer, PhaseContext
+from .effects import (
+    DoCall,
+    DoCheckpoint,
+    DoClaim,
+    DoFinish,
+    DoForget,
+    DoInTransaction,
+    DoPhase,
+    DoRelease,
+    Engine,
+)
+from .results import (
+    PAUSED_RESPONSE,
+    SERVER_ERROR,
+    Finish,
+    FlowResult,
+    NoOp,
+    ResultKind,
+    indeterminate_response,
+)
+from .steps import (
+    ATTEMPT_MARK,
+    INDETERMINATE,
+    AtomicStep,
+    CallFn,
+    ForeignStep,
+    PhaseFn,
+    RecordFn,
+    Step,
+    attempt_point,
+)
 
 if TYPE_CHECKING:
-    from .stores import AsyncKeyStore, AsyncStore, KeyStore, Store
-
-# -- what a phase returns (R2) ----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Advance:
-    """Commit the phase and continue from ``recovery_point``."""
-
-    recovery_point: str
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """Commit the phase and store ``response``: the key is finished. A status of 400
-    or more is a terminal answer too, stored and replayed (R5: a declined card)."""
-
-    response: StoredResponse
-
-
-@dataclass(frozen=True, slots=True)
-class NoOp:
-    """Commit the phase's writes, keep the recovery point, and end this attempt: the
-    key is unlocked and the next attempt (a retry, the completer) resumes here. The
-    caller gets an unstored 202."""
-
-
-PhaseResult: TypeAlias = Advance | Finish | NoOp
-
-
-class Reject(Exception):
-    """Raise from a phase to refuse the request with ``response``.
-
-    Before the first phase commits, nothing is stored and the key is forgotten, so the
-    client can correct the request and retry with the same key (R5). Later, the
-    response is stored like any terminal answer.
-    """
-
-    def __init__(self, response: StoredResponse) -> None:
-        super().__init__(f"request rejected with {response.status}")
-        self.response = response
-
-
-class Indeterminate(Exception):
-    """Raise from a foreign call whose outcome is unknown (a timeout after the request
-    was sent, a reset connection). ``TimeoutError`` and ``ConnectionError`` count too."""
-
-
-INDETERMINATE = (Indeterminate, TimeoutError, ConnectionError)
-
-# -- contexts ---------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class PhaseContext:
-    """What an atomic phase gets: the key, and the transaction to write in."""
-
-    flow: Flow
-    record: KeyRecord
-    lease: Lease
-    #: The phase's transaction: ``Transaction`` or ``AsyncTransaction``.
-    tx: Any
-    #: For the phase that records a foreign call: the call's return value.
-    result: Any = None
-    jobs: list[tuple[str, str, Any]] = field(default_factory=list)
-
-    @property
-    def params(self) -> Any:
-        """The request parameters stored at the first claim."""
-        return self.record.params
-
-    def key_for(self, name: str) -> str:
-        """The derived idempotency key of foreign call ``name`` (R4)."""
-        return self.flow.key_for(self.lease.id, name)
-
-    def stage(self, name: str, args: Any = None, *, job_key: str | None = None) -> None:
-        """Stage job ``name`` with JSON ``args``: it commits with this phase (R7).
-
-        Its ``job_key`` (the runner's dedup id) is derived from the key row, the
-        phase and the job's place in it unless given.
-        """
-        json.dumps(args)  # fail in the phase, not at commit, on unserialisable args
-        # The token keeps a phase that runs again in a later attempt (after a NoOp)
-        # from colliding with the job it staged the first time.
-        lease = self.lease
-        place = f"{lease.id}-{lease.token}-{lease.recovery_point}-{name}-{len(self.jobs)}"
-        key = job_key or f"{self.flow.name}-{place}"
-        self.jobs.append((key, name, args if args is not None else {}))
-
-
-@dataclass(slots=True)
-class ForeignContext:
-    """What a foreign call gets: the key, its derived keys, and a heartbeat (F2).
-
-    ``heartbeat()`` extends the lock (fenced); on an async store it is a coroutine
-    function. A call that outlasts the lock timeout must beat, or another worker may
-    take the key over and the recording phase will be refused (F1).
-    """
-
-    flow: Flow
-    record: KeyRecord
-    lease: Lease
-    heartbeat: Callable[[], Any]
-
-    @property
-    def params(self) -> Any:
-        return self.record.params
-
-    def key_for(self, name: str) -> str:
-        return self.flow.key_for(self.lease.id, name)
-
-
-# -- steps ------------------------------------------------------------------------------
-
-PhaseFn: TypeAlias = Callable[[PhaseContext], "PhaseResult | Awaitable[PhaseResult]"]
-CallFn: TypeAlias = Callable[[ForeignContext], Any]
-RecordFn: TypeAlias = Callable[[PhaseContext, Any], "PhaseResult | Awaitable[PhaseResult]"]
-
-
-@dataclass(frozen=True, slots=True)
-class AtomicStep:
-    recovery_point: str
-    fn: PhaseFn
-
-
-@dataclass(frozen=True, slots=True)
-class ForeignStep:
-    recovery_point: str
-    name: str
-    call: CallFn
-    record: RecordFn
-    idempotent: bool
-
-
-Step: TypeAlias = AtomicStep | ForeignStep
-
-#: Separates a recovery point from the foreign call a non-idempotent step has begun.
-ATTEMPT_MARK = "~calling:"
-
-
-def attempt_point(recovery_point: str, name: str) -> str:
-    """The recovery point committed just before a non-idempotent call (R6)."""
-    return f"{recovery_point}{ATTEMPT_MARK}{name}"
-
-
-# -- results ----------------------------------------------------------------------------
-
-
-class ResultKind(enum.Enum):
-    """How a run of a flow ended."""
-
-    #: This run finished the key; ``response`` is stored.
-    EXECUTED = "executed"
-    #: The key was finished before; ``response`` is the stored one (P3).
-    REPLAYED = "replayed"
-    #: The key belongs to another request (P2).
-    MISMATCH = "mismatch"
-    #: Another worker holds the key (P4).
-    IN_PROGRESS = "in_progress"
-    #: Another worker took the key over during this run; this run's writes were
-    #: refused (F1).
-    LOST = "lost"
-    #: An unexpected error: rolled back, unlocked, ``response`` (500) not stored
-    #: unless the flow stores server errors (R5).
-    FAILED = "failed"
-    #: The request was refused before its first phase committed: nothing stored (R5).
-    REJECTED = "rejected"
-    #: A phase returned NoOp: unlocked, to be resumed.
-    PAUSED = "paused"
-    #: A non-idempotent foreign call failed indeterminately: stored, flagged (R6).
-    ERRORED = "errored"
-
-
-@dataclass(frozen=True, slots=True)
-class FlowResult:
-    """The end of one run of a flow."""
-
-    kind: ResultKind
-    #: The claim this run made; None when a request-as-transaction run rolled back
-    #: (its claim with it).
-    claim: Claim | None
-    #: The response to send; None for MISMATCH, IN_PROGRESS and LOST, whose wire
-    #: form depends on the HTTP profile. A library problem (FAILED's 500, ERRORED's
-    #: 502) is in neutral form: :meth:`~idempotence.problems.ProblemDetails.from_stored`
-    #: reads it, and the HTTP layer renders it in the endpoint's profile (F6).
-    response: StoredResponse | None = None
-    #: Whether ``response`` is the stored one (replayed to every retry).
-    stored: bool = False
-    #: The exception behind FAILED, ERRORED or LOST.
-    error: BaseException | None = None
-
-
-def problem(status: int, title: str, detail: str) -> StoredResponse:
-    """An RFC 9457 problem response of the application's own (a declined card): stored
-    and replayed verbatim, whatever the endpoint's wire profile. The library's own
-    problems are :class:`~idempotence.problems.ProblemDetails` instead."""
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
-    return StoredResponse.of(
-        status, {"content-type": "application/problem+json"}, json.dumps(body).encode()
-    )
-
-
-#: R5: what a run that raised answers, in neutral form (rendered at the edge, F6).
-SERVER_ERROR = ProblemDetails.of(
-    Problem.SERVER_ERROR,
-    "The request failed and nothing of it was stored. Retry with the same "
-    "Idempotency-Key: the work resumes from its last completed step.",
-).stored()
-PAUSED_RESPONSE = StoredResponse.of(202, {"retry-after": "1"}, b"")
-
-
-def indeterminate_response(name: str) -> StoredResponse:
-    """R6: what a key errored by foreign call ``name`` answers, in neutral form."""
-    return ProblemDetails.of(
-        Problem.OUTCOME_UNKNOWN,
-        f"The call {name!r} to an external system may or may not have taken effect, and "
-        "it cannot be repeated safely. The request is on hold for an operator; retrying "
-        "it will return this answer.",
-    ).stored()
-
-
-# -- observing a run (F4) -----------------------------------------------------------------
-
-
-class Observer(Protocol):
-    """Called with the name of each boundary a run crosses (see the module docstring).
-
-    It runs on the worker's own thread, inside the phase's transaction for
-    ``before_commit``: keep it quick, and let it raise only to abort the run.
-    """
-
-    def __call__(self, event: str, /) -> None: ...
-
-
-# -- effects: what the engine asks its driver to do ---------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DoClaim:
-    request: ClaimRequest
-
-
-@dataclass(frozen=True, slots=True)
-class DoPhase:
-    """Run ``fn`` in a transaction, then close the phase; the driver returns
-    ``(PhaseResult, Lease)``."""
-
-    fn: Callable[..., Any]
-    context: PhaseContext
-    with_result: bool
-
-    def event(self, moment: str) -> str:
-        """The observer's name for this phase at ``moment``, by its step's recovery
-        point (a non-idempotent call's recording phase runs at an attempt point)."""
-        point = self.context.lease.recovery_point.partition(ATTEMPT_MARK)[0]
-        return f"phase:{point}:{moment}"
-
-
-@dataclass(frozen=True, slots=True)
-class DoCall:
-    """Run a foreign call outside any transaction; the driver returns its value."""
-
-    flow: Flow
-    step: ForeignStep
-    record: KeyRecord
-    lease: Lease
-
-    def event(self, moment: str) -> str:
-        return f"call:{self.step.name}:{moment}"
-
-
-@dataclass(frozen=True, slots=True)
-class DoInTransaction:
-    """F3: claim, run ``fn`` and store its response in one transaction; the driver
-    returns ``(Claim, PhaseResult | None)``."""
-
-    request: ClaimRequest
-    flow: Flow
-    fn: PhaseFn
-
-    def event(self, moment: str) -> str:
-        return f"phase:{STARTED}:{moment}"
-
-
-@dataclass(frozen=True, slots=True)
-class DoCheckpoint:
-    lease: Lease
-    recovery_point: str
-
-
-@dataclass(frozen=True, slots=True)
-class DoFinish:
-    lease: Lease
-    response: StoredResponse
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DoRelease:
-    lease: Lease
-
-
-@dataclass(frozen=True, slots=True)
-class DoForget:
-    lease: Lease
-
-
-Effect: TypeAlias = (
-    DoClaim | DoPhase | DoCall | DoInTransaction | DoCheckpoint | DoFinish | DoRelease | DoForget
-)
-Engine: TypeAlias = Generator[Effect, Any, FlowResult]
-
-
-# -- the flow ---------------------------------------------------------------------------
+    from ..stores import AsyncKeyStore, KeyStore
 
 
 class Flow:
@@ -516,8 +187,6 @@ class Flow:
         instrumentation, if any, watches the run, its phases and its foreign calls
         (:mod:`idempotence.observability`).
         """
-        from ._flow_driver import drive
-
         instrumentation = store.instrumentation
         if instrumentation is None:
             return drive(self.engine(request), store, observer)
@@ -530,8 +199,6 @@ class Flow:
         """Run this flow on an async SQL store (:class:`~idempotence.AsyncStore`, for
         the reason given in :meth:`run`); phases and calls may be coroutines.
         ``observer`` is a plain function, as for :meth:`run`."""
-        from ._flow_driver_async import drive_async
-
         instrumentation = store.instrumentation
         if instrumentation is None:
             return await drive_async(self.engine(request), store, observer)

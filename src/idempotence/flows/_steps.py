@@ -1,28 +1,20 @@
 """What a flow driver does around a step, sync or async alike: how a phase's result
 closes its transaction, the store's instrumentation around it, and what the observer
-is told after a foreign call. The drivers are :mod:`._flow_driver_async` (the source)
-and :mod:`._flow_driver` (generated from it).
+is told after a foreign call. The driver is :mod:`._driver_async` (the source) and
+:mod:`._driver` (generated from it).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .errors import ConfigurationError
-from .flows import (
-    ATTEMPT_MARK,
-    Advance,
-    DoCall,
-    DoInTransaction,
-    DoPhase,
-    Finish,
-    Indeterminate,
-    NoOp,
-    Observer,
-    PhaseContext,
-)
-from .observability import NO_WATCH, Instrumentation, Watch
-from .states import FINISHED, STARTED
+from ..errors import ConfigurationError, Indeterminate
+from ..observability import NO_WATCH, Instrumentation, Watch
+from ..states import FINISHED, STARTED
+from .contexts import Observer, PhaseContext
+from .effects import DoCall, DoInTransaction, DoPhase
+from .results import Advance, Finish, NoOp
+from .steps import ATTEMPT_MARK
 
 #: How the sync driver refuses a coroutine from a phase or a foreign call.
 NOT_SYNC = "{} returned a coroutine: run the flow with run_async"

@@ -1,0 +1,114 @@
+"""How a phase ends (R2) and how a run of a flow ends."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from ..problems import Problem, ProblemDetails
+from ..states import Claim, StoredResponse
+
+# -- what a phase returns (R2) ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """Commit the phase and continue from ``recovery_point``."""
+
+    recovery_point: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """Commit the phase and store ``response``: the key is finished. A status of 400
+    or more is a terminal answer too, stored and replayed (R5: a declined card)."""
+
+    response: StoredResponse
+
+
+@dataclass(frozen=True, slots=True)
+class NoOp:
+    """Commit the phase's writes, keep the recovery point, and end this attempt: the
+    key is unlocked and the next attempt (a retry, the completer) resumes here. The
+    caller gets an unstored 202."""
+
+
+PhaseResult: TypeAlias = Advance | Finish | NoOp
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+class ResultKind(enum.Enum):
+    """How a run of a flow ended."""
+
+    #: This run finished the key; ``response`` is stored.
+    EXECUTED = "executed"
+    #: The key was finished before; ``response`` is the stored one (P3).
+    REPLAYED = "replayed"
+    #: The key belongs to another request (P2).
+    MISMATCH = "mismatch"
+    #: Another worker holds the key (P4).
+    IN_PROGRESS = "in_progress"
+    #: Another worker took the key over during this run; this run's writes were
+    #: refused (F1).
+    LOST = "lost"
+    #: An unexpected error: rolled back, unlocked, ``response`` (500) not stored
+    #: unless the flow stores server errors (R5).
+    FAILED = "failed"
+    #: The request was refused before its first phase committed: nothing stored (R5).
+    REJECTED = "rejected"
+    #: A phase returned NoOp: unlocked, to be resumed.
+    PAUSED = "paused"
+    #: A non-idempotent foreign call failed indeterminately: stored, flagged (R6).
+    ERRORED = "errored"
+
+
+@dataclass(frozen=True, slots=True)
+class FlowResult:
+    """The end of one run of a flow."""
+
+    kind: ResultKind
+    #: The claim this run made; None when a request-as-transaction run rolled back
+    #: (its claim with it).
+    claim: Claim | None
+    #: The response to send; None for MISMATCH, IN_PROGRESS and LOST, whose wire
+    #: form depends on the HTTP profile. A library problem (FAILED's 500, ERRORED's
+    #: 502) is in neutral form: :meth:`~idempotence.problems.ProblemDetails.from_stored`
+    #: reads it, and the HTTP layer renders it in the endpoint's profile (F6).
+    response: StoredResponse | None = None
+    #: Whether ``response`` is the stored one (replayed to every retry).
+    stored: bool = False
+    #: The exception behind FAILED, ERRORED or LOST.
+    error: BaseException | None = None
+
+
+def problem(status: int, title: str, detail: str) -> StoredResponse:
+    """An RFC 9457 problem response of the application's own (a declined card): stored
+    and replayed verbatim, whatever the endpoint's wire profile. The library's own
+    problems are :class:`~idempotence.problems.ProblemDetails` instead."""
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
+    return StoredResponse.of(
+        status, {"content-type": "application/problem+json"}, json.dumps(body).encode()
+    )
+
+
+#: R5: what a run that raised answers, in neutral form (rendered at the edge, F6).
+SERVER_ERROR = ProblemDetails.of(
+    Problem.SERVER_ERROR,
+    "The request failed and nothing of it was stored. Retry with the same "
+    "Idempotency-Key: the work resumes from its last completed step.",
+).stored()
+PAUSED_RESPONSE = StoredResponse.of(202, {"retry-after": "1"}, b"")
+
+
+def indeterminate_response(name: str) -> StoredResponse:
+    """R6: what a key errored by foreign call ``name`` answers, in neutral form."""
+    return ProblemDetails.of(
+        Problem.OUTCOME_UNKNOWN,
+        f"The call {name!r} to an external system may or may not have taken effect, and "
+        "it cannot be repeated safely. The request is on hold for an operator; retrying "
+        "it will return this answer.",
+    ).stored()
