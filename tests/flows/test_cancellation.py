@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from idempotence import AsyncSqliteStore, Outcome, SqliteStore
-from idempotence.flows import Advance, Finish, Flow, StoredResponse
+from idempotence import AsyncSqliteStore, Outcome, SqliteStore, StoredResponse
+from idempotence.flows import Advance, Finish, Flow
 
 
 def interrupted_flow(name: str, error: BaseException) -> Flow:
