@@ -18,7 +18,7 @@ from ..errors import ConfigurationError, IdempotenceError
 from ..flows import Flow, FlowRegistry
 from ..observability import Instrumentation
 from ..stores import Store
-from .jobs import JobRegistry
+from ._jobs import JobRegistry
 from .logs import StructuredFormatter
 
 
