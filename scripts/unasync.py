@@ -35,6 +35,13 @@ SOURCES = [
     "stores/_postgres_async.py",
     "flows/_driver_async.py",
     "http/_driver_async.py",
+    "maintenance/_service_async.py",
+    "maintenance/sweeper_async.py",
+    "maintenance/reaper_async.py",
+    "maintenance/completer_async.py",
+    "maintenance/enqueuer_async.py",
+    "maintenance/jobs_async.py",
+    "maintenance/worker_async.py",
 ]
 
 # Applied in order, to every line (code, comments and docstrings alike, so that the

@@ -8,7 +8,8 @@ convention). Tables are for people; ``--json`` prints JSON for machines.
 ::
 
     idempotence migrate                       create or upgrade the tables
-    idempotence worker --flows app:flows      run every background service (B1-B4)
+    idempotence worker --flows app:flows      run every background service (B1-B4);
+                                              on an async store if a flow is async (F7)
     idempotence sweep | complete | reap | enqueue | run-jobs     one pass of one
     idempotence keys list --state errored     keys by state (F5)
     idempotence keys show SCOPE KEY           one key, every field
@@ -19,10 +20,12 @@ convention). Tables are for people; ``--json`` prints JSON for machines.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -43,10 +46,11 @@ from .maintenance._cli import (
     job_registry,
     jobs_option,
     json_option,
+    open_cli_async_store,
     open_cli_store,
 )
 from .observability import Instrumentation
-from .stores import Store
+from .stores import AsyncStore, Store
 
 
 @click.group()
@@ -84,23 +88,71 @@ def migrate(database: DatabaseUrl) -> None:
 
 
 def _one_pass(store: Store, make: Callable[[Store], Any], as_json: bool) -> None:
-    from .maintenance._format import to_json
-
     service = make(store)
+    with _passing(service.name) as progress:
+        result = service.run_once(progress=progress)
+    _print(service, result, as_json)
+
+
+def _one_pass_async(
+    database: DatabaseUrl, make: Callable[[AsyncStore], Any], as_json: bool
+) -> None:
+    """:func:`_one_pass` of an async service, on an async store (F7)."""
+
+    async def once() -> None:
+        async with open_cli_async_store(database) as store:
+            service = make(store)
+            with _passing(service.name) as progress:
+                result = await service.run_once(progress=progress)
+        _print(service, result, as_json)
+
+    asyncio.run(once())
+
+
+@contextmanager
+def _passing(name: str) -> Iterator[Callable[[str, int], None]]:
+    """A progress line on a terminal; the library's errors as exit status 1."""
     on_terminal = sys.stderr.isatty()
 
     def progress(what: str, done: int) -> None:
         if on_terminal:
-            click.echo(f"\r{service.name}: {done} {what}…", nl=False, err=True)
+            click.echo(f"\r{name}: {done} {what}…", nl=False, err=True)
 
     try:
-        result = service.run_once(progress=progress)
+        yield progress
     except IdempotenceError as exc:
-        fail(f"{service.name} failed: {exc.message}")
+        fail(f"{name} failed: {exc.message}")
     finally:
         if on_terminal:
             click.echo("\r\033[K", nl=False, err=True)
+
+
+def _print(service: Any, result: Any, as_json: bool) -> None:
+    from .maintenance._format import to_json
+
     click.echo(to_json(result) if as_json else service.summary(result))
+
+
+def _runs_async(registry: Any, forced: bool) -> bool:
+    """Whether the completer must run on an async store (F7): asked for, or a
+    registered flow has a coroutine phase or foreign call."""
+    from .maintenance._completion import async_flows
+
+    found = async_flows(registry)
+    if found:
+        logging.getLogger("idempotence.maintenance.worker").info(
+            "flows with coroutine steps (%s): running on an async store", ", ".join(found)
+        )
+    return forced or bool(found)
+
+
+async_option = click.option(
+    "--async",
+    "use_async",
+    is_flag=True,
+    help="Run on an async store, so that async flows and jobs are awaited (the default "
+    "when a registered flow has a coroutine phase or foreign call).",
+)
 
 
 def _config(cls: Any, batch_size: int | None, **changes: Any) -> Any:
@@ -133,6 +185,7 @@ def sweep(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
     "--grace", type=click.FloatRange(min=0), default=None, help="Seconds a key must be idle."
 )
 @click.option("--max-attempts", type=click.IntRange(min=1), default=None)
+@async_option
 @json_option
 def complete(
     database: DatabaseUrl,
@@ -140,10 +193,11 @@ def complete(
     batch_size: int | None,
     grace: float | None,
     max_attempts: int | None,
+    use_async: bool,
     as_json: bool,
 ) -> None:
-    """Resume abandoned keys through their flows (B2)."""
-    from .maintenance import Completer, CompleterConfig
+    """Resume abandoned keys through their flows (B2); async flows on an async store."""
+    from .maintenance import AsyncCompleter, Completer, CompleterConfig
 
     changes: dict[str, Any] = {}
     if grace is not None:
@@ -152,6 +206,9 @@ def complete(
         changes["max_attempts"] = max_attempts
     config = _config(CompleterConfig, batch_size, **changes)
     registry = flow_registry(flows)
+    if _runs_async(registry, use_async):
+        _one_pass_async(database, lambda s: AsyncCompleter(s, config, flows=registry), as_json)
+        return
     with open_cli_store(database) as store:
         _one_pass(store, lambda s: Completer(s, config, flows=registry), as_json)
 
@@ -225,6 +282,7 @@ def run_jobs(database: DatabaseUrl, jobs: Any, batch_size: int | None, as_json: 
     default=None,
     help="Serve Prometheus metrics on this port (needs idempotence[metrics]).",
 )
+@async_option
 def worker(
     database: DatabaseUrl,
     flows: Any,
@@ -232,10 +290,16 @@ def worker(
     interval: float | None,
     grace: float | None,
     metrics_port: int | None,
+    use_async: bool,
 ) -> None:
     """Run the sweeper, completer, reaper and enqueuer (and the job runner, with
-    --jobs) until SIGTERM or SIGINT; each finishes its current batch first."""
+    --jobs) until SIGTERM or SIGINT; each finishes its current batch first.
+
+    When a registered flow has a coroutine phase or foreign call (or with --async),
+    every service runs on an async store on one event loop (F7), so the completer
+    resumes async flows and the job runner awaits async jobs."""
     from .maintenance import (
+        AsyncWorker,
         CompleterConfig,
         EnqueuerConfig,
         JobRunnerConfig,
@@ -269,6 +333,16 @@ def worker(
         prometheus_client.start_http_server(metrics_port)
         # The completer's claims count on the hot-path metrics too.
         instrumentation = PrometheusInstrumentation()
+    if _runs_async(registry, use_async):
+
+        async def work() -> None:
+            stop = asyncio.Event()
+            async with open_cli_async_store(database, instrumentation=instrumentation) as store:
+                with stop_on_signals(stop):
+                    await AsyncWorker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
+
+        asyncio.run(work())
+        return
     stop = threading.Event()
     with (
         open_cli_store(database, instrumentation=instrumentation) as store,

@@ -273,3 +273,35 @@ def test_registering_the_group_imports_no_web_stack():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
 
     assert out.stdout.strip() == "[]"
+
+
+def test_the_demo_worker_completes_rides_with_the_apis_async_flow_b2_f7(tmp_path):
+    """No blocking twin: the worker's completer is the async one, on an async store,
+    and resumes the ride flow built with the API's async charger (B2, F7)."""
+    import asyncio
+
+    import httpx
+
+    from idempotence import AsyncSqliteStore
+    from idempotence.demo.rides import FLOW_NAME
+    from idempotence.demo.stack import background_worker
+    from idempotence.maintenance import AsyncCompleter
+
+    config = StackConfig(
+        database=f"sqlite:///{tmp_path / 'keys.sqlite3'}",
+        data_dir=str(tmp_path),
+        api_ports=(8001,),
+        provider_port=8002,
+    )
+
+    async def build() -> None:
+        async with (
+            AsyncSqliteStore(str(tmp_path / "keys.sqlite3")) as store,
+            httpx.AsyncClient(base_url=config.provider_url) as client,
+        ):
+            worker = background_worker(config, store, client)
+            (completer,) = [s for s in worker.services if s.name == "completer"]
+            assert isinstance(completer, AsyncCompleter) and completer.store is store
+            assert [flow.name for flow in completer.flows] == [FLOW_NAME]
+
+    asyncio.run(build())

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from idempotence import StoredResponse
 from idempotence.flows import Advance, Finish, Flow, FlowRegistry, PhaseContext
@@ -24,6 +26,32 @@ def confirm(ctx: PhaseContext) -> Finish:
     ctx.stage("receipt", {"key": ctx.lease.key})
     return Finish(StoredResponse.of(201, body='{"ok": true}'))
 
+
+# An async application's flow (F7): a coroutine phase and a coroutine foreign call.
+# ``idempotence worker --flows tests.maintenance.app:async_flows`` sees them and runs
+# the services on an async store.
+async_flows = FlowRegistry()
+async_checkout = async_flows.register(Flow("cli_async_checkout"))
+
+
+@async_checkout.phase("started")
+async def reserve_async(ctx: PhaseContext) -> Advance:
+    await asyncio.sleep(0)
+    return Advance("reserved")
+
+
+async def charge_async(ctx: Any) -> str:
+    await asyncio.sleep(0)
+    return str(ctx.key_for("charge"))
+
+
+async def confirm_async(ctx: PhaseContext, charge: str) -> Finish:
+    await asyncio.sleep(0)
+    ctx.stage("receipt", {"key": ctx.lease.key})
+    return Finish(StoredResponse.of(201, body=f'{{"charge": "{charge}"}}'))
+
+
+async_checkout.foreign("reserved", name="charge", call=charge_async, record=confirm_async)
 
 jobs = JobRegistry()
 

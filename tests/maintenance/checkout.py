@@ -4,10 +4,17 @@ that counts calls per derived key, and a finish that stages a receipt job.
 Recovery points: ``started`` -> ``order_created`` -> ``charged`` -> finished. Faults
 make a step raise the first time it runs for a key, which leaves the key unlocked at
 that step's recovery point, as a crash would.
+
+:func:`checkout_flow` is written once for sync and async stores (its phases are
+statements, :func:`~idempotence.testing.example.sql_phase`), so the sync and the async
+completer resume the same flow; :func:`async_checkout_flow` is the same flow written
+the way an async application writes it, with coroutine phases and foreign call, which
+only the async completer can resume (F7).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterable
@@ -15,6 +22,7 @@ from typing import Any
 
 from idempotence import StoredResponse
 from idempotence.flows import Advance, Finish, Flow, FlowRegistry, PhaseContext
+from idempotence.testing.example import Statements, sql_phase
 from tests.maintenance.support import Backend
 
 TABLES = {
@@ -56,9 +64,10 @@ def checkout_flow(db: Backend, faults: Faults, name: str = "checkout") -> Flow:
     flow = Flow(name)
 
     @flow.phase("started")
-    def create_order(ctx: PhaseContext) -> Advance:
-        ctx.tx.execute(
-            db.sql("INSERT INTO orders (key_id, scope) VALUES (%(id)s, %(scope)s)"),
+    @sql_phase
+    def create_order(ctx: PhaseContext) -> Statements:
+        yield (
+            "INSERT INTO orders (key_id, scope) VALUES (:id, :scope)",
             {"id": ctx.lease.id, "scope": ctx.lease.scope},
         )
         faults.trip("create_order", ctx.lease.key)
@@ -66,18 +75,12 @@ def checkout_flow(db: Backend, faults: Faults, name: str = "checkout") -> Flow:
 
     def charge(ctx: Any) -> str:
         faults.trip("charge_call", ctx.lease.key)
-        derived: str = ctx.key_for("charge")
-        # The provider's own dedup: a repeated key is counted but charges nothing new.
-        db.execute(
-            "INSERT INTO provider_charges (derived_key, calls) VALUES (%(k)s, 1) "
-            "ON CONFLICT (derived_key) DO UPDATE SET calls = provider_charges.calls + 1",
-            {"k": derived},
-        )
-        return derived
+        return provider_charge(db, ctx.key_for("charge"))
 
-    def record_charge(ctx: PhaseContext, charge_id: str) -> Advance:
-        ctx.tx.execute(
-            db.sql("UPDATE orders SET charge = %(charge)s WHERE key_id = %(id)s"),
+    @sql_phase
+    def record_charge(ctx: PhaseContext, charge_id: str) -> Statements:
+        yield (
+            "UPDATE orders SET charge = :charge WHERE key_id = :id",
             {"charge": charge_id, "id": ctx.lease.id},
         )
         faults.trip("record_charge", ctx.lease.key)
@@ -89,10 +92,60 @@ def checkout_flow(db: Backend, faults: Faults, name: str = "checkout") -> Flow:
     def finish(ctx: PhaseContext) -> Finish:
         ctx.stage("receipt", {"key": ctx.lease.key})
         faults.trip("finish", ctx.lease.key)
-        body = json.dumps({"order": ctx.lease.id})
-        return Finish(StoredResponse.of(201, {"content-type": "application/json"}, body))
+        return finished_order(ctx)
 
     return flow
+
+
+def async_checkout_flow(db: Backend, faults: Faults, name: str = "async_checkout") -> Flow:
+    """:func:`checkout_flow` with coroutine phases and a coroutine foreign call."""
+    flow = Flow(name)
+
+    @flow.phase("started")
+    async def create_order(ctx: PhaseContext) -> Advance:
+        await ctx.tx.execute(
+            db.sql("INSERT INTO orders (key_id, scope) VALUES (%(id)s, %(scope)s)"),
+            {"id": ctx.lease.id, "scope": ctx.lease.scope},
+        )
+        faults.trip("create_order", ctx.lease.key)
+        return Advance("order_created")
+
+    async def charge(ctx: Any) -> str:
+        faults.trip("charge_call", ctx.lease.key)
+        return await asyncio.to_thread(provider_charge, db, ctx.key_for("charge"))
+
+    async def record_charge(ctx: PhaseContext, charge_id: str) -> Advance:
+        await ctx.tx.execute(
+            db.sql("UPDATE orders SET charge = %(charge)s WHERE key_id = %(id)s"),
+            {"charge": charge_id, "id": ctx.lease.id},
+        )
+        faults.trip("record_charge", ctx.lease.key)
+        return Advance("charged")
+
+    flow.foreign("order_created", name="charge", call=charge, record=record_charge)
+
+    @flow.phase("charged")
+    async def finish(ctx: PhaseContext) -> Finish:
+        ctx.stage("receipt", {"key": ctx.lease.key})
+        faults.trip("finish", ctx.lease.key)
+        return finished_order(ctx)
+
+    return flow
+
+
+def provider_charge(db: Backend, derived: str) -> str:
+    # The provider's own dedup: a repeated key is counted but charges nothing new.
+    db.execute(
+        "INSERT INTO provider_charges (derived_key, calls) VALUES (%(k)s, 1) "
+        "ON CONFLICT (derived_key) DO UPDATE SET calls = provider_charges.calls + 1",
+        {"k": derived},
+    )
+    return derived
+
+
+def finished_order(ctx: PhaseContext) -> Finish:
+    body = json.dumps({"order": ctx.lease.id})
+    return Finish(StoredResponse.of(201, {"content-type": "application/json"}, body))
 
 
 def setup(db: Backend) -> tuple[Faults, Flow, FlowRegistry]:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from idempotence import SqliteStore
-from idempotence.stores.postgres import PostgresStore
-from tests.maintenance.support import Backend
+from idempotence import AsyncSqliteStore, SqliteStore
+from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from tests.maintenance.support import Backend, Flavour
 from tests.support.postgres import ProvidedServer, create_database, drop_database
 
 
@@ -49,11 +49,13 @@ def db(request: pytest.FixtureRequest) -> Iterator[Backend]:
     """A database of the test's own, on each backend."""
     if request.param == "postgres":
         url = request.getfixturevalue("own_pg_url")
-        backend = Backend("postgres", url, lambda: PostgresStore(url))
+        backend = Backend(
+            "postgres", url, lambda: PostgresStore(url), lambda: AsyncPostgresStore(url)
+        )
     else:
         url = request.getfixturevalue("own_sqlite_url")
         path = url.removeprefix("sqlite:///")
-        backend = Backend("sqlite", url, lambda: SqliteStore(path))
+        backend = Backend("sqlite", url, lambda: SqliteStore(path), lambda: AsyncSqliteStore(path))
     try:
         yield backend
     finally:
@@ -63,8 +65,20 @@ def db(request: pytest.FixtureRequest) -> Iterator[Backend]:
 @pytest.fixture
 def pg_db(own_pg_url: str) -> Iterator[Backend]:
     """PostgreSQL only: for what SQLite cannot do (two writers at once)."""
-    backend = Backend("postgres", own_pg_url, lambda: PostgresStore(own_pg_url))
+    backend = Backend(
+        "postgres",
+        own_pg_url,
+        lambda: PostgresStore(own_pg_url),
+        lambda: AsyncPostgresStore(own_pg_url),
+    )
     try:
         yield backend
     finally:
         backend.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def flavour(request: pytest.FixtureRequest, db: Backend) -> Flavour:
+    """Makes the service under test sync, or async on an async store (F7): each async
+    service must do what its generated sync twin does."""
+    return Flavour(request.param, db)

@@ -3,6 +3,7 @@ raw SQL beside the store (to age rows, to count), and keys in every state."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 import threading
@@ -15,8 +16,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from idempotence import ClaimRequest, Store, StoredResponse
+from idempotence import AsyncStore, ClaimRequest, Store, StoredResponse
+from idempotence import maintenance as m
 from idempotence.states import Claim, Lease
+from tests.support.stores import EventLoopThread
 
 LIVE = timedelta(hours=1)
 EXPIRED = timedelta(milliseconds=1)
@@ -34,8 +37,11 @@ class Backend:
     #: The URL the CLI takes.
     url: str
     opener: Callable[[], Store]
+    async_opener: Callable[[], AsyncStore]
     _stores: list[Store] = field(default_factory=list)
     _store: Store | None = None
+    _async_stores: list[AsyncStore] = field(default_factory=list)
+    _loop: EventLoopThread | None = None
 
     @property
     def store(self) -> Store:
@@ -49,9 +55,26 @@ class Backend:
         self._stores.append(store)
         return store
 
+    @property
+    def loop(self) -> EventLoopThread:
+        """The event loop the async stores and services of this test run on."""
+        if self._loop is None:
+            self._loop = EventLoopThread()
+        return self._loop
+
+    def open_async(self) -> AsyncStore:
+        """An async store on the same database (closed with the backend)."""
+        store = self.async_opener()
+        self._async_stores.append(store)
+        return store
+
     def close(self) -> None:
         for store in self._stores:
             store.close()
+        if self._loop is not None:
+            for async_store in self._async_stores:
+                self._loop.run(async_store.close())
+            self._loop.close()
 
     # -- raw SQL, written with %(name)s parameters for both ---------------------------
 
@@ -96,6 +119,66 @@ class Backend:
     def count(self, table: str, where: str = "TRUE") -> int:
         where = where if self.kind == "postgres" else where.replace("TRUE", "1")
         return int(self.execute(f"SELECT count(*) AS n FROM {table} WHERE {where}")[0]["n"])
+
+
+class AsyncTwin:
+    """An async service behind its sync twin's face (``run_once``, ``run_forever``
+    with a :class:`threading.Event`), run on the backend's event loop thread, so one
+    test body checks that both flavours do the same (F7)."""
+
+    def __init__(self, service: Any, loop: EventLoopThread) -> None:
+        self.service = service
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.service, name)
+
+    def run_once(self, stop: threading.Event | None = None, **kw: Any) -> Any:
+        assert stop is None, "pass no stop to an async twin's run_once"
+        return self._loop.run(self.service.run_once(**kw))
+
+    def run_forever(self, stop: threading.Event) -> None:
+        async def forever() -> None:
+            stopping = asyncio.Event()
+
+            async def watch() -> None:
+                # The test's stop is a threading.Event: poll it.
+                while not stop.is_set():  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+                stopping.set()
+
+            watcher = asyncio.create_task(watch())
+            try:
+                await self.service.run_forever(stopping)
+            finally:
+                watcher.cancel()
+
+        self._loop.run(forever())
+
+
+@dataclass
+class Flavour:
+    """Makes a background service in one flavour: ``sync`` on :attr:`Backend.store`,
+    or ``async``: the ``Async`` twin of the class, on an async store of the same
+    database, behind :class:`AsyncTwin`."""
+
+    name: str  # "sync" | "async"
+    db: Backend
+    _async_store: AsyncStore | None = None
+
+    def __call__(self, cls: type[Any], *args: Any, node: bool = False, **kw: Any) -> Any:
+        """``cls(store, *args, **kw)`` in this flavour; ``node``: on a store of its
+        own (another node)."""
+        if self.name == "sync":
+            return cls(self.db.open() if node else self.db.store, *args, **kw)
+        twin = getattr(m, "Async" + cls.__name__)
+        if node:
+            store = self.db.open_async()
+        else:
+            if self._async_store is None:
+                self._async_store = self.db.open_async()
+            store = self._async_store
+        return AsyncTwin(twin(store, *args, **kw), self.db.loop)
 
 
 def new_scope() -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.maintenance.app import checkout
+from tests.maintenance.app import async_checkout, checkout
 from tests.maintenance.support import EXPIRED, Backend, claim, finished, new_scope, pending
 
 CLI = Path(sys.executable).parent / "idempotence"
@@ -206,6 +206,75 @@ def test_cli_worker_runs_every_service_until_a_signal(db: Backend, sig: signal.S
     assert "received: stopping" in stderr
     assert "worker stopped" in stderr
     assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_cli_worker_b2_f7_completes_a_key_of_an_async_flow(
+    db: Backend, sig: signal.Signals
+) -> None:
+    """The application's flows have coroutine steps: the worker sees it, runs the
+    services on an async store, and its completer drives the abandoned key to its
+    terminal state (B2, F7); its runner then runs the receipt job; a signal stops it."""
+    scope = new_scope()
+    request = async_checkout.request(scope=scope, key="async", fingerprint="f" * 64)
+    lease = db.store.claim(request).lease
+    assert lease is not None
+    db.store.release(lease)  # the client died before the first phase
+    args = [
+        "worker",
+        "--database",
+        db.url,
+        "--flows",
+        f"{APP}:async_flows",
+        "--jobs",
+        f"{APP}:jobs",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "IDEMPOTENCE_DATABASE_URL"}
+    proc = subprocess.Popen(
+        [str(CLI), *args, "--interval", "0.1", "--grace", "0"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while db.count("idempotence_jobs", "status = 'done'") < 1:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the worker did not resume the async flow"
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    record = db.store.get(scope, "async")
+    assert record is not None and record.finished and record.response is not None
+    assert record.response.status == 201
+    assert json.loads(record.response.body) == {
+        "charge": async_checkout.key_for(record.id, "charge")
+    }
+    assert (db.row(scope, "async") or {}).get("completer_attempts") == 1
+    assert "running on an async store" in stderr
+    assert "worker stopped" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_cli_complete_f7_resumes_an_async_flow(db: Backend) -> None:
+    scope = new_scope()
+    lease = db.store.claim(async_checkout.request(scope=scope, key="k", fingerprint="f" * 64)).lease
+    assert lease is not None
+    db.store.release(lease)
+
+    out = ok("complete", "--database", db.url, "--flows", f"{APP}:async_flows", "--grace", "0")
+
+    assert "1 completed" in out
+    record = db.store.get(scope, "k")
+    assert record is not None and record.response is not None
+    assert record.response.status == 201
 
 
 def test_cli_worker_serves_metrics(db: Backend) -> None:

@@ -1,4 +1,6 @@
-"""B1: the sweeper releases expired locks and bumps the fencing token."""
+"""B1: the sweeper releases expired locks and bumps the fencing token. Each test that
+takes ``flavour`` runs on the sync sweeper and on the async one it is generated from
+(F7)."""
 
 from __future__ import annotations
 
@@ -10,19 +12,27 @@ import pytest
 
 from idempotence import ConfigurationError, KeyState, LockLost, key_state
 from idempotence.maintenance import Signals, Sweeper, SweeperConfig
-from tests.maintenance.support import EXPIRED, Backend, claim, finished, in_threads, new_scope
+from tests.maintenance.support import (
+    EXPIRED,
+    Backend,
+    Flavour,
+    claim,
+    finished,
+    in_threads,
+    new_scope,
+)
 
 FAST = SweeperConfig(batch_pause=0.0, interval=0.05)
 
 
-def test_b1_unlocks_expired_locks_and_bumps_the_token(db: Backend) -> None:
+def test_b1_unlocks_expired_locks_and_bumps_the_token(db: Backend, flavour: Flavour) -> None:
     store, scope = db.store, new_scope()
     crashed = [claim(store, scope, f"crashed-{i}", lock_timeout=EXPIRED) for i in range(3)]
     live = claim(store, scope, "live")
     finished(store, scope, "done")
     time.sleep(0.02)
 
-    result = Sweeper(store, FAST).run_once()
+    result = flavour(Sweeper, FAST).run_once()
 
     assert sorted(k.key for k in result.swept) == ["crashed-0", "crashed-1", "crashed-2"]
     assert {k.lock_token for k in result.swept} == {2}
@@ -38,13 +48,13 @@ def test_b1_unlocks_expired_locks_and_bumps_the_token(db: Backend) -> None:
     assert live_record.locked_at == live.record.locked_at
 
 
-def test_b1_a_zombies_late_checkpoint_is_refused(db: Backend) -> None:
+def test_b1_a_zombies_late_checkpoint_is_refused(db: Backend, flavour: Flavour) -> None:
     """F1: the crashed holder comes back after the sweep; its phase cannot commit."""
     store, scope = db.store, new_scope()
     zombie = claim(store, scope, "k", lock_timeout=EXPIRED).lease
     assert zombie is not None
     time.sleep(0.02)
-    assert Sweeper(store, FAST).run_once().count == 1
+    assert flavour(Sweeper, FAST).run_once().count == 1
 
     with pytest.raises(LockLost), store.transaction() as tx:
         store.checkpoint(tx, zombie, "charged")
@@ -81,13 +91,13 @@ def test_b1_p10_sweeping_a_lock_wakes_the_duplicates_waiting_for_it(pg_db: Backe
     assert (pg_db.row(scope, "crashed") or {}).get("waiters") is False
 
 
-def test_b1_empty_database_is_a_no_op(db: Backend) -> None:
-    result = Sweeper(db.store, FAST).run_once()
+def test_b1_empty_database_is_a_no_op(db: Backend, flavour: Flavour) -> None:
+    result = flavour(Sweeper, FAST).run_once()
     assert result.count == 0
     assert result.batches == 1
 
 
-def test_b1_works_in_batches_until_a_short_page(db: Backend) -> None:
+def test_b1_works_in_batches_until_a_short_page(db: Backend, flavour: Flavour) -> None:
     store, scope = db.store, new_scope()
     for i in range(25):
         claim(store, scope, f"k{i}", lock_timeout=EXPIRED)
@@ -96,8 +106,8 @@ def test_b1_works_in_batches_until_a_short_page(db: Backend) -> None:
     sizes: list[int] = []
     signals.on("sweeper.batch", lambda payload: sizes.append(payload[1]))
 
-    result = Sweeper(
-        store, SweeperConfig(batch_size=10, batch_pause=0.0), signals=signals
+    result = flavour(
+        Sweeper, SweeperConfig(batch_size=10, batch_pause=0.0), signals=signals
     ).run_once()
 
     assert result.batches == 3
@@ -105,23 +115,23 @@ def test_b1_works_in_batches_until_a_short_page(db: Backend) -> None:
     assert result.count == 25
 
 
-def test_b1_max_batches_bounds_a_pass(db: Backend) -> None:
+def test_b1_max_batches_bounds_a_pass(db: Backend, flavour: Flavour) -> None:
     store, scope = db.store, new_scope()
     for i in range(25):
         claim(store, scope, f"k{i}", lock_timeout=EXPIRED)
     time.sleep(0.02)
     config = SweeperConfig(batch_size=10, batch_pause=0.0, max_batches=2)
-    assert Sweeper(store, config).run_once().count == 20
-    assert Sweeper(store, config).run_once().count == 5
+    assert flavour(Sweeper, config).run_once().count == 20
+    assert flavour(Sweeper, config).run_once().count == 5
 
 
-def test_b1_two_sweepers_at_once_never_sweep_a_key_twice(db: Backend) -> None:
+def test_b1_two_sweepers_at_once_never_sweep_a_key_twice(db: Backend, flavour: Flavour) -> None:
     scope = new_scope()
     for i in range(60):
         claim(db.store, scope, f"k{i}", lock_timeout=EXPIRED)
     time.sleep(0.02)
     config = SweeperConfig(batch_size=5, batch_pause=0.0)
-    one, two = Sweeper(db.open(), config), Sweeper(db.open(), config)
+    one, two = flavour(Sweeper, config, node=True), flavour(Sweeper, config, node=True)
 
     results = in_threads(one.run_once, two.run_once)
 
@@ -131,11 +141,11 @@ def test_b1_two_sweepers_at_once_never_sweep_a_key_twice(db: Backend) -> None:
     assert tokens == [{"lock_token": 2}]  # each key bumped exactly once
 
 
-def test_b1_run_forever_sweeps_until_stopped(db: Backend) -> None:
+def test_b1_run_forever_sweeps_until_stopped(db: Backend, flavour: Flavour) -> None:
     store, scope = db.store, new_scope()
     signals = Signals()
     stop = threading.Event()
-    sweeper = Sweeper(store, FAST, signals=signals)
+    sweeper = flavour(Sweeper, FAST, signals=signals)
     thread = threading.Thread(target=sweeper.run_forever, args=(stop,))
     thread.start()
     try:
@@ -152,10 +162,10 @@ def test_b1_run_forever_sweeps_until_stopped(db: Backend) -> None:
     signals.wait("sweeper.stopped", timeout=1)
 
 
-def test_b1_a_long_interval_does_not_delay_the_stop(db: Backend) -> None:
+def test_b1_a_long_interval_does_not_delay_the_stop(db: Backend, flavour: Flavour) -> None:
     signals = Signals()
     stop = threading.Event()
-    sweeper = Sweeper(db.store, SweeperConfig(interval=3600), signals=signals)
+    sweeper = flavour(Sweeper, SweeperConfig(interval=3600), signals=signals)
     thread = threading.Thread(target=sweeper.run_forever, args=(stop,))
     thread.start()
     signals.wait("sweeper.pass")

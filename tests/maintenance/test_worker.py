@@ -3,6 +3,7 @@ the CLI uses, and the reconciliation hook (B5)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -16,6 +17,7 @@ import pytest
 from idempotence import ConfigurationError
 from idempotence.flows import Flow
 from idempotence.maintenance import (
+    AsyncWorker,
     Completer,
     CompleterConfig,
     Enqueuer,
@@ -32,10 +34,9 @@ from idempotence.maintenance import (
     reconcile,
     stop_on_signals,
 )
-from idempotence.maintenance._service import Service
 from idempotence.maintenance.reconcile import parse_since
 from tests.maintenance import app
-from tests.maintenance.support import EXPIRED, Backend, claim, new_scope
+from tests.maintenance.support import EXPIRED, Backend, Flavour, claim, new_scope
 
 QUICK: dict[str, Any] = {"interval": 0.05, "batch_pause": 0.0}
 
@@ -80,6 +81,69 @@ def test_the_worker_runs_every_service_until_stopped(db: Backend) -> None:
     assert stopped == {None}
     record = db.store.get(scope, "crashed")
     assert record is not None and record.locked_at is None
+
+
+def test_the_async_worker_runs_every_service_until_stopped_f7(db: Backend) -> None:
+    """The worker on an async store runs the same services as tasks of one loop; its
+    completer resumes a key of an async flow (coroutine phase and call) (B2, F7)."""
+    scope = new_scope()
+    request = app.async_checkout.request(scope=scope, key="k", fingerprint="f")
+    lease = db.store.claim(request).lease
+    assert lease is not None
+    db.store.release(lease)
+    claim(db.store, scope, "crashed", lock_timeout=EXPIRED)
+    signals = Signals()
+    worker = AsyncWorker(
+        db.open_async(),
+        flows=app.async_flows,
+        jobs=app.jobs,
+        sweeper=SweeperConfig(**QUICK),
+        completer=CompleterConfig(grace=timedelta(0), **QUICK),
+        reaper=ReaperConfig(**QUICK),
+        enqueuer=EnqueuerConfig(**QUICK),
+        runner=JobRunnerConfig(**QUICK),
+        signals=signals,
+    )
+    assert [s.name for s in worker.services] == [
+        "sweeper",
+        "completer",
+        "reaper",
+        "enqueuer",
+        "jobs",
+    ]
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        deadline = time.monotonic() + 15
+        while db.count("idempotence_jobs", "status = 'done'") < 1:
+            assert not task.done(), task
+            assert time.monotonic() < deadline, "the worker never ran the receipt job"
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    db.loop.run(run())
+    record = db.store.get(scope, "k")
+    assert record is not None and record.response is not None
+    assert record.response.status == 201
+    crashed = db.store.get(scope, "crashed")
+    assert crashed is not None and crashed.locked_at is None
+    stopped = {signals.wait(f"{name}.stopped", timeout=1) for name in ("sweeper", "reaper")}
+    assert stopped == {None}
+
+
+def test_stop_on_signals_sets_an_asyncio_event_too() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        with stop_on_signals(stop):
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(stop.wait(), 5)
+
+    asyncio.run(main())
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_stop_on_signals_sets_the_event_and_restores_the_handlers() -> None:
@@ -154,25 +218,26 @@ def test_b5_parse_since() -> None:
 # -- every service stops the same way -----------------------------------------------------------
 
 
-def make_service(name: str, db: Backend, signals: Signals) -> Service[Any, Any]:
-    makers: dict[str, Callable[[], Service[Any, Any]]] = {
-        "sweeper": lambda: Sweeper(db.store, SweeperConfig(interval=3600), signals=signals),
-        "completer": lambda: Completer(
-            db.store, CompleterConfig(interval=3600), flows=app.flows, signals=signals
+def make_service(name: str, flavour: Flavour, signals: Signals) -> Any:
+    makers: dict[str, Callable[[], Any]] = {
+        "sweeper": lambda: flavour(Sweeper, SweeperConfig(interval=3600), signals=signals),
+        "completer": lambda: flavour(
+            Completer, CompleterConfig(interval=3600), flows=app.flows, signals=signals
         ),
-        "reaper": lambda: Reaper(db.store, ReaperConfig(interval=3600), signals=signals),
-        "enqueuer": lambda: Enqueuer(db.store, EnqueuerConfig(interval=3600), signals=signals),
-        "jobs": lambda: JobRunner(
-            db.store, JobRunnerConfig(interval=3600), jobs=app.jobs, signals=signals
+        "reaper": lambda: flavour(Reaper, ReaperConfig(interval=3600), signals=signals),
+        "enqueuer": lambda: flavour(Enqueuer, EnqueuerConfig(interval=3600), signals=signals),
+        "jobs": lambda: flavour(
+            JobRunner, JobRunnerConfig(interval=3600), jobs=app.jobs, signals=signals
         ),
     }
     return makers[name]()
 
 
 @pytest.mark.parametrize("name", ["sweeper", "completer", "reaper", "enqueuer", "jobs"])
-def test_every_service_stops_promptly_when_told(db: Backend, name: str) -> None:
+def test_every_service_stops_promptly_when_told(flavour: Flavour, name: str) -> None:
+    """Sync and async (F7)."""
     signals, stop = Signals(), threading.Event()
-    service = make_service(name, db, signals)
+    service = make_service(name, flavour, signals)
     thread = threading.Thread(target=service.run_forever, args=(stop,))
     thread.start()
     signals.wait(f"{name}.pass")

@@ -15,10 +15,9 @@
 * ``charge_created`` stages ``send_receipt`` (it commits with the phase, R7) and
   finishes with 201 and the ride.
 
-The flow is built twice from this one definition: with an async charger for the API
-(run by the HTTP middleware on an async store) and with a sync one for the completer
-(which resumes abandoned keys on a sync store). Both share the flow's name, so both
-derive the same keys.
+The API (the HTTP middleware) and the completer both run this flow with the async
+charger on an async store: the worker's async completer resumes abandoned keys
+through the very flow the API runs (F7), with no blocking twin to keep in step.
 """
 
 from __future__ import annotations
@@ -55,7 +54,6 @@ __all__ = [
     "ride_json",
     "ride_params",
     "rides_flow",
-    "sync_charger",
     "validate",
 ]
 
@@ -211,8 +209,8 @@ class ProviderFailed(Exception):
     retry resumes with the same derived key."""
 
 
-#: Charges through the provider for one run of the flow: ``(ctx) -> Charge`` for the
-#: completer, ``(ctx) -> Awaitable[Charge]`` for the API.
+#: Charges through the provider for one run of the flow: ``(ctx) -> Charge``, or
+#: ``(ctx) -> Awaitable[Charge]`` as :func:`async_charger` does.
 Charger = Callable[[ForeignContext], "Charge | Awaitable[Charge]"]
 
 
@@ -242,16 +240,6 @@ def async_charger(client: httpx.AsyncClient) -> Charger:
         await chaos.pause(ctx.heartbeat)
         headers = {"Idempotency-Key": ctx.key_for("charge")}
         return _charge_of(await client.post("/v1/charges", data=_form(ctx), headers=headers))
-
-    return charge
-
-
-def sync_charger(client: httpx.Client) -> Charger:
-    """The blocking twin of :func:`async_charger`, for the completer."""
-
-    def charge(ctx: ForeignContext) -> Charge:
-        headers = {"Idempotency-Key": ctx.key_for("charge")}
-        return _charge_of(client.post("/v1/charges", data=_form(ctx), headers=headers))
 
     return charge
 

@@ -14,6 +14,7 @@ supervisor leaves nothing behind. The supervisor reports what happens through
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import functools
@@ -34,21 +35,22 @@ from typing import Any
 
 import httpx
 
-from ..database import open_store
+from ..database import open_async_store
 from ..flows import FlowRegistry
 from ..http import Profile
 from ..maintenance import (
+    AsyncWorker,
     CompleterConfig,
     EnqueuerConfig,
     JobRunnerConfig,
     SweeperConfig,
-    Worker,
     stop_on_signals,
 )
+from ..stores import AsyncStore
 from .api import ApiSettings, create_app, tls_context
 from .mailer import FakeMailer, receipt_jobs
 from .provider import Faults, provider_app
-from .rides import rides_flow, sync_charger
+from .rides import async_charger, rides_flow
 from .schema import prepare
 
 __all__ = ["Event", "StackConfig", "run_stack"]
@@ -149,36 +151,47 @@ def _provider(config: StackConfig) -> None:
 
 
 def _worker(config: StackConfig) -> None:
-    """The sweeper, completer, reaper, enqueuer and job runner (DESIGN 7)."""
-    interval = config.service_interval
-    with (
-        open_store(config.database) as store,
-        httpx.Client(base_url=config.provider_url, timeout=5.0) as client,
+    """The sweeper, completer, reaper, enqueuer and job runner (DESIGN 7), on an async
+    store: the completer resumes keys through the API's own flow, async charger and
+    all (F7)."""
+    asyncio.run(_work(config))
+
+
+async def _work(config: StackConfig) -> None:
+    async with (
+        open_async_store(config.database) as store,
+        httpx.AsyncClient(base_url=config.provider_url, timeout=5.0) as client,
     ):
-        flows = FlowRegistry()
-        # The completer resumes keys on this sync store, so it gets the sync twin of
-        # the API's flow: same name, same phases, same derived keys.
-        flows.register(
-            rides_flow(
-                sync_charger(client),
-                profile=Profile(config.profile),
-                lock_timeout=timedelta(seconds=config.lock_timeout),
-            )
-        )
-        worker = Worker(
-            store,
-            flows=flows,
-            jobs=receipt_jobs(FakeMailer(config.mailer_path)),
-            sweeper=SweeperConfig(interval=interval),
-            completer=CompleterConfig(
-                interval=interval, grace=timedelta(seconds=config.completer_grace)
-            ),
-            enqueuer=EnqueuerConfig(interval=interval / 2),
-            runner=JobRunnerConfig(interval=interval / 2, backoff=timedelta(seconds=1)),
-        )
-        stop = threading.Event()
+        worker = background_worker(config, store, client)
+        stop = asyncio.Event()
         with stop_on_signals(stop):
-            worker.run(stop)
+            await worker.run(stop)
+
+
+def background_worker(
+    config: StackConfig, store: AsyncStore, client: httpx.AsyncClient
+) -> AsyncWorker:
+    """The demo's worker: its completer resumes rides through the API's own flow."""
+    interval = config.service_interval
+    flows = FlowRegistry()
+    flows.register(
+        rides_flow(
+            async_charger(client),
+            profile=Profile(config.profile),
+            lock_timeout=timedelta(seconds=config.lock_timeout),
+        )
+    )
+    return AsyncWorker(
+        store,
+        flows=flows,
+        jobs=receipt_jobs(FakeMailer(config.mailer_path)),
+        sweeper=SweeperConfig(interval=interval),
+        completer=CompleterConfig(
+            interval=interval, grace=timedelta(seconds=config.completer_grace)
+        ),
+        enqueuer=EnqueuerConfig(interval=interval / 2),
+        runner=JobRunnerConfig(interval=interval / 2, backoff=timedelta(seconds=1)),
+    )
 
 
 def _warm_up() -> None:

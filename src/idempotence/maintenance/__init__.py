@@ -3,7 +3,11 @@
 Four services with one shape (:mod:`._service`): a config with named defaults and
 validation, ``run_once()`` returning a frozen result, batches until a short page with
 jittered pauses between them, a timeout per statement, ``FOR UPDATE SKIP LOCKED`` so
-that any number of nodes can run them at once, and ``run_forever(stop)``.
+that any number of nodes can run them at once, and ``run_forever(stop)``. Each is
+written once, async, on an :class:`~idempotence.AsyncStore` (``AsyncSweeper`` and so
+on, in the ``*_async`` modules), and its sync twin on a :class:`~idempotence.Store`
+is generated from it (F7); an async application's flows, with coroutine phases and
+foreign calls, are resumed by :class:`AsyncCompleter`.
 
 * :class:`Sweeper` (B1) releases expired locks, bumping the fencing token;
 * :class:`Completer` (B2) resumes abandoned keys through their flows;
@@ -12,15 +16,17 @@ that any number of nodes can run them at once, and ``run_forever(stop)``.
 * :class:`Enqueuer` (B4) delivers staged jobs, by default to the built-in
   :class:`JobRunner`.
 
-:class:`Worker` runs them all; ``idempotence worker`` is the same from the shell.
+:class:`Worker` (:class:`AsyncWorker` on an async store) runs them all;
+``idempotence worker`` is the same from the shell.
 
 >>> from idempotence.maintenance import Sweeper, Reaper
 >>> Sweeper(store).run_once().count                # doctest: +SKIP
 0
 """
 
+from ._base import ServiceConfig, Signals
 from ._ops import ExpiredKey, Job, KeyRow, PickedKey, SweptKey
-from ._service import ServiceConfig, Signals
+from ._stop import stop_on_signals
 from .admin import KeyIsLocked, Stats, evict_key, list_keys, show_key, stats
 from .completer import (
     Completer,
@@ -29,17 +35,31 @@ from .completer import (
     Completion,
     CompletionOutcome,
 )
+from .completer_async import AsyncCompleter
 from .enqueuer import Enqueuer, EnqueuerConfig, EnqueueResult, JobSink, RunnerSink
+from .enqueuer_async import AsyncEnqueuer, AsyncJobSink, AsyncRunnerSink
 from .jobs import JobRegistry, JobRunner, JobRunnerConfig, JobRunResult
+from .jobs_async import AsyncJobRunner
 from .metrics import Metrics, default_metrics
 from .reaper import Reaper, ReaperConfig, ReapResult, Retention
+from .reaper_async import AsyncReaper
 from .reconcile import Reconciler, ReconcilerRegistry, Reconciliation, reconcile, reconcilers
 from .sweeper import Sweeper, SweeperConfig, SweepResult
-from .worker import Worker, stop_on_signals
+from .sweeper_async import AsyncSweeper
+from .worker import Worker
+from .worker_async import AsyncWorker
 
 # The default job registry stays idempotence.maintenance.jobs.jobs: re-exported here it
 # would hide the jobs module itself.
 __all__ = [
+    "AsyncCompleter",
+    "AsyncEnqueuer",
+    "AsyncJobRunner",
+    "AsyncJobSink",
+    "AsyncReaper",
+    "AsyncRunnerSink",
+    "AsyncSweeper",
+    "AsyncWorker",
     "CompleteResult",
     "Completer",
     "CompleterConfig",

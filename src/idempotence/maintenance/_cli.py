@@ -7,18 +7,18 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 
 import click
 
-from ..database import ENV_VAR, DatabaseUrl, open_store
+from ..database import ENV_VAR, DatabaseUrl, open_async_store, open_store
 from ..errors import ConfigurationError, IdempotenceError
 from ..flows import Flow, FlowRegistry
 from ..observability import Instrumentation
-from ..stores import Store
-from .jobs import JobRegistry
+from ..stores import AsyncStore, Store
+from ._jobs import JobRegistry
 from .logs import StructuredFormatter
 
 
@@ -99,6 +99,18 @@ def open_cli_store(
     """The store, with the library's errors turned into exit status 1."""
     try:
         with open_store(database, instrumentation=instrumentation) as store:
+            yield store
+    except IdempotenceError as exc:
+        fail(exc.message)
+
+
+@asynccontextmanager
+async def open_cli_async_store(
+    database: DatabaseUrl, *, instrumentation: Instrumentation | None = None
+) -> AsyncIterator[AsyncStore]:
+    """The async store (F7), with the library's errors turned into exit status 1."""
+    try:
+        async with open_async_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
         fail(exc.message)

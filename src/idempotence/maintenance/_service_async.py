@@ -1,0 +1,134 @@
+"""The shape every background service has (DESIGN 7): the batch loop, pauses, the
+long-running loop, logging and test signals, on an :class:`~idempotence.AsyncStore`.
+
+A service does its work in passes. :meth:`AsyncService.run_once` is one pass:
+batches of at most ``batch_size`` rows, each in a transaction of its own, until a
+batch comes back short (the backlog is worked off), with a short jittered pause
+between batches so that a large backlog never starves the requests that share the
+database. :meth:`AsyncService.run_forever` repeats passes, a jittered ``interval``
+apart, until its stop event is set; it survives a failed pass (the database
+restarting, say) and tries again at the next interval.
+
+The configuration and the signals, which need no store, are in :mod:`._base`, shared
+by both flavours (F7).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Generic
+
+from .._concurrency import AsyncEvent, wait_until_set_async
+from ..stores import AsyncStore
+from ._base import MAX_NAP, ConfigT, Progress, ResultT, Signals, jittered, log_pass
+from .metrics import Metrics, default_metrics
+
+
+class AsyncService(abc.ABC, Generic[ConfigT, ResultT]):
+    """The shape every maintenance service has (see the module docstring).
+
+    Subclasses implement :meth:`_pass`, which drains its work with :meth:`_drain`
+    and returns the pass's frozen result; :meth:`_summary` says what the result
+    means, for the log.
+    """
+
+    #: The service's name in logs, metrics and signals.
+    name: ClassVar[str]
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        config: ConfigT,
+        *,
+        signals: Signals | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.signals = signals
+        self.metrics = metrics if metrics is not None else default_metrics()
+        self.log = logging.getLogger(f"idempotence.maintenance.{self.name}")
+        self._random = random.Random()
+
+    # -- the public shape ------------------------------------------------------------
+
+    async def run_once(
+        self, stop: AsyncEvent | None = None, *, progress: Progress | None = None
+    ) -> ResultT:
+        """Run one pass and return what it did. ``stop`` ends it between batches."""
+        started = time.monotonic()
+        try:
+            result = await self._pass(stop or AsyncEvent(), progress)
+        except Exception:
+            self.metrics.pass_failed(self.name)
+            raise
+        seconds = time.monotonic() - started
+        self.metrics.pass_finished(self.name, seconds)
+        log_pass(self.log, self.name, seconds, self._summary(result))
+        self._emit("pass", result)
+        return result
+
+    async def run_forever(self, stop: AsyncEvent) -> None:
+        """Run passes until ``stop`` is set; a failed pass is logged and retried at the
+        next interval (the service outlives a database restart)."""
+        self.log.info("%s started", self.name, extra={"service": self.name})
+        while not stop.is_set():
+            try:
+                await self.run_once(stop)
+            except Exception:
+                # Assume a failing database stays failing for a while: wait the full
+                # interval rather than hammering it.
+                self.log.exception("%s pass failed", self.name, extra={"service": self.name})
+            await self._sleep(self.config.interval, stop)
+        self.log.info("%s stopped", self.name, extra={"service": self.name})
+        self._emit("stopped")
+
+    def summary(self, result: ResultT) -> str:
+        """One line that says what a pass did (the CLI prints it)."""
+        return self._summary(result)[0]
+
+    # -- for subclasses ----------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _pass(self, stop: AsyncEvent, progress: Progress | None) -> ResultT: ...
+
+    @abc.abstractmethod
+    def _summary(self, result: ResultT) -> tuple[str, dict[str, Any]]:
+        """The log line for a pass and its structured fields (``count``: items done)."""
+
+    async def _drain(
+        self,
+        what: str,
+        batch: Callable[[], Awaitable[int]],
+        stop: AsyncEvent,
+        progress: Progress | None,
+    ) -> int:
+        """Run ``batch`` (which returns how many rows it handled) until a short page,
+        ``max_batches`` or ``stop``; return the number of batches run."""
+        batches = done = 0
+        limit = self.config.max_batches
+        while True:
+            handled = await batch()
+            batches += 1
+            done += handled
+            self._emit("batch", (what, handled))
+            if progress is not None:
+                progress(what, done)
+            if handled < self.config.batch_size:
+                return batches  # a short page: nothing is left
+            if (limit is not None and batches >= limit) or stop.is_set():
+                return batches
+            await self._sleep(self.config.batch_pause, stop)
+
+    def _emit(self, name: str, payload: Any = None) -> None:
+        if self.signals is not None:
+            self.signals.emit(f"{self.name}.{name}", payload)
+
+    async def _sleep(self, seconds: float, stop: AsyncEvent) -> None:
+        deadline = time.monotonic() + jittered(self._random, seconds, self.config.jitter)
+        while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            await wait_until_set_async(stop, min(left, MAX_NAP))

@@ -1,0 +1,114 @@
+"""The enqueuer (B4): deliver committed staged jobs to a job runner.
+
+A phase stages jobs in its own transaction (R7), so a job exists exactly when the
+phase committed. The enqueuer takes a batch out of the staging table and hands it to
+a :class:`AsyncJobSink` in ONE transaction, which commits only after the sink
+accepted the batch: a crash in between leaves the jobs staged, and the next pass
+delivers them again. A sink therefore sees a job at least once, and must deduplicate
+by ``job_key``.
+
+The built-in sink, :class:`AsyncRunnerSink`, inserts into the built-in runner's
+table (:mod:`.jobs`) in that same transaction, ``ON CONFLICT (job_key) DO NOTHING``:
+taking and delivering commit together, so each ``job_key`` arrives exactly once.
+
+>>> await AsyncEnqueuer(store).run_once()             # doctest: +SKIP
+EnqueueResult(delivered=('rides-12-started-email-0',), duplicates=0, batches=1, ...)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from .._concurrency import AsyncEvent
+from ..states import StagedJob
+from ..stores import AsyncStore, AsyncTransaction
+from . import _ops
+from ._base import Progress, Signals
+from ._enqueue import EnqueuerConfig, EnqueueResult, enqueue_summary
+from ._service_async import AsyncService
+from .metrics import Metrics
+
+__all__ = [
+    "AsyncEnqueuer",
+    "AsyncJobSink",
+    "AsyncRunnerSink",
+    "EnqueueResult",
+    "EnqueuerConfig",
+]
+
+
+class AsyncJobSink(Protocol):
+    """Where the enqueuer delivers jobs.
+
+    ``deliver`` runs inside the transaction that took ``jobs`` out of the staging
+    table; raising rolls it back, and the jobs stay staged. It returns the job keys
+    it accepted as new (a repeat of a known ``job_key`` is not new).
+    """
+
+    async def deliver(
+        self, store: AsyncStore, tx: AsyncTransaction, jobs: Sequence[StagedJob]
+    ) -> list[str]: ...
+
+
+class AsyncRunnerSink:
+    """Delivers into the built-in runner's table, in the enqueuer's transaction:
+    exactly once per ``job_key``."""
+
+    async def deliver(
+        self, store: AsyncStore, tx: AsyncTransaction, jobs: Sequence[StagedJob]
+    ) -> list[str]:
+        return await store.perform(lambda: _ops.deliver_jobs(store.dialect, jobs), tx=tx)
+
+
+class AsyncEnqueuer(AsyncService[EnqueuerConfig, EnqueueResult]):
+    """Moves staged jobs to ``sink`` (default: the built-in runner); see the module
+    docstring."""
+
+    name = "enqueuer"
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        config: EnqueuerConfig | None = None,
+        *,
+        sink: AsyncJobSink | None = None,
+        signals: Signals | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        super().__init__(store, config or EnqueuerConfig(), signals=signals, metrics=metrics)
+        self.sink: AsyncJobSink = sink if sink is not None else AsyncRunnerSink()
+
+    async def _pass(self, stop: AsyncEvent, progress: Progress | None) -> EnqueueResult:
+        started = time.monotonic()
+        d, cfg = self.store.dialect, self.config
+        delivered: list[str] = []
+        duplicates = 0
+
+        async def batch() -> int:
+            nonlocal duplicates
+            async with self.store.transaction() as tx:
+                await self.store.perform(
+                    lambda: _ops.statement_timeout(d, cfg.query_timeout), tx=tx
+                )
+                jobs = await self.store.take_staged_jobs(tx, cfg.batch_size)
+                self._emit("batch_locked", jobs)
+                new = await self.sink.deliver(self.store, tx, jobs) if jobs else []
+            # Committed: only now do the jobs count as delivered.
+            self.metrics.jobs_delivered(len(new))
+            delivered.extend(new)
+            duplicates += len(jobs) - len(new)
+            if len(jobs) > len(new):
+                self.log.info(
+                    "%d staged job(s) were delivered before: dropped",
+                    len(jobs) - len(new),
+                    extra={"service": self.name, "count": len(jobs) - len(new)},
+                )
+            return len(jobs)
+
+        batches = await self._drain("delivered", batch, stop, progress)
+        return EnqueueResult(tuple(delivered), duplicates, batches, time.monotonic() - started)
+
+    def _summary(self, result: EnqueueResult) -> tuple[str, dict[str, Any]]:
+        return enqueue_summary(result)
