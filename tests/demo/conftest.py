@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from idempotence.demo.run import StackProcess, free_port, start_stack
-from idempotence.demo.stack import StackConfig
+from rocket_rides.run import StackProcess, free_port, start_stack
+from rocket_rides.stack import StackConfig
 from tests.support.postgres import ProvidedServer, create_database, drop_database
 
 #: A short lock timeout: the crash tests wait it out.

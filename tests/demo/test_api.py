@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from idempotence.demo.chaos import CRASH_HEADER, DELAY_HEADER
-from idempotence.demo.run import free_port, start_stack
-from idempotence.demo.stack import StackConfig
+from rocket_rides.chaos import CRASH_HEADER, DELAY_HEADER
+from rocket_rides.run import free_port, start_stack
+from rocket_rides.stack import StackConfig
 from tests.demo.conftest import LOCK_TIMEOUT, Service, assert_group_gone
 
 RIDE = {"origin_lat": 48.8809, "origin_lon": 2.3553, "target_lat": 48.7262, "target_lon": 2.3652}

@@ -1,4 +1,4 @@
-"""The demo itself, as a user runs it: ``python -m idempotence.demo … --json`` in a
+"""The demo itself, as a user runs it: ``python -m rocket_rides … --json`` in a
 subprocess, on SQLite and PostgreSQL, without and with heavy crash injection.
 
 Exit status 0 means every invariant held; the report's numbers are checked too, so
@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from idempotence.demo.run import free_port
+from rocket_rides.run import free_port
 from tests.demo.conftest import assert_group_gone
 
 RIDES, CLIENTS = 60, 4

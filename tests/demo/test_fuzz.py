@@ -16,7 +16,7 @@ import httpx
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from idempotence.demo.rides import FIELDS
+from rocket_rides.rides import FIELDS
 from tests.demo.conftest import Service
 
 _numbers = st.one_of(

@@ -12,15 +12,15 @@ import pytest
 from click.testing import CliRunner
 
 from idempotence.cli import main
-from idempotence.demo import chaos
-from idempotence.demo.api import bearer
-from idempotence.demo.clients import ClientStats, Outcome, make_workload
-from idempotence.demo.mailer import FakeMailer, Receipt
-from idempotence.demo.provider import Faults
-from idempotence.demo.report import Evidence, RideRow, assess, render
-from idempotence.demo.rides import ride_params, validate
-from idempotence.demo.stack import StackConfig
 from idempotence.testing import Charge, Fault
+from rocket_rides import chaos
+from rocket_rides.api import bearer
+from rocket_rides.clients import ClientStats, Outcome, make_workload
+from rocket_rides.mailer import FakeMailer, Receipt
+from rocket_rides.provider import Faults
+from rocket_rides.report import Evidence, RideRow, assess, render
+from rocket_rides.rides import ride_params, validate
+from rocket_rides.stack import StackConfig
 
 RIDE = {"origin_lat": 48.88, "origin_lon": 2.35, "target_lat": 48.72, "target_lon": 2.38}
 
@@ -267,7 +267,7 @@ def test_registering_the_group_imports_no_web_stack():
     # The library needs only click; the demo's Starlette, uvicorn and httpx are imported
     # when a demo command runs, not when the idempotence command starts.
     code = (
-        "import sys, idempotence.demo.cli; "
+        "import sys, rocket_rides.cli; "
         "print(sorted(m for m in ('starlette', 'uvicorn', 'httpx') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -283,9 +283,9 @@ def test_the_demo_worker_completes_rides_with_the_apis_async_flow_b2_f7(tmp_path
     import httpx
 
     from idempotence import AsyncSqliteStore
-    from idempotence.demo.rides import FLOW_NAME
-    from idempotence.demo.stack import background_worker
     from idempotence.maintenance import AsyncCompleter
+    from rocket_rides.rides import FLOW_NAME
+    from rocket_rides.stack import background_worker
 
     config = StackConfig(
         database=f"sqlite:///{tmp_path / 'keys.sqlite3'}",

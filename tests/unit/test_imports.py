@@ -87,3 +87,35 @@ def test_the_cycle_finder_finds_a_cycle():
     graph["idempotence.states"] = graph["idempotence.states"] | {"idempotence.flows.flow"}
     assert any("idempotence.states" in cycle for cycle in cycles(graph))
     assert "idempotence.flows.flow" in graph and "idempotence.observability" in graph
+
+
+def test_the_library_never_imports_the_demo():
+    """Rocket Rides is a package beside the library (``rocket_rides``); the CLI loads it
+    by name when ``idempotence demo`` runs, so no module of the library imports it."""
+    importers = [
+        path.relative_to(PACKAGE.parent).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        and any(
+            name.split(".")[0] == "rocket_rides"
+            for name in (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
+        )
+    ]
+    assert importers == []
+
+
+def test_idempotence_demo_is_loaded_by_name():
+    from click.testing import CliRunner
+
+    from idempotence.cli import main
+
+    listed = CliRunner().invoke(main, ["--help"])
+    assert listed.exit_code == 0 and "demo" in listed.output
+    shown = CliRunner().invoke(main, ["demo", "--help"])
+    assert shown.exit_code == 0, shown.output
+    assert "serve" in shown.output

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
-from ..maintenance import Job, JobRegistry
+from idempotence.maintenance import Job, JobRegistry
 
 __all__ = ["FakeMailer", "Receipt", "receipt_jobs"]
 

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..database import open_store
-from ..stores import Transaction
+from idempotence.database import open_store
+from idempotence.stores import Transaction
 
 __all__ = [
     "DECLINED_CARD",

@@ -35,10 +35,10 @@ from typing import Any
 
 import httpx
 
-from ..database import open_async_store
-from ..flows import FlowRegistry
-from ..http import Profile
-from ..maintenance import (
+from idempotence.database import open_async_store
+from idempotence.flows import FlowRegistry
+from idempotence.http import Profile
+from idempotence.maintenance import (
     AsyncWorker,
     CompleterConfig,
     EnqueuerConfig,
@@ -46,7 +46,8 @@ from ..maintenance import (
     SweeperConfig,
     stop_on_signals,
 )
-from ..stores import AsyncStore
+from idempotence.stores import AsyncStore
+
 from .api import ApiSettings, create_app, tls_context
 from .mailer import FakeMailer, receipt_jobs
 from .provider import Faults, provider_app

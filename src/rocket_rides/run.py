@@ -34,10 +34,11 @@ from typing import IO, Any
 
 import httpx
 
-from ..database import DatabaseUrl, open_store
-from ..errors import KeyNotFound
-from ..maintenance import KeyRow, show_key
-from ..testing.provider import Charge
+from idempotence.database import DatabaseUrl, open_store
+from idempotence.errors import KeyNotFound
+from idempotence.maintenance import KeyRow, show_key
+from idempotence.testing.provider import Charge
+
 from .clients import ClientStats, Workload, make_workload, run_clients
 from .mailer import FakeMailer, Receipt
 from .provider import Faults
@@ -89,7 +90,7 @@ class StackProcess:
         self.failed: str | None = None
         self._seen: set[tuple[str, int | None]] = set()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "idempotence.demo", "stack", "--config", config.to_json()],
+            [sys.executable, "-m", "rocket_rides", "stack", "--config", config.to_json()],
             stdout=subprocess.PIPE,
             stderr=log,
             # A group of its own: stop() can kill every process of the stack at once,

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..testing.provider import Charge
+from idempotence.testing.provider import Charge
+
 from .clients import ClientStats, Ride
 from .mailer import Receipt
 

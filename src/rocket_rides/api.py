@@ -31,9 +31,17 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from ..database import open_async_store
-from ..http import Endpoint, Idempotency, IdempotencyMiddleware, Policy, Profile, RequestInfo
-from ..stores import AsyncStore, AsyncTransaction
+from idempotence.database import open_async_store
+from idempotence.http import (
+    Endpoint,
+    Idempotency,
+    IdempotencyMiddleware,
+    Policy,
+    Profile,
+    RequestInfo,
+)
+from idempotence.stores import AsyncStore, AsyncTransaction
+
 from . import openapi
 from .chaos import ChaosMiddleware
 from .rides import (

@@ -1,7 +1,8 @@
 """``idempotence demo``: prove exactly-once under crashes; ``demo serve``: try it by hand.
 
-The main CLI registers the group with ``main.add_command(demo)``;
-``python -m idempotence.demo`` runs the same group on its own.
+The ``idempotence`` command loads this group by name when ``idempotence demo`` runs
+(the library never imports the demo); ``python -m rocket_rides`` runs the same group
+on its own.
 
 The demo needs Starlette, uvicorn and httpx, which the library itself does not: this
 module imports them only when a demo command runs, so that registering the group costs
@@ -19,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..database import DatabaseUrl
-from ..errors import ConfigurationError
+from idempotence.database import DatabaseUrl
+from idempotence.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from .stack import Event

@@ -16,6 +16,7 @@ convention). Tables are for people; ``--json`` prints JSON for machines.
     idempotence keys evict SCOPE KEY          delete a key (--force if it is running)
     idempotence stats                         counts per state, oldest pending, takeovers
     idempotence reconcile FLOW --since 24h    local vs foreign records (B5)
+    idempotence demo                          Rocket Rides (the ``rocket_rides`` package)
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from typing import Any
 
 import click
 
-from .database import DatabaseUrl
-from .demo.cli import demo
-from .errors import ConfigurationError, IdempotenceError
-from .maintenance import commands
-from .maintenance._cli import (
+from ..database import DatabaseUrl
+from ..errors import ConfigurationError, IdempotenceError
+from ..observability import Instrumentation
+from ..stores import AsyncStore, Store
+from . import keys as commands
+from ._lazy import LazyGroup
+from ._shared import (
     ImportType,
     batch_option,
     configure_logging,
@@ -49,11 +52,9 @@ from .maintenance._cli import (
     open_cli_async_store,
     open_cli_store,
 )
-from .observability import Instrumentation
-from .stores import AsyncStore, Store
 
 
-@click.group()
+@click.group(cls=LazyGroup)
 @click.version_option(package_name="idempotence")
 @click.option(
     "--log-level",
@@ -128,7 +129,7 @@ def _passing(name: str) -> Iterator[Callable[[str, int], None]]:
 
 
 def _print(service: Any, result: Any, as_json: bool) -> None:
-    from .maintenance._format import to_json
+    from ..maintenance._format import to_json
 
     click.echo(to_json(result) if as_json else service.summary(result))
 
@@ -136,7 +137,7 @@ def _print(service: Any, result: Any, as_json: bool) -> None:
 def _runs_async(registry: Any, forced: bool) -> bool:
     """Whether the completer must run on an async store (F7): asked for, or a
     registered flow has a coroutine phase or foreign call."""
-    from .maintenance._completion import async_flows
+    from ..maintenance._completion import async_flows
 
     found = async_flows(registry)
     if found:
@@ -170,7 +171,7 @@ def _config(cls: Any, batch_size: int | None, **changes: Any) -> Any:
 @json_option
 def sweep(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
     """Release expired locks, bumping their fencing tokens (B1)."""
-    from .maintenance import Sweeper, SweeperConfig
+    from ..maintenance import Sweeper, SweeperConfig
 
     config = _config(SweeperConfig, batch_size)
     with open_cli_store(database) as store:
@@ -197,7 +198,7 @@ def complete(
     as_json: bool,
 ) -> None:
     """Resume abandoned keys through their flows (B2); async flows on an async store."""
-    from .maintenance import AsyncCompleter, Completer, CompleterConfig
+    from ..maintenance import AsyncCompleter, Completer, CompleterConfig
 
     changes: dict[str, Any] = {}
     if grace is not None:
@@ -219,7 +220,7 @@ def complete(
 @json_option
 def reap(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
     """Store a 408 on expired unfinished keys; delete expired finished ones (B3)."""
-    from .maintenance import Reaper, ReaperConfig
+    from ..maintenance import Reaper, ReaperConfig
 
     config = _config(ReaperConfig, batch_size)
     with open_cli_store(database) as store:
@@ -232,7 +233,7 @@ def reap(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
 @json_option
 def enqueue(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
     """Deliver committed staged jobs to the built-in job runner (B4)."""
-    from .maintenance import Enqueuer, EnqueuerConfig
+    from ..maintenance import Enqueuer, EnqueuerConfig
 
     config = _config(EnqueuerConfig, batch_size)
     with open_cli_store(database) as store:
@@ -252,7 +253,7 @@ def enqueue(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> Non
 @json_option
 def run_jobs(database: DatabaseUrl, jobs: Any, batch_size: int | None, as_json: bool) -> None:
     """Run the due jobs of the built-in runner once (B4)."""
-    from .maintenance import JobRunner, JobRunnerConfig
+    from ..maintenance import JobRunner, JobRunnerConfig
 
     config = _config(JobRunnerConfig, batch_size)
     registry = job_registry(jobs)
@@ -298,7 +299,7 @@ def worker(
     When a registered flow has a coroutine phase or foreign call (or with --async),
     every service runs on an async store on one event loop (F7), so the completer
     resumes async flows and the job runner awaits async jobs."""
-    from .maintenance import (
+    from ..maintenance import (
         AsyncWorker,
         CompleterConfig,
         EnqueuerConfig,
@@ -308,7 +309,7 @@ def worker(
         Worker,
         stop_on_signals,
     )
-    from .maintenance.metrics import AVAILABLE
+    from ..maintenance.metrics import AVAILABLE
 
     registry, runner_jobs = flow_registry(flows), job_registry(jobs)
     every: dict[str, Any] = {} if interval is None else {"interval": interval}
@@ -328,7 +329,7 @@ def worker(
             )
         import prometheus_client
 
-        from .metrics import PrometheusInstrumentation
+        from ..metrics import PrometheusInstrumentation
 
         prometheus_client.start_http_server(metrics_port)
         # The completer's claims count on the hot-path metrics too.
@@ -356,7 +357,3 @@ def worker(
 main.add_command(commands.keys)
 main.add_command(commands.stats)
 main.add_command(commands.reconcile_command)
-
-# -- Rocket Rides, the demo (it imports its web stack only when it runs) -------------------
-
-main.add_command(demo)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..http import Profile
+from idempotence.http import Profile
+
 from .rides import AMOUNT, FIELDS
 
 __all__ = ["DOCS_HTML", "document"]

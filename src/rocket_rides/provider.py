@@ -38,7 +38,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ..testing.provider import Charge, FakeProvider, Fault, IdempotencyKeyReused, ProviderError
+from idempotence.testing.provider import (
+    Charge,
+    FakeProvider,
+    Fault,
+    IdempotencyKeyReused,
+    ProviderError,
+)
 
 __all__ = ["Faults", "provider_app"]
 

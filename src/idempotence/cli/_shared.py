@@ -16,10 +16,10 @@ import click
 from ..database import ENV_VAR, DatabaseUrl, open_async_store, open_store
 from ..errors import ConfigurationError, IdempotenceError
 from ..flows import Flow, FlowRegistry
+from ..maintenance._jobs import JobRegistry
+from ..maintenance.logs import StructuredFormatter
 from ..observability import Instrumentation
 from ..stores import AsyncStore, Store
-from ._jobs import JobRegistry
-from .logs import StructuredFormatter
 
 
 class DatabaseUrlType(click.ParamType[DatabaseUrl]):

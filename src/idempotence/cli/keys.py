@@ -11,9 +11,16 @@ import click
 
 from ..database import DatabaseUrl
 from ..errors import ConfigurationError, KeyNotFound
+from ..maintenance import _format, admin
+from ..maintenance.reconcile import (
+    Reconciler,
+    ReconcilerRegistry,
+    parse_since,
+    reconcile,
+    reconcilers,
+)
 from ..states import KeyState
-from . import _format, admin
-from ._cli import (
+from ._shared import (
     ImportType,
     database_option,
     fail,
@@ -22,7 +29,6 @@ from ._cli import (
     json_option,
     open_cli_store,
 )
-from .reconcile import Reconciler, ReconcilerRegistry, parse_since, reconcile, reconcilers
 
 #: ``reconcile``'s exit status when the two sides differ (0: they agree; 1: the store or
 #: the application's listing failed; 2: usage), so that a scheduled run can alert.

@@ -34,11 +34,12 @@ from typing import Any
 
 import httpx
 
-from ..flows import Advance, Finish, Flow, ForeignContext, PhaseContext, Reject
-from ..http import Profile
-from ..states import StoredResponse
-from ..testing.example import Statements, sql_phase
-from ..testing.provider import Charge
+from idempotence.flows import Advance, Finish, Flow, ForeignContext, PhaseContext, Reject
+from idempotence.http import Profile
+from idempotence.states import StoredResponse
+from idempotence.testing.example import Statements, sql_phase
+from idempotence.testing.provider import Charge
+
 from . import chaos
 
 __all__ = [

@@ -1,6 +1,0 @@
-"""``python -m idempotence.demo``: the same as ``idempotence demo``."""
-
-from .cli import demo
-
-if __name__ == "__main__":
-    demo(prog_name="python -m idempotence.demo")
