@@ -52,14 +52,8 @@ key stays locked that long before anyone may resume it.
 
 from __future__ import annotations
 
-import base64
 import enum
 import importlib
-import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -67,12 +61,14 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ..flows import Flow, FlowResult, Observer, ResultKind
 from ..states import ClaimRequest, KeyRecord, KeyState, StoredResponse
 from ..stores import AsyncStore, Store
+from ._workers import Flavour, KillPoint, Worker, WorkerResult, spawn_worker
 
+# The workers (one run in a child process) live in ._workers, and are public from here.
 __all__ = [
     "CrashReport",
     "KillPoint",
@@ -86,8 +82,6 @@ __all__ = [
     "settle",
     "spawn_worker",
 ]
-
-Flavour = Literal["sync", "async"]
 
 
 def _uninstrumented(observer: Observer) -> None:
@@ -156,172 +150,6 @@ def settle(attempt: Callable[[], FlowResult], *, timeout: float) -> tuple[FlowRe
         if result.kind is ResultKind.IN_PROGRESS and result.claim is not None:
             wait = (result.claim.retry_after or 0.0) + 0.02
         time.sleep(min(wait, max(deadline - time.monotonic(), 0.0)))
-
-
-# -- workers: one run of the flow in a child process --------------------------------------
-
-
-@dataclass(frozen=True, order=True)
-class KillPoint:
-    """A boundary to kill at: the ``occurrence``-th time ``event`` is seen in a run."""
-
-    event: str
-    occurrence: int = 1
-
-    def __str__(self) -> str:
-        return self.event if self.occurrence == 1 else f"{self.event} (#{self.occurrence})"
-
-
-@dataclass(frozen=True)
-class WorkerResult:
-    """How a worker's run ended (what the child reported)."""
-
-    kind: ResultKind
-    response: StoredResponse | None
-    stored: bool
-    error: str | None
-    attempts: int
-
-
-class Worker:
-    """A child process running the target's flow once (or until final, ``retry``).
-
-    Build it with :func:`spawn_worker`. The child kills itself with SIGKILL at
-    ``kill_at`` (exactly as a ``kill -9`` would, at an exact point), or stops itself
-    with SIGSTOP at ``stop_at`` until :meth:`resume` (a zombie: a worker frozen by a GC
-    pause or a partition that wakes up later).
-    """
-
-    def __init__(self, spec: dict[str, Any], workdir: Path) -> None:
-        self.spec = spec
-        self._spec_path = workdir / "spec.json"
-        self._spec_path.write_text(json.dumps(spec))
-        self._stderr_path = workdir / "stderr.txt"
-        env = dict(os.environ)
-        # The child imports the factory's module the way this process does.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        with self._stderr_path.open("wb") as stderr:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "idempotence.testing._child", str(self._spec_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=stderr,
-                stderr=stderr,
-                env=env,
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def wait(self, timeout: float = 60.0) -> int:
-        """Wait for the child to exit; kill it if it outlives ``timeout``."""
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise
-
-    @property
-    def killed(self) -> bool:
-        """Whether the child died of SIGKILL."""
-        return self.process.returncode == -signal.SIGKILL
-
-    def events(self) -> list[KillPoint]:
-        """The boundaries the child crossed, in order."""
-        path = Path(self.spec["events"])
-        if not path.exists():
-            return []
-        lines = path.read_text().splitlines()
-        return [KillPoint(*json.loads(line)) for line in lines if line.strip()]
-
-    def result(self) -> WorkerResult | None:
-        """The child's result, or None if it died before reporting one."""
-        path = Path(self.spec["result"])
-        if not path.exists():
-            return None
-        data = json.loads(path.read_text())
-        response = None
-        if data["status"] is not None:
-            response = StoredResponse(
-                status=data["status"],
-                headers=tuple((str(k), str(v)) for k, v in data["headers"]),
-                body=base64.b64decode(data["body"]),
-            )
-        return WorkerResult(
-            kind=ResultKind(data["kind"]),
-            response=response,
-            stored=data["stored"],
-            error=data["error"],
-            attempts=data["attempts"],
-        )
-
-    def stderr(self) -> str:
-        return self._stderr_path.read_text(errors="replace")
-
-    def wait_stopped(self, timeout: float = 30.0) -> None:
-        """Wait until the child has stopped itself at ``stop_at``."""
-        stop = KillPoint(*self.spec["stop_at"])
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"the worker exited ({self.process.returncode}) instead of stopping at "
-                    f"{stop}:\n{self.stderr()}"
-                )
-            if stop in self.events() and _is_stopped(self.pid):
-                return
-            time.sleep(0.01)
-        raise TimeoutError(f"the worker did not stop at {stop} within {timeout} s")
-
-    def resume(self) -> None:
-        """Wake a stopped child (SIGCONT)."""
-        os.kill(self.pid, signal.SIGCONT)
-
-
-def _is_stopped(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:  # not Linux: the event was written just before the stop
-        time.sleep(0.2)
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
-
-
-def spawn_worker(
-    factory: str,
-    config: Mapping[str, Any],
-    *,
-    scope: str,
-    key: str,
-    workdir: str | os.PathLike[str],
-    kill_at: KillPoint | None = None,
-    stop_at: KillPoint | None = None,
-    retry: bool = False,
-    flavour: Flavour = "sync",
-    timeout: float = 60.0,
-) -> Worker:
-    """Start a child process that runs the target's flow for ``(scope, key)``.
-
-    ``retry`` makes the child retry until the answer is final (:func:`settle`);
-    ``workdir`` (an empty directory) receives the child's spec, events and result.
-    """
-    folder = Path(workdir)
-    folder.mkdir(parents=True, exist_ok=True)
-    spec = {
-        "factory": factory,
-        "config": dict(config),
-        "scope": scope,
-        "key": key,
-        "kill_at": None if kill_at is None else [kill_at.event, kill_at.occurrence],
-        "stop_at": None if stop_at is None else [stop_at.event, stop_at.occurrence],
-        "retry": retry,
-        "flavour": flavour,
-        "timeout": timeout,
-        "events": str(folder / "events.jsonl"),
-        "result": str(folder / "result.json"),
-    }
-    return Worker(spec, folder)
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -397,6 +225,47 @@ class CrashReport:
 
 # -- the harness --------------------------------------------------------------------------
 
+#: Every run uses this key, each kill in a scope of its own.
+_KEY = "k"
+
+
+@dataclass(frozen=True)
+class _CleanRun:
+    """The uninterrupted run: its boundaries are the kill points, its census the norm."""
+
+    response: StoredResponse
+    census: Mapping[str, int]
+    points: tuple[KillPoint, ...]
+
+
+@dataclass(frozen=True)
+class _Campaign:
+    """What every kill of one crash test shares."""
+
+    factory: str
+    config: Mapping[str, Any]
+    target: Target
+    store: Store
+    flavour: Flavour
+    timeout: float
+    replays: int
+    clean: _CleanRun
+
+    def spawn(
+        self, scope: str, workdir: Path, *, kill_at: KillPoint | None = None, retry: bool = False
+    ) -> Worker:
+        return spawn_worker(
+            self.factory,
+            self.config,
+            scope=scope,
+            key=_KEY,
+            workdir=workdir,
+            kill_at=kill_at,
+            retry=retry,
+            flavour=self.flavour,
+            timeout=self.timeout,
+        )
+
 
 def crash_test(
     factory: str,
@@ -424,46 +293,24 @@ def crash_test(
     try:
         with tempfile.TemporaryDirectory(prefix="idempotence-crash-") as tmp:
             workdir = Path(tmp)
-
-            # The clean run: its boundaries are the kill points, its census the norm.
-            survey = spawn_worker(
+            clean = _survey(
                 factory,
                 config,
-                scope=f"{prefix}-clean",
-                key="k",
-                workdir=workdir / "clean",
-                flavour=flavour,
-                timeout=timeout,
+                target,
+                store,
+                f"{prefix}-clean",
+                workdir / "clean",
+                flavour,
+                timeout,
             )
-            survey.wait(timeout)
-            clean = survey.result()
-            record = store.get(f"{prefix}-clean", "k")
-            if clean is None or clean.kind is not ResultKind.EXECUTED or record is None:
-                raise AssertionError(
-                    f"the clean run of {factory} did not finish: "
-                    f"{clean or 'no result'}\n{survey.stderr()}"
-                )
-            assert clean.response is not None
-            baseline_response = clean.response
-            baseline = dict(target.census(store, record))
-            points = tuple(p for p in survey.events() if select is None or select(p))
+            campaign = _Campaign(factory, config, target, store, flavour, timeout, replays, clean)
+            points = tuple(p for p in clean.points if select is None or select(p))
 
             def one(job: tuple[int, KillPoint, Recovery]) -> KillResult:
                 n, point, recovery = job
+                run = f"{n}-{recovery.value}"
                 return _kill_and_recover(
-                    factory,
-                    config,
-                    target,
-                    store,
-                    point,
-                    recovery,
-                    scope=f"{prefix}-{n}-{recovery.value}",
-                    workdir=workdir / f"{n}-{recovery.value}",
-                    flavour=flavour,
-                    baseline=baseline,
-                    baseline_response=baseline_response,
-                    replays=replays,
-                    timeout=timeout,
+                    campaign, point, recovery, scope=f"{prefix}-{run}", workdir=workdir / run
                 )
 
             jobs = [(n, p, r) for n, p in enumerate(points) for r in recoveries]
@@ -473,8 +320,8 @@ def crash_test(
         store.close()
     report = CrashReport(
         factory=factory,
-        baseline_status=baseline_response.status,
-        baseline_census=baseline,
+        baseline_status=clean.response.status,
+        baseline_census=clean.census,
         points=points,
         results=results,
         seconds=time.monotonic() - started,
@@ -488,75 +335,122 @@ def crash_test(
     return report
 
 
-def _kill_and_recover(
+def _survey(
     factory: str,
     config: Mapping[str, Any],
     target: Target,
     store: Store,
-    point: KillPoint,
-    recovery: Recovery,
-    *,
     scope: str,
     workdir: Path,
     flavour: Flavour,
-    baseline: Mapping[str, int],
-    baseline_response: StoredResponse,
-    replays: int,
     timeout: float,
-) -> KillResult:
-    key = "k"
-    victim = spawn_worker(
-        factory,
-        config,
-        scope=scope,
-        key=key,
-        workdir=workdir / "killed",
-        kill_at=point,
-        flavour=flavour,
-        timeout=timeout,
+) -> _CleanRun:
+    # Run the flow once without a kill, to learn its boundaries and what it leaves behind.
+    survey = spawn_worker(
+        factory, config, scope=scope, key=_KEY, workdir=workdir, flavour=flavour, timeout=timeout
     )
-    victim.wait(timeout)
+    survey.wait(timeout)
+    clean = survey.result()
+    record = store.get(scope, _KEY)
+    if clean is None or clean.kind is not ResultKind.EXECUTED or record is None:
+        raise AssertionError(
+            f"the clean run of {factory} did not finish: {clean or 'no result'}\n{survey.stderr()}"
+        )
+    assert clean.response is not None
+    return _CleanRun(clean.response, dict(target.census(store, record)), tuple(survey.events()))
+
+
+#: What a recovery answered (None: the retrying worker died), the runs it took, and
+#: what went wrong on the way.
+_Recovered = tuple[FlowResult | WorkerResult | None, int, list[str]]
+
+
+def _kill_and_recover(
+    campaign: _Campaign, point: KillPoint, recovery: Recovery, *, scope: str, workdir: Path
+) -> KillResult:
+    victim = campaign.spawn(scope, workdir / "killed", kill_at=point)
+    victim.wait(campaign.timeout)
     violations: list[str] = []
     if not victim.killed and victim.result() is None:
         violations.append(f"the worker failed instead of being killed:\n{victim.stderr()}")
 
-    recovered: FlowResult | WorkerResult | None
     if recovery is Recovery.RETRY:
-        retry = spawn_worker(
-            factory,
-            config,
-            scope=scope,
-            key=key,
-            workdir=workdir / "retry",
-            retry=True,
-            flavour=flavour,
-            timeout=timeout,
-        )
-        retry.wait(timeout + 10)
-        recovered = retry.result()
-        attempts = recovered.attempts if recovered is not None else 0
-        if recovered is None:
-            violations.append(f"the retrying worker failed:\n{retry.stderr()}")
+        recovered, attempts, problems = _recover_by_retry(campaign, scope, workdir / "retry")
     else:
-        recovered, attempts = settle(lambda: _resume(target, store, scope, key), timeout=timeout)
+        recovered, attempts, problems = _recover_by_resume(campaign, scope)
+    violations += problems
 
-    record = store.get(scope, key)
-    duplicates: dict[str, tuple[int, int]] = {}
+    record = campaign.store.get(scope, _KEY)
     if record is None:
         violations.append("the key is gone: nothing records what was done")
         return KillResult(
             point, recovery, victim.killed, None, None, attempts, {}, tuple(violations)
         )
-    state = _state(record)
+    duplicates, problems = _judge(campaign, scope, record, recovered, attempts)
+    stored = record.response
+    return KillResult(
+        point,
+        recovery,
+        victim.killed,
+        _state(record),
+        stored.status if stored is not None else None,
+        attempts,
+        duplicates,
+        tuple(violations + problems),
+    )
+
+
+def _recover_by_retry(campaign: _Campaign, scope: str, workdir: Path) -> _Recovered:
+    # The client's move: retry with the same key from a fresh process, until final.
+    retry = campaign.spawn(scope, workdir, retry=True)
+    retry.wait(campaign.timeout + 10)
+    recovered = retry.result()
+    if recovered is None:
+        return None, 0, [f"the retrying worker failed:\n{retry.stderr()}"]
+    return recovered, recovered.attempts, []
+
+
+def _recover_by_resume(campaign: _Campaign, scope: str) -> _Recovered:
+    # The completer's move, once the killed worker's lock has expired.
+    store, target = campaign.store, campaign.target
+    recovered, attempts = settle(
+        lambda: _resume(target, store, scope, _KEY), timeout=campaign.timeout
+    )
+    return recovered, attempts, []
+
+
+def _judge(
+    campaign: _Campaign,
+    scope: str,
+    record: KeyRecord,
+    recovered: FlowResult | WorkerResult | None,
+    attempts: int,
+) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    # Exactly-once, after a recovery: a terminal state, the clean run's census and
+    # response, and replays of it ever after. Returns the duplicates and the violations.
+    violations: list[str] = []
     stored = record.response
     if not record.finished or stored is None:
         violations.append(
-            f"no terminal state: the key is {state.value} at {record.recovery_point!r} after "
-            f"{attempts} attempt(s)"
+            f"no terminal state: the key is {_state(record).value} at "
+            f"{record.recovery_point!r} after {attempts} attempt(s)"
         )
     errored = record.error is not None
+    census = campaign.target.census(campaign.store, record)
+    duplicates, problems = _compare_census(campaign.clean.census, census, errored=errored)
+    violations += problems
+    if stored is not None:
+        violations += _check_response(campaign, scope, stored, recovered, errored=errored)
+    return duplicates, violations
 
-    census = dict(target.census(store, record))
+
+def _compare_census(
+    baseline: Mapping[str, int], census: Mapping[str, int], *, errored: bool
+) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    # More than a clean run is a duplicate; fewer is a loss, unless the key is errored
+    # (R6: an errored key may have stopped short of some effects).
+    duplicates: dict[str, tuple[int, int]] = {}
+    violations: list[str] = []
     for name in sorted(set(census) | set(baseline)):
         expected, found = baseline.get(name, 0), census.get(name, 0)
         if found > expected:
@@ -564,33 +458,35 @@ def _kill_and_recover(
             violations.append(f"{name}: {found} where a clean run leaves {expected} (duplicate)")
         elif found < expected and not errored:
             violations.append(f"{name}: {found} where a clean run leaves {expected} (missing)")
+    return duplicates, violations
 
-    if stored is not None:
-        if not errored and stored.status != baseline_response.status:
+
+def _check_response(
+    campaign: _Campaign,
+    scope: str,
+    stored: StoredResponse,
+    recovered: FlowResult | WorkerResult | None,
+    *,
+    errored: bool,
+) -> list[str]:
+    # The stored response is the clean run's, the recovering run answered it, and
+    # every later retry replays it.
+    violations: list[str] = []
+    expected = campaign.clean.response.status
+    if not errored and stored.status != expected:
+        violations.append(f"stored status {stored.status}, where a clean run answers {expected}")
+    if recovered is not None and recovered.stored and recovered.response != stored:
+        violations.append("the recovering run answered something else than it stored")
+    target = campaign.target
+    for n in range(campaign.replays):
+        again = target.flow.run(campaign.store, target.request(scope, _KEY))
+        if again.kind is not ResultKind.REPLAYED or again.response != stored:
             violations.append(
-                f"stored status {stored.status}, where a clean run answers "
-                f"{baseline_response.status}"
+                f"later retry #{n + 1} got {again.kind.value} "
+                f"{again.response.status if again.response else None}, not a replay of "
+                f"the stored {stored.status}"
             )
-        if recovered is not None and recovered.stored and recovered.response != stored:
-            violations.append("the recovering run answered something else than it stored")
-        for n in range(replays):
-            again = target.flow.run(store, target.request(scope, key))
-            if again.kind is not ResultKind.REPLAYED or again.response != stored:
-                violations.append(
-                    f"later retry #{n + 1} got {again.kind.value} "
-                    f"{again.response.status if again.response else None}, not a replay of "
-                    f"the stored {stored.status}"
-                )
-    return KillResult(
-        point,
-        recovery,
-        victim.killed,
-        state,
-        stored.status if stored is not None else None,
-        attempts,
-        duplicates,
-        tuple(violations),
-    )
+    return violations
 
 
 def _state(record: KeyRecord) -> KeyState:
