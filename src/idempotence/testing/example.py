@@ -208,6 +208,66 @@ def _ride_of(ctx: PhaseContext) -> dict[str, Any]:
     return {"scope": ctx.lease.scope, "key_id": ctx.lease.id}
 
 
+# The phases need nothing but their context, so they live at module level; the foreign
+# call closes over the provider, so rides_flow defines it.
+
+
+# At 'started': validate, then the ride and its audit row, with the checkpoint.
+@sql_phase
+def _create_ride(ctx: PhaseContext) -> Statements:
+    params = ctx.params
+    amount = params.get("amount")
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
+        # Before anything commits: nothing is stored (R5).
+        raise Reject(problem(422, "Invalid Amount", "amount must be a positive integer"))
+    rows = yield (
+        "INSERT INTO rides (scope, key_id, origin, destination, amount, status)"
+        " VALUES (:scope, :key_id, :origin, :destination, :amount, 'created') RETURNING id",
+        {
+            **_ride_of(ctx),
+            "origin": params["origin"],
+            "destination": params["destination"],
+            "amount": amount,
+        },
+    )
+    yield (
+        "INSERT INTO ride_audit (scope, key_id, ride_id, action)"
+        " VALUES (:scope, :key_id, :ride_id, 'ride_created')",
+        {**_ride_of(ctx), "ride_id": rows[0]["id"]},
+    )
+    return Advance("ride_created")
+
+
+# After the charge at 'ride_created': record it on the ride, or finish with the decline.
+@sql_phase
+def _record_charge(ctx: PhaseContext, charge: Charge) -> Statements:
+    status = "declined" if charge.declined else "charged"
+    rows = yield (
+        "UPDATE rides SET charge_id = :charge_id, status = :status"
+        " WHERE scope = :scope AND key_id = :key_id RETURNING id",
+        {**_ride_of(ctx), "charge_id": charge.id, "status": status},
+    )
+    yield (
+        "INSERT INTO ride_audit (scope, key_id, ride_id, action)"
+        " VALUES (:scope, :key_id, :ride_id, :action)",
+        {**_ride_of(ctx), "ride_id": rows[0]["id"], "action": f"charge_{status}"},
+    )
+    if charge.declined:
+        # A terminal answer, stored and replayed like a success (R5).
+        return Finish(problem(402, "Card Declined", f"charge {charge.id} was declined"))
+    return Advance("charge_created")
+
+
+# At 'charge_created': stage the receipt and answer with the ride.
+@sql_phase
+def _finish_ride(ctx: PhaseContext) -> Statements:
+    rows = yield (f"{_RIDE} WHERE scope = :scope AND key_id = :key_id", _ride_of(ctx))
+    ride = rows[0]
+    ctx.stage("send_receipt", {"ride_id": ride["id"]})
+    body = json.dumps(ride, sort_keys=True, separators=(",", ":"))
+    return Finish(StoredResponse.of(201, {"content-type": "application/json"}, body))
+
+
 def rides_flow(
     provider: FakeProvider,
     *,
@@ -223,31 +283,6 @@ def rides_flow(
     """
     flow = Flow(name, lock_timeout=lock_timeout)
 
-    @flow.phase("started")
-    @sql_phase
-    def create_ride(ctx: PhaseContext) -> Statements:
-        params = ctx.params
-        amount = params.get("amount")
-        if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
-            # Before anything commits: nothing is stored (R5).
-            raise Reject(problem(422, "Invalid Amount", "amount must be a positive integer"))
-        rows = yield (
-            "INSERT INTO rides (scope, key_id, origin, destination, amount, status)"
-            " VALUES (:scope, :key_id, :origin, :destination, :amount, 'created') RETURNING id",
-            {
-                **_ride_of(ctx),
-                "origin": params["origin"],
-                "destination": params["destination"],
-                "amount": amount,
-            },
-        )
-        yield (
-            "INSERT INTO ride_audit (scope, key_id, ride_id, action)"
-            " VALUES (:scope, :key_id, :ride_id, 'ride_created')",
-            {**_ride_of(ctx), "ride_id": rows[0]["id"]},
-        )
-        return Advance("ride_created")
-
     def charge(ctx: ForeignContext) -> Charge:
         # No transaction is open here (R3), and the key is derived from the key row
         # (R4): a resumed run charges with the same key, and is not charged twice.
@@ -258,37 +293,11 @@ def rides_flow(
             reference=f"{ctx.record.scope}/{ctx.record.key}",
         )
 
-    @sql_phase
-    def record_charge(ctx: PhaseContext, charge: Charge) -> Statements:
-        status = "declined" if charge.declined else "charged"
-        rows = yield (
-            "UPDATE rides SET charge_id = :charge_id, status = :status"
-            " WHERE scope = :scope AND key_id = :key_id RETURNING id",
-            {**_ride_of(ctx), "charge_id": charge.id, "status": status},
-        )
-        yield (
-            "INSERT INTO ride_audit (scope, key_id, ride_id, action)"
-            " VALUES (:scope, :key_id, :ride_id, :action)",
-            {**_ride_of(ctx), "ride_id": rows[0]["id"], "action": f"charge_{status}"},
-        )
-        if charge.declined:
-            # A terminal answer, stored and replayed like a success (R5).
-            return Finish(problem(402, "Card Declined", f"charge {charge.id} was declined"))
-        return Advance("charge_created")
-
+    flow.phase("started")(_create_ride)
     flow.foreign(
-        "ride_created", name="charge", call=charge, record=record_charge, idempotent=idempotent
+        "ride_created", name="charge", call=charge, record=_record_charge, idempotent=idempotent
     )
-
-    @flow.phase("charge_created")
-    @sql_phase
-    def finish_ride(ctx: PhaseContext) -> Statements:
-        rows = yield (f"{_RIDE} WHERE scope = :scope AND key_id = :key_id", _ride_of(ctx))
-        ride = rows[0]
-        ctx.stage("send_receipt", {"ride_id": ride["id"]})
-        body = json.dumps(ride, sort_keys=True, separators=(",", ":"))
-        return Finish(StoredResponse.of(201, {"content-type": "application/json"}, body))
-
+    flow.phase("charge_created")(_finish_ride)
     return flow
 
 
