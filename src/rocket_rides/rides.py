@@ -252,26 +252,20 @@ def _of(ctx: PhaseContext) -> dict[str, Any]:
     return {"user_id": ctx.lease.scope, "key_id": ctx.lease.id}
 
 
-def rides_flow(
-    charger: Charger,
-    *,
-    profile: Profile = Profile.IETF,
-    lock_timeout: timedelta = timedelta(seconds=10),
-) -> Flow:
-    """The ride flow, charging with ``charger``; errors in ``profile``'s shape.
+@dataclass(frozen=True)
+class _Steps:
+    """The ride flow's steps, for one charger and one error profile; :func:`rides_flow`
+    wires them (the atomic ones through :func:`sql_phase`)."""
 
-    ``lock_timeout`` is how long a worker that died keeps the key from its retries.
-    """
-    flow = Flow(FLOW_NAME, lock_timeout=lock_timeout)
+    charger: Charger
+    profile: Profile
 
-    @flow.phase("started")
-    @sql_phase
-    def create_ride(ctx: PhaseContext) -> Statements:
+    def create_ride(self, ctx: PhaseContext) -> Statements:
         errors = validate(ctx.params)
         if errors:
             # Nothing is committed yet: the key is forgotten, so the client can send
             # the corrected request with the same key (R5).
-            raise Reject(_invalid(profile, errors))
+            raise Reject(_invalid(self.profile, errors))
         ride = {field: ctx.params[field] for field in FIELDS}
         rows = yield (
             "INSERT INTO rocket_rides (user_id, key_id, request_key, origin_lat, origin_lon,"
@@ -294,16 +288,15 @@ def rides_flow(
         chaos.reached("ride:before_commit")
         return Advance("ride_created")
 
-    def charge(ctx: ForeignContext) -> Charge | Awaitable[Charge]:
+    def charge(self, ctx: ForeignContext) -> Charge | Awaitable[Charge]:
         chaos.reached("charge:before")
-        charged = charger(ctx)
+        charged = self.charger(ctx)
         if inspect.isawaitable(charged):
             return _after(charged)
         chaos.reached("charge:after")
         return charged
 
-    @sql_phase
-    def record_charge(ctx: PhaseContext, charge: Charge) -> Statements:
+    def record_charge(self, ctx: PhaseContext, charge: Charge) -> Statements:
         status = "declined" if charge.declined else "charged"
         rows = yield (
             "UPDATE rocket_rides SET charge_id = :charge_id, status = :status"
@@ -322,16 +315,17 @@ def rides_flow(
             message = f"The card was declined (charge {charge.id}); no ride was booked."
             return Finish(
                 error_response(
-                    profile, 402, "card_declined", message, charge_id=charge.id, ride_id=ride_id
+                    self.profile,
+                    402,
+                    "card_declined",
+                    message,
+                    charge_id=charge.id,
+                    ride_id=ride_id,
                 )
             )
         return Advance("charge_created")
 
-    flow.foreign("ride_created", name="charge", call=charge, record=record_charge)
-
-    @flow.phase("charge_created")
-    @sql_phase
-    def finish_ride(ctx: PhaseContext) -> Statements:
+    def finish_ride(self, ctx: PhaseContext) -> Statements:
         rows = yield (
             f"SELECT {RIDE_COLUMNS} FROM rocket_rides"
             " WHERE user_id = :user_id AND key_id = :key_id",
@@ -345,6 +339,24 @@ def rides_flow(
         chaos.reached("finish:before_commit")
         return Finish(StoredResponse.of(201, _JSON, ride_json(ride)))
 
+
+def rides_flow(
+    charger: Charger,
+    *,
+    profile: Profile = Profile.IETF,
+    lock_timeout: timedelta = timedelta(seconds=10),
+) -> Flow:
+    """The ride flow, charging with ``charger``; errors in ``profile``'s shape.
+
+    ``lock_timeout`` is how long a worker that died keeps the key from its retries.
+    """
+    steps = _Steps(charger, profile)
+    flow = Flow(FLOW_NAME, lock_timeout=lock_timeout)
+    flow.phase("started")(sql_phase(steps.create_ride))
+    flow.foreign(
+        "ride_created", name="charge", call=steps.charge, record=sql_phase(steps.record_charge)
+    )
+    flow.phase("charge_created")(sql_phase(steps.finish_ride))
     return flow
 
 
