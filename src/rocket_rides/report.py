@@ -21,7 +21,7 @@ import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from idempotence.testing.provider import Charge
 
@@ -87,9 +87,20 @@ def _key_of(reference: str | None) -> str | None:
     return None if reference is None else reference.rpartition("/")[2]
 
 
+class _Check(NamedTuple):
+    """What one group of invariants counted, and which of them failed."""
+
+    numbers: dict[str, Any]
+    violations: list[str]
+
+
+def _failed(*counts: tuple[int, str]) -> list[str]:
+    # One violation per invariant broken, saying how many times.
+    return [f"{count} {what}" for count, what in counts if count]
+
+
 def assess(evidence: Evidence) -> Report:
     """Check every invariant on ``evidence``."""
-    violations: list[str] = []
     clients = evidence.clients
     requested = {ride.key for ride in evidence.requested}
     # A client that walked away before the service claimed its key (the worker was
@@ -101,12 +112,63 @@ def assess(evidence: Evidence) -> Report:
     rides_by_key: dict[str, list[RideRow]] = {}
     for ride in evidence.rides:
         rides_by_key.setdefault(ride.request_key, []).append(ride)
+    paid = {ride.id: ride for ride in evidence.rides if ride.status == "charged"}
+
+    rides = _check_rides(evidence, requested, unclaimed, rides_by_key, paid)
+    charges = _check_charges(evidence, paid)
+    receipts = _check_receipts(evidence, paid)
+    keys = _check_keys(evidence, requested, unclaimed)
+    answers = _check_answers(clients, rides_by_key)
+    numbers: dict[str, Any] = {
+        **evidence.settings,
+        **rides.numbers,
+        **charges.numbers,
+        **receipts.numbers,
+        **keys.numbers,
+        "lock_takeovers": evidence.takeovers,
+        "worker_crashes": evidence.crashes,
+        "restarts": evidence.restarts,
+        **answers.numbers,
+        "completer_resumed": evidence.completer_resumed,
+        "unexpected_answers": [list(u) for u in clients.unexpected[:10]],
+        "wall_time_seconds": round(evidence.wall_time, 2),
+    }
+    checks = (rides, charges, receipts, keys, answers)
+    return Report(numbers, tuple(v for check in checks for v in check.violations))
+
+
+def _check_rides(
+    evidence: Evidence,
+    requested: set[str],
+    unclaimed: set[str],
+    rides_by_key: Mapping[str, list[RideRow]],
+    paid: Mapping[int, RideRow],
+) -> _Check:
+    # Every requested ride exists exactly once, and none for a key never claimed.
     duplicate_rides = sum(len(rows) - 1 for rows in rides_by_key.values())
     missing_rides = sorted(requested - unclaimed - set(rides_by_key))
     unclaimed_rides = sorted(unclaimed & set(rides_by_key))
-    paid = {ride.id: ride for ride in evidence.rides if ride.status == "charged"}
     declined = [ride for ride in evidence.rides if ride.status == "declined"]
+    numbers = {
+        "rides_requested": len(requested),
+        "rides_never_claimed": len(unclaimed),
+        "rides_created": len(evidence.rides),
+        "rides_paid": len(paid),
+        "rides_declined": len(declined),
+    }
+    return _Check(
+        numbers,
+        _failed(
+            (len(missing_rides), "requested ride(s) never created"),
+            (duplicate_rides, "ride(s) created twice"),
+            (len(unclaimed_rides), "ride(s) created for a key the service never kept"),
+        ),
+    )
 
+
+def _check_charges(evidence: Evidence, paid: Mapping[int, RideRow]) -> _Check:
+    # Every paid ride has exactly one successful charge, the one it records; no
+    # charge exists without its ride.
     succeeded = [c for c in evidence.charges if not c.declined]
     by_key = Counter(_key_of(c.reference) for c in succeeded)
     extra_charges = sum(n - 1 for n in by_key.values())
@@ -114,56 +176,59 @@ def assess(evidence: Evidence) -> Report:
     without_ride = [c for c in succeeded if _key_of(c.reference) not in charged_keys]
     charge_ids = {c.id for c in succeeded}
     without_charge = [r for r in paid.values() if r.charge_id not in charge_ids]
-
-    receipts_by_ride = Counter(r.ride_id for r in evidence.receipts)
-    duplicate_receipts = sum(n - 1 for n in receipts_by_ride.values())
-    missing_receipts = [ride_id for ride_id in paid if ride_id not in receipts_by_ride]
-    unpaid_receipts = [ride_id for ride_id in receipts_by_ride if ride_id not in paid]
-
-    states = Counter(evidence.key_states.get(key, "missing") for key in requested)
-    not_terminal = sum(n for state, n in states.items() if state not in TERMINAL)
-    not_terminal -= len(unclaimed)
-
-    wrong_answers = _answers_disagreeing(clients, rides_by_key)
-
-    def check(count: int, what: str) -> None:
-        if count:
-            violations.append(f"{count} {what}")
-
-    check(len(missing_rides), "requested ride(s) never created")
-    check(duplicate_rides, "ride(s) created twice")
-    check(len(unclaimed_rides), "ride(s) created for a key the service never kept")
-    check(extra_charges, "extra charge(s) for an already charged ride")
-    check(len(without_ride), "charge(s) without a paid ride")
-    check(len(without_charge), "paid ride(s) without their charge at the provider")
-    check(duplicate_receipts, "duplicate receipt(s)")
-    check(len(missing_receipts), "paid ride(s) without a receipt")
-    check(len(unpaid_receipts), "receipt(s) for a ride that was not paid")
-    check(not_terminal, "key(s) not terminal")
-    check(len(clients.unexpected), "unexpected answer(s) to clients")
-    check(len(clients.replay_mismatches), "replay(s) that differed from the first answer")
-    check(wrong_answers, "final answer(s) that disagree with the database")
-
-    numbers: dict[str, Any] = {
-        **evidence.settings,
-        "rides_requested": len(requested),
-        "rides_never_claimed": len(unclaimed),
-        "rides_created": len(evidence.rides),
-        "rides_paid": len(paid),
-        "rides_declined": len(declined),
+    numbers = {
         "charges": len(evidence.charges),
         "charges_succeeded": len(succeeded),
         "charges_declined": len(evidence.charges) - len(succeeded),
         "double_charges": extra_charges + len(without_ride),
         "rides_without_charge": len(without_charge),
+    }
+    return _Check(
+        numbers,
+        _failed(
+            (extra_charges, "extra charge(s) for an already charged ride"),
+            (len(without_ride), "charge(s) without a paid ride"),
+            (len(without_charge), "paid ride(s) without their charge at the provider"),
+        ),
+    )
+
+
+def _check_receipts(evidence: Evidence, paid: Mapping[int, RideRow]) -> _Check:
+    # Every paid ride got exactly one receipt, and no unpaid ride got one.
+    receipts_by_ride = Counter(r.ride_id for r in evidence.receipts)
+    duplicate_receipts = sum(n - 1 for n in receipts_by_ride.values())
+    missing_receipts = [ride_id for ride_id in paid if ride_id not in receipts_by_ride]
+    unpaid_receipts = [ride_id for ride_id in receipts_by_ride if ride_id not in paid]
+    numbers = {
         "receipts": len(evidence.receipts),
         "duplicate_receipts": duplicate_receipts,
         "missing_receipts": len(missing_receipts),
         "receipt_deliveries_absorbed": sum(r.deliveries - 1 for r in evidence.receipts),
-        "keys_by_state": dict(sorted(states.items())),
-        "lock_takeovers": evidence.takeovers,
-        "worker_crashes": evidence.crashes,
-        "restarts": evidence.restarts,
+    }
+    return _Check(
+        numbers,
+        _failed(
+            (duplicate_receipts, "duplicate receipt(s)"),
+            (len(missing_receipts), "paid ride(s) without a receipt"),
+            (len(unpaid_receipts), "receipt(s) for a ride that was not paid"),
+        ),
+    )
+
+
+def _check_keys(evidence: Evidence, requested: set[str], unclaimed: set[str]) -> _Check:
+    # Every key the service claimed holds a stored answer.
+    states = Counter(evidence.key_states.get(key, "missing") for key in requested)
+    not_terminal = sum(n for state, n in states.items() if state not in TERMINAL)
+    not_terminal -= len(unclaimed)
+    return _Check(
+        {"keys_by_state": dict(sorted(states.items()))},
+        _failed((not_terminal, "key(s) not terminal")),
+    )
+
+
+def _check_answers(clients: ClientStats, rides_by_key: Mapping[str, list[RideRow]]) -> _Check:
+    # Every final answer is the ride the database holds, and every replay the same.
+    numbers = {
         "requests": clients.requests,
         "crash_orders": clients.crash_orders,
         "responses_by_status": {str(k): v for k, v in sorted(clients.statuses.items())},
@@ -173,11 +238,18 @@ def assess(evidence: Evidence) -> Report:
         "replays_checked": clients.replays_checked,
         "clients_gave_up": len(clients.gave_up),
         "rides_abandoned": len(clients.abandoned),
-        "completer_resumed": evidence.completer_resumed,
-        "unexpected_answers": [list(u) for u in clients.unexpected[:10]],
-        "wall_time_seconds": round(evidence.wall_time, 2),
     }
-    return Report(numbers, tuple(violations))
+    return _Check(
+        numbers,
+        _failed(
+            (len(clients.unexpected), "unexpected answer(s) to clients"),
+            (len(clients.replay_mismatches), "replay(s) that differed from the first answer"),
+            (
+                _answers_disagreeing(clients, rides_by_key),
+                "final answer(s) that disagree with the database",
+            ),
+        ),
+    )
 
 
 def _answers_disagreeing(clients: ClientStats, rides_by_key: Mapping[str, list[RideRow]]) -> int:
