@@ -135,6 +135,30 @@ def create_app(settings: ApiSettings) -> Starlette:
     client = httpx.AsyncClient(
         base_url=settings.provider_url, timeout=PROVIDER_TIMEOUT, verify=tls_context()
     )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            await users.load(store)
+            yield
+        finally:
+            await client.aclose()
+            await store.close()
+
+    config = _idempotency(settings, store, users, client)
+    middleware = [Middleware(IdempotencyMiddleware, config=config)]
+    if settings.chaos:
+        # Outermost, so that its "respond" point comes after the key is settled.
+        middleware.insert(0, Middleware(ChaosMiddleware))
+    return Starlette(
+        routes=_routes(settings, store, users), middleware=middleware, lifespan=lifespan
+    )
+
+
+def _idempotency(
+    settings: ApiSettings, store: AsyncStore, users: Users, client: httpx.AsyncClient
+) -> Idempotency:
+    # POST /v1/rides: the middleware runs the ride flow for it, charging over ``client``.
     flow = rides_flow(
         async_charger(client),
         profile=settings.profile,
@@ -148,7 +172,7 @@ def create_app(settings: ApiSettings) -> Starlette:
         # remaining time caps it (a live twin usually finishes much sooner).
         in_progress_retry_after=1,
     )
-    config = Idempotency(
+    return Idempotency(
         store=store,
         scope=users.scope,
         endpoints=(Endpoint("POST /v1/rides", policy),),
@@ -157,6 +181,9 @@ def create_app(settings: ApiSettings) -> Starlette:
         profile=settings.profile,
     )
 
+
+def _routes(settings: ApiSettings, store: AsyncStore, users: Users) -> list[Route]:
+    # Everything but POST /v1/rides, which the middleware answers.
     async def list_rides(request: Request) -> Response:
         info = RequestInfo("GET", request.url.path, headers=_headers(request))
         user = users.of(info)
@@ -176,39 +203,25 @@ def create_app(settings: ApiSettings) -> Starlette:
     async def openapi_json(request: Request) -> Response:
         return JSONResponse(openapi.document(settings.profile))
 
-    async def docs(request: Request) -> Response:
-        return HTMLResponse(openapi.DOCS_HTML)
+    return [
+        Route("/v1/rides", list_rides, methods=["GET"]),
+        Route("/openapi.json", openapi_json),
+        Route("/docs", _docs),
+        Route("/healthz", _health),
+        Route("/", _home),
+    ]
 
-    async def health(request: Request) -> Response:
-        return JSONResponse({"ok": True})
 
-    async def home(request: Request) -> Response:
-        return RedirectResponse("/docs")
+async def _docs(request: Request) -> Response:
+    return HTMLResponse(openapi.DOCS_HTML)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        try:
-            await users.load(store)
-            yield
-        finally:
-            await client.aclose()
-            await store.close()
 
-    middleware = [Middleware(IdempotencyMiddleware, config=config)]
-    if settings.chaos:
-        # Outermost, so that its "respond" point comes after the key is settled.
-        middleware.insert(0, Middleware(ChaosMiddleware))
-    return Starlette(
-        routes=[
-            Route("/v1/rides", list_rides, methods=["GET"]),
-            Route("/openapi.json", openapi_json),
-            Route("/docs", docs),
-            Route("/healthz", health),
-            Route("/", home),
-        ],
-        middleware=middleware,
-        lifespan=lifespan,
-    )
+async def _health(request: Request) -> Response:
+    return JSONResponse({"ok": True})
+
+
+async def _home(request: Request) -> Response:
+    return RedirectResponse("/docs")
 
 
 def _headers(request: Request) -> tuple[tuple[str, str], ...]:
