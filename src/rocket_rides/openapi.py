@@ -86,15 +86,23 @@ def _error(description: str, *, retry_after: bool = False) -> dict[str, Any]:
     return response
 
 
-def document(profile: Profile = Profile.IETF) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the API in ``profile``'s error shape."""
-    ride_request = {
+# The document is built afresh on each call, from one builder per part: a caller may
+# change what it gets without changing the next one.
+
+_AUTH = "apiKey"
+
+
+def _ride_request_schema() -> dict[str, Any]:
+    return {
         "type": "object",
         "required": list(FIELDS),
         "additionalProperties": False,
         "properties": {field: _coordinate(field, limit) for field, limit in FIELDS.items()},
     }
-    ride = {
+
+
+def _ride_schema() -> dict[str, Any]:
+    return {
         "type": "object",
         "properties": {
             "object": {"const": "ride"},
@@ -106,9 +114,13 @@ def document(profile: Profile = Profile.IETF) -> dict[str, Any]:
             **{field: {"type": "number"} for field in FIELDS},
         },
     }
+
+
+def _create_ride_responses(profile: Profile) -> dict[str, Any]:
+    # The middleware's answers: where a reused key is refused depends on the profile.
     stripe = profile is Profile.STRIPE
     reused = "the key was used for a different request (another body)"
-    responses: dict[str, Any] = {
+    return {
         "201": {
             "description": "The ride, booked and paid. Retries with the same key get this "
             "same response with `Idempotent-Replayed: true`.",
@@ -137,7 +149,66 @@ def document(profile: Profile = Profile.IETF) -> dict[str, Any]:
         ),
         "503": _error("The key store is unavailable; nothing ran.", retry_after=True),
     }
-    auth: list[dict[str, list[str]]] = [{"apiKey": []}]
+
+
+def _create_ride(profile: Profile) -> dict[str, Any]:
+    request = {"schema": {"$ref": "#/components/schemas/RideRequest"}}
+    return {
+        "summary": "Book a ride and charge for it",
+        "operationId": "createRide",
+        "security": [{_AUTH: []}],
+        "parameters": [
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": True,
+                "description": "1-255 printable ASCII characters, bare or as a "
+                'structured-field string ("…"). One key per ride.',
+                "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+            }
+        ],
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": request,
+                "application/x-www-form-urlencoded": request,
+            },
+        },
+        "responses": _create_ride_responses(profile),
+    }
+
+
+def _list_rides() -> dict[str, Any]:
+    rides = {
+        "type": "object",
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": {"$ref": "#/components/schemas/Ride"}},
+        },
+    }
+    return {
+        "summary": "The caller's rides, newest first",
+        "operationId": "listRides",
+        "security": [{_AUTH: []}],
+        "parameters": [
+            {
+                "name": "limit",
+                "in": "query",
+                "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+            }
+        ],
+        "responses": {
+            "200": {
+                "description": "The rides.",
+                "content": {"application/json": {"schema": rides}},
+            },
+            "401": _error("No API key, or an unknown one."),
+        },
+    }
+
+
+def document(profile: Profile = Profile.IETF) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the API in ``profile``'s error shape."""
     return {
         "openapi": "3.1.0",
         "info": {
@@ -148,74 +219,16 @@ def document(profile: Profile = Profile.IETF) -> dict[str, Any]:
             f"pays with a card that is declined. Every ride costs {AMOUNT} cents.",
         },
         "servers": [{"url": "/"}],
-        "paths": {
-            "/v1/rides": {
-                "post": {
-                    "summary": "Book a ride and charge for it",
-                    "operationId": "createRide",
-                    "security": auth,
-                    "parameters": [
-                        {
-                            "name": "Idempotency-Key",
-                            "in": "header",
-                            "required": True,
-                            "description": "1-255 printable ASCII characters, bare or as a "
-                            'structured-field string ("…"). One key per ride.',
-                            "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-                        }
-                    ],
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": "#/components/schemas/RideRequest"}
-                            },
-                            "application/x-www-form-urlencoded": {
-                                "schema": {"$ref": "#/components/schemas/RideRequest"}
-                            },
-                        },
-                    },
-                    "responses": responses,
-                },
-                "get": {
-                    "summary": "The caller's rides, newest first",
-                    "operationId": "listRides",
-                    "security": auth,
-                    "parameters": [
-                        {
-                            "name": "limit",
-                            "in": "query",
-                            "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
-                        }
-                    ],
-                    "responses": {
-                        "200": {
-                            "description": "The rides.",
-                            "content": {
-                                "application/json": {
-                                    "schema": {
-                                        "type": "object",
-                                        "properties": {
-                                            "object": {"const": "list"},
-                                            "data": {
-                                                "type": "array",
-                                                "items": {"$ref": "#/components/schemas/Ride"},
-                                            },
-                                        },
-                                    }
-                                }
-                            },
-                        },
-                        "401": _error("No API key, or an unknown one."),
-                    },
-                },
-            }
-        },
+        "paths": {"/v1/rides": {"post": _create_ride(profile), "get": _list_rides()}},
         "components": {
             "securitySchemes": {
-                "apiKey": {"type": "http", "scheme": "bearer", "description": "user-1 … user-100"}
+                _AUTH: {"type": "http", "scheme": "bearer", "description": "user-1 … user-100"}
             },
-            "schemas": {"RideRequest": ride_request, "Ride": ride, "Error": _error_schema(profile)},
+            "schemas": {
+                "RideRequest": _ride_request_schema(),
+                "Ride": _ride_schema(),
+                "Error": _error_schema(profile),
+            },
         },
     }
 
