@@ -197,10 +197,10 @@ def test_p10_postgres_wakes_the_twin_by_notify_not_by_its_next_poll(make_harness
     """P10 on PostgreSQL: the waiting twin is woken by LISTEN/NOTIFY as soon as the first
     request finishes. Its polling pause is made as long as the whole wait, so polling
     alone would answer only after the 10 s."""
-    from idempotence.http import _core
+    from idempotence.flows import handler
 
-    monkeypatch.setattr(_core, "_FIRST_POLL", 60.0)
-    monkeypatch.setattr(_core, "_MAX_POLL", 60.0)
+    monkeypatch.setattr(handler, "FIRST_POLL", 60.0)
+    monkeypatch.setattr(handler, "MAX_POLL", 60.0)
     with make_harness(default_wait=timedelta(seconds=10)) as harness:
         claim = harness.hold("p10-notify")
         finisher = threading.Timer(0.3, harness.finish_twin, (claim.lease,))

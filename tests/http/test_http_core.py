@@ -10,7 +10,7 @@ import pytest
 
 from idempotence import AsyncSqliteStore, ConfigurationError, SqliteStore, StoredResponse
 from idempotence.errors import InvalidBody, InvalidKey, MissingKey
-from idempotence.flows import Flow
+from idempotence.flows import Flow, HandlerStep, Settle
 from idempotence.http import (
     Endpoint,
     Idempotency,
@@ -30,7 +30,7 @@ from idempotence.http import (
 from idempotence.http._effects import Capture, Captured
 from idempotence.http._problems import render
 from idempotence.http._request import RepeatedKey, flow_params, read_key
-from idempotence.http._responses import Action, classify, finalize, storable
+from idempotence.http._responses import finalize
 from idempotence.http.wsgi import environ_headers, wsgi_path
 
 
@@ -70,6 +70,7 @@ def test_scope_is_mandatory_and_says_how_to_opt_into_one_tenant(store):
         # A flow's keys follow the flow's own settings (the completer resumes them).
         ({"flow": Flow("f"), "lock_timeout": timedelta(seconds=5)}, "lock_timeout"),
         ({"flow": Flow("f"), "retention": None}, "retention"),
+        ({"flow": Flow("f"), "store_server_errors": True}, "store_server_errors"),
         ({"in_progress_retry_after": 0}, "in_progress_retry_after"),
     ],
 )
@@ -155,13 +156,44 @@ def test_read_key():
 # -- responses ------------------------------------------------------------------------------
 
 
-def test_classify_follows_r5():
+def handler_step(policy: Policy) -> HandlerStep:
+    """The engine's handler step that ``policy`` configures (F6)."""
+    assert policy.engine is not None
+    step = policy.engine.steps["started"]
+    assert isinstance(step, HandlerStep)
+    return step
+
+
+def settle(policy: Policy, status: int) -> Settle:
+    return handler_step(policy).settle(status, policy.store_server_errors)
+
+
+def test_settle_follows_r5():
     policy = Policy()
-    assert classify(policy, 200) is Action.STORE
-    assert classify(policy, 409) is Action.STORE
-    assert classify(policy, 404) is Action.FORGET
-    assert classify(policy, 500) is Action.RELEASE
-    assert classify(Policy(rejected_statuses=frozenset()), 422) is Action.STORE
+    assert settle(policy, 200) is Settle.STORE
+    assert settle(policy, 402) is Settle.STORE
+    assert settle(policy, 409) is Settle.STORE
+    assert settle(policy, 404) is Settle.FORGET
+    assert settle(policy, 422) is Settle.FORGET
+    assert settle(policy, 500) is Settle.RELEASE
+    assert settle(Policy(store_server_errors=True), 503) is Settle.STORE
+    assert settle(Policy(rejected_statuses=frozenset()), 422) is Settle.STORE
+
+
+def test_f6_a_policy_configures_its_engine_run_in_one_place():
+    policy = Policy(
+        lock_timeout=timedelta(seconds=5),
+        retention=None,
+        store_server_errors=True,
+        transaction=True,
+        max_response_bytes=10,
+    )
+    engine = policy.engine
+    assert engine is not None and engine.name == "http"
+    assert (engine.lock_timeout, engine.retention) == (timedelta(seconds=5), None)
+    assert engine.store_server_errors and engine.request_as_transaction
+    assert handler_step(policy).limit == 10
+    assert Policy(flow=Flow("f")).engine is None  # a flow endpoint runs its flow
 
 
 def test_capture_buffers_up_to_the_limit():
@@ -181,9 +213,9 @@ def test_storable_keeps_allowed_headers_only():
         (("Content-Type", "a/b"), ("Set-Cookie", "s=1"), ("Location", "/x"), ("X-Other", "1")),
         b"{}",
     )
-    stored = storable(Policy(), captured)
+    stored = handler_step(Policy()).stored(captured)
     assert stored.headers == (("content-type", "a/b"), ("location", "/x"))
-    with_cookie = storable(Policy(replay_headers=("set-cookie",)), captured)
+    with_cookie = handler_step(Policy(replay_headers=("set-cookie",))).stored(captured)
     assert ("set-cookie", "s=1") in with_cookie.headers  # only when asked for
 
 

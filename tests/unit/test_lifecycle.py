@@ -3,8 +3,10 @@ no database and no framework: every problem code it can answer, in both wire pro
 on handler, request-as-transaction (F3) and flow endpoints (P2, P4, P7, P11, R5, R6, F1,
 F6).
 
-Each row scripts the effects the lifecycle yields: for each, the value to send back,
-or the exception to throw in. The row then names the problem the reply must carry.
+Each row scripts the effects the lifecycle yields, its own (ResolveScope, ReadBody)
+and the one engine's (DoClaim, DoHandle, DoInTransaction, DoPhase...): for each, the
+value to send back, or the exception to throw in. The row then names the problem the
+reply must carry.
 """
 
 from __future__ import annotations
@@ -18,23 +20,23 @@ from typing import Any
 import pytest
 
 from idempotence.errors import BodyTooLarge, LockLost, StoreError, StoreUnavailable
-from idempotence.flows import SERVER_ERROR, Flow, FlowResult, ResultKind, indeterminate_response
+from idempotence.flows import (
+    STORED_SERVER_ERROR,
+    Advance,
+    Captured,
+    DoClaim,
+    DoFinish,
+    DoHandle,
+    DoInTransaction,
+    DoPhase,
+    DoRelease,
+    Flow,
+    attempt_point,
+    indeterminate_response,
+)
 from idempotence.http import Idempotency, Policy, Problem, Profile, RequestInfo, single_tenant
 from idempotence.http._core import lifecycle
-from idempotence.http._effects import (
-    BeginTransaction,
-    Captured,
-    ClaimKey,
-    EndTransaction,
-    FinishKey,
-    ReadBody,
-    Reply,
-    ReplyKind,
-    ResolveScope,
-    RunApp,
-    RunFlow,
-)
-from idempotence.http._responses import STORED_SERVER_ERROR
+from idempotence.http._effects import ReadBody, Reply, ReplyKind, ResolveScope
 from idempotence.maintenance.completer import GAVE_UP_RESPONSE
 from idempotence.maintenance.reaper import EXPIRED_RESPONSE
 from idempotence.problems import NEUTRAL_TYPE, ProblemDetails
@@ -55,7 +57,7 @@ def drive(
 ) -> Reply:
     """Run the lifecycle through ``script`` and return its Reply; the effects it
     yielded are appended to ``yielded``. An exception it lets out propagates."""
-    engine = lifecycle(config, policy, request)
+    engine = lifecycle(config, policy, request, app=None)
     yielded = [] if yielded is None else yielded
     try:
         effect = next(engine)
@@ -102,6 +104,14 @@ def record(response: StoredResponse | None = None) -> KeyRecord:
 
 
 EXECUTE = Claim(Outcome.EXECUTE, record(), lease=LEASE)
+#: A key whose non-idempotent call "charge" began in a worker that died (R6).
+CRASHED_IN_CALL = Claim(
+    Outcome.EXECUTE,
+    record(),
+    lease=Lease(
+        id=7, scope="tenant", key="k", token=2, recovery_point=attempt_point("charging", "charge")
+    ),
+)
 MISMATCH = Claim(Outcome.MISMATCH, record())
 IN_PROGRESS = Claim(Outcome.IN_PROGRESS, record(), retry_after=3.0)
 
@@ -114,30 +124,31 @@ def replay(response: StoredResponse) -> Claim:
 ADMITTED: list[Step] = [(ResolveScope, "tenant"), (ReadBody, b'{"amount": 1}')]
 PLAIN = Policy()
 TRANSACTION = Policy(transaction=True)
-FLOW = Policy(flow=Flow("unit-lifecycle"))
+UNIT_FLOW = Flow("unit-lifecycle")
+UNIT_FLOW.phase("started")(lambda ctx: Advance("charging"))
+UNIT_FLOW.foreign(
+    "charging", name="charge", call=lambda ctx: None, record=lambda ctx, r: None, idempotent=False
+)
+FLOW = Policy(flow=UNIT_FLOW)
 MODES = {"handler": PLAIN, "transaction": TRANSACTION, "flow": FLOW}
 
 
 def claimed(mode: str, claim: Claim) -> list[Step]:
     """The script of a claim that ``mode`` did not win (P2, P3, P4)."""
-    if mode == "handler":
-        return [*ADMITTED, (ClaimKey, claim)]
     if mode == "transaction":
-        return [*ADMITTED, (BeginTransaction, claim), (EndTransaction, None)]
-    kinds = {Outcome.REPLAY: ResultKind.REPLAYED, Outcome.MISMATCH: ResultKind.MISMATCH}
-    kind = kinds.get(claim.outcome, ResultKind.IN_PROGRESS)
-    stored = claim.outcome is Outcome.REPLAY
-    return [*ADMITTED, (RunFlow, FlowResult(kind, claim, claim.response, stored=stored))]
+        return [*ADMITTED, (DoInTransaction, (claim, None))]
+    return [*ADMITTED, (DoClaim, claim)]
 
 
 def store_fails(mode: str, exc: StoreError) -> list[Step]:
     """The script of a store that fails at the claim (P11)."""
-    first = {"handler": ClaimKey, "transaction": BeginTransaction, "flow": RunFlow}[mode]
+    first = DoInTransaction if mode == "transaction" else DoClaim
     return [*ADMITTED, (first, exc)]
 
 
-def flow_ends(result: FlowResult) -> list[Step]:
-    return [*ADMITTED, (RunFlow, result)]
+def flow_runs(*steps: Step) -> list[Step]:
+    """A flow endpoint's run, from its claim on."""
+    return [*ADMITTED, *steps]
 
 
 # -- the table -------------------------------------------------------------------------------
@@ -215,25 +226,14 @@ def rows() -> list[Row]:
             "transaction",
             "response_too_large",
             500,
-            [
-                *ADMITTED,
-                (BeginTransaction, EXECUTE),
-                (RunApp, Captured(201, (), b"", overflowed=True)),
-                (EndTransaction, None),
-            ],
+            [*ADMITTED, (DoInTransaction, (EXECUTE, Captured(201, (), b"", overflowed=True)))],
         ),
         # F3: the commit refused (taken over) or lost: everything rolled back.
         Row(
             "transaction",
             "idempotency_store_failed",
             500,
-            [
-                *ADMITTED,
-                (BeginTransaction, EXECUTE),
-                (RunApp, Captured(201, (("content-type", "text/plain"),), b"ok")),
-                (FinishKey, None),
-                (EndTransaction, LockLost("taken over")),
-            ],
+            [*ADMITTED, (DoInTransaction, LockLost("taken over"))],
         ),
         # A flow reads JSON and forms only.
         Row(
@@ -248,34 +248,28 @@ def rows() -> list[Row]:
             "flow",
             "idempotency_key_taken_over",
             409,
-            flow_ends(FlowResult(ResultKind.LOST, EXECUTE, error=LockLost("taken"))),
+            flow_runs((DoClaim, EXECUTE), (DoPhase, LockLost("taken"))),
         ),
         # R5: a phase raised (the drift: this was problem+json without a code).
         Row(
             "flow",
             "internal_error",
             500,
-            flow_ends(FlowResult(ResultKind.FAILED, EXECUTE, SERVER_ERROR, error=RuntimeError())),
+            flow_runs((DoClaim, EXECUTE), (DoPhase, RuntimeError()), (DoRelease, None)),
         ),
         # R6: a non-idempotent call of unknown outcome errors the key.
         Row(
             "flow",
             "outcome_unknown",
             502,
-            flow_ends(
-                FlowResult(
-                    ResultKind.ERRORED, EXECUTE, indeterminate_response("charge"), stored=True
-                )
-            ),
+            flow_runs((DoClaim, CRASHED_IN_CALL), (DoFinish, None)),
         ),
         # A flow whose run failed on the store after claiming (the phase's commit).
         Row(
             "flow",
             "idempotency_store_unavailable",
             503,
-            flow_ends(
-                FlowResult(ResultKind.FAILED, EXECUTE, SERVER_ERROR, error=StoreUnavailable())
-            ),
+            flow_runs((DoClaim, EXECUTE), (DoPhase, StoreUnavailable()), (DoRelease, None)),
         ),
     ]
     return table
@@ -340,7 +334,7 @@ JSON_REQUEST = RequestInfo(
 
 def test_f6_r5_a_stored_server_error_is_neutral_whatever_the_profile() -> None:
     effects: list[Any] = []
-    script = [*ADMITTED, (ClaimKey, EXECUTE), (RunApp, RuntimeError("boom")), (FinishKey, None)]
+    script = [*ADMITTED, (DoClaim, EXECUTE), (DoHandle, RuntimeError("boom")), (DoFinish, None)]
     with pytest.raises(RuntimeError, match="boom"):  # the framework answers the 500
         drive(STRIPE, Policy(store_server_errors=True), JSON_REQUEST, script, effects)
     finish = effects[-1]
@@ -352,12 +346,12 @@ def test_f6_r5_a_stored_server_error_is_neutral_whatever_the_profile() -> None:
 def test_f6_a_response_too_large_to_store_is_stored_neutral() -> None:
     effects: list[Any] = []
     overflowed = Captured(201, (), b"", overflowed=True)
-    script = [*ADMITTED, (ClaimKey, EXECUTE), (RunApp, overflowed)]
+    script = [*ADMITTED, (DoClaim, EXECUTE), (DoHandle, overflowed)]
     reply = drive(STRIPE, Policy(), JSON_REQUEST, script, effects)
     assert reply.kind is ReplyKind.SENT
     run = effects[-1]
     assert run.on_overflow is not None
     finish = run.on_overflow(201)  # what the driver stores just before streaming it
-    assert isinstance(finish, FinishKey) and finish.error
+    assert isinstance(finish, DoFinish) and finish.error
     details = ProblemDetails.from_stored(finish.response)
     assert details is not None and details.problem is Problem.RESPONSE_NOT_REPLAYABLE

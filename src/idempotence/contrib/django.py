@@ -35,12 +35,13 @@ from django.http import (  # type: ignore[import-untyped]
 
 from ..errors import BodyTooLarge, ConfigurationError
 from ..http._config import Idempotency
+from ..http._context import bound
 from ..http._core import lifecycle
 from ..http._driver import drive
 from ..http._effects import Capture, Captured, Reply, ReplyKind, RunApp
 from ..http._request import RequestInfo
 from ..http.wsgi import environ_headers
-from ..stores import KeyStore
+from ..stores import KeyStore, Transaction
 from ..stores._interface import is_sync
 
 __all__ = ["IdempotencyMiddleware"]
@@ -86,7 +87,9 @@ class IdempotencyMiddleware:
             path_params=params,
         )
         exchange = _Exchange(self.get_response, request)
-        return exchange.reply(drive(lifecycle(self.config, policy, info), self.store, exchange))
+        return exchange.reply(
+            drive(lifecycle(self.config, policy, info, exchange), self.store, exchange)
+        )
 
 
 class _Exchange:
@@ -106,7 +109,15 @@ class _Exchange:
             raise BodyTooLarge()
         return body
 
-    def run_app(self, run: RunApp, overflow: Callable[[int], None]) -> Captured:
+    def run_app(
+        self, run: RunApp, tx: Transaction | None, overflow: Callable[[int], None] | None
+    ) -> Captured:
+        """Run the app for the engine (:class:`~idempotence.flows.effects.DoHandle`),
+        with ``tx`` and the lease bound for the handler."""
+        with bound(tx, run.lease):
+            return self._run_app(run, overflow)
+
+    def _run_app(self, run: RunApp, overflow: Callable[[int], None] | None) -> Captured:
         response = self.get_response(self.request)
         self.response = response
         capture = Capture(run.limit)
@@ -114,13 +125,13 @@ class _Exchange:
         if isinstance(response, StreamingHttpResponse):
             chunks: Iterator[bytes] = iter(response)
             for chunk in chunks:
-                if capture.add(chunk) and run.on_overflow is not None:
+                if capture.add(chunk) and overflow is not None:
                     overflow(response.status_code)
                     response.streaming_content = itertools.chain([capture.buffered()], chunks)
                     return capture.result()
             response.streaming_content = [capture.buffered()]
         elif isinstance(response, HttpResponse):
-            if capture.add(response.content) and run.on_overflow is not None:
+            if capture.add(response.content) and overflow is not None:
                 overflow(response.status_code)  # the original goes out as it is
         else:
             raise ConfigurationError(f"cannot buffer a {type(response).__name__}")

@@ -1,4 +1,5 @@
-"""Resumable flows: atomic phases, recovery points, foreign calls (DESIGN 5, F1-F3).
+"""The one engine (F6): resumable flows of atomic phases, recovery points and foreign
+calls (DESIGN 5, F1-F3), and the application handler as a third step kind.
 
 A :class:`Flow` is a small DAG of steps keyed by recovery point. Running it claims
 the key and then loops: read the recovery point, run the step registered there,
@@ -7,6 +8,10 @@ commit, repeat, until a step finishes with a response (R1).
 * An **atomic phase** runs in ONE transaction on the store's database; the phase's own
   writes go through ``ctx.tx`` and commit together with the checkpoint, which is the
   transaction's last statement and is fenced by the lock token (R2, F1).
+* An **application handler** (:meth:`Flow.handler`, :mod:`.handler`) runs the
+  entry point's handler with no transaction open, on any key store, and settles the
+  key by the response's status (R5); in a request-as-transaction flow it is the body
+  of the one atomic phase (F3). Every HTTP endpoint that is not a flow is such a run.
 * A **foreign step** calls something outside the database (a payment provider) with
   no transaction open, using a key derived from the key row (R3, R4), and then records
   the call's result in an atomic phase. A crash between the call and the record makes
@@ -61,17 +66,22 @@ from .effects import (
     DoClaim,
     DoFinish,
     DoForget,
+    DoHandle,
     DoInTransaction,
     DoPhase,
     DoRelease,
+    DoWait,
     Effect,
     Engine,
+    HandlerBody,
 )
 from .flow import Flow, FlowRegistry, flows
 from .results import (
     PAUSED_RESPONSE,
     SERVER_ERROR,
+    STORED_SERVER_ERROR,
     Advance,
+    Captured,
     Finish,
     FlowResult,
     NoOp,
@@ -86,8 +96,10 @@ from .steps import (
     AtomicStep,
     CallFn,
     ForeignStep,
+    HandlerStep,
     PhaseFn,
     RecordFn,
+    Settle,
     Step,
     attempt_point,
 )
@@ -97,17 +109,21 @@ __all__ = [
     "INDETERMINATE",
     "PAUSED_RESPONSE",
     "SERVER_ERROR",
+    "STORED_SERVER_ERROR",
     "Advance",
     "AtomicStep",
     "CallFn",
+    "Captured",
     "DoCall",
     "DoCheckpoint",
     "DoClaim",
     "DoFinish",
     "DoForget",
+    "DoHandle",
     "DoInTransaction",
     "DoPhase",
     "DoRelease",
+    "DoWait",
     "Effect",
     "Engine",
     "Finish",
@@ -115,6 +131,8 @@ __all__ = [
     "FlowInfo",
     "FlowRegistry",
     "FlowResult",
+    "HandlerBody",
+    "HandlerStep",
     "ForeignContext",
     "ForeignStep",
     "Indeterminate",
@@ -126,6 +144,7 @@ __all__ = [
     "RecordFn",
     "Reject",
     "ResultKind",
+    "Settle",
     "Step",
     "attempt_point",
     "flows",

@@ -1,17 +1,24 @@
-"""Perform a flow engine's effects on a store.
+"""Perform the engine's effects on a store: the one driver (F6).
 
 The engine (:meth:`~.flow.Flow.engine`) decides; the driver only does what
 it asks and sends back the result, or throws back the exception. Each phase and
-foreign call is wrapped in the store's instrumentation (:func:`~._flow_steps.watch`).
+foreign call is wrapped in the store's instrumentation (:func:`~._steps.watch`).
+
+A handler run (:mod:`.handler`) needs only a key store; phases, foreign calls and
+request-as-transaction runs need the SQL store, which the entry point checked
+(:meth:`~.flow.Flow.run` by type, the HTTP configuration when it is built).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from .._awaitables import settle_async
+from ..errors import IdempotenceError
 from ..states import Outcome
-from ..stores import AsyncStore
+from ..stores import AsyncKeyStore, AsyncStore
 from ._steps import NOT_SYNC, after_call, closing, require_finish, watch
 from .contexts import ForeignContext, Observer, PhaseContext
 from .effects import (
@@ -20,17 +27,26 @@ from .effects import (
     DoClaim,
     DoFinish,
     DoForget,
+    DoHandle,
     DoInTransaction,
     DoPhase,
     DoRelease,
+    DoWait,
     Effect,
     Engine,
+    HandlerBody,
 )
 from .results import FlowResult
 
+logger = logging.getLogger("idempotence.flows")
+
+
+class _Rollback(Exception):
+    """Raised in a store transaction to make it roll back."""
+
 
 async def drive_async(
-    engine: Engine, store: AsyncStore, observer: Observer | None = None
+    engine: Engine, store: AsyncKeyStore, observer: Observer | None = None
 ) -> FlowResult:
     """Run ``engine`` to its result on ``store``, telling ``observer`` of each
     boundary it crosses."""
@@ -44,30 +60,56 @@ async def drive_async(
             return result
         value, error = None, None
         try:
-            value = await _perform_async(effect, store, observer)
+            value = await perform_async(effect, store, observer)
         except BaseException as exc:  # the engine decides, even on cancellation
             error = exc
 
 
-async def _perform_async(effect: Effect, store: AsyncStore, observer: Observer | None) -> Any:
+async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer | None) -> Any:
+    """Perform one effect of the engine on ``store`` and return its result."""
     if isinstance(effect, DoClaim):
         return await store.claim(effect.request)
-    if isinstance(effect, DoPhase):
-        return await _phase_async(effect, store, observer)
-    if isinstance(effect, DoCall):
-        return await _call_async(effect, store, observer)
-    if isinstance(effect, DoInTransaction):
-        return await _in_transaction_async(effect, store, observer)
-    if isinstance(effect, DoCheckpoint):
-        async with store.transaction() as tx:
-            return await store.checkpoint(tx, effect.lease, effect.recovery_point)
+    if isinstance(effect, DoHandle):
+        overflow = None if effect.on_overflow is None else _overflow_async(effect, store)
+        return await effect.app.run_app(effect, None, overflow)
     if isinstance(effect, DoFinish):
         return await store.finish(effect.lease, effect.response, error=effect.error)
     if isinstance(effect, DoRelease):
         return await store.release(effect.lease)
     if isinstance(effect, DoForget):
         return await store.forget(effect.lease)
+    if isinstance(effect, DoWait):
+        request = effect.request
+        return await store.wait_for_settle(request.scope, request.key, effect.seconds)
+    # The rest shares the store's transaction with the application: a SQL store.
+    sql = cast(AsyncStore, store)
+    if isinstance(effect, DoPhase):
+        return await _phase_async(effect, sql, observer)
+    if isinstance(effect, DoCall):
+        return await _call_async(effect, sql, observer)
+    if isinstance(effect, DoInTransaction):
+        if isinstance(effect.fn, HandlerBody):
+            return await _handle_in_transaction_async(effect, effect.fn, sql)
+        return await _in_transaction_async(effect, sql, observer)
+    if isinstance(effect, DoCheckpoint):
+        async with sql.transaction() as tx:
+            return await sql.checkpoint(tx, effect.lease, effect.recovery_point)
     raise AssertionError(f"unknown effect {effect!r}")
+
+
+def _overflow_async(effect: DoHandle, store: AsyncKeyStore) -> Callable[[int], Awaitable[None]]:
+    """Settle the key of a response too large to store, just before it streams out.
+    The response is on its way regardless: a store failure is logged, and the key's
+    lock expires so that a retry can take it over (P5)."""
+
+    async def overflow(status: int) -> None:
+        assert effect.on_overflow is not None
+        try:
+            await perform_async(effect.on_overflow(status), store, None)
+        except IdempotenceError as exc:
+            logger.error("could not settle a key whose response was too large: %s", exc)
+
+    return overflow
 
 
 async def _phase_async(effect: DoPhase, store: AsyncStore, observer: Observer | None) -> Any:
@@ -100,6 +142,44 @@ async def _call_async(effect: DoCall, store: AsyncStore, observer: Observer | No
     return value
 
 
+async def _handle_in_transaction_async(
+    effect: DoInTransaction, body: HandlerBody, store: AsyncStore
+) -> Any:
+    """F3 with the application handler as the phase's body: the claim opens the
+    transaction (sent with its BEGIN), the handler writes in it, and its response is
+    finished at the COMMIT (sent with it), or everything rolls back. The handler's
+    exception is returned, once rolled back; a store failure is raised."""
+    outcome: Any = None
+    rolling_back = False
+    try:
+        async with store.transaction(claim=effect.request) as tx:
+            claim = tx.claim
+            assert claim is not None
+            if claim.outcome is not Outcome.EXECUTE:
+                return claim, None
+            lease = claim.lease
+            assert lease is not None
+            try:
+                outcome = await body.app.run_app(
+                    DoHandle(body.app, lease, body.step.limit, None), tx, None
+                )
+            except Exception as exc:
+                outcome = exc
+            response = None if isinstance(outcome, Exception) else body.keep(outcome)
+            if response is None:
+                rolling_back = True
+                raise _Rollback()
+            await store.finish(lease, response, tx=tx, at_commit=True)
+    except _Rollback:
+        pass
+    except Exception as exc:
+        if not rolling_back:
+            raise  # the claim, the finish or the commit failed
+        # The rollback failed (the connection broke): the transaction is gone anyway.
+        logger.warning("rollback failed: %s", exc)
+    return claim, outcome
+
+
 async def _in_transaction_async(
     effect: DoInTransaction, store: AsyncStore, observer: Observer | None
 ) -> Any:
@@ -111,6 +191,7 @@ async def _in_transaction_async(
                 return claim, None
             assert claim.lease is not None
             ctx = PhaseContext(effect.flow, claim.record, claim.lease, tx)
+            assert not isinstance(effect.fn, HandlerBody)
             result = await settle_async(effect.fn(ctx), NOT_SYNC.format("a phase"))
             require_finish(result)
             if observer is not None:

@@ -1,5 +1,6 @@
-"""What the engine of a flow asks its driver to do (the driver is generated:
-:mod:`._driver_async` and :mod:`._driver`)."""
+"""What the engine asks its driver to do (the driver is generated:
+:mod:`._driver_async` and :mod:`._driver`). One vocabulary for every run: a flow's,
+an HTTP handler's, a request-as-transaction endpoint's (F6)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any, TypeAlias
 
 from ..states import STARTED, ClaimRequest, KeyRecord, Lease, StoredResponse
 from .contexts import FlowInfo, PhaseContext
-from .results import FlowResult
-from .steps import ATTEMPT_MARK, ForeignStep, PhaseFn
+from .results import Captured, FlowResult
+from .steps import ATTEMPT_MARK, ForeignStep, HandlerStep, PhaseFn, Settle
 
 # -- effects: what the engine asks its driver to do ---------------------------------------
 
@@ -50,13 +51,57 @@ class DoCall:
 
 
 @dataclass(frozen=True, slots=True)
+class DoHandle:
+    """Run the application handler with no transaction of the store open (F6): the
+    driver returns ``app.run_app(self, None, overflow)``, a :class:`~.results.Captured`.
+
+    ``app`` is the entry point's (an HTTP exchange): it runs the application with
+    ``lease`` (and the transaction it is given) bound, and buffers the response up to
+    ``limit`` body bytes. Past it, with ``on_overflow``, it calls ``overflow(status)``,
+    which performs the store effect ``on_overflow(status)`` (failures are logged: the
+    response is on its way), then streams the response through; without, it discards
+    the rest. Either way it returns ``Captured(overflowed=True)``.
+    """
+
+    app: Any
+    lease: Lease
+    limit: int
+    on_overflow: Callable[[int], Effect] | None
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerBody:
+    """The body of a request-as-transaction run of a handler (F3): the driver runs
+    ``app`` in the claim's transaction (as for :class:`DoHandle`, without overflow),
+    and commits what :meth:`keep` says to store, finished at the COMMIT; when it keeps
+    nothing, or the app raised, everything rolls back, the claim with it."""
+
+    app: Any
+    step: HandlerStep
+    store_server_errors: bool
+
+    def keep(self, captured: Captured) -> StoredResponse | None:
+        """The response to commit with the claim, or None: roll back (R5)."""
+        if captured.overflowed:
+            return None  # nothing was sent yet, so the request can be refused whole
+        step = self.step
+        if step.settle(captured.status, self.store_server_errors) is not Settle.STORE:
+            return None  # a rejected or failed request leaves nothing, not even its claim
+        return step.stored(captured)
+
+
+@dataclass(frozen=True, slots=True)
 class DoInTransaction:
-    """F3: claim, run ``fn`` and store its response in one transaction; the driver
-    returns ``(Claim, PhaseResult | None)``."""
+    """F3: claim, run ``fn`` and store its response in one transaction.
+
+    For a phase, the driver returns ``(Claim, PhaseResult | None)``; for a handler
+    (:class:`HandlerBody`), ``(Claim, Captured | Exception | None)``: the app's
+    exception is returned, not raised, once everything rolled back, so that a store
+    failure (raised) is never taken for the app's."""
 
     request: ClaimRequest
     flow: FlowInfo
-    fn: PhaseFn
+    fn: PhaseFn | HandlerBody
 
     def event(self, moment: str) -> str:
         return f"phase:{STARTED}:{moment}"
@@ -85,7 +130,26 @@ class DoForget:
     lease: Lease
 
 
+@dataclass(frozen=True, slots=True)
+class DoWait:
+    """P10: wait up to ``seconds`` for the twin holding ``request``'s key to settle,
+    outside any transaction (F8): ``store.wait_for_settle``, which may return early
+    (PostgreSQL: a NOTIFY); the engine then claims again."""
+
+    request: ClaimRequest
+    seconds: float
+
+
 Effect: TypeAlias = (
-    DoClaim | DoPhase | DoCall | DoInTransaction | DoCheckpoint | DoFinish | DoRelease | DoForget
+    DoClaim
+    | DoPhase
+    | DoCall
+    | DoHandle
+    | DoInTransaction
+    | DoCheckpoint
+    | DoFinish
+    | DoRelease
+    | DoForget
+    | DoWait
 )
 Engine: TypeAlias = Generator[Effect, Any, FlowResult]

@@ -27,7 +27,6 @@ from .contexts import Observer, PhaseContext
 from .effects import (
     DoCall,
     DoCheckpoint,
-    DoClaim,
     DoFinish,
     DoForget,
     DoInTransaction,
@@ -35,6 +34,7 @@ from .effects import (
     DoRelease,
     Engine,
 )
+from .handler import claimed, in_transaction, run_handler, run_handler_in_transaction
 from .results import (
     PAUSED_RESPONSE,
     SERVER_ERROR,
@@ -42,6 +42,7 @@ from .results import (
     FlowResult,
     NoOp,
     ResultKind,
+    from_claim,
     indeterminate_response,
 )
 from .steps import (
@@ -50,6 +51,7 @@ from .steps import (
     AtomicStep,
     CallFn,
     ForeignStep,
+    HandlerStep,
     PhaseFn,
     RecordFn,
     Step,
@@ -57,6 +59,7 @@ from .steps import (
 )
 
 if TYPE_CHECKING:
+    from ..observability import Instrumentation
     from ..stores import AsyncKeyStore, KeyStore
 
 
@@ -92,6 +95,21 @@ class Flow:
         return f"Flow({self.name!r}, steps={list(self.steps)})"
 
     # -- building ----------------------------------------------------------------------
+
+    def handler(
+        self,
+        *,
+        limit: int,
+        rejected_statuses: frozenset[int] = frozenset(),
+        stored_headers: frozenset[str] = frozenset({"content-type"}),
+    ) -> None:
+        """Make the application's own handler this flow's one step, at ``started``
+        (F6): a run claims the key, runs the handler it is given (``engine(...,
+        app=...)``), and settles the key by the response's status (R5; see
+        :mod:`.handler`). A request-as-transaction flow runs it inside the claim's
+        transaction instead (F3). Such a flow runs on any key store.
+        """
+        self._add(HandlerStep(STARTED, limit, frozenset(rejected_statuses), stored_headers))
 
     def phase(self, recovery_point: str) -> Callable[[PhaseFn], PhaseFn]:
         """Register an atomic phase that runs when the key is at ``recovery_point``."""
@@ -130,7 +148,15 @@ class Flow:
             raise ConfigurationError(
                 "a request-as-transaction flow has one atomic phase, at 'started' (F3)"
             )
+        if self.steps and (isinstance(step, HandlerStep) or self._handler() is not None):
+            raise ConfigurationError(
+                f"flow {self.name!r}: an application handler is a flow's only step"
+            )
         self.steps[point] = step
+
+    def _handler(self) -> HandlerStep | None:
+        step = self.steps.get(STARTED)
+        return step if isinstance(step, HandlerStep) else None
 
     def key_for(self, key_id: int, name: str) -> str:
         """The derived key for foreign call ``name`` of key row ``key_id`` (R4)."""
@@ -173,7 +199,12 @@ class Flow:
     # -- running -----------------------------------------------------------------------
 
     def run(
-        self, store: Store, request: ClaimRequest, *, observer: Observer | None = None
+        self,
+        store: Store,
+        request: ClaimRequest,
+        *,
+        observer: Observer | None = None,
+        wait: timedelta | None = None,
     ) -> FlowResult:
         """Run (or resume, or replay) this flow for ``request`` on a sync store.
 
@@ -186,52 +217,68 @@ class Flow:
         docstring); without one the run pays nothing for it. The store's
         instrumentation, if any, watches the run, its phases and its foreign calls
         (:mod:`idempotence.observability`).
+
+        ``wait`` makes a run that finds the key in progress elsewhere wait for it that
+        long (P10), then replay it or take it over, instead of ending IN_PROGRESS.
         """
-        instrumentation = store.instrumentation
-        if instrumentation is None:
-            return drive(self.engine(request), store, observer)
-        with instrumentation.run(self.name, request) as watch:
-            return watch.done(drive(self.engine(request), store, observer))
+        engine = watched(store.instrumentation, self.name, request, self.engine(request, wait=wait))
+        return drive(engine, store, observer)
 
     async def run_async(
-        self, store: AsyncStore, request: ClaimRequest, *, observer: Observer | None = None
+        self,
+        store: AsyncStore,
+        request: ClaimRequest,
+        *,
+        observer: Observer | None = None,
+        wait: timedelta | None = None,
     ) -> FlowResult:
         """Run this flow on an async SQL store (:class:`~idempotence.AsyncStore`, for
         the reason given in :meth:`run`); phases and calls may be coroutines.
         ``observer`` is a plain function, as for :meth:`run`."""
-        instrumentation = store.instrumentation
-        if instrumentation is None:
-            return await drive_async(self.engine(request), store, observer)
-        with instrumentation.run(self.name, request) as watch:
-            return watch.done(await drive_async(self.engine(request), store, observer))
+        engine = watched(store.instrumentation, self.name, request, self.engine(request, wait=wait))
+        return await drive_async(engine, store, observer)
 
-    def engine(self, request: ClaimRequest) -> Engine:
-        """The flow's logic for one request, as a generator of effects."""
-        if STARTED not in self.steps:
+    def engine(
+        self, request: ClaimRequest, *, wait: timedelta | None = None, app: Any = None
+    ) -> Engine:
+        """The flow's logic for one request, as a generator of effects (F6).
+
+        ``wait`` bounds the wait for a twin (P10). ``app`` runs the application
+        handler of a flow made with :meth:`handler` (see
+        :class:`~.effects.DoHandle`).
+        """
+        step = self.steps.get(STARTED)
+        if step is None:
             raise ConfigurationError(f"flow {self.name!r} has no step at 'started'")
+        if isinstance(step, HandlerStep):
+            if self.request_as_transaction:
+                return run_handler_in_transaction(self, step, request, app, wait)
+            return run_handler(self, step, request, app, wait)
         if self.request_as_transaction:
-            return self._in_one_transaction(request)
-        return self._phases(request)
+            assert isinstance(step, AtomicStep)
+            return self._in_one_transaction(request, step, wait)
+        return self._phases(request, wait)
 
-    def _in_one_transaction(self, request: ClaimRequest) -> Engine:
-        step = self.steps[STARTED]
-        assert isinstance(step, AtomicStep)
+    def _in_one_transaction(
+        self, request: ClaimRequest, step: AtomicStep, wait: timedelta | None
+    ) -> Engine:
         try:
-            claim, result = yield DoInTransaction(request, self, step.fn)
+            effect = DoInTransaction(request, self, step.fn)
+            claim, result = yield from in_transaction(effect, wait)
         except Reject as rejected:
             # The whole transaction, claim included, rolled back: nothing is stored.
             return FlowResult(ResultKind.REJECTED, None, rejected.response)
         except Exception as exc:
             return FlowResult(ResultKind.FAILED, None, SERVER_ERROR, error=exc)
         if claim.outcome is not Outcome.EXECUTE:
-            return _from_claim(claim)
+            return from_claim(claim)
         assert isinstance(result, Finish)
         return FlowResult(ResultKind.EXECUTED, claim, result.response, stored=True)
 
-    def _phases(self, request: ClaimRequest) -> Engine:
-        claim: Claim = yield DoClaim(request)
+    def _phases(self, request: ClaimRequest, wait: timedelta | None) -> Engine:
+        claim = yield from claimed(request, wait)
         if claim.outcome is not Outcome.EXECUTE:
-            return _from_claim(claim)
+            return from_claim(claim)
         assert claim.lease is not None
         lease, record = claim.lease, claim.record
         while True:
@@ -251,6 +298,8 @@ class Flow:
                 context = PhaseContext(self, record, lease, tx=None)
                 if isinstance(step, AtomicStep):
                     result, lease = yield DoPhase(step.fn, context, with_result=False)
+                elif isinstance(step, HandlerStep):
+                    raise ConfigurationError(f"flow {self.name!r}: a handler runs at 'started'")
                 else:
                     if not step.idempotent:
                         lease = yield DoCheckpoint(lease, attempt_point(point, step.name))
@@ -330,16 +379,6 @@ class Flow:
         return FlowResult(ResultKind.ERRORED, claim, response, stored=True, error=exc)
 
 
-def _from_claim(claim: Claim) -> FlowResult:
-    kind = {
-        Outcome.REPLAY: ResultKind.REPLAYED,
-        Outcome.MISMATCH: ResultKind.MISMATCH,
-        Outcome.IN_PROGRESS: ResultKind.IN_PROGRESS,
-    }[claim.outcome]
-    response = claim.response if claim.outcome is Outcome.REPLAY else None
-    return FlowResult(kind, claim, response, stored=response is not None)
-
-
 # -- the registry -----------------------------------------------------------------------
 
 
@@ -372,6 +411,23 @@ class FlowRegistry:
 
 #: The default registry.
 flows = FlowRegistry()
+
+
+def watched(
+    instrumentation: Instrumentation | None, name: str, request: ClaimRequest, engine: Engine
+) -> Engine:
+    """``engine`` watched as one run of flow ``name`` by ``instrumentation``; without
+    one, ``engine`` itself: nothing is added."""
+    if instrumentation is None:
+        return engine
+    return _watching(instrumentation, name, request, engine)
+
+
+def _watching(
+    instrumentation: Instrumentation, name: str, request: ClaimRequest, engine: Engine
+) -> Engine:
+    with instrumentation.run(name, request) as watch:
+        return watch.done((yield from engine))
 
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from ..problems import Problem, ProblemDetails
-from ..states import Claim, StoredResponse
+from ..states import Claim, Outcome, StoredResponse
 
 # -- what a phase returns (R2) ----------------------------------------------------------
 
@@ -64,6 +64,9 @@ class ResultKind(enum.Enum):
     PAUSED = "paused"
     #: A non-idempotent foreign call failed indeterminately: stored, flagged (R6).
     ERRORED = "errored"
+    #: An application handler's response was too large to store: the key was settled
+    #: (:func:`~.handler.overflowed`) and the response went out streamed, as it came.
+    SENT = "sent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,9 @@ class FlowResult:
     stored: bool = False
     #: The exception behind FAILED, ERRORED or LOST.
     error: BaseException | None = None
+    #: ``response`` is an application handler's own answer, to be sent as the app
+    #: made it (all its headers), not a stored or a library response (F6).
+    answered: bool = False
 
 
 def problem(status: int, title: str, detail: str) -> StoredResponse:
@@ -102,6 +108,28 @@ SERVER_ERROR = ProblemDetails.of(
     "Idempotency-Key: the work resumes from its last completed step.",
 ).stored()
 PAUSED_RESPONSE = StoredResponse.of(202, {"retry-after": "1"}, b"")
+#: R5: what a handler that raised stores on a run that stores server errors; neutral,
+#: so every replay renders it in the endpoint's profile.
+STORED_SERVER_ERROR = ProblemDetails.of(
+    Problem.SERVER_ERROR,
+    "The request failed with an unexpected error. Retrying it returns this answer.",
+).stored()
+
+
+@dataclass(frozen=True, slots=True)
+class Captured:
+    """What an application handler answered: status, headers (as sent), body.
+    ``overflowed``: the body was larger than the handler step stores (its ``body`` is
+    then empty)."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    overflowed: bool = False
+
+    def response(self) -> StoredResponse:
+        """The answer as the handler made it, every header included."""
+        return StoredResponse(self.status, self.headers, self.body)
 
 
 def indeterminate_response(name: str) -> StoredResponse:
@@ -112,3 +140,17 @@ def indeterminate_response(name: str) -> StoredResponse:
         "it cannot be repeated safely. The request is on hold for an operator; retrying "
         "it will return this answer.",
     ).stored()
+
+
+def from_claim(claim: Claim) -> FlowResult:
+    """The result of a run whose claim it did not win (P2, P3, P4)."""
+    kind = _NOT_WON[claim.outcome]
+    response = claim.response if claim.outcome is Outcome.REPLAY else None
+    return FlowResult(kind, claim, response, stored=response is not None)
+
+
+_NOT_WON = {
+    Outcome.REPLAY: ResultKind.REPLAYED,
+    Outcome.MISMATCH: ResultKind.MISMATCH,
+    Outcome.IN_PROGRESS: ResultKind.IN_PROGRESS,
+}

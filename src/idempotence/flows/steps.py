@@ -1,14 +1,17 @@
-"""The steps a flow is made of: atomic phases and foreign calls (R1-R4, R6)."""
+"""The steps a flow is made of: atomic phases, foreign calls and the application's
+own handler (R1-R6, F6)."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from ..errors import Indeterminate
+from ..states import StoredResponse
 from .contexts import ForeignContext, PhaseContext
-from .results import PhaseResult
+from .results import Captured, PhaseResult
 
 # -- steps ------------------------------------------------------------------------------
 
@@ -32,7 +35,53 @@ class ForeignStep:
     idempotent: bool
 
 
-Step: TypeAlias = AtomicStep | ForeignStep
+class Settle(enum.Enum):
+    """What becomes of a key after its handler answered (R5)."""
+
+    #: A terminal answer (2xx, 3xx, most 4xx; a 5xx with ``store_server_errors``).
+    STORE = "store"
+    #: A server error: unlocked, so a retry runs the request again.
+    RELEASE = "release"
+    #: The request was refused as sent: the key is deleted, so the client can correct
+    #: the request and retry with the same key.
+    FORGET = "forget"
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerStep:
+    """The application's own handler as the one step of a run (F6).
+
+    It runs with no transaction of the store open, so on any key store (Redis too),
+    and its response settles the key by its status (R5, :meth:`settle`); in a
+    request-as-transaction flow it is the body of the one atomic phase instead (F3).
+    A response body over ``limit`` bytes is never stored truncated.
+    """
+
+    recovery_point: str
+    #: Responses with a larger body are not stored.
+    limit: int
+    #: 4xx statuses that store nothing, so the client can fix the request and retry.
+    rejected_statuses: frozenset[int]
+    #: The response headers (lower-case) kept for replay.
+    stored_headers: frozenset[str]
+
+    def settle(self, status: int, store_server_errors: bool) -> Settle:
+        """What becomes of the key after the handler answered ``status`` (R5)."""
+        if status >= 500:
+            return Settle.STORE if store_server_errors else Settle.RELEASE
+        if status in self.rejected_statuses:
+            return Settle.FORGET
+        return Settle.STORE
+
+    def stored(self, captured: Captured) -> StoredResponse:
+        """The response as stored for replay: status, kept headers only, body."""
+        allowed = self.stored_headers
+        headers = tuple((name.lower(), value) for name, value in captured.headers)
+        kept = tuple((name, value) for name, value in headers if name in allowed)
+        return StoredResponse(captured.status, kept, captured.body)
+
+
+Step: TypeAlias = AtomicStep | ForeignStep | HandlerStep
 
 #: Separates a recovery point from the foreign call a non-idempotent step has begun.
 ATTEMPT_MARK = "~calling:"

@@ -22,16 +22,14 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 from ..errors import ConfigurationError
+from ..flows.flow import Flow
 from ..states import DEFAULT_LOCK_TIMEOUT, DEFAULT_RETENTION
 from ..stores import AsyncKeyStore, AsyncStore, KeyStore, Store
 from ._problems import Profile
 from ._request import RequestInfo
-
-if TYPE_CHECKING:
-    from ..flows import Flow
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -60,6 +58,10 @@ DEFAULT_REJECTED_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 415, 422, 4
 #: Response headers always stored for replay; everything else (Set-Cookie above all)
 #: only when an endpoint lists it in ``replay_headers``.
 DEFAULT_REPLAY_HEADERS = ("content-type", "content-encoding", "location")
+
+#: The flow name recorded on keys of handler and request-as-transaction endpoints. No
+#: flow is registered under it, so the completer leaves such keys to client retries.
+HTTP_FLOW = "http"
 
 _ANY = frozenset({"*"})
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -199,6 +201,10 @@ class Policy:
     unavailable_retry_after: int = 5
     #: The headers stored for replay: DEFAULT_REPLAY_HEADERS + replay_headers.
     stored_headers: frozenset[str] = field(init=False, repr=False)
+    #: The engine run of a handler or transaction endpoint, built once from this
+    #: policy (F6): a one-step flow whose step is the application handler. None for a
+    #: flow endpoint, which runs its flow.
+    engine: Flow | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         owner = "Policy"
@@ -258,6 +264,7 @@ class Policy:
             for name, default in (
                 ("lock_timeout", DEFAULT_LOCK_TIMEOUT),
                 ("retention", DEFAULT_RETENTION),
+                ("store_server_errors", False),
             ):
                 if getattr(self, name) != default:
                     raise _invalid(
@@ -271,6 +278,24 @@ class Policy:
         for name in ("in_progress_retry_after", "unavailable_retry_after"):
             if getattr(self, name) < 1:
                 raise _invalid(owner, name, getattr(self, name), "must be >= 1 second")
+        set_(self, "engine", None if self.flow is not None else self._engine())
+
+    def _engine(self) -> Flow:
+        """The endpoint as a run of the one engine: a flow whose one step is the
+        application handler, configured here and nowhere else (F6)."""
+        engine = Flow(
+            HTTP_FLOW,
+            lock_timeout=self.lock_timeout,
+            retention=self.retention,
+            store_server_errors=self.store_server_errors,
+            request_as_transaction=self.transaction,
+        )
+        engine.handler(
+            limit=self.max_response_bytes,
+            rejected_statuses=self.rejected_statuses,
+            stored_headers=self.stored_headers,
+        )
+        return engine
 
     @property
     def mode(self) -> Mode:

@@ -1,60 +1,41 @@
 """The life of a guarded request, written once, without I/O.
 
-:func:`lifecycle` is a generator: it yields effects (read the body, claim the key,
-run the app, store the response...) and is sent each effect's result, or thrown its
-exception, by a driver (:mod:`._driver_async`; :mod:`._driver` is generated from it).
-The ASGI middleware, the WSGI middleware and the Django middleware only perform
-effects and put bytes on the wire, so every decision of DESIGN 4 and R5 lives here,
-once:
+:func:`lifecycle` is a generator: it yields effects and is sent each effect's
+result, or thrown its exception, by the driver (:mod:`._driver_async`; :mod:`._driver`
+is generated from it). Only reading the request is HTTP's own (the effects
+:class:`~._effects.ResolveScope` and :class:`~._effects.ReadBody`); the rest is a run
+of the one engine (F6, :mod:`idempotence.flows`), whose effects the flows driver
+performs, and whose :class:`~idempotence.flows.FlowResult` becomes the reply here,
+in the endpoint's wire profile. The ASGI, WSGI and Django middlewares only perform
+effects and put bytes on the wire, so every decision of DESIGN 4 and R5 lives here
+or in the engine, once:
 
 1. the key (P7, P8): missing, malformed or repeated answers 400; an optional key
    that is absent lets the request through unguarded;
 2. the tenant (the scope callable): none answers 401;
 3. the body: over the limit answers 413 (P7); unreadable as its type answers 400;
-4. the claim: MISMATCH (P2), REPLAY (P3), IN_PROGRESS (P4, or a bounded wait, P10),
-   EXECUTE (P1, P5); an unreachable store answers 503 and runs nothing (P11);
-5. the run, by mode: the app then store/release/forget by status (R5), the app
-   inside one transaction with the claim (F3), or a flow (R1).
+4. the run (the engine): the claim, MISMATCH (P2), REPLAY (P3), IN_PROGRESS (P4, or a
+   bounded wait, P10), EXECUTE (P1, P5); an unreachable store answers 503 and runs
+   nothing (P11); then, by the endpoint's policy, the app with the key settled by
+   its status (R5), the app inside one transaction with the claim (F3), or a flow (R1).
 
 A response is always buffered before it is sent, so the key is settled (stored,
 released or forgotten) before the client sees anything, and in request-as-transaction
 mode nothing is sent before the commit. A response larger than ``max_response_bytes``
-is never stored truncated: see :func:`_overflow`.
+is never stored truncated (:func:`idempotence.flows.handler.overflowed`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Generator
 from typing import Any
 
-from ..errors import BodyTooLarge, InvalidBody, InvalidKey, LockLost, MissingKey, StoreError
+from ..errors import BodyTooLarge, InvalidBody, InvalidKey, MissingKey, StoreError
 from ..flows import Flow, FlowResult, ResultKind
-from ..problems import ProblemDetails
-from ..states import Claim, ClaimRequest, Lease, Outcome
-from ._config import Idempotency, Mode, Policy
-from ._effects import (
-    PASS,
-    SENT,
-    BeginTransaction,
-    Captured,
-    ClaimKey,
-    Effect,
-    EndTransaction,
-    FinishKey,
-    ForgetKey,
-    Lifecycle,
-    ReadBody,
-    ReleaseKey,
-    Reply,
-    ReplyKind,
-    ResolveScope,
-    RunApp,
-    RunFlow,
-    StoreEffect,
-    WaitForTwin,
-)
+from ..flows.flow import watched
+from ..states import ClaimRequest
+from ._config import HTTP_FLOW, Idempotency, Policy
+from ._effects import PASS, SENT, Lifecycle, ReadBody, Reply, ReplyKind, ResolveScope
 from ._problems import Problem, Profile, render_stored
 from ._request import (
     KEY_HEADER,
@@ -66,57 +47,20 @@ from ._request import (
     read_key,
     request_fingerprint,
 )
-from ._responses import (
-    DOWN,
-    STORED_SERVER_ERROR,
-    Action,
-    answer,
-    as_response,
-    classify,
-    finalize,
-    problem_reply,
-    retry_after,
-    storable,
-    store_down,
-)
+from ._responses import DOWN, answer, finalize, problem_reply, retry_after, store_down
 
 logger = logging.getLogger("idempotence.http")
 
-#: The flow name recorded on keys of plain and request-as-transaction endpoints. No
-#: flow is registered under it, so the completer leaves such keys to client retries.
-HTTP_FLOW = "http"
-_FIRST_POLL, _MAX_POLL = 0.005, 0.25
-
-
-class _Waiter:
-    """P10: the pauses of a bounded wait for a twin; none without ``policy.wait``."""
-
-    __slots__ = ("deadline", "delay", "wait")
-
-    def __init__(self, policy: Policy) -> None:
-        self.wait = None if policy.wait is None else policy.wait.total_seconds()
-        self.deadline: float | None = None
-        self.delay = _FIRST_POLL
-
-    def pause(self) -> float | None:
-        """Seconds to wait before claiming again, or None: answer now."""
-        if self.wait is None:
-            return None
-        now = time.monotonic()
-        if self.deadline is None:
-            self.deadline = now + self.wait
-        left = self.deadline - now
-        if left <= 0:
-            return None
-        pause, self.delay = min(self.delay, left), min(self.delay * 2, _MAX_POLL)
-        return pause
+__all__ = ["HTTP_FLOW", "lifecycle"]
 
 
 # -- the lifecycle ----------------------------------------------------------------------------
 
 
-def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo) -> Lifecycle:
-    """Everything a guarded request goes through, as effects (see the module docstring)."""
+def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: Any) -> Lifecycle:
+    """Everything a guarded request goes through, as effects (see the module
+    docstring). ``app`` runs the application (the exchange of the server
+    integration; see :class:`~idempotence.flows.effects.DoHandle`)."""
     profile = config.profile
     try:
         key = read_key(request.header_values(KEY_HEADER), required=policy.key_required)
@@ -153,8 +97,9 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo) -> Life
         return problem_reply(profile, Problem.BODY_UNSUPPORTED, exc.message)
     except InvalidBody as exc:
         return problem_reply(profile, Problem.BODY_INVALID, exc.message)
-    if policy.flow is not None:
-        claim = policy.flow.request(
+    flow = policy.flow
+    if flow is not None:
+        claim = flow.request(
             scope=tenant,
             key=key,
             fingerprint=fingerprint,
@@ -162,20 +107,14 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo) -> Life
             method=request.method,
             path=request.target,
         )
-        return (yield from _run_flow(policy, profile, policy.flow, claim))
-    claim = ClaimRequest(
-        scope=tenant,
-        key=key,
-        fingerprint=fingerprint,
-        method=request.method,
-        path=request.target,
-        flow=HTTP_FLOW,
-        lock_timeout=policy.lock_timeout,
-        retention=policy.retention,
+        return (yield from _run_flow(config, policy, flow, claim))
+    engine = policy.engine
+    assert engine is not None
+    claim = engine.request(
+        scope=tenant, key=key, fingerprint=fingerprint, method=request.method, path=request.target
     )
-    if policy.mode is Mode.TRANSACTION:
-        return (yield from _in_transaction(policy, profile, claim))
-    return (yield from _handler(policy, profile, claim))
+    result = yield from engine.engine(claim, wait=policy.wait, app=app)
+    return _reply(policy, profile, result)
 
 
 def _too_large(profile: Profile, limit: int) -> Reply:
@@ -192,180 +131,48 @@ def _params(policy: Policy, request: RequestInfo, body: bytes) -> Any:
     return parsed if policy.flow_params is None else policy.flow_params(request, parsed)
 
 
-def _claim(
-    policy: Policy, profile: Profile, request: ClaimRequest
-) -> Generator[Effect, Any, Claim | Reply]:
-    waiter = _Waiter(policy)
-    while True:
-        try:
-            claim: Claim = yield ClaimKey(request)
-        except StoreError as exc:
-            if policy.fail_open and isinstance(exc, DOWN):
-                logger.warning("key store unavailable, running %s unguarded: %s", request.path, exc)
-                return PASS  # P11: an explicit per-endpoint opt-in
-            return store_down(policy, profile, exc, rolled_back=False)
-        if claim.outcome is not Outcome.IN_PROGRESS:
-            return claim
-        pause = waiter.pause()
-        if pause is None:
-            return claim
-        yield WaitForTwin(request, pause)
-
-
-def _settle(effect: StoreEffect) -> Generator[Effect, Any, None]:
-    """Settle the key after the app ran. A failure cannot change the answer any more
-    (the app's effects happened), so it is logged; the lock then expires and a retry
-    takes the key over (P5)."""
+def _run_flow(config: Idempotency, policy: Policy, flow: Flow, request: ClaimRequest) -> Lifecycle:
+    engine = flow.engine(request, wait=policy.wait)
+    instrumentation = getattr(config.store, "instrumentation", None)
     try:
-        yield effect
-    except LockLost as exc:
-        logger.warning("key was taken over while the app ran: %s", exc)
-    except StoreError as exc:
-        logger.error("could not settle the key after the app ran: %s", exc, exc_info=exc)
+        result = yield from watched(instrumentation, flow.name, request, engine)
+    except StoreError as exc:  # the claim: nothing ran (P11)
+        return store_down(policy, config.profile, exc, rolled_back=False)
+    error = result.error
+    if result.kind is ResultKind.FAILED and error is not None and not isinstance(error, StoreError):
+        logger.error("flow %r failed", flow.name, exc_info=error)
+    return _reply(policy, config.profile, result)
 
 
-def _handler(policy: Policy, profile: Profile, request: ClaimRequest) -> Lifecycle:
-    got = yield from _claim(policy, profile, request)
-    if isinstance(got, Reply):
-        return got
-    if got.outcome is not Outcome.EXECUTE:
-        return answer(got, policy, profile)
-    assert got.lease is not None
-    lease = got.lease
-    try:
-        captured: Captured = yield RunApp(
-            policy.max_response_bytes,
-            lease,
-            in_transaction=False,
-            on_overflow=lambda status: _overflow(policy, lease, status),
-        )
-    except Exception:
-        # R5: an exception stores nothing (unless the endpoint stores server errors),
-        # so a retry runs the request again; the framework answers the 500.
-        if policy.store_server_errors:
-            yield from _settle(FinishKey(lease, STORED_SERVER_ERROR))
-        else:
-            yield from _settle(ReleaseKey(lease))
-        raise
-    if captured.overflowed:
+def _reply(policy: Policy, profile: Profile, result: FlowResult) -> Reply:
+    """The engine's result as the reply, in the endpoint's wire profile."""
+    response = result.response
+    if result.answered:
+        assert response is not None
+        return Reply(ReplyKind.RESPOND, finalize(response), original=True)
+    kind = result.kind
+    if kind is ResultKind.SENT:
         return SENT
-    action = classify(policy, captured.status)
-    if action is Action.STORE:
-        yield from _settle(FinishKey(lease, storable(policy, captured)))
-    elif action is Action.RELEASE:
-        yield from _settle(ReleaseKey(lease))
-    else:
-        yield from _settle(ForgetKey(lease))
-    return Reply(ReplyKind.RESPOND, finalize(as_response(captured)), original=True)
-
-
-def _overflow(policy: Policy, lease: Lease, status: int) -> StoreEffect:
-    """A response too large to store, in handler mode: the app's effects happened, so
-    the response is sent once, streamed, and never stored truncated. A key that would
-    have been stored is finished with a problem instead, marked errored for an
-    operator (the limit is too small), so a retry is told what happened and never
-    runs the request a second time."""
-    action = classify(policy, status)
-    if action is Action.RELEASE:
-        return ReleaseKey(lease)
-    if action is Action.FORGET:
-        return ForgetKey(lease)
-    limit = policy.max_response_bytes
-    detail = (
-        f"This request was processed once, but its response was larger than this endpoint "
-        f"stores ({limit} bytes), so it cannot be replayed. It will not be processed "
-        "again: look its result up through the API."
-    )
-    response = ProblemDetails.of(Problem.RESPONSE_NOT_REPLAYABLE, detail).stored()
-    reason = f"response with status {status} larger than max_response_bytes={limit}: sent once"
-    return FinishKey(lease, response, error=reason)
-
-
-def _in_transaction(policy: Policy, profile: Profile, request: ClaimRequest) -> Lifecycle:
-    """F3: the claim, the app's writes and the stored response commit together. A
-    duplicate racing it blocks on the key's row (PostgreSQL) or on the write lock
-    (SQLite) until the commit, then replays; if the first rolls back, it executes."""
-    waiter = _Waiter(policy)
-    while True:
-        try:
-            claim: Claim = yield BeginTransaction(request)
-        except StoreError as exc:
-            return store_down(policy, profile, exc, rolled_back=False)
-        if claim.outcome is Outcome.EXECUTE:
-            return (yield from _execute_in_transaction(policy, profile, claim))
-        yield EndTransaction(commit=False)
-        pause = waiter.pause() if claim.outcome is Outcome.IN_PROGRESS else None
-        if pause is None:
-            return answer(claim, policy, profile)
-        yield WaitForTwin(request, pause)
-
-
-def _execute_in_transaction(policy: Policy, profile: Profile, claim: Claim) -> Lifecycle:
-    assert claim.lease is not None
-    lease = claim.lease
-    try:
-        captured: Captured = yield RunApp(
-            policy.max_response_bytes, lease, in_transaction=True, on_overflow=None
-        )
-    except Exception:
-        yield EndTransaction(commit=False)  # the app's writes roll back with the claim
-        raise
-    if captured.overflowed:
-        # Nothing was sent yet, so the request can be refused whole: roll back.
-        yield EndTransaction(commit=False)
+    if kind is ResultKind.MISMATCH or kind is ResultKind.IN_PROGRESS:
+        assert result.claim is not None
+        return answer(result.claim, policy, profile)
+    if kind is ResultKind.LOST:
         return problem_reply(
             profile,
-            Problem.RESPONSE_TOO_LARGE,
-            f"The response was larger than this endpoint can store "
-            f"({policy.max_response_bytes} bytes), so the request was rolled back and "
-            "nothing was done. Retrying it will fail the same way; contact the operator.",
+            Problem.KEY_TAKEN_OVER,
+            "Another worker took this request over while it ran. Retry with the same "
+            "Idempotency-Key to get its outcome.",
+            retry_after(policy.in_progress_retry_after),
         )
-    reply = Reply(ReplyKind.RESPOND, finalize(as_response(captured)), original=True)
-    if classify(policy, captured.status) is not Action.STORE:
-        # R5: a rejected or failed request leaves nothing behind, not even its claim.
-        yield EndTransaction(commit=False)
-        return reply
-    yield FinishKey(lease, storable(policy, captured), at_commit=True)
-    try:
-        yield EndTransaction(commit=True)
-    except StoreError as exc:
-        # The finish was refused (the key was taken over: everything rolled back), or
-        # the commit lost its connection and whether it took effect is unknown; either
-        # way a retry is safe: it replays, or executes the first time.
-        return store_down(policy, profile, exc, rolled_back=True)
-    return reply
-
-
-def _run_flow(policy: Policy, profile: Profile, flow: Flow, request: ClaimRequest) -> Lifecycle:
-    waiter = _Waiter(policy)
-    while True:
-        try:
-            result: FlowResult = yield RunFlow(flow, request)
-        except StoreError as exc:
-            return store_down(policy, profile, exc, rolled_back=False)
-        kind = result.kind
-        if kind is ResultKind.IN_PROGRESS:
-            pause = waiter.pause()
-            if pause is not None:
-                yield WaitForTwin(request, pause)
-                continue
-        if kind in (ResultKind.MISMATCH, ResultKind.IN_PROGRESS):
-            assert result.claim is not None
-            return answer(result.claim, policy, profile)
-        if kind is ResultKind.LOST:
-            return problem_reply(
-                profile,
-                Problem.KEY_TAKEN_OVER,
-                "Another worker took this request over while it ran. Retry with the same "
-                "Idempotency-Key to get its outcome.",
-                retry_after(policy.in_progress_retry_after),
-            )
-        if kind is ResultKind.FAILED and isinstance(result.error, StoreError):
-            return store_down(policy, profile, result.error, rolled_back=True)
-        if result.error is not None and kind is ResultKind.FAILED:
-            logger.error("flow %r failed", flow.name, exc_info=result.error)
-        assert result.response is not None
-        # A library problem the flow made (R5's 500, R6's 502) or stored comes
-        # neutral: the endpoint's profile gives it its wire form (F6).
-        response = render_stored(profile, result.response)
-        return Reply(ReplyKind.RESPOND, finalize(response, replayed=kind is ResultKind.REPLAYED))
+    error = result.error
+    if kind is ResultKind.FAILED and isinstance(error, StoreError):
+        claimed = result.claim is not None or policy.transaction
+        if not claimed and policy.fail_open and isinstance(error, DOWN):
+            logger.warning("key store unavailable, running the request unguarded: %s", error)
+            return PASS  # P11: an explicit per-endpoint opt-in
+        return store_down(policy, profile, error, rolled_back=claimed)
+    assert response is not None
+    # A library problem the engine made (R5's 500, R6's 502, F3's too large) or
+    # stored comes neutral: the endpoint's profile gives it its wire form (F6).
+    replayed = kind is ResultKind.REPLAYED
+    return Reply(ReplyKind.RESPOND, finalize(render_stored(profile, response), replayed=replayed))

@@ -1,23 +1,36 @@
-"""The vocabulary between the lifecycle (:mod:`._core`) and its drivers: the effects
-it asks for, the response the app sent, and the reply that goes back.
+"""The vocabulary between the lifecycle (:mod:`._core`) and its driver: the two
+effects that are HTTP's own (everything that touches the store is an engine effect,
+:mod:`idempotence.flows.effects`), the response the app sent, and the reply that
+goes back.
 
-Plain data, no I/O; :class:`Capture` is the one stateful piece, the buffer a driver
-fills as the app sends its response.
+Plain data, no I/O; :class:`Capture` is the one stateful piece, the buffer an
+exchange fills as the app sends its response.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
-from ..states import ClaimRequest, Lease, StoredResponse
+from ..flows.effects import DoHandle as RunApp
+from ..flows.effects import Effect as EngineEffect
+from ..flows.results import Captured
+from ..states import StoredResponse
 from ._config import ScopeFn
 from ._request import RequestInfo
 
-if TYPE_CHECKING:
-    from ..flows import Flow
+__all__ = [
+    "Capture",
+    "Captured",
+    "Effect",
+    "ReadBody",
+    "Reply",
+    "ReplyKind",
+    "ResolveScope",
+    "RunApp",
+]
 
 # -- effects: what the lifecycle asks its driver to do ------------------------------------
 
@@ -37,116 +50,9 @@ class ReadBody:
     limit: int
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimKey:
-    """``store.claim(request)``: returns the :class:`~idempotence.Claim`."""
-
-    request: ClaimRequest
-
-
-@dataclass(frozen=True, slots=True)
-class BeginTransaction:
-    """Open ``store.transaction(claim=claim)`` and keep it open across the next
-    effects; returns the claim's :class:`~idempotence.Claim` (F3: the claim is the
-    transaction's first statement, sent with its BEGIN)."""
-
-    claim: ClaimRequest
-
-
-@dataclass(frozen=True, slots=True)
-class EndTransaction:
-    """Commit or roll back the open transaction. A failed rollback is logged, never
-    raised: the transaction is gone either way."""
-
-    commit: bool
-
-
-@dataclass(frozen=True, slots=True)
-class FinishKey:
-    """Store the response. ``at_commit``: as the open transaction's last statement,
-    sent with its COMMIT; a refused write then comes from the EndTransaction."""
-
-    lease: Lease
-    response: StoredResponse
-    at_commit: bool = False
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ReleaseKey:
-    lease: Lease
-
-
-@dataclass(frozen=True, slots=True)
-class ForgetKey:
-    lease: Lease
-
-
-StoreEffect: TypeAlias = FinishKey | ReleaseKey | ForgetKey
-
-
-@dataclass(frozen=True, slots=True)
-class WaitForTwin:
-    """Wait up to ``seconds`` for the request holding ``request``'s key to progress
-    (P10): ``store.wait_for_settle(scope, key, seconds)``, which may return early when
-    it learns that the key settled (PostgreSQL: a NOTIFY), after which the lifecycle
-    claims again."""
-
-    request: ClaimRequest
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class RunApp:
-    """Run the app on the buffered body with the lease (and, in_transaction, the open
-    transaction) bound for :func:`~idempotence.http.current_transaction`; return
-    :class:`Captured`.
-
-    Past ``limit`` body bytes the driver stops buffering. With ``on_overflow`` it
-    performs ``on_overflow(status)`` (a store effect), then streams the response
-    through as the app produces it and returns ``Captured(overflowed=True)``;
-    without, it discards the rest and returns ``Captured(overflowed=True)``.
-    """
-
-    limit: int
-    lease: Lease
-    in_transaction: bool
-    on_overflow: Callable[[int], StoreEffect] | None
-
-
-@dataclass(frozen=True, slots=True)
-class RunFlow:
-    """``flow.run(store, request)`` (or ``run_async``); returns the FlowResult."""
-
-    flow: Flow
-    request: ClaimRequest
-
-
-Effect: TypeAlias = (
-    ResolveScope
-    | ReadBody
-    | ClaimKey
-    | BeginTransaction
-    | EndTransaction
-    | FinishKey
-    | ReleaseKey
-    | ForgetKey
-    | WaitForTwin
-    | RunApp
-    | RunFlow
-)
+Effect: TypeAlias = ResolveScope | ReadBody | EngineEffect
 
 # -- what the app sent, and what goes back -------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Captured:
-    """The app's response: status, headers (as sent), body."""
-
-    status: int
-    headers: tuple[tuple[str, str], ...]
-    body: bytes
-    overflowed: bool = False
 
 
 class Capture:

@@ -1,19 +1,18 @@
-"""What the middleware answers, without I/O: how a status settles the key (R5), which
-headers are stored, what goes on the wire, and the problem replies of DESIGN 4.
+"""What the middleware answers, without I/O: what goes on the wire, and the problem
+replies of DESIGN 4. How a status settles the key (R5) and which headers are stored
+is the engine's (:class:`~idempotence.flows.steps.HandlerStep`).
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 
 from ..errors import StoreError, StoreUnavailable
-from ..problems import ProblemDetails
 from ..states import Claim, Outcome, StoredResponse
 from ..stores import TransientError
 from ._config import Policy
-from ._effects import Captured, Reply, ReplyKind
+from ._effects import Reply, ReplyKind
 from ._problems import Problem, Profile, render, render_stored
 
 logger = logging.getLogger("idempotence.http")
@@ -23,35 +22,6 @@ DOWN = (StoreUnavailable, TransientError)
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 # -- pure rules -------------------------------------------------------------------------------
-
-
-class Action(enum.Enum):
-    STORE = "store"
-    RELEASE = "release"
-    FORGET = "forget"
-
-
-def classify(policy: Policy, status: int) -> Action:
-    """What becomes of the key after the app answered ``status`` (R5).
-
-    >>> classify(Policy(), 201), classify(Policy(), 402), classify(Policy(), 422)
-    (<Action.STORE: 'store'>, <Action.STORE: 'store'>, <Action.FORGET: 'forget'>)
-    >>> classify(Policy(), 503), classify(Policy(store_server_errors=True), 503)
-    (<Action.RELEASE: 'release'>, <Action.STORE: 'store'>)
-    """
-    if status >= 500:
-        return Action.STORE if policy.store_server_errors else Action.RELEASE
-    if status in policy.rejected_statuses:
-        return Action.FORGET
-    return Action.STORE
-
-
-def storable(policy: Policy, captured: Captured) -> StoredResponse:
-    """The response as stored for replay: status, allowed headers only, body."""
-    allowed = policy.stored_headers
-    headers = tuple((name.lower(), value) for name, value in captured.headers)
-    kept = tuple((name, value) for name, value in headers if name in allowed)
-    return StoredResponse(captured.status, kept, captured.body)
 
 
 def finalize(response: StoredResponse, *, replayed: bool = False) -> StoredResponse:
@@ -124,15 +94,3 @@ def store_down(policy: Policy, profile: Profile, exc: StoreError, *, rolled_back
         f"The idempotency key store failed, so this request {what}. Retry later with "
         "the same Idempotency-Key.",
     )
-
-
-#: Stored when the app raised on an endpoint that stores server errors (R5); neutral,
-#: so every replay renders it in the endpoint's profile.
-STORED_SERVER_ERROR = ProblemDetails.of(
-    Problem.SERVER_ERROR,
-    "The request failed with an unexpected error. Retrying it returns this answer.",
-).stored()
-
-
-def as_response(captured: Captured) -> StoredResponse:
-    return StoredResponse(captured.status, captured.headers, captured.body)

@@ -33,9 +33,10 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ..errors import BodyTooLarge, ConfigurationError
-from ..stores import AsyncKeyStore
+from ..stores import AsyncKeyStore, AsyncTransaction
 from ..stores._interface import is_async
 from ._config import Idempotency
+from ._context import bound
 from ._core import lifecycle
 from ._driver_async import drive_async
 from ._effects import Capture, Captured, Reply, ReplyKind, RunApp
@@ -90,7 +91,7 @@ class IdempotencyMiddleware:
             path_params=params,
         )
         exchange = _Exchange(self.app, scope, receive, send)
-        engine = lifecycle(self.config, policy, request)
+        engine = lifecycle(self.config, policy, request, exchange)
         try:
             reply = await drive_async(engine, self.store, exchange)
         except _Disconnected:
@@ -151,7 +152,20 @@ class _Exchange:
 
         return receive
 
-    async def run_app(self, run: RunApp, overflow: Callable[[int], Awaitable[None]]) -> Captured:
+    async def run_app(
+        self,
+        run: RunApp,
+        tx: AsyncTransaction | None,
+        overflow: Callable[[int], Awaitable[None]] | None,
+    ) -> Captured:
+        """Run the app for the engine (:class:`~idempotence.flows.effects.DoHandle`),
+        with ``tx`` and the lease bound for the handler."""
+        with bound(tx, run.lease):
+            return await self._run_app(run, overflow)
+
+    async def _run_app(
+        self, run: RunApp, overflow: Callable[[int], Awaitable[None]] | None
+    ) -> Captured:
         capture = Capture(run.limit)
         complete = asyncio.Event()
         streaming = False
@@ -171,7 +185,7 @@ class _Exchange:
                     [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers],
                 )
             elif kind == "http.response.body":
-                if capture.add(message.get("body", b"")) and run.on_overflow is not None:
+                if capture.add(message.get("body", b"")) and overflow is not None:
                     # Too large to store: settle the key, then stream it through.
                     assert self.start is not None
                     assert capture.status is not None

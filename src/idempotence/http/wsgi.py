@@ -28,9 +28,10 @@ from http import HTTPStatus
 from typing import Any
 
 from ..errors import BodyTooLarge, ConfigurationError
-from ..stores import KeyStore
+from ..stores import KeyStore, Transaction
 from ..stores._interface import is_sync
 from ._config import Idempotency
+from ._context import bound
 from ._core import lifecycle
 from ._driver import drive
 from ._effects import Capture, Captured, Reply, ReplyKind, RunApp
@@ -75,7 +76,7 @@ class IdempotencyWSGIMiddleware:
             path_params=params,
         )
         exchange = _Exchange(self.app, environ, start_response)
-        reply = drive(lifecycle(self.config, policy, request), self.store, exchange)
+        reply = drive(lifecycle(self.config, policy, request, exchange), self.store, exchange)
         return exchange.reply(reply)
 
 
@@ -150,14 +151,22 @@ class _Exchange:
         environ["CONTENT_LENGTH"] = str(len(body))
         return environ
 
-    def run_app(self, run: RunApp, overflow: Callable[[int], None]) -> Captured:
+    def run_app(
+        self, run: RunApp, tx: Transaction | None, overflow: Callable[[int], None] | None
+    ) -> Captured:
+        """Run the app for the engine (:class:`~idempotence.flows.effects.DoHandle`),
+        with ``tx`` and the lease bound for the handler."""
+        with bound(tx, run.lease):
+            return self._run_app(run, overflow)
+
+    def _run_app(self, run: RunApp, overflow: Callable[[int], None] | None) -> Captured:
         capture = Capture(run.limit)
         write_to: list[Callable[[bytes], Any]] = []  # the server's write(), once streaming
 
         def write(data: bytes) -> None:  # PEP 3333's legacy write()
             if write_to:
                 write_to[0](data)
-            elif capture.add(data) and run.on_overflow is not None:
+            elif capture.add(data) and overflow is not None:
                 write_to.append(self._start_streaming(capture, overflow))
 
         def start_response(
@@ -175,7 +184,7 @@ class _Exchange:
             for chunk in iterator:
                 if write_to:
                     write_to[0](chunk)
-                elif capture.add(chunk) and run.on_overflow is not None:
+                elif capture.add(chunk) and overflow is not None:
                     # Too large to store: settle the key, then hand the server what we
                     # buffered followed by the rest of the app's iterable.
                     assert capture.status is not None

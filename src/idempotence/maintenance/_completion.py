@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ..flows import AtomicStep, Flow, FlowResult, ResultKind
+from ..flows import AtomicStep, Flow, FlowResult, ForeignStep, ResultKind
 from ..problems import Problem, ProblemDetails
 from ..states import KeyRecord
 from ._base import ServiceConfig, _invalid
@@ -206,7 +206,12 @@ def async_flows(flows: Iterable[Flow]) -> list[str]:
     found = []
     for flow in flows:
         for step in flow.steps.values():
-            fns = [step.fn] if isinstance(step, AtomicStep) else [step.call, step.record]
+            if isinstance(step, AtomicStep):
+                fns: list[Any] = [step.fn]
+            elif isinstance(step, ForeignStep):
+                fns = [step.call, step.record]
+            else:
+                fns = []  # an application handler: its entry point runs it
             if any(inspect.iscoroutinefunction(fn) for fn in fns):
                 found.append(flow.name)
                 break

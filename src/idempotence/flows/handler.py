@@ -1,0 +1,235 @@
+"""The engine's third step kind, the application handler (F6), and the wait for a twin
+(P10) that every run shares.
+
+A handler run claims the key, runs the application with no transaction of the store
+open (so it works on any key store), and settles the key by the response's status
+(R5): a terminal answer is stored, a rejected request is forgotten so the client can
+correct it, a server error is released (stored with ``store_server_errors``). An
+exception of the handler releases the key (or stores the server error) and
+propagates to the caller, whose framework answers it. Once the handler ran, a store
+failure cannot change the answer any more: it is logged, and the lock expires so
+that a retry takes the key over (P5).
+
+In a request-as-transaction flow (F3) the handler is instead the body of the one
+atomic phase: the claim opens the transaction, and the response is finished at its
+COMMIT, or everything rolls back.
+
+>>> flow = Flow("http", store_server_errors=False)
+>>> flow.handler(limit=1 << 20)
+>>> result = drive_async(flow.engine(request, app=exchange), store)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Generator
+from datetime import timedelta
+from typing import Any, Protocol
+
+from ..errors import LockLost, StoreError
+from ..problems import Problem, ProblemDetails
+from ..states import Claim, ClaimRequest, Lease, Outcome
+from .contexts import FlowInfo
+from .effects import (
+    DoClaim,
+    DoFinish,
+    DoForget,
+    DoHandle,
+    DoInTransaction,
+    DoRelease,
+    DoWait,
+    Effect,
+    Engine,
+    HandlerBody,
+)
+from .results import SERVER_ERROR, STORED_SERVER_ERROR, Captured, FlowResult, ResultKind, from_claim
+from .steps import HandlerStep, Settle
+
+
+class Flow(FlowInfo, Protocol):
+    """What a handler run knows of its flow (a :class:`~.flow.Flow`)."""
+
+    store_server_errors: bool
+
+
+logger = logging.getLogger("idempotence.flows")
+
+#: The first pause of a wait for a twin, and the longest (P10): the pauses double.
+FIRST_POLL, MAX_POLL = 0.005, 0.25
+
+
+# -- P10: the wait for a twin, once for every kind of run --------------------------------------
+
+
+class Waiter:
+    """The pauses of a bounded wait for a twin (P10)."""
+
+    __slots__ = ("deadline", "delay")
+
+    def __init__(self, wait: timedelta) -> None:
+        self.deadline = time.monotonic() + wait.total_seconds()
+        self.delay = FIRST_POLL
+
+    def pause(self) -> float | None:
+        """Seconds to wait before claiming again, or None: the wait is over."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            return None
+        pause, self.delay = min(self.delay, left), min(self.delay * 2, MAX_POLL)
+        return pause
+
+
+def claimed(request: ClaimRequest, wait: timedelta | None) -> Generator[Effect, Any, Claim]:
+    """Claim the key; with ``wait``, a key in progress elsewhere is waited for (outside
+    any transaction, F8) and claimed again until it settles or the wait is over."""
+    claim: Claim = yield DoClaim(request)
+    if claim.outcome is not Outcome.IN_PROGRESS or wait is None:
+        return claim
+    waiter = Waiter(wait)
+    while (pause := waiter.pause()) is not None:
+        yield DoWait(request, pause)
+        claim = yield DoClaim(request)
+        if claim.outcome is not Outcome.IN_PROGRESS:
+            break
+    return claim
+
+
+def in_transaction(
+    effect: DoInTransaction, wait: timedelta | None
+) -> Generator[Effect, Any, tuple[Claim, Any]]:
+    """Perform ``effect`` (F3); with ``wait``, a key in progress elsewhere is waited
+    for between two transactions, never inside one (F8), and tried again."""
+    waiter: Waiter | None = None
+    while True:
+        claim, outcome = yield effect
+        if claim.outcome is not Outcome.IN_PROGRESS or wait is None:
+            return claim, outcome
+        waiter = waiter or Waiter(wait)
+        pause = waiter.pause()
+        if pause is None:
+            return claim, outcome
+        yield DoWait(effect.request, pause)
+
+
+# -- the handler, outside any transaction -----------------------------------------------------
+
+
+def run_handler(
+    flow: Flow, step: HandlerStep, request: ClaimRequest, app: Any, wait: timedelta | None
+) -> Engine:
+    try:
+        claim = yield from claimed(request, wait)
+    except StoreError as exc:
+        # Nothing was claimed and nothing ran (P11): the entry point answers, or runs
+        # the handler unguarded if it opted in.
+        return FlowResult(ResultKind.FAILED, None, SERVER_ERROR, error=exc)
+    if claim.outcome is not Outcome.EXECUTE:
+        return from_claim(claim)
+    lease = claim.lease
+    assert lease is not None
+    try:
+        captured: Captured = yield DoHandle(
+            app, lease, step.limit, lambda status: overflowed(flow, step, lease, status)
+        )
+    except GeneratorExit:
+        raise
+    except Exception:
+        # R5: an exception stores nothing (unless the run stores server errors), so a
+        # retry runs the request again; the caller answers the exception.
+        failed = DoFinish(lease, STORED_SERVER_ERROR) if flow.store_server_errors else None
+        yield from _settle(failed or DoRelease(lease))
+        raise
+    except BaseException:
+        # Cancelled (the client went away) or interrupted: unlock the key so that a
+        # retry need not wait out the lock timeout.
+        with contextlib.suppress(Exception):
+            yield DoRelease(lease)
+        raise
+    if captured.overflowed:
+        return FlowResult(ResultKind.SENT, claim)
+    response = captured.response()
+    action = step.settle(captured.status, flow.store_server_errors)
+    if action is Settle.STORE:
+        yield from _settle(DoFinish(lease, step.stored(captured)))
+        return FlowResult(ResultKind.EXECUTED, claim, response, stored=True, answered=True)
+    if action is Settle.RELEASE:
+        yield from _settle(DoRelease(lease))
+        return FlowResult(ResultKind.FAILED, claim, response, answered=True)
+    yield from _settle(DoForget(lease))
+    return FlowResult(ResultKind.REJECTED, claim, response, answered=True)
+
+
+def _settle(effect: DoFinish | DoRelease | DoForget) -> Generator[Effect, Any, None]:
+    """Settle the key after the handler ran. A failure cannot change the answer any
+    more (the handler's effects happened), so it is logged; the lock then expires and
+    a retry takes the key over (P5)."""
+    try:
+        yield effect
+    except LockLost as exc:
+        logger.warning("key was taken over while the handler ran: %s", exc)
+    except StoreError as exc:
+        logger.error("could not settle the key after the handler ran: %s", exc, exc_info=exc)
+
+
+def overflowed(
+    flow: Flow, step: HandlerStep, lease: Lease, status: int
+) -> DoFinish | DoRelease | DoForget:
+    """How a key settles when its handler's response is too large to store: the
+    handler's effects happened, so the response is sent once, streamed, and never
+    stored truncated. A key that would have been stored is finished with a problem
+    instead, marked errored for an operator (the limit is too small), so that a retry
+    is told what happened and never runs the request a second time."""
+    action = step.settle(status, flow.store_server_errors)
+    if action is Settle.RELEASE:
+        return DoRelease(lease)
+    if action is Settle.FORGET:
+        return DoForget(lease)
+    limit = step.limit
+    detail = (
+        f"This request was processed once, but its response was larger than this endpoint "
+        f"stores ({limit} bytes), so it cannot be replayed. It will not be processed "
+        "again: look its result up through the API."
+    )
+    response = ProblemDetails.of(Problem.RESPONSE_NOT_REPLAYABLE, detail).stored()
+    reason = f"response with status {status} larger than max_response_bytes={limit}: sent once"
+    return DoFinish(lease, response, error=reason)
+
+
+# -- the handler as the body of the one atomic phase (F3) --------------------------------------
+
+
+def run_handler_in_transaction(
+    flow: Flow, step: HandlerStep, request: ClaimRequest, app: Any, wait: timedelta | None
+) -> Engine:
+    """F3: the claim, the handler's writes and its stored response commit together. A
+    duplicate racing it blocks on the key's row (PostgreSQL) or on the write lock
+    (SQLite) until the commit, then replays; if the first rolls back, it executes."""
+    body = HandlerBody(app, step, flow.store_server_errors)
+    try:
+        claim, outcome = yield from in_transaction(DoInTransaction(request, flow, body), wait)
+    except StoreError as exc:
+        # The claim failed, or the finish was refused (the key was taken over) or the
+        # commit lost its connection: everything rolled back, or whether it took
+        # effect is unknown; either way a retry is safe.
+        return FlowResult(ResultKind.FAILED, None, SERVER_ERROR, error=exc)
+    if claim.outcome is not Outcome.EXECUTE:
+        return from_claim(claim)
+    if isinstance(outcome, BaseException):
+        raise outcome  # the handler's, after everything rolled back with its claim
+    assert isinstance(outcome, Captured)
+    if outcome.overflowed:
+        detail = (
+            f"The response was larger than this endpoint can store ({step.limit} bytes), "
+            "so the request was rolled back and nothing was done. Retrying it will fail "
+            "the same way; contact the operator."
+        )
+        too_large = ProblemDetails.of(Problem.RESPONSE_TOO_LARGE, detail).stored()
+        return FlowResult(ResultKind.REJECTED, None, too_large)
+    response = outcome.response()
+    if step.settle(outcome.status, flow.store_server_errors) is not Settle.STORE:
+        # R5: rolled back, claim included, so nothing is left to settle.
+        kind = ResultKind.FAILED if outcome.status >= 500 else ResultKind.REJECTED
+        return FlowResult(kind, None, response, answered=True)
+    return FlowResult(ResultKind.EXECUTED, claim, response, stored=True, answered=True)
