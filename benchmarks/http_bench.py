@@ -2,9 +2,9 @@
 
 Run it from the repository root::
 
-    .venv/bin/python benchmarks/http.py                  # the full run, about 2 minutes
-    .venv/bin/python benchmarks/http.py --quick          # a smoke run, about 30 seconds
-    .venv/bin/python benchmarks/http.py --backend sqlite --seconds 3 --connections 32 --json
+    .venv/bin/python benchmarks/http_bench.py                  # the full run, about 2 minutes
+    .venv/bin/python benchmarks/http_bench.py --quick          # a smoke run, about 30 seconds
+    .venv/bin/python benchmarks/http_bench.py --backend sqlite --seconds 3 --connections 32 --json
 
 One uvicorn process per database serves a Starlette app with the ASGI middleware and
 an async store; a load generator in another process keeps ``--connections`` keep-alive
@@ -41,22 +41,16 @@ ratios.
 
 from __future__ import annotations
 
-import os
-import sys
-
-# This file is called http.py: with its directory first on sys.path, every
-# ``import http`` (uvicorn, httpx, the standard library) would import it instead.
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    del sys.path[0]
-
 import argparse
 import asyncio
 import contextlib
 import itertools
 import json
+import os
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
