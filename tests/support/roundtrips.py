@@ -1,9 +1,13 @@
 """A TCP proxy in front of PostgreSQL that counts round trips.
 
-A round trip is a turn of the conversation: the client sends (in one write or several)
-and then waits for the server's answer. The proxy counts the times the client starts
-sending again after the server has answered, which is what a pipeline saves and a
-profiler cannot see.
+A round trip is a turn of the conversation: the client sends and then waits for the
+server's answer. In the PostgreSQL protocol the client waits at a ``Sync`` (the end of
+an extended-protocol exchange, or of a whole pipeline) and at a simple ``Query``: the
+server answers each with ``ReadyForQuery``. So the proxy reads the client's messages
+and counts those two: what a pipeline saves and a profiler cannot see. (Counting the
+times the client wrote after the server spoke was timing-dependent: psycopg flushes a
+pipeline's statements as it goes, and a busy machine let the server answer between
+two writes of one pipeline.)
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ class RoundTrips:
         self.url = conninfo.make_conninfo(url, host="127.0.0.1", port=port)
         self._lock = threading.Lock()
         self._count = 0
-        self._server_spoke: dict[int, bool] = {}
         self._sockets: list[socket.socket] = [self._listener]
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -47,17 +50,16 @@ class RoundTrips:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._sockets += [client, server]
-                self._server_spoke[id(client)] = True
-            threading.Thread(target=self._pump, args=(client, server, id(client), True)).start()
-            threading.Thread(target=self._pump, args=(server, client, id(client), False)).start()
+            threading.Thread(target=self._pump, args=(client, server, _Messages())).start()
+            threading.Thread(target=self._pump, args=(server, client, None)).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, pair: int, upstream: bool) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, messages: _Messages | None) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
-                with self._lock:
-                    if upstream and self._server_spoke[pair]:
-                        self._count += 1
-                    self._server_spoke[pair] = not upstream
+                if messages is not None:
+                    turns = messages.feed(data)
+                    with self._lock:
+                        self._count += turns
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
@@ -69,6 +71,41 @@ class RoundTrips:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+
+class _Messages:
+    """The client's side of one connection, split into protocol messages."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        # The first messages (SSLRequest, GSSENCRequest, StartupMessage) carry no type
+        # byte; every later one does.
+        self._untyped = True
+
+    def feed(self, data: bytes) -> int:
+        """Take ``data``; return how many complete messages in it wait for the server
+        (``Sync`` and simple ``Query``)."""
+        self._buffer += data
+        turns = 0
+        while True:
+            if self._untyped:
+                if len(self._buffer) < 8:
+                    return turns
+                length = int.from_bytes(self._buffer[:4], "big")
+                code = int.from_bytes(self._buffer[4:8], "big")
+                if len(self._buffer) < length:
+                    return turns
+                self._buffer = self._buffer[length:]
+                # SSL and GSS requests come before the StartupMessage (protocol 3.x).
+                self._untyped = code in (80877103, 80877104)
+                continue
+            if len(self._buffer) < 5:
+                return turns
+            length = int.from_bytes(self._buffer[1:5], "big")
+            if len(self._buffer) < 1 + length:
+                return turns
+            kind, self._buffer = self._buffer[:1], self._buffer[1 + length :]
+            turns += kind in (b"S", b"Q")
 
 
 @contextlib.contextmanager
