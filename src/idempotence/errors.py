@@ -64,6 +64,14 @@ class StoreUnavailable(StoreError):
     """The key store cannot be reached; nothing was executed. Retry later (P11)."""
 
 
+class TransientError(StoreError):
+    """The database aborted the transaction (serialization failure, deadlock, busy).
+
+    The store retries operations whose transaction it owns; inside a caller's
+    transaction the caller decides.
+    """
+
+
 class SchemaMissing(StoreError):
     """The key store's tables are missing: run `idempotence migrate --database URL`."""
 
@@ -77,6 +85,10 @@ class LockLost(StoreError):
 
 class KeyNotFound(StoreError):
     """No idempotency key with this scope and key exists."""
+
+
+class KeyIsLocked(IdempotenceError):
+    """A worker holds this key's lock right now; evicting it needs --force."""
 
 
 class ConfigurationError(IdempotenceError):
