@@ -98,7 +98,7 @@ class ConfigurationError(IdempotenceError):
 class StoreInTransaction(ConfigurationError):
     """This store has a transaction open in this thread or task, and the operation
     would need a connection of its own, so it would wait for that transaction forever:
-    pass ``tx=`` (claim, finish, perform) or call it after the transaction ends."""
+    pass ``tx=`` (claim, finish) or call it after the transaction ends."""
 
 
 # -- raised by the application's own steps, read by the flow engine (R5, R6) ----------

@@ -71,7 +71,7 @@ class AsyncStore:
     ...         await store.finish(claim.lease, StoredResponse.of(201, body="{}"), tx=tx)
 
     While a thread (or, async, a task) has the store's :meth:`transaction` open, the
-    store's operations there take ``tx=`` (claim, finish, perform) or wait for the
+    store's operations there take ``tx=`` (claim, finish) or wait for the
     transaction to end: one that would need a connection of its own (any operation
     without ``tx=``, a second ``transaction()``) raises
     :class:`~idempotence.errors.StoreInTransaction` at once, on every store, rather
