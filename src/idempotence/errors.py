@@ -64,6 +64,14 @@ class StoreUnavailable(StoreError):
     """The key store cannot be reached; nothing was executed. Retry later (P11)."""
 
 
+class TransientError(StoreError):
+    """The database aborted the transaction (serialization failure, deadlock, busy).
+
+    The store retries operations whose transaction it owns; inside a caller's
+    transaction the caller decides.
+    """
+
+
 class SchemaMissing(StoreError):
     """The key store's tables are missing: run `idempotence migrate --database URL`."""
 
@@ -79,6 +87,10 @@ class KeyNotFound(StoreError):
     """No idempotency key with this scope and key exists."""
 
 
+class KeyIsLocked(IdempotenceError):
+    """A worker holds this key's lock right now; evicting it needs --force."""
+
+
 class ConfigurationError(IdempotenceError):
     """The library is configured in a way that cannot work."""
 
@@ -86,7 +98,7 @@ class ConfigurationError(IdempotenceError):
 class StoreInTransaction(ConfigurationError):
     """This store has a transaction open in this thread or task, and the operation
     would need a connection of its own, so it would wait for that transaction forever:
-    pass ``tx=`` (claim, finish, perform) or call it after the transaction ends."""
+    pass ``tx=`` (claim, finish) or call it after the transaction ends."""
 
 
 # -- raised by the application's own steps, read by the flow engine (R5, R6) ----------

@@ -218,7 +218,7 @@ def test_b4_a_job_whose_runner_died_runs_again_after_its_lease(
     (key,) = stage(db.store, 1)
     flavour(Enqueuer, FAST).run_once()
     lease = timedelta(milliseconds=50)
-    died = db.store.perform(lambda: mops.pick_jobs(db.store.dialect, ["receipt"], lease, 10, None))
+    died = db.store._perform(lambda d: mops.pick_jobs(d, ["receipt"], lease, 10, None))
     assert [j.job_key for j in died] == [key]
     seen: list[Job] = []
     registry = JobRegistry()

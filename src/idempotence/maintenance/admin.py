@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ..errors import IdempotenceError, KeyNotFound
+from ..errors import KeyIsLocked, KeyNotFound
 from ..states import KeyState
 from ..stores import Store
 from . import _ops
@@ -25,10 +25,6 @@ __all__ = ["KeyIsLocked", "KeyRow", "Stats", "evict_key", "list_keys", "show_key
 
 #: The most rows one listing returns.
 MAX_LIMIT = 10_000
-
-
-class KeyIsLocked(IdempotenceError):
-    """A worker holds this key's lock right now; evicting it needs --force."""
 
 
 def list_keys(
@@ -41,16 +37,16 @@ def list_keys(
     """Up to ``limit`` keys, newest first, of one ``state`` and ``scope`` if given."""
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
-    return store.perform(
-        lambda: _ops.list_keys(store.dialect, state=state, scope=scope, key=None, limit=limit),
+    return store._perform(
+        lambda d: _ops.list_keys(d, state=state, scope=scope, key=None, limit=limit),
         write=False,
     )
 
 
 def show_key(store: Store, scope: str, key: str) -> KeyRow:
     """One key with its state; :class:`~idempotence.KeyNotFound` if there is none."""
-    rows = store.perform(
-        lambda: _ops.list_keys(store.dialect, state=None, scope=scope, key=key, limit=1),
+    rows = store._perform(
+        lambda d: _ops.list_keys(d, state=None, scope=scope, key=key, limit=1),
         write=False,
     )
     if not rows:
@@ -66,7 +62,7 @@ def evict_key(store: Store, scope: str, key: str, *, force: bool = False) -> Key
     fenced writes find no row and roll back (F1).
     """
     row = show_key(store, scope, key)
-    if store.perform(lambda: _ops.evict(store.dialect, scope, key, force)):
+    if store._perform(lambda d: _ops.evict(d, scope, key, force)):
         return row
     # The conditional delete refused: the key is locked now (or is gone already).
     locked_at = show_key(store, scope, key).record.locked_at
@@ -106,8 +102,8 @@ class Stats:
 
 def stats(store: Store) -> Stats:
     """Count keys per state, find the oldest of each, and sum the takeovers."""
-    now, counts = store.perform(lambda: _ops.key_stats(store.dialect), write=False)
-    jobs = store.perform(lambda: _ops.job_stats(store.dialect), write=False)
+    now, counts = store._perform(lambda d: _ops.key_stats(d), write=False)
+    jobs = store._perform(lambda d: _ops.job_stats(d), write=False)
     states = {state: 0 for state in KeyState}
     states.update({c.state: c.keys for c in counts})
     return Stats(

@@ -92,19 +92,19 @@ class Completer(Service[CompleterConfig, CompleteResult]):
 
     def _pass(self, stop: Event, progress: Progress | None) -> CompleteResult:
         started = time.monotonic()
-        d, cfg = self.store.dialect, self.config
+        cfg = self.config
         names = sorted(flow.name for flow in self.flows)
         # Keys run during this pass are newer than this, so no pass picks one twice.
-        since = self.store.perform(lambda: _ops.db_now(d), write=False)
-        unregistered = self.store.perform(
-            lambda: _ops.abandoned_unregistered(d, names, since, cfg.grace, cfg.query_timeout)
+        since = self.store._perform(lambda d: _ops.db_now(d), write=False)
+        unregistered = self.store._perform(
+            lambda d: _ops.abandoned_unregistered(d, names, since, cfg.grace, cfg.query_timeout)
         )
         log_unregistered(self.log, self.name, unregistered)
         completions: list[Completion] = []
 
         def batch() -> int:
-            picked = self.store.perform(
-                lambda: _ops.pick_abandoned(
+            picked = self.store._perform(
+                lambda d: _ops.pick_abandoned(
                     d, names, since, cfg.grace, cfg.batch_size, cfg.query_timeout
                 )
             )
@@ -137,8 +137,7 @@ class Completer(Service[CompleterConfig, CompleteResult]):
             error = None if result.error is None else repr(result.error)
         outcome = outcome_of(result)
         if outcome is CompletionOutcome.PAUSED:
-            d = self.store.dialect
-            self.store.perform(lambda: _ops.reset_completer_attempts(d, record.scope, record.id))
+            self.store._perform(lambda d: _ops.reset_completer_attempts(d, record.scope, record.id))
         if outcome is CompletionOutcome.FAILED and attempts >= self.config.max_attempts:
             return self._give_up(flow, record, attempts, error)
         return self._report(record, outcome, attempts, error)

@@ -90,19 +90,19 @@ class AsyncCompleter(AsyncService[CompleterConfig, CompleteResult]):
 
     async def _pass(self, stop: AsyncEvent, progress: Progress | None) -> CompleteResult:
         started = time.monotonic()
-        d, cfg = self.store.dialect, self.config
+        cfg = self.config
         names = sorted(flow.name for flow in self.flows)
         # Keys run during this pass are newer than this, so no pass picks one twice.
-        since = await self.store.perform(lambda: _ops.db_now(d), write=False)
-        unregistered = await self.store.perform(
-            lambda: _ops.abandoned_unregistered(d, names, since, cfg.grace, cfg.query_timeout)
+        since = await self.store._perform(lambda d: _ops.db_now(d), write=False)
+        unregistered = await self.store._perform(
+            lambda d: _ops.abandoned_unregistered(d, names, since, cfg.grace, cfg.query_timeout)
         )
         log_unregistered(self.log, self.name, unregistered)
         completions: list[Completion] = []
 
         async def batch() -> int:
-            picked = await self.store.perform(
-                lambda: _ops.pick_abandoned(
+            picked = await self.store._perform(
+                lambda d: _ops.pick_abandoned(
                     d, names, since, cfg.grace, cfg.batch_size, cfg.query_timeout
                 )
             )
@@ -135,9 +135,8 @@ class AsyncCompleter(AsyncService[CompleterConfig, CompleteResult]):
             error = None if result.error is None else repr(result.error)
         outcome = outcome_of(result)
         if outcome is CompletionOutcome.PAUSED:
-            d = self.store.dialect
-            await self.store.perform(
-                lambda: _ops.reset_completer_attempts(d, record.scope, record.id)
+            await self.store._perform(
+                lambda d: _ops.reset_completer_attempts(d, record.scope, record.id)
             )
         if outcome is CompletionOutcome.FAILED and attempts >= self.config.max_attempts:
             return await self._give_up(flow, record, attempts, error)

@@ -57,7 +57,7 @@ class RunnerSink:
     exactly once per ``job_key``."""
 
     def deliver(self, store: Store, tx: Transaction, jobs: Sequence[StagedJob]) -> list[str]:
-        return store.perform(lambda: _ops.deliver_jobs(store.dialect, jobs), tx=tx)
+        return store._perform(lambda d: _ops.deliver_jobs(d, jobs), tx=tx)
 
 
 class Enqueuer(Service[EnqueuerConfig, EnqueueResult]):
@@ -80,14 +80,14 @@ class Enqueuer(Service[EnqueuerConfig, EnqueueResult]):
 
     def _pass(self, stop: Event, progress: Progress | None) -> EnqueueResult:
         started = time.monotonic()
-        d, cfg = self.store.dialect, self.config
+        cfg = self.config
         delivered: list[str] = []
         duplicates = 0
 
         def batch() -> int:
             nonlocal duplicates
             with self.store.transaction() as tx:
-                self.store.perform(lambda: _ops.statement_timeout(d, cfg.query_timeout), tx=tx)
+                self.store._perform(lambda d: _ops.statement_timeout(d, cfg.query_timeout), tx=tx)
                 jobs = self.store.take_staged_jobs(tx, cfg.batch_size)
                 self._emit("batch_locked", jobs)
                 new = self.sink.deliver(self.store, tx, jobs) if jobs else []

@@ -59,7 +59,7 @@ class AsyncRunnerSink:
     async def deliver(
         self, store: AsyncStore, tx: AsyncTransaction, jobs: Sequence[StagedJob]
     ) -> list[str]:
-        return await store.perform(lambda: _ops.deliver_jobs(store.dialect, jobs), tx=tx)
+        return await store._perform(lambda d: _ops.deliver_jobs(d, jobs), tx=tx)
 
 
 class AsyncEnqueuer(AsyncService[EnqueuerConfig, EnqueueResult]):
@@ -82,15 +82,15 @@ class AsyncEnqueuer(AsyncService[EnqueuerConfig, EnqueueResult]):
 
     async def _pass(self, stop: AsyncEvent, progress: Progress | None) -> EnqueueResult:
         started = time.monotonic()
-        d, cfg = self.store.dialect, self.config
+        cfg = self.config
         delivered: list[str] = []
         duplicates = 0
 
         async def batch() -> int:
             nonlocal duplicates
             async with self.store.transaction() as tx:
-                await self.store.perform(
-                    lambda: _ops.statement_timeout(d, cfg.query_timeout), tx=tx
+                await self.store._perform(
+                    lambda d: _ops.statement_timeout(d, cfg.query_timeout), tx=tx
                 )
                 jobs = await self.store.take_staged_jobs(tx, cfg.batch_size)
                 self._emit("batch_locked", jobs)

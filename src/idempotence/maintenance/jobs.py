@@ -79,13 +79,13 @@ class JobRunner(Service[JobRunnerConfig, JobRunResult]):
 
     def _pass(self, stop: Event, progress: Progress | None) -> JobRunResult:
         started = time.monotonic()
-        d, cfg = self.store.dialect, self.config
+        cfg = self.config
         names = list(self.jobs)
         outcomes: dict[str, list[str]] = {"done": [], "ready": [], "dead": []}
 
         def batch() -> int:
-            picked = self.store.perform(
-                lambda: _ops.pick_jobs(d, names, cfg.lease, cfg.batch_size, cfg.query_timeout)
+            picked = self.store._perform(
+                lambda d: _ops.pick_jobs(d, names, cfg.lease, cfg.batch_size, cfg.query_timeout)
             )
             for job in picked:
                 outcome = self._run(job)
@@ -103,15 +103,15 @@ class JobRunner(Service[JobRunnerConfig, JobRunResult]):
         )
 
     def _run(self, job: Job) -> str | None:
-        d, cfg = self.store.dialect, self.config
+        cfg = self.config
         fields = job_fields(self.name, job)
         try:
             settle(self.jobs.get(job.name)(job), NOT_SYNC_JOB.format(job.name))
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             delay = backoff(cfg, job.attempt)
-            status = self.store.perform(
-                lambda: _ops.job_failed(d, job, error, delay, cfg.max_attempts, cfg.query_timeout)
+            status = self.store._perform(
+                lambda d: _ops.job_failed(d, job, error, delay, cfg.max_attempts, cfg.query_timeout)
             )
             if status == "dead":
                 self.log.error(
@@ -133,7 +133,7 @@ class JobRunner(Service[JobRunnerConfig, JobRunResult]):
                 {"ready": "retried", "dead": "dead"}.get(status or "", "superseded")
             )
             return status
-        done = self.store.perform(lambda: _ops.job_done(d, job, cfg.query_timeout))
+        done = self.store._perform(lambda d: _ops.job_done(d, job, cfg.query_timeout))
         self.log.info("job %r done", job.job_key, extra=fields)
         self.metrics.jobs_executed("done" if done else "superseded")
         # Not done: the lease ran out and another runner owns the job now.

@@ -77,13 +77,13 @@ class AsyncJobRunner(AsyncService[JobRunnerConfig, JobRunResult]):
 
     async def _pass(self, stop: AsyncEvent, progress: Progress | None) -> JobRunResult:
         started = time.monotonic()
-        d, cfg = self.store.dialect, self.config
+        cfg = self.config
         names = list(self.jobs)
         outcomes: dict[str, list[str]] = {"done": [], "ready": [], "dead": []}
 
         async def batch() -> int:
-            picked = await self.store.perform(
-                lambda: _ops.pick_jobs(d, names, cfg.lease, cfg.batch_size, cfg.query_timeout)
+            picked = await self.store._perform(
+                lambda d: _ops.pick_jobs(d, names, cfg.lease, cfg.batch_size, cfg.query_timeout)
             )
             for job in picked:
                 outcome = await self._run(job)
@@ -101,15 +101,15 @@ class AsyncJobRunner(AsyncService[JobRunnerConfig, JobRunResult]):
         )
 
     async def _run(self, job: Job) -> str | None:
-        d, cfg = self.store.dialect, self.config
+        cfg = self.config
         fields = job_fields(self.name, job)
         try:
             await settle_async(self.jobs.get(job.name)(job), NOT_SYNC_JOB.format(job.name))
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             delay = backoff(cfg, job.attempt)
-            status = await self.store.perform(
-                lambda: _ops.job_failed(d, job, error, delay, cfg.max_attempts, cfg.query_timeout)
+            status = await self.store._perform(
+                lambda d: _ops.job_failed(d, job, error, delay, cfg.max_attempts, cfg.query_timeout)
             )
             if status == "dead":
                 self.log.error(
@@ -131,7 +131,7 @@ class AsyncJobRunner(AsyncService[JobRunnerConfig, JobRunResult]):
                 {"ready": "retried", "dead": "dead"}.get(status or "", "superseded")
             )
             return status
-        done = await self.store.perform(lambda: _ops.job_done(d, job, cfg.query_timeout))
+        done = await self.store._perform(lambda d: _ops.job_done(d, job, cfg.query_timeout))
         self.log.info("job %r done", job.job_key, extra=fields)
         self.metrics.jobs_executed("done" if done else "superseded")
         # Not done: the lease ran out and another runner owns the job now.

@@ -54,13 +54,15 @@ class Reaper(Service[ReaperConfig, ReapResult]):
 
     def _pass(self, stop: Event, progress: Progress | None) -> ReapResult:
         started = time.monotonic()
-        d, cfg = self.store.dialect, self.config
+        cfg = self.config
         expired: list[ExpiredKey] = []
         deleted = 0
 
         def expire() -> int:
-            found = self.store.perform(
-                lambda: _ops.expire_pending(d, EXPIRED_RESPONSE, cfg.batch_size, cfg.query_timeout)
+            found = self.store._perform(
+                lambda d: _ops.expire_pending(
+                    d, EXPIRED_RESPONSE, cfg.batch_size, cfg.query_timeout
+                )
             )
             for key in found:
                 log_expired(self.log, self.name, key)
@@ -70,7 +72,7 @@ class Reaper(Service[ReaperConfig, ReapResult]):
 
         def delete() -> int:
             nonlocal deleted
-            n = self.store.perform(lambda: _ops.reap(d, cfg.batch_size, cfg.query_timeout))
+            n = self.store._perform(lambda d: _ops.reap(d, cfg.batch_size, cfg.query_timeout))
             self.metrics.keys_reaped(n)
             deleted += n
             return n

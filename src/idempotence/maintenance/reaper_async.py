@@ -52,13 +52,15 @@ class AsyncReaper(AsyncService[ReaperConfig, ReapResult]):
 
     async def _pass(self, stop: AsyncEvent, progress: Progress | None) -> ReapResult:
         started = time.monotonic()
-        d, cfg = self.store.dialect, self.config
+        cfg = self.config
         expired: list[ExpiredKey] = []
         deleted = 0
 
         async def expire() -> int:
-            found = await self.store.perform(
-                lambda: _ops.expire_pending(d, EXPIRED_RESPONSE, cfg.batch_size, cfg.query_timeout)
+            found = await self.store._perform(
+                lambda d: _ops.expire_pending(
+                    d, EXPIRED_RESPONSE, cfg.batch_size, cfg.query_timeout
+                )
             )
             for key in found:
                 log_expired(self.log, self.name, key)
@@ -68,7 +70,7 @@ class AsyncReaper(AsyncService[ReaperConfig, ReapResult]):
 
         async def delete() -> int:
             nonlocal deleted
-            n = await self.store.perform(lambda: _ops.reap(d, cfg.batch_size, cfg.query_timeout))
+            n = await self.store._perform(lambda d: _ops.reap(d, cfg.batch_size, cfg.query_timeout))
             self.metrics.keys_reaped(n)
             deleted += n
             return n

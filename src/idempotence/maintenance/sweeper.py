@@ -54,10 +54,8 @@ class Sweeper(Service[SweeperConfig, SweepResult]):
         swept: list[SweptKey] = []
 
         def batch() -> int:
-            found = self.store.perform(
-                lambda: _ops.sweep(
-                    self.store.dialect, self.config.batch_size, self.config.query_timeout
-                )
+            found = self.store._perform(
+                lambda d: _ops.sweep(d, self.config.batch_size, self.config.query_timeout)
             )
             for key in found:
                 log_swept(self.log, self.name, key)

@@ -52,10 +52,8 @@ class AsyncSweeper(AsyncService[SweeperConfig, SweepResult]):
         swept: list[SweptKey] = []
 
         async def batch() -> int:
-            found = await self.store.perform(
-                lambda: _ops.sweep(
-                    self.store.dialect, self.config.batch_size, self.config.query_timeout
-                )
+            found = await self.store._perform(
+                lambda d: _ops.sweep(d, self.config.batch_size, self.config.query_timeout)
             )
             for key in found:
                 log_swept(self.log, self.name, key)

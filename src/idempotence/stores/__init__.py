@@ -9,7 +9,7 @@ need (:mod:`._interface`).
 
 from typing import TYPE_CHECKING
 
-from ._driver import TransientError
+from ..errors import TransientError
 from ._interface import AsyncKeyStore, KeyStore
 from ._store import Store, Transaction
 from ._store_async import AsyncStore, AsyncTransaction

@@ -1,5 +1,6 @@
-"""What every store's I/O shares, sync or async: the transient error and its retry
-policy, and the bookkeeping of operations deferred to a commit (:class:`Blocks`).
+"""What every store's I/O shares, sync or async: the retry policy for transient
+errors (:class:`~idempotence.errors.TransientError`), and the bookkeeping of
+operations deferred to a commit (:class:`Blocks`).
 
 The connections themselves (the protocols, and the runners that feed an operation's
 queries to one) are in :mod:`._connection_async`, from which :mod:`._connection` is
@@ -13,7 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import TransientError
+
+__all__ = ["TRANSIENT_ATTEMPTS", "Blocks", "TransientError", "backoff"]
 from ._ops import Op
 
 #: How often an operation whose transaction the store owns is retried after a
@@ -26,14 +29,6 @@ def backoff(attempt: int) -> float:
     """Seconds to pause before retry ``attempt``: jittered and exponential, so that
     racing retries spread out."""
     return TRANSIENT_BACKOFF * (1 << attempt) * (0.5 + random.random())
-
-
-class TransientError(StoreError):
-    """The database aborted the transaction (serialization failure, deadlock, busy).
-
-    The store retries operations whose transaction it owns; inside a caller's
-    transaction the caller decides.
-    """
 
 
 class Blocks:

@@ -32,9 +32,9 @@ _OPEN: ContextVar[frozenset[Gate]] = ContextVar(
 
 _NESTED_OPERATION = (
     "A store operation without tx= (claim, finish, release, heartbeat, forget, get, "
-    "perform, migrate) was called while this store's transaction is open in the same "
+    "migrate) was called while this store's transaction is open in the same "
     "thread or task: it would need a connection of its own and could wait forever for "
-    "that transaction. Pass tx= (claim, finish, perform) to run it in the transaction, "
+    "that transaction. Pass tx= (claim, finish) to run it in the transaction, "
     "or call it after the transaction ends."
 )
 _NESTED_TRANSACTION = (

@@ -71,7 +71,7 @@ class AsyncStore:
     ...         await store.finish(claim.lease, StoredResponse.of(201, body="{}"), tx=tx)
 
     While a thread (or, async, a task) has the store's :meth:`transaction` open, the
-    store's operations there take ``tx=`` (claim, finish, perform) or wait for the
+    store's operations there take ``tx=`` (claim, finish) or wait for the
     transaction to end: one that would need a connection of its own (any operation
     without ``tx=``, a second ``transaction()``) raises
     :class:`~idempotence.errors.StoreInTransaction` at once, on every store, rather
@@ -235,35 +235,29 @@ class AsyncStore:
         await sleep_async(seconds)
 
     @property
-    def dialect(self) -> Dialect:
-        """The store's SQL dialect: its named queries and value conversions."""
-        return self._dialect
-
-    @property
     def instrumentation(self) -> Instrumentation | None:
         """What the store and the flows run on it report to, or None
         (:mod:`idempotence.observability`)."""
         return self._instrumentation
 
-    async def perform(
+    async def _perform(
         self,
-        make_op: Callable[[], Op[T]],
+        make_op: Callable[[Dialect], Op[T]],
         *,
         tx: AsyncTransaction | None = None,
         write: bool = True,
     ) -> T:
-        """Run a store operation (a generator of queries over :attr:`dialect`).
+        """Run one of the library's own store operations (a generator of queries over
+        the store's dialect, which ``make_op`` is handed).
 
         In ``tx`` when given. Otherwise in a transaction of its own (``write``) or as
         a plain read, retried after a transient abort, which is why this takes a
-        factory: each attempt gets a fresh operation. The background services
-        (:mod:`idempotence.maintenance`) run their operations through here.
-
-        >>> await store.perform(lambda: my_op(store.dialect, 10))   # doctest: +SKIP
+        factory: each attempt gets a fresh operation. Not public API: it is how the
+        background services (:mod:`idempotence.maintenance`) reach the store's SQL.
         """
         if tx is not None:
-            return await tx._conn.run_in_transaction(make_op())
-        return await self._own(make_op, atomic=write, write=write)
+            return await tx._conn.run_in_transaction(make_op(self._dialect))
+        return await self._own(lambda: make_op(self._dialect), atomic=write, write=write)
 
     async def migrate(self) -> list[str]:
         """Apply pending schema migrations; return the versions applied."""
