@@ -154,6 +154,10 @@ def _never_recorded(ctx: PhaseContext, result: Any) -> Finish:
 failing.foreign("charging", name="charge", call=_time_out, record=_never_recorded, idempotent=False)
 
 
+#: The per-endpoint retention of ``/ledger`` (B3): not the default 24 hours.
+LEDGER_RETENTION = timedelta(days=7)
+
+
 def make_config(store: Any, **overrides: Any) -> Idempotency:
     """The suites' configuration; ``overrides`` go to Idempotency, ``default_*`` to
     the default policy (``default_wait=...``)."""
@@ -168,6 +172,8 @@ def make_config(store: Any, **overrides: Any) -> Idempotency:
         Endpoint("POST /optional", Policy(key_required=False)),
         Endpoint("POST /open", Policy(fail_open=True)),
         Endpoint("POST /waiting", Policy(wait=timedelta(seconds=5))),
+        Endpoint("POST /ledger", Policy(retention=LEDGER_RETENTION)),
+        Endpoint("POST /forever", Policy(retention=None)),
         Endpoint("POST /rides", Policy(flow=rides)),
         Endpoint("POST /failing", Policy(flow=failing)),
         Endpoint("/exempt", None),

@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 
 from idempotence import KeyState, key_state
-from tests.http.apps import BIG, STREAM, STREAM_BIG
+from tests.http.apps import BIG, LEDGER_RETENTION, STREAM, STREAM_BIG
 
 PROBLEM = "application/problem+json"
 
@@ -231,6 +231,24 @@ def test_p11_store_unavailable_is_503_and_runs_nothing(harness):
     fail_open = harness.post("/open", key="p11-open")  # the explicit opt-in
     assert fail_open.status == 201
     assert harness.effects.counts["/open"] == 1
+
+
+# -- B3: retention per endpoint -------------------------------------------------------------
+
+
+def _retention(record) -> timedelta | None:
+    assert record is not None and record.finished
+    return None if record.expires_at is None else record.expires_at - record.finished_at
+
+
+def test_b3_each_endpoint_keeps_its_keys_as_long_as_its_policy_says(harness):
+    """The default policy keeps a finished key 24 hours; an endpoint's own retention
+    (7 days) or None (forever, for ledgers) is what its keys get, not the default."""
+    for path, key in (("/charges", "b3-default"), ("/ledger", "b3-ledger"), ("/forever", "b3-ever")):
+        assert harness.post(path, key=key).status == 201
+    assert _retention(harness.record("b3-default")) == timedelta(hours=24)
+    assert _retention(harness.record("b3-ledger")) == LEDGER_RETENTION
+    assert _retention(harness.record("b3-ever")) is None
 
 
 # -- R5: what is stored ---------------------------------------------------------------------
