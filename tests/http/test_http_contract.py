@@ -244,7 +244,8 @@ def _retention(record) -> timedelta | None:
 def test_b3_each_endpoint_keeps_its_keys_as_long_as_its_policy_says(harness):
     """The default policy keeps a finished key 24 hours; an endpoint's own retention
     (7 days) or None (forever, for ledgers) is what its keys get, not the default."""
-    for path, key in (("/charges", "b3-default"), ("/ledger", "b3-ledger"), ("/forever", "b3-ever")):
+    posts = {"b3-default": "/charges", "b3-ledger": "/ledger", "b3-ever": "/forever"}
+    for key, path in posts.items():
         assert harness.post(path, key=key).status == 201
     assert _retention(harness.record("b3-default")) == timedelta(hours=24)
     assert _retention(harness.record("b3-ledger")) == LEDGER_RETENTION
