@@ -22,7 +22,7 @@ from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from tests.support.keystores import AsyncNoSharedTransactions, NoSharedTransactions
 
 # What a transactional (SQL) store adds: none of it is part of the interface.
-SQL_ONLY = ("transaction", "checkpoint", "end_phase", "stage_jobs", "perform", "migrate")
+SQL_ONLY = ("transaction", "checkpoint", "end_phase", "stage_jobs", "_perform", "migrate")
 
 
 def _request(scope: str, key: str = "k", fingerprint: str = "f") -> ClaimRequest:
