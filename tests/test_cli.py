@@ -1,7 +1,7 @@
 """Acceptance: the installed ``idempotence`` command, run in a subprocess.
 
-Exit status 0 on success, 1 when the store fails, 2 for a usage error; every error
-says what to do about it.
+Exit status 0 on success, 1 when the store fails, 2 for a usage error, 5 when the store
+is unavailable; every error says what to do about it.
 """
 
 from __future__ import annotations
@@ -115,13 +115,13 @@ def test_migrate_rejects_a_bad_url_with_the_accepted_forms(
 
 
 def test_migrate_unreachable_postgres_fails_fast() -> None:
-    """An unreachable store is an error of its own (exit 1, "unavailable", like P11's
+    """An unreachable store is an error of its own (exit 5, "unavailable", like P11's
     503), reported within the store's connect timeout, not libpq's minutes."""
     started = time.monotonic()
     result = idempotence("migrate", "--database", "postgresql://postgres@127.0.0.1:1/x")
     elapsed = time.monotonic() - started
 
-    assert result.returncode == 1
+    assert result.returncode == 5
     assert "unavailable" in result.stderr
     assert "Traceback" not in result.stderr
     assert elapsed < 15

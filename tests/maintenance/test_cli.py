@@ -1,6 +1,7 @@
 """Acceptance: the maintenance commands of the installed ``idempotence`` script, run in
 a subprocess against real databases. Exit 0 on success, 1 when the store or the work
-fails, 2 for a usage error."""
+fails, 2 for a usage error, 3 for differences found, 4 for a key not found, 5 when the
+store is unavailable."""
 
 from __future__ import annotations
 
@@ -132,9 +133,11 @@ def test_cli_keys_list_show_and_filter(db: Backend) -> None:
     assert "response.status     201" in detail
 
 
-def test_cli_keys_show_missing_is_an_error(db: Backend) -> None:
-    result = run("keys", "show", "--database", db.url, "nobody", "nothing")
-    assert result.returncode == 1
+@pytest.mark.parametrize("command", ["show", "evict"])
+def test_cli_keys_of_a_missing_key_exit_4_not_found(db: Backend, command: str) -> None:
+    # 4 is "not found", apart from 1 ("the store failed"), so a script can tell them apart.
+    result = run("keys", command, "--database", db.url, "nobody", "nothing")
+    assert result.returncode == 4, result.stderr
     assert "no key 'nothing' in scope 'nobody'" in result.stderr
 
 
@@ -343,9 +346,9 @@ def test_cli_a_missing_database_is_a_usage_error() -> None:
     assert "--database" in result.stderr
 
 
-def test_cli_an_unreachable_store_exits_1() -> None:
+def test_cli_an_unreachable_store_exits_5_unavailable() -> None:
     result = run("stats", "--database", "postgresql://postgres@127.0.0.1:1/x")
-    assert result.returncode == 1
+    assert result.returncode == 5
     assert "unavailable" in result.stderr
     assert "Traceback" not in result.stderr
 

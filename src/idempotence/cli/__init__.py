@@ -1,9 +1,19 @@
 """The ``idempotence`` command.
 
 Every command that reads the store takes ``--database URL`` (``postgresql://…`` or
-``sqlite:///path``), falling back to ``$IDEMPOTENCE_DATABASE_URL``. Exit status 0 on
-success, 1 when the store (or the work) fails, 2 for a usage error (click's
-convention). Tables are for people; ``--json`` prints JSON for machines.
+``sqlite:///path``), falling back to ``$IDEMPOTENCE_DATABASE_URL``. Tables are for
+people; ``--json`` prints JSON for machines.
+
+Exit statuses (:class:`~idempotence.cli._shared.ExitStatus`):
+
+* 0: success;
+* 1: the store or the work failed (a schema to migrate, a failed pass, a refused
+  eviction, the application's listing);
+* 2: a usage error (an unknown option, a bad URL or argument: click's convention);
+* 3: ``reconcile`` found differences;
+* 4: not found (``keys show`` or ``keys evict`` of a key that does not exist);
+* 5: the store is unavailable (refused, unknown host or database, timed out):
+  nothing was done, retry later.
 
 ::
 
@@ -43,7 +53,7 @@ from ._shared import (
     batch_option,
     configure_logging,
     database_option,
-    fail,
+    fail_on,
     flow_registry,
     flows_option,
     job_registry,
@@ -78,7 +88,7 @@ def migrate(database: DatabaseUrl) -> None:
         try:
             applied = store.migrate()
         except IdempotenceError as exc:
-            fail(exc.message)
+            fail_on(exc)
     if applied:
         click.echo(f"applied {len(applied)} migration(s): {', '.join(applied)}")
     else:
@@ -112,7 +122,7 @@ def _one_pass_async(
 
 @contextmanager
 def _passing(name: str) -> Iterator[Callable[[str, int], None]]:
-    """A progress line on a terminal; the library's errors as exit status 1."""
+    """A progress line on a terminal; the library's errors as exit statuses."""
     on_terminal = sys.stderr.isatty()
 
     def progress(what: str, done: int) -> None:
@@ -122,7 +132,7 @@ def _passing(name: str) -> Iterator[Callable[[str, int], None]]:
     try:
         yield progress
     except IdempotenceError as exc:
-        fail(f"{name} failed: {exc.message}")
+        fail_on(exc, prefix=f"{name} failed: ")
     finally:
         if on_terminal:
             click.echo("\r\033[K", nl=False, err=True)

@@ -1,5 +1,5 @@
 """What the CLI's commands share: option types, options, and turning the library's
-errors into exit statuses (1: the store or the work failed; 2: a usage error)."""
+errors into exit statuses (:class:`ExitStatus`)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,36 @@ import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from enum import IntEnum
 from typing import Any, NoReturn
 
 import click
 
 from ..database import ENV_VAR, DatabaseUrl, open_async_store, open_store
-from ..errors import ConfigurationError, IdempotenceError
+from ..errors import ConfigurationError, IdempotenceError, KeyNotFound, StoreUnavailable
 from ..flows import Flow, FlowRegistry
 from ..maintenance._jobs import JobRegistry
 from ..maintenance.logs import StructuredFormatter
 from ..observability import Instrumentation
 from ..stores import AsyncStore, Store
+
+
+class ExitStatus(IntEnum):
+    """The command's exit statuses, so that a script can tell the failures apart."""
+
+    OK = 0
+    #: The store or the work failed (a schema to migrate, a pass that failed, a
+    #: refused eviction, the application's listing).
+    FAILED = 1
+    #: A usage error: a bad option, URL or argument (click's convention).
+    USAGE = 2
+    #: ``reconcile`` found differences between the two sides.
+    DIFFERENCES = 3
+    #: The key asked for does not exist (``keys show``, ``keys evict``).
+    NOT_FOUND = 4
+    #: The store cannot be reached (refused, unknown host or database, timed out):
+    #: nothing was done; retry later.
+    UNAVAILABLE = 5
 
 
 class DatabaseUrlType(click.ParamType[DatabaseUrl]):
@@ -88,32 +107,58 @@ jobs_option = click.option(
 )
 
 
-def fail(message: str) -> NoReturn:
-    raise click.ClickException(message)
+class CommandFailed(click.ClickException):
+    """A failure reported as one line on stderr, with its own exit status."""
+
+    def __init__(self, message: str, status: ExitStatus = ExitStatus.FAILED) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property  # click reads exit_code, a class attribute on ClickException
+    def exit_code(self) -> int:  # type: ignore[override]
+        return int(self.status)
+
+
+def fail(message: str, status: ExitStatus = ExitStatus.FAILED) -> NoReturn:
+    raise CommandFailed(message, status)
+
+
+def status_of(exc: IdempotenceError) -> ExitStatus:
+    """The exit status for one of the library's errors."""
+    if isinstance(exc, KeyNotFound):
+        return ExitStatus.NOT_FOUND
+    if isinstance(exc, StoreUnavailable):
+        return ExitStatus.UNAVAILABLE
+    return ExitStatus.FAILED
+
+
+def fail_on(exc: IdempotenceError, prefix: str = "") -> NoReturn:
+    """Exit with ``exc``'s message, on one line, and its status."""
+    fail(prefix + " ".join(part.strip() for part in exc.message.splitlines()), status_of(exc))
 
 
 @contextmanager
 def open_cli_store(
     database: DatabaseUrl, *, instrumentation: Instrumentation | None = None
 ) -> Iterator[Store]:
-    """The store, with the library's errors turned into exit status 1."""
+    """The store, with the library's errors turned into exit statuses."""
     try:
         with open_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
-        fail(exc.message)
+        fail_on(exc)
 
 
 @asynccontextmanager
 async def open_cli_async_store(
     database: DatabaseUrl, *, instrumentation: Instrumentation | None = None
 ) -> AsyncIterator[AsyncStore]:
-    """The async store (F7), with the library's errors turned into exit status 1."""
+    """The async store (F7), with the library's errors turned into exit statuses."""
     try:
         async with open_async_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
-        fail(exc.message)
+        fail_on(exc)
 
 
 def flow_registry(value: Any) -> FlowRegistry:

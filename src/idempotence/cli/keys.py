@@ -21,9 +21,11 @@ from ..maintenance.reconcile import (
 )
 from ..states import KeyState
 from ._shared import (
+    ExitStatus,
     ImportType,
     database_option,
     fail,
+    fail_on,
     flow_registry,
     flows_option,
     json_option,
@@ -32,7 +34,7 @@ from ._shared import (
 
 #: ``reconcile``'s exit status when the two sides differ (0: they agree; 1: the store or
 #: the application's listing failed; 2: usage), so that a scheduled run can alert.
-DIFFERENCES_FOUND = 3
+DIFFERENCES_FOUND = ExitStatus.DIFFERENCES
 
 
 @click.group()
@@ -99,7 +101,7 @@ def _found(get: Any) -> Any:
     try:
         return get()
     except (KeyNotFound, admin.KeyIsLocked) as exc:
-        fail(exc.message)
+        fail_on(exc)
 
 
 @click.command()
