@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -357,6 +358,24 @@ def test_cli_an_unmigrated_store_says_to_migrate(tmp_path: Path) -> None:
     result = run("sweep", "--database", f"sqlite:///{tmp_path}/empty.db")
     assert result.returncode == 1
     assert "idempotence migrate" in result.stderr
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_cli_worker_on_an_unmigrated_store_exits_at_once_saying_to_migrate(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # A missing schema is no passing fault: no pass can succeed until someone migrates.
+    if backend == "postgres":
+        url = request.getfixturevalue("empty_pg_url")
+    else:
+        sqlite3.connect(tmp_path / "empty.db").close()
+        url = f"sqlite:///{tmp_path}/empty.db"
+    started = time.monotonic()
+    result = run("worker", "--database", url, timeout=30)
+    assert result.returncode == 1, result.stderr
+    assert time.monotonic() - started < 10
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "run `idempotence migrate --database URL`" in result.stderr
 
 
 # -- reconcile (B5) ---------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from ..database import DatabaseUrl
 from ..errors import ConfigurationError, IdempotenceError
 from ..observability import Instrumentation
 from ..stores import AsyncStore, Store
+from ..stores._ops import pending_migrations
 from . import keys as commands
 from ._lazy import LazyGroup
 from ._shared import (
@@ -61,6 +62,7 @@ from ._shared import (
     json_option,
     open_cli_async_store,
     open_cli_store,
+    require_schema,
 )
 
 
@@ -349,17 +351,17 @@ def worker(
         async def work() -> None:
             stop = asyncio.Event()
             async with open_cli_async_store(database, instrumentation=instrumentation) as store:
+                require_schema(await store._perform(pending_migrations, write=False))
                 with stop_on_signals(stop):
                     await AsyncWorker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
 
         asyncio.run(work())
         return
     stop = threading.Event()
-    with (
-        open_cli_store(database, instrumentation=instrumentation) as store,
-        stop_on_signals(stop),
-    ):
-        Worker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
+    with open_cli_store(database, instrumentation=instrumentation) as store:
+        require_schema(store._perform(pending_migrations, write=False))
+        with stop_on_signals(stop):
+            Worker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
 
 
 # -- the operator's commands (F5, B5) -------------------------------------------------------

@@ -15,7 +15,13 @@ from typing import Any, NoReturn
 import click
 
 from ..database import ENV_VAR, DatabaseUrl, open_async_store, open_store
-from ..errors import ConfigurationError, IdempotenceError, KeyNotFound, StoreUnavailable
+from ..errors import (
+    ConfigurationError,
+    IdempotenceError,
+    KeyNotFound,
+    SchemaMissing,
+    StoreUnavailable,
+)
 from ..flows import Flow, FlowRegistry
 from ..maintenance._jobs import JobRegistry
 from ..maintenance.logs import StructuredFormatter
@@ -159,6 +165,16 @@ async def open_cli_async_store(
             yield store
     except IdempotenceError as exc:
         fail_on(exc)
+
+
+def require_schema(pending: list[str]) -> None:
+    """Refuse to start on a schema that lacks migrations (``pending``): a long-running
+    command would otherwise fail every pass, a fault no retry cures."""
+    if pending:
+        raise SchemaMissing(
+            f"The key store's schema lacks migration(s) {', '.join(pending)}: "
+            "run `idempotence migrate --database URL`"
+        )
 
 
 def flow_registry(value: Any) -> FlowRegistry:
