@@ -143,12 +143,29 @@ def fail_on(exc: IdempotenceError, prefix: str = "") -> NoReturn:
     fail(prefix + " ".join(part.strip() for part in exc.message.splitlines()), status_of(exc))
 
 
+def _reachable(database: DatabaseUrl) -> None:
+    """Connect to PostgreSQL once before opening the store's pool: a refused
+    connection fails at once with libpq's reason, where the pool would retry for its
+    whole timeout, logging each attempt, and then report only that it timed out."""
+    if database.backend != "postgres":
+        return
+    import psycopg
+
+    from ..stores._postgres_base import DEFAULT_CONNECT_TIMEOUT, translate
+
+    try:
+        psycopg.connect(database.target, connect_timeout=int(DEFAULT_CONNECT_TIMEOUT)).close()
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
+
+
 @contextmanager
 def open_cli_store(
     database: DatabaseUrl, *, instrumentation: Instrumentation | None = None
 ) -> Iterator[Store]:
     """The store, with the library's errors turned into exit statuses."""
     try:
+        _reachable(database)
         with open_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
@@ -161,6 +178,7 @@ async def open_cli_async_store(
 ) -> AsyncIterator[AsyncStore]:
     """The async store (F7), with the library's errors turned into exit statuses."""
     try:
+        _reachable(database)
         async with open_async_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
