@@ -415,3 +415,21 @@ def test_cli_reconcile_an_unknown_flow_or_time_is_a_usage_error() -> None:
     bad_time = run("reconcile", "rides", "--since", "yesterday")
     assert bad_time.returncode == 2
     assert "not a time" in bad_time.stderr
+
+
+def test_cli_reconcile_takes_database_like_every_command(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/keys.db"
+    out = ok(
+        "reconcile",
+        "receipts",
+        "--since",
+        "1h",
+        "--reconcilers",
+        f"{APP}:reconcilers",
+        "--database",
+        url,
+    )
+    assert "2 matched" in out
+    bad = run("reconcile", "receipts", "--since", "1h", "--database", "mysql://x")
+    assert bad.returncode == 2
+    assert "unsupported database" in bad.stderr

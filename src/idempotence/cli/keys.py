@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..database import DatabaseUrl
+from ..database import ENV_VAR, DatabaseUrl
 from ..errors import ConfigurationError, KeyNotFound
 from ..maintenance import _format, admin
 from ..maintenance.reconcile import (
@@ -21,6 +21,7 @@ from ..maintenance.reconcile import (
 )
 from ..states import KeyState
 from ._shared import (
+    DatabaseUrlType,
     ExitStatus,
     ImportType,
     database_option,
@@ -116,6 +117,15 @@ def stats(database: DatabaseUrl, as_json: bool) -> None:
 
 @click.command("reconcile")
 @click.argument("flow")
+@click.option(
+    "--database",
+    "database",
+    type=DatabaseUrlType(),
+    envvar=ENV_VAR,
+    default=None,
+    help=f"Accepted like every command's (default: ${ENV_VAR}); the reconcilers read "
+    "both sides themselves.",
+)
 @click.option("--since", required=True, help="Window start: 24h, 7d (ago) or ISO 8601.")
 @click.option("--until", default=None, help="Window end (default: now).")
 @click.option(
@@ -128,7 +138,13 @@ def stats(database: DatabaseUrl, as_json: bool) -> None:
 @flows_option
 @json_option
 def reconcile_command(
-    flow: str, since: str, until: str | None, registry: Any, flows: Any, as_json: bool
+    flow: str,
+    database: DatabaseUrl | None,
+    since: str,
+    until: str | None,
+    registry: Any,
+    flows: Any,
+    as_json: bool,
 ) -> None:
     """Compare FLOW's local records with the foreign system's over a window (B5):
     foreign records without a local one, and local ones without a foreign one.
