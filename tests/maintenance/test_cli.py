@@ -433,3 +433,24 @@ def test_cli_reconcile_takes_database_like_every_command(tmp_path: Path) -> None
     bad = run("reconcile", "receipts", "--since", "1h", "--database", "mysql://x")
     assert bad.returncode == 2
     assert "unsupported database" in bad.stderr
+
+
+def test_cli_json_commands_report_errors_as_json_on_stderr(db: Backend) -> None:
+    missing = run("keys", "show", "--database", db.url, "nobody", "nothing", "--json")
+    assert missing.returncode == 4
+    assert missing.stdout == ""
+    error = json.loads(missing.stderr)
+    assert error["status"] == 4 and error["kind"] == "not_found"
+    assert "no key 'nothing' in scope 'nobody'" in error["error"]
+
+    down = run("stats", "--database", "postgresql://postgres@127.0.0.1:1/x", "--json")
+    assert down.returncode == 5
+    assert json.loads(down.stderr)["kind"] == "unavailable"
+
+
+def test_cli_migrate_and_evict_print_json(db: Backend) -> None:
+    assert json.loads(ok("migrate", "--database", db.url, "--json")) == {"applied": []}
+    scope = new_scope()
+    finished(db.store, scope, "done")
+    out = json.loads(ok("keys", "evict", "--database", db.url, scope, "done", "--json"))
+    assert (out["evicted"]["key"], out["evicted"]["state"]) == ("done", "complete")

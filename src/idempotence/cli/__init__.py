@@ -15,6 +15,9 @@ Exit statuses (:class:`~idempotence.cli._shared.ExitStatus`):
 * 5: the store is unavailable (refused, unknown host or database, timed out):
   nothing was done, retry later.
 
+Under ``--json`` a failure is one JSON object on stderr (``{"error": ..., "status":
+4, "kind": "not_found"}``) and stdout stays empty; usage errors stay text.
+
 ::
 
     idempotence migrate                       create or upgrade the tables
@@ -32,6 +35,7 @@ Exit statuses (:class:`~idempotence.cli._shared.ExitStatus`):
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 import threading
@@ -84,14 +88,17 @@ def main(ctx: click.Context, log_level: str | None, log_json: bool) -> None:
 
 @main.command()
 @database_option
-def migrate(database: DatabaseUrl) -> None:
+@json_option
+def migrate(database: DatabaseUrl, as_json: bool) -> None:
     """Create or upgrade the key store's tables."""
     with open_cli_store(database) as store:
         try:
             applied = store.migrate()
         except IdempotenceError as exc:
             fail_on(exc)
-    if applied:
+    if as_json:
+        click.echo(json.dumps({"applied": applied}))
+    elif applied:
         click.echo(f"applied {len(applied)} migration(s): {', '.join(applied)}")
     else:
         click.echo("the schema is up to date")

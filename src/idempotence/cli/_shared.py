@@ -4,6 +4,7 @@ errors into exit statuses (:class:`ExitStatus`)."""
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import sys
@@ -119,6 +120,21 @@ class CommandFailed(click.ClickException):
     def __init__(self, message: str, status: ExitStatus = ExitStatus.FAILED) -> None:
         super().__init__(message)
         self.status = status
+        # Under --json the error is for a machine too; the context is gone by the
+        # time click shows the error, so ask it now.
+        ctx = click.get_current_context(silent=True)
+        self.as_json = bool(ctx is not None and ctx.params.get("as_json"))
+
+    def show(self, file: Any = None) -> None:
+        if not self.as_json:
+            super().show(file)
+            return
+        error = {
+            "error": self.message,
+            "status": int(self.status),
+            "kind": self.status.name.lower(),
+        }
+        click.echo(json.dumps(error), file=file, err=True)
 
     @property  # click reads exit_code, a class attribute on ClickException
     def exit_code(self) -> int:  # type: ignore[override]

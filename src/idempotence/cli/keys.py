@@ -90,11 +90,15 @@ def show_command(database: DatabaseUrl, scope: str, key: str, as_json: bool) -> 
 @click.argument("scope")
 @click.argument("key")
 @click.option("--force", is_flag=True, help="Evict even while a worker holds the key.")
-def evict_command(database: DatabaseUrl, scope: str, key: str, force: bool) -> None:
+@json_option
+def evict_command(database: DatabaseUrl, scope: str, key: str, force: bool, as_json: bool) -> None:
     """Delete one key: its next request runs afresh. A key a worker is running
     right now (a live lock) needs --force, and that worker's writes are refused."""
     with open_cli_store(database) as store:
         row = _found(lambda: admin.evict_key(store, scope, key, force=force))
+    if as_json:
+        click.echo(json.dumps({"evicted": _format.key_json(row, full=True)}))
+        return
     click.echo(f"evicted key {key!r} in scope {scope!r} (it was {row.state.value})")
 
 
