@@ -355,6 +355,7 @@ def test_cli_an_unreachable_store_exits_5_unavailable() -> None:
 
 
 def test_cli_an_unmigrated_store_says_to_migrate(tmp_path: Path) -> None:
+    sqlite3.connect(tmp_path / "empty.db").close()
     result = run("sweep", "--database", f"sqlite:///{tmp_path}/empty.db")
     assert result.returncode == 1
     assert "idempotence migrate" in result.stderr
@@ -454,3 +455,13 @@ def test_cli_migrate_and_evict_print_json(db: Backend) -> None:
     finished(db.store, scope, "done")
     out = json.loads(ok("keys", "evict", "--database", db.url, scope, "done", "--json"))
     assert (out["evicted"]["key"], out["evicted"]["state"]) == ("done", "complete")
+
+
+@pytest.mark.parametrize("args", [["stats"], ["keys", "list"], ["sweep"], ["worker"]])
+def test_cli_a_missing_sqlite_file_is_refused_not_created(tmp_path: Path, args: list[str]) -> None:
+    path = tmp_path / "typo.db"
+    result = run(*args, "--database", f"sqlite:///{path}", timeout=30)
+    assert result.returncode == 5, result.stderr
+    assert "does not exist" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not path.exists()

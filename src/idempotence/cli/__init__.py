@@ -91,7 +91,7 @@ def main(ctx: click.Context, log_level: str | None, log_json: bool) -> None:
 @json_option
 def migrate(database: DatabaseUrl, as_json: bool) -> None:
     """Create or upgrade the key store's tables."""
-    with open_cli_store(database) as store:
+    with open_cli_store(database, create=True) as store:
         try:
             applied = store.migrate()
         except IdempotenceError as exc:

@@ -159,11 +159,17 @@ def fail_on(exc: IdempotenceError, prefix: str = "") -> NoReturn:
     fail(prefix + " ".join(part.strip() for part in exc.message.splitlines()), status_of(exc))
 
 
-def _reachable(database: DatabaseUrl) -> None:
+def _reachable(database: DatabaseUrl, create: bool) -> None:
     """Connect to PostgreSQL once before opening the store's pool: a refused
     connection fails at once with libpq's reason, where the pool would retry for its
     whole timeout, logging each attempt, and then report only that it timed out."""
-    if database.backend != "postgres":
+    if database.backend == "sqlite":
+        # sqlite3 would create an empty file, which no command but migrate wants.
+        if not create and database.target != ":memory:" and not os.path.exists(database.target):
+            raise StoreUnavailable(
+                f"the SQLite database {database.target} does not exist: "
+                "`idempotence migrate --database URL` creates it"
+            )
         return
     import psycopg
 
@@ -177,11 +183,12 @@ def _reachable(database: DatabaseUrl) -> None:
 
 @contextmanager
 def open_cli_store(
-    database: DatabaseUrl, *, instrumentation: Instrumentation | None = None
+    database: DatabaseUrl, *, instrumentation: Instrumentation | None = None, create: bool = False
 ) -> Iterator[Store]:
-    """The store, with the library's errors turned into exit statuses."""
+    """The store, with the library's errors turned into exit statuses; a SQLite file
+    that does not exist is refused unless ``create`` (migrate)."""
     try:
-        _reachable(database)
+        _reachable(database, create)
         with open_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
@@ -190,11 +197,11 @@ def open_cli_store(
 
 @asynccontextmanager
 async def open_cli_async_store(
-    database: DatabaseUrl, *, instrumentation: Instrumentation | None = None
+    database: DatabaseUrl, *, instrumentation: Instrumentation | None = None, create: bool = False
 ) -> AsyncIterator[AsyncStore]:
     """The async store (F7), with the library's errors turned into exit statuses."""
     try:
-        _reachable(database)
+        _reachable(database, create)
         async with open_async_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
