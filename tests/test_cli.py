@@ -1,7 +1,7 @@
 """Acceptance: the installed ``idempotence`` command, run in a subprocess.
 
-Exit status 0 on success, 1 when the store fails, 2 for a usage error; every error
-says what to do about it.
+Exit status 0 on success, 1 when the store fails, 2 for a usage error, 5 when the store
+is unavailable; every error says what to do about it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+
+from tests.support.postgres import ProvidedServer, _with_dbname
 
 CLI = Path(sys.executable).parent / "idempotence"
 ENV_VAR = "IDEMPOTENCE_DATABASE_URL"
@@ -115,13 +117,46 @@ def test_migrate_rejects_a_bad_url_with_the_accepted_forms(
 
 
 def test_migrate_unreachable_postgres_fails_fast() -> None:
-    """An unreachable store is an error of its own (exit 1, "unavailable", like P11's
+    """An unreachable store is an error of its own (exit 5, "unavailable", like P11's
     503), reported within the store's connect timeout, not libpq's minutes."""
     started = time.monotonic()
     result = idempotence("migrate", "--database", "postgresql://postgres@127.0.0.1:1/x")
     elapsed = time.monotonic() - started
 
-    assert result.returncode == 1
+    assert result.returncode == 5
     assert "unavailable" in result.stderr
     assert "Traceback" not in result.stderr
     assert elapsed < 15
+
+
+@pytest.mark.parametrize("command", ["migrate", "stats", "worker"])
+def test_a_refused_connection_fails_at_once_with_its_cause(command: str) -> None:
+    """Within about a second (the pool retried for 5), on one line naming the cause,
+    without the pool's warnings."""
+    started = time.monotonic()
+    result = idempotence(command, "--database", "postgresql://postgres@127.0.0.1:1/x")
+    elapsed = time.monotonic() - started
+
+    assert result.returncode == 5, result.stderr
+    assert "Connection refused" in result.stderr
+    assert "psycopg.pool" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert elapsed < 4
+
+
+def test_an_unknown_database_fails_at_once_naming_it(pg_server: ProvidedServer) -> None:
+    url = _with_dbname(pg_server.url, "idempotence_no_such_database")
+    started = time.monotonic()
+    result = idempotence("stats", "--database", url)
+
+    assert result.returncode == 5, result.stderr
+    assert 'database "idempotence_no_such_database" does not exist' in result.stderr
+    assert "psycopg.pool" not in result.stderr
+    assert time.monotonic() - started < 4
+
+
+@pytest.mark.parametrize("port", ["99999", "abc", "0"])
+def test_an_invalid_port_is_a_usage_error(port: str) -> None:
+    result = idempotence("stats", "--database", f"postgresql://postgres@127.0.0.1:{port}/x")
+    assert result.returncode == 2, result.stderr
+    assert f"invalid port '{port}'" in result.stderr

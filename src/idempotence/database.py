@@ -43,6 +43,7 @@ class DatabaseUrl:
             )
         scheme = scheme.lower()
         if scheme in ("postgresql", "postgres") or scheme.startswith("postgresql+"):
+            _check_ports(rest)
             return cls("postgres", "postgresql://" + rest)
         if scheme == "sqlite":
             if not rest.startswith("/") or rest == "/":
@@ -62,6 +63,29 @@ class DatabaseUrl:
         if not url:
             raise ConfigurationError(f"no database given: pass --database URL or set {ENV_VAR}")
         return cls.parse(url)
+
+
+def _check_ports(rest: str) -> None:
+    """Refuse a port that is not a number from 1 to 65535 in ``host:port[,host:port]``
+    (libpq would only say so on connecting, after the pool's retries).
+
+    >>> _check_ports("app@db:5432,replica:5433/app")
+    >>> _check_ports("h:99999/db")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    idempotence.errors.ConfigurationError: invalid port '99999' in the database URL: ...
+    """
+    hosts = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    for host in hosts.split(","):
+        # An IPv6 address is bracketed: [::1]:5432.
+        port = host.rpartition("]")[2] if host.startswith("[") else host
+        if ":" not in port:
+            continue
+        port = port.rpartition(":")[2]
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            # Not the URL itself: it may carry a password.
+            raise ConfigurationError(
+                f"invalid port {port!r} in the database URL: use a number from 1 to 65535"
+            )
 
 
 def open_store(url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None) -> Store:

@@ -1,6 +1,7 @@
 """Acceptance: the maintenance commands of the installed ``idempotence`` script, run in
 a subprocess against real databases. Exit 0 on success, 1 when the store or the work
-fails, 2 for a usage error."""
+fails, 2 for a usage error, 3 for differences found, 4 for a key not found, 5 when the
+store is unavailable."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -132,9 +134,11 @@ def test_cli_keys_list_show_and_filter(db: Backend) -> None:
     assert "response.status     201" in detail
 
 
-def test_cli_keys_show_missing_is_an_error(db: Backend) -> None:
-    result = run("keys", "show", "--database", db.url, "nobody", "nothing")
-    assert result.returncode == 1
+@pytest.mark.parametrize("command", ["show", "evict"])
+def test_cli_keys_of_a_missing_key_exit_4_not_found(db: Backend, command: str) -> None:
+    # 4 is "not found", apart from 1 ("the store failed"), so a script can tell them apart.
+    result = run("keys", command, "--database", db.url, "nobody", "nothing")
+    assert result.returncode == 4, result.stderr
     assert "no key 'nothing' in scope 'nobody'" in result.stderr
 
 
@@ -343,17 +347,36 @@ def test_cli_a_missing_database_is_a_usage_error() -> None:
     assert "--database" in result.stderr
 
 
-def test_cli_an_unreachable_store_exits_1() -> None:
+def test_cli_an_unreachable_store_exits_5_unavailable() -> None:
     result = run("stats", "--database", "postgresql://postgres@127.0.0.1:1/x")
-    assert result.returncode == 1
+    assert result.returncode == 5
     assert "unavailable" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_cli_an_unmigrated_store_says_to_migrate(tmp_path: Path) -> None:
+    sqlite3.connect(tmp_path / "empty.db").close()
     result = run("sweep", "--database", f"sqlite:///{tmp_path}/empty.db")
     assert result.returncode == 1
     assert "idempotence migrate" in result.stderr
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_cli_worker_on_an_unmigrated_store_exits_at_once_saying_to_migrate(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # A missing schema is no passing fault: no pass can succeed until someone migrates.
+    if backend == "postgres":
+        url = request.getfixturevalue("empty_pg_url")
+    else:
+        sqlite3.connect(tmp_path / "empty.db").close()
+        url = f"sqlite:///{tmp_path}/empty.db"
+    started = time.monotonic()
+    result = run("worker", "--database", url, timeout=30)
+    assert result.returncode == 1, result.stderr
+    assert time.monotonic() - started < 10
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "run `idempotence migrate --database URL`" in result.stderr
 
 
 # -- reconcile (B5) ---------------------------------------------------------------------------
@@ -393,3 +416,52 @@ def test_cli_reconcile_an_unknown_flow_or_time_is_a_usage_error() -> None:
     bad_time = run("reconcile", "rides", "--since", "yesterday")
     assert bad_time.returncode == 2
     assert "not a time" in bad_time.stderr
+
+
+def test_cli_reconcile_takes_database_like_every_command(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/keys.db"
+    out = ok(
+        "reconcile",
+        "receipts",
+        "--since",
+        "1h",
+        "--reconcilers",
+        f"{APP}:reconcilers",
+        "--database",
+        url,
+    )
+    assert "2 matched" in out
+    bad = run("reconcile", "receipts", "--since", "1h", "--database", "mysql://x")
+    assert bad.returncode == 2
+    assert "unsupported database" in bad.stderr
+
+
+def test_cli_json_commands_report_errors_as_json_on_stderr(db: Backend) -> None:
+    missing = run("keys", "show", "--database", db.url, "nobody", "nothing", "--json")
+    assert missing.returncode == 4
+    assert missing.stdout == ""
+    error = json.loads(missing.stderr)
+    assert error["status"] == 4 and error["kind"] == "not_found"
+    assert "no key 'nothing' in scope 'nobody'" in error["error"]
+
+    down = run("stats", "--database", "postgresql://postgres@127.0.0.1:1/x", "--json")
+    assert down.returncode == 5
+    assert json.loads(down.stderr)["kind"] == "unavailable"
+
+
+def test_cli_migrate_and_evict_print_json(db: Backend) -> None:
+    assert json.loads(ok("migrate", "--database", db.url, "--json")) == {"applied": []}
+    scope = new_scope()
+    finished(db.store, scope, "done")
+    out = json.loads(ok("keys", "evict", "--database", db.url, scope, "done", "--json"))
+    assert (out["evicted"]["key"], out["evicted"]["state"]) == ("done", "complete")
+
+
+@pytest.mark.parametrize("args", [["stats"], ["keys", "list"], ["sweep"], ["worker"]])
+def test_cli_a_missing_sqlite_file_is_refused_not_created(tmp_path: Path, args: list[str]) -> None:
+    path = tmp_path / "typo.db"
+    result = run(*args, "--database", f"sqlite:///{path}", timeout=30)
+    assert result.returncode == 5, result.stderr
+    assert "does not exist" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not path.exists()

@@ -1,9 +1,22 @@
 """The ``idempotence`` command.
 
 Every command that reads the store takes ``--database URL`` (``postgresql://…`` or
-``sqlite:///path``), falling back to ``$IDEMPOTENCE_DATABASE_URL``. Exit status 0 on
-success, 1 when the store (or the work) fails, 2 for a usage error (click's
-convention). Tables are for people; ``--json`` prints JSON for machines.
+``sqlite:///path``), falling back to ``$IDEMPOTENCE_DATABASE_URL``. Tables are for
+people; ``--json`` prints JSON for machines.
+
+Exit statuses (:class:`~idempotence.cli._shared.ExitStatus`):
+
+* 0: success;
+* 1: the store or the work failed (a schema to migrate, a failed pass, a refused
+  eviction, the application's listing);
+* 2: a usage error (an unknown option, a bad URL or argument: click's convention);
+* 3: ``reconcile`` found differences;
+* 4: not found (``keys show`` or ``keys evict`` of a key that does not exist);
+* 5: the store is unavailable (refused, unknown host or database, timed out):
+  nothing was done, retry later.
+
+Under ``--json`` a failure is one JSON object on stderr (``{"error": ..., "status":
+4, "kind": "not_found"}``) and stdout stays empty; usage errors stay text.
 
 ::
 
@@ -22,6 +35,7 @@ convention). Tables are for people; ``--json`` prints JSON for machines.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 import threading
@@ -36,6 +50,7 @@ from ..database import DatabaseUrl
 from ..errors import ConfigurationError, IdempotenceError
 from ..observability import Instrumentation
 from ..stores import AsyncStore, Store
+from ..stores._ops import pending_migrations
 from . import keys as commands
 from ._lazy import LazyGroup
 from ._shared import (
@@ -43,7 +58,7 @@ from ._shared import (
     batch_option,
     configure_logging,
     database_option,
-    fail,
+    fail_on,
     flow_registry,
     flows_option,
     job_registry,
@@ -51,6 +66,7 @@ from ._shared import (
     json_option,
     open_cli_async_store,
     open_cli_store,
+    require_schema,
 )
 
 
@@ -72,14 +88,17 @@ def main(ctx: click.Context, log_level: str | None, log_json: bool) -> None:
 
 @main.command()
 @database_option
-def migrate(database: DatabaseUrl) -> None:
+@json_option
+def migrate(database: DatabaseUrl, as_json: bool) -> None:
     """Create or upgrade the key store's tables."""
-    with open_cli_store(database) as store:
+    with open_cli_store(database, create=True) as store:
         try:
             applied = store.migrate()
         except IdempotenceError as exc:
-            fail(exc.message)
-    if applied:
+            fail_on(exc)
+    if as_json:
+        click.echo(json.dumps({"applied": applied}))
+    elif applied:
         click.echo(f"applied {len(applied)} migration(s): {', '.join(applied)}")
     else:
         click.echo("the schema is up to date")
@@ -112,7 +131,7 @@ def _one_pass_async(
 
 @contextmanager
 def _passing(name: str) -> Iterator[Callable[[str, int], None]]:
-    """A progress line on a terminal; the library's errors as exit status 1."""
+    """A progress line on a terminal; the library's errors as exit statuses."""
     on_terminal = sys.stderr.isatty()
 
     def progress(what: str, done: int) -> None:
@@ -122,7 +141,7 @@ def _passing(name: str) -> Iterator[Callable[[str, int], None]]:
     try:
         yield progress
     except IdempotenceError as exc:
-        fail(f"{name} failed: {exc.message}")
+        fail_on(exc, prefix=f"{name} failed: ")
     finally:
         if on_terminal:
             click.echo("\r\033[K", nl=False, err=True)
@@ -339,17 +358,17 @@ def worker(
         async def work() -> None:
             stop = asyncio.Event()
             async with open_cli_async_store(database, instrumentation=instrumentation) as store:
+                require_schema(await store._perform(pending_migrations, write=False))
                 with stop_on_signals(stop):
                     await AsyncWorker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
 
         asyncio.run(work())
         return
     stop = threading.Event()
-    with (
-        open_cli_store(database, instrumentation=instrumentation) as store,
-        stop_on_signals(stop),
-    ):
-        Worker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
+    with open_cli_store(database, instrumentation=instrumentation) as store:
+        require_schema(store._perform(pending_migrations, write=False))
+        with stop_on_signals(stop):
+            Worker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
 
 
 # -- the operator's commands (F5, B5) -------------------------------------------------------

@@ -1,25 +1,51 @@
 """What the CLI's commands share: option types, options, and turning the library's
-errors into exit statuses (1: the store or the work failed; 2: a usage error)."""
+errors into exit statuses (:class:`ExitStatus`)."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from enum import IntEnum
 from typing import Any, NoReturn
 
 import click
 
 from ..database import ENV_VAR, DatabaseUrl, open_async_store, open_store
-from ..errors import ConfigurationError, IdempotenceError
+from ..errors import (
+    ConfigurationError,
+    IdempotenceError,
+    KeyNotFound,
+    SchemaMissing,
+    StoreUnavailable,
+)
 from ..flows import Flow, FlowRegistry
 from ..maintenance._jobs import JobRegistry
 from ..maintenance.logs import StructuredFormatter
 from ..observability import Instrumentation
 from ..stores import AsyncStore, Store
+
+
+class ExitStatus(IntEnum):
+    """The command's exit statuses, so that a script can tell the failures apart."""
+
+    OK = 0
+    #: The store or the work failed (a schema to migrate, a pass that failed, a
+    #: refused eviction, the application's listing).
+    FAILED = 1
+    #: A usage error: a bad option, URL or argument (click's convention).
+    USAGE = 2
+    #: ``reconcile`` found differences between the two sides.
+    DIFFERENCES = 3
+    #: The key asked for does not exist (``keys show``, ``keys evict``).
+    NOT_FOUND = 4
+    #: The store cannot be reached (refused, unknown host or database, timed out):
+    #: nothing was done; retry later.
+    UNAVAILABLE = 5
 
 
 class DatabaseUrlType(click.ParamType[DatabaseUrl]):
@@ -88,32 +114,108 @@ jobs_option = click.option(
 )
 
 
-def fail(message: str) -> NoReturn:
-    raise click.ClickException(message)
+class CommandFailed(click.ClickException):
+    """A failure reported as one line on stderr, with its own exit status."""
+
+    def __init__(self, message: str, status: ExitStatus = ExitStatus.FAILED) -> None:
+        super().__init__(message)
+        self.status = status
+        # Under --json the error is for a machine too; the context is gone by the
+        # time click shows the error, so ask it now.
+        ctx = click.get_current_context(silent=True)
+        self.as_json = bool(ctx is not None and ctx.params.get("as_json"))
+
+    def show(self, file: Any = None) -> None:
+        if not self.as_json:
+            super().show(file)
+            return
+        error = {
+            "error": self.message,
+            "status": int(self.status),
+            "kind": self.status.name.lower(),
+        }
+        click.echo(json.dumps(error), file=file, err=True)
+
+    @property  # click reads exit_code, a class attribute on ClickException
+    def exit_code(self) -> int:  # type: ignore[override]
+        return int(self.status)
+
+
+def fail(message: str, status: ExitStatus = ExitStatus.FAILED) -> NoReturn:
+    raise CommandFailed(message, status)
+
+
+def status_of(exc: IdempotenceError) -> ExitStatus:
+    """The exit status for one of the library's errors."""
+    if isinstance(exc, KeyNotFound):
+        return ExitStatus.NOT_FOUND
+    if isinstance(exc, StoreUnavailable):
+        return ExitStatus.UNAVAILABLE
+    return ExitStatus.FAILED
+
+
+def fail_on(exc: IdempotenceError, prefix: str = "") -> NoReturn:
+    """Exit with ``exc``'s message, on one line, and its status."""
+    fail(prefix + " ".join(part.strip() for part in exc.message.splitlines()), status_of(exc))
+
+
+def _reachable(database: DatabaseUrl, create: bool) -> None:
+    """Connect to PostgreSQL once before opening the store's pool: a refused
+    connection fails at once with libpq's reason, where the pool would retry for its
+    whole timeout, logging each attempt, and then report only that it timed out."""
+    if database.backend == "sqlite":
+        # sqlite3 would create an empty file, which no command but migrate wants.
+        if not create and database.target != ":memory:" and not os.path.exists(database.target):
+            raise StoreUnavailable(
+                f"the SQLite database {database.target} does not exist: "
+                "`idempotence migrate --database URL` creates it"
+            )
+        return
+    import psycopg
+
+    from ..stores._postgres_base import DEFAULT_CONNECT_TIMEOUT, translate
+
+    try:
+        psycopg.connect(database.target, connect_timeout=int(DEFAULT_CONNECT_TIMEOUT)).close()
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
 
 
 @contextmanager
 def open_cli_store(
-    database: DatabaseUrl, *, instrumentation: Instrumentation | None = None
+    database: DatabaseUrl, *, instrumentation: Instrumentation | None = None, create: bool = False
 ) -> Iterator[Store]:
-    """The store, with the library's errors turned into exit status 1."""
+    """The store, with the library's errors turned into exit statuses; a SQLite file
+    that does not exist is refused unless ``create`` (migrate)."""
     try:
+        _reachable(database, create)
         with open_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
-        fail(exc.message)
+        fail_on(exc)
 
 
 @asynccontextmanager
 async def open_cli_async_store(
-    database: DatabaseUrl, *, instrumentation: Instrumentation | None = None
+    database: DatabaseUrl, *, instrumentation: Instrumentation | None = None, create: bool = False
 ) -> AsyncIterator[AsyncStore]:
-    """The async store (F7), with the library's errors turned into exit status 1."""
+    """The async store (F7), with the library's errors turned into exit statuses."""
     try:
+        _reachable(database, create)
         async with open_async_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
-        fail(exc.message)
+        fail_on(exc)
+
+
+def require_schema(pending: list[str]) -> None:
+    """Refuse to start on a schema that lacks migrations (``pending``): a long-running
+    command would otherwise fail every pass, a fault no retry cures."""
+    if pending:
+        raise SchemaMissing(
+            f"The key store's schema lacks migration(s) {', '.join(pending)}: "
+            "run `idempotence migrate --database URL`"
+        )
 
 
 def flow_registry(value: Any) -> FlowRegistry:

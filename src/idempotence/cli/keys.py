@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..database import DatabaseUrl
+from ..database import ENV_VAR, DatabaseUrl
 from ..errors import ConfigurationError, KeyNotFound
 from ..maintenance import _format, admin
 from ..maintenance.reconcile import (
@@ -21,9 +21,12 @@ from ..maintenance.reconcile import (
 )
 from ..states import KeyState
 from ._shared import (
+    DatabaseUrlType,
+    ExitStatus,
     ImportType,
     database_option,
     fail,
+    fail_on,
     flow_registry,
     flows_option,
     json_option,
@@ -32,7 +35,7 @@ from ._shared import (
 
 #: ``reconcile``'s exit status when the two sides differ (0: they agree; 1: the store or
 #: the application's listing failed; 2: usage), so that a scheduled run can alert.
-DIFFERENCES_FOUND = 3
+DIFFERENCES_FOUND = ExitStatus.DIFFERENCES
 
 
 @click.group()
@@ -87,11 +90,15 @@ def show_command(database: DatabaseUrl, scope: str, key: str, as_json: bool) -> 
 @click.argument("scope")
 @click.argument("key")
 @click.option("--force", is_flag=True, help="Evict even while a worker holds the key.")
-def evict_command(database: DatabaseUrl, scope: str, key: str, force: bool) -> None:
+@json_option
+def evict_command(database: DatabaseUrl, scope: str, key: str, force: bool, as_json: bool) -> None:
     """Delete one key: its next request runs afresh. A key a worker is running
     right now (a live lock) needs --force, and that worker's writes are refused."""
     with open_cli_store(database) as store:
         row = _found(lambda: admin.evict_key(store, scope, key, force=force))
+    if as_json:
+        click.echo(json.dumps({"evicted": _format.key_json(row, full=True)}))
+        return
     click.echo(f"evicted key {key!r} in scope {scope!r} (it was {row.state.value})")
 
 
@@ -99,7 +106,7 @@ def _found(get: Any) -> Any:
     try:
         return get()
     except (KeyNotFound, admin.KeyIsLocked) as exc:
-        fail(exc.message)
+        fail_on(exc)
 
 
 @click.command()
@@ -114,6 +121,15 @@ def stats(database: DatabaseUrl, as_json: bool) -> None:
 
 @click.command("reconcile")
 @click.argument("flow")
+@click.option(
+    "--database",
+    "database",
+    type=DatabaseUrlType(),
+    envvar=ENV_VAR,
+    default=None,
+    help=f"Accepted like every command's (default: ${ENV_VAR}); the reconcilers read "
+    "both sides themselves.",
+)
 @click.option("--since", required=True, help="Window start: 24h, 7d (ago) or ISO 8601.")
 @click.option("--until", default=None, help="Window end (default: now).")
 @click.option(
@@ -126,7 +142,13 @@ def stats(database: DatabaseUrl, as_json: bool) -> None:
 @flows_option
 @json_option
 def reconcile_command(
-    flow: str, since: str, until: str | None, registry: Any, flows: Any, as_json: bool
+    flow: str,
+    database: DatabaseUrl | None,
+    since: str,
+    until: str | None,
+    registry: Any,
+    flows: Any,
+    as_json: bool,
 ) -> None:
     """Compare FLOW's local records with the foreign system's over a window (B5):
     foreign records without a local one, and local ones without a foreign one.

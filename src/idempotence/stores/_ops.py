@@ -231,6 +231,13 @@ def migrate(d: Dialect) -> Op[list[str]]:
     return done
 
 
+def pending_migrations(d: Dialect) -> Op[list[str]]:
+    """The versions of the dialect's migrations not applied yet, read only (a schema
+    never migrated fails with the driver's missing-table error: ``SchemaMissing``)."""
+    applied = {row["version"] for row in (yield d.query("migrations_applied"))}
+    return [version for version, _ in _queries.migrations(d.name) if version not in applied]
+
+
 def forget(d: Dialect, lease: Lease) -> Op[None]:
     """Delete a key that never got past ``started``, fenced (R5: rejected requests
     store nothing)."""

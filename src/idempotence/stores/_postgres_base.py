@@ -60,8 +60,10 @@ def translate(exc: BaseException) -> StoreError:
         return TransientError(f"PostgreSQL aborted the transaction: {exc}")
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
         # No table, or one from an older release: the migrations have not run.
+        # The primary message alone: the full one quotes the statement over lines.
         return SchemaMissing(
-            f"The key store's schema is missing or older than this release ({exc}): "
+            f"The key store's schema is missing or older than this release "
+            f"({exc.diag.message_primary or exc}): "
             "run `idempotence migrate --database URL`"
         )
     # No SQLSTATE means libpq itself failed (refused, reset, timed out); class 08 is a
