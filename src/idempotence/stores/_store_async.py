@@ -17,7 +17,7 @@ from ..observability import Instrumentation, combine, fenced, watched_claim
 from ..states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredResponse
 from . import _ops
 from ._connection_async import AsyncConnection, AsyncSource
-from ._driver import TRANSIENT_ATTEMPTS, TransientError, backoff
+from ._driver import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 from ._nesting import Gate
 from ._ops import Dialect, Op, Query, Row
 
@@ -126,8 +126,10 @@ class AsyncStore:
 
         Given ``claim``, the transaction opens with that claim (request-as-transaction,
         F3), sent with the BEGIN where the driver can; its outcome is ``tx.claim``. A
-        racing duplicate then waits for this transaction to end and replays its
-        response.
+        racing duplicate does not wait for this transaction (F8): on PostgreSQL its
+        claim gives up the row lock after a moment, rolls back, and is answered from
+        the key's last committed version (a replay, a mismatch, or IN_PROGRESS with
+        ``held``); then ``tx`` has no transaction open and must not be written to.
         """
         async with self._gate.transaction_async(), self._source.connection() as conn:
             if claim is None:
@@ -135,8 +137,19 @@ class AsyncStore:
                     yield AsyncTransaction(conn)
                 return
             op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim))
-            async with conn.atomic(op) as got:
-                yield AsyncTransaction(conn, got)
+            entered = False
+            try:
+                async with conn.atomic(op) as got:
+                    entered = True
+                    yield AsyncTransaction(conn, got)
+                return
+            except KeyHeld:
+                if entered:
+                    raise
+            held = await conn.perform(
+                _ops.claim_held(self._dialect, claim), atomic=False, write=False
+            )
+            yield AsyncTransaction(conn, held)
 
     async def checkpoint(self, tx: AsyncTransaction, lease: Lease, recovery_point: str) -> Lease:
         """Record ``recovery_point`` in ``tx``, fenced (F1); returns the advanced lease.
