@@ -120,9 +120,11 @@ class _Connection:
             query = next(first)
             with self.raw.pipeline():
                 self.raw.execute("BEGIN")
-                self.raw.execute(BOUND_LOCK_WAIT)
+                # Never prepared: a statement behind the claim is skipped when the
+                # claim fails, and psycopg would count it prepared all the same.
+                self.raw.execute(BOUND_LOCK_WAIT, prepare=False)
                 cur.execute(query.sql, query.params)
-                self.raw.execute(RESTORE_LOCK_WAIT)
+                self.raw.execute(RESTORE_LOCK_WAIT, prepare=False)
             rows = cur.fetchall() if has_rows(cur) else []
         return run(first, _Bounded(self), rows)
 
@@ -180,9 +182,9 @@ class _Bounded:
         raw = self._conn.raw
         with translated(), held(), raw.cursor(row_factory=dict_row) as cur:
             with raw.pipeline():
-                raw.execute(BOUND_LOCK_WAIT)
+                raw.execute(BOUND_LOCK_WAIT, prepare=False)
                 cur.execute(query.sql, query.params)
-                raw.execute(RESTORE_LOCK_WAIT)
+                raw.execute(RESTORE_LOCK_WAIT, prepare=False)
             return cur.fetchall() if has_rows(cur) else []
 
 

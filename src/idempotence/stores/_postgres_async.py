@@ -120,9 +120,11 @@ class _AsyncConnection:
                 query = next(first)
                 async with self.raw.pipeline():
                     await self.raw.execute("BEGIN")
-                    await self.raw.execute(BOUND_LOCK_WAIT)
+                    # Never prepared: a statement behind the claim is skipped when the
+                    # claim fails, and psycopg would count it prepared all the same.
+                    await self.raw.execute(BOUND_LOCK_WAIT, prepare=False)
                     await cur.execute(query.sql, query.params)
-                    await self.raw.execute(RESTORE_LOCK_WAIT)
+                    await self.raw.execute(RESTORE_LOCK_WAIT, prepare=False)
                 rows = await cur.fetchall() if has_rows(cur) else []
         return await run_async(first, _Bounded(self), rows)
 
@@ -181,9 +183,9 @@ class _Bounded:
         with translated(), held():
             async with raw.cursor(row_factory=dict_row) as cur:
                 async with raw.pipeline():
-                    await raw.execute(BOUND_LOCK_WAIT)
+                    await raw.execute(BOUND_LOCK_WAIT, prepare=False)
                     await cur.execute(query.sql, query.params)
-                    await raw.execute(RESTORE_LOCK_WAIT)
+                    await raw.execute(RESTORE_LOCK_WAIT, prepare=False)
                 return await cur.fetchall() if has_rows(cur) else []
 
 
