@@ -98,7 +98,9 @@ class Store:
         """Claim ``request``'s key in one atomic step and return its single outcome.
 
         Given ``tx``, the claim joins that transaction (request-as-transaction, F3): a
-        racing duplicate then waits for it to commit and replays its response.
+        racing duplicate's ``transaction(claim=...)`` is then told IN_PROGRESS (F8),
+        while a claim joining a transaction of its own this way waits for it to commit
+        and replays its response (its lock wait is not bounded).
         """
         if self._instrumentation is not None:
             with self._instrumentation.claim(request) as watch:
