@@ -164,6 +164,10 @@ class Claim:
     lease: Lease | None = None
     #: Set when ``outcome`` is IN_PROGRESS: seconds until the holder's lock expires.
     retry_after: float | None = None
+    #: True with IN_PROGRESS when another request's open transaction holds the key
+    #: (request-as-transaction, F3): nothing about it can be read, nor a notification
+    #: asked for, until that transaction ends, so a wait for it polls (F8).
+    held: bool = False
 
     @property
     def response(self) -> StoredResponse | None:

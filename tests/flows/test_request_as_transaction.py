@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from tests.flows.support import finish, noting, raising, request
 
 DUPLICATES = 32
 HANDLER_SECONDS = 0.2  # long enough that every duplicate arrives while it runs
+WAIT = timedelta(seconds=10)  # P10: the duplicates wait for the winner, then replay
 
 
 def handler_flow(*, fail: BaseException | None = None) -> Flow:
@@ -53,24 +55,30 @@ def notes(store: Any, backend: str, scope: str) -> list[str]:
     return [row["note"] for row in rows]
 
 
+@pytest.mark.parametrize("wait", [None, WAIT], ids=["no-wait", "wait"])
 def test_f3_32_concurrent_duplicates_run_the_handler_once(
-    f3_store: Any, backend: str, scope: str
+    f3_store: Any, backend: str, scope: str, wait: timedelta | None
 ) -> None:
     flow = handler_flow()
     barrier = threading.Barrier(DUPLICATES)
 
     def one(_: int) -> Any:
         barrier.wait()
-        return flow.run(f3_store, request(flow, scope))
+        return flow.run(f3_store, request(flow, scope), wait=wait)
 
     with ThreadPoolExecutor(DUPLICATES) as pool:
         results = list(pool.map(one, range(DUPLICATES)))
     kinds = Counter(result.kind for result in results)
-    # The duplicates wait for the winner's transaction (PostgreSQL: on the key row;
-    # SQLite: on the write lock) and replay its response; none may see the key
-    # half-done (IN_PROGRESS) or run the handler again.
-    assert kinds == {ResultKind.EXECUTED: 1, ResultKind.REPLAYED: DUPLICATES - 1}
-    assert len({result.response for result in results}) == 1
+    if backend == "postgres" and wait is None:
+        # F8: a duplicate does not wait for the winner's transaction on a pooled
+        # connection; it is told the key is in progress (409), never half-done.
+        assert kinds == {ResultKind.EXECUTED: 1, ResultKind.IN_PROGRESS: DUPLICATES - 1}
+    else:
+        # The duplicates wait for the winner's transaction (PostgreSQL: polling
+        # outside any transaction; SQLite: on the write lock) and replay its
+        # response; none may see the key half-done or run the handler again.
+        assert kinds == {ResultKind.EXECUTED: 1, ResultKind.REPLAYED: DUPLICATES - 1}
+        assert len({result.response for result in results}) == 1
     assert notes(f3_store, backend, scope) == ["handled"]
 
 
@@ -126,7 +134,9 @@ def test_f3_32_concurrent_async_duplicates_run_the_handler_once(
         )
         try:
             req = flow.request(scope=scope, key="k", fingerprint="f" * 64)
-            results = await asyncio.gather(*(flow.run_async(store, req) for _ in range(DUPLICATES)))
+            results = await asyncio.gather(
+                *(flow.run_async(store, req, wait=WAIT) for _ in range(DUPLICATES))
+            )
             async with store.transaction() as tx:
                 rows = await tx.execute(
                     f"SELECT note FROM flow_notes WHERE scope = {p}", {"scope": scope}

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from .._awaitables import settle
+from .._concurrency import sleep
 from ..errors import IdempotenceError
 from ..states import Outcome
 from ..stores import KeyStore, Store
@@ -80,6 +81,8 @@ def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
         return store.forget(effect.lease)
     if isinstance(effect, DoWait):
         request = effect.request
+        if effect.poll:
+            return sleep(effect.seconds)
         return store.wait_for_settle(request.scope, request.key, effect.seconds)
     # The rest shares the store's transaction with the application: a SQL store.
     sql = cast(Store, store)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from .._awaitables import settle_async
+from .._concurrency import sleep_async
 from ..errors import IdempotenceError
 from ..states import Outcome
 from ..stores import AsyncKeyStore, AsyncStore
@@ -80,6 +81,8 @@ async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer
         return await store.forget(effect.lease)
     if isinstance(effect, DoWait):
         request = effect.request
+        if effect.poll:
+            return await sleep_async(effect.seconds)
         return await store.wait_for_settle(request.scope, request.key, effect.seconds)
     # The rest shares the store's transaction with the application: a SQL store.
     sql = cast(AsyncStore, store)

@@ -138,6 +138,9 @@ class DoWait:
 
     request: ClaimRequest
     seconds: float
+    #: Sleep ``seconds`` without asking to be woken: the twin's open transaction holds
+    #: the key (``Claim.held``), and no notification can be asked of a row it holds.
+    poll: bool = False
 
 
 Effect: TypeAlias = (

@@ -110,7 +110,7 @@ def in_transaction(
         pause = waiter.pause()
         if pause is None:
             return claim, outcome
-        yield DoWait(effect.request, pause)
+        yield DoWait(effect.request, pause, poll=claim.held)
 
 
 # -- the handler, outside any transaction -----------------------------------------------------
@@ -204,8 +204,11 @@ def run_handler_in_transaction(
     flow: Flow, step: HandlerStep, request: ClaimRequest, app: Any, wait: timedelta | None
 ) -> Engine:
     """F3: the claim, the handler's writes and its stored response commit together. A
-    duplicate racing it blocks on the key's row (PostgreSQL) or on the write lock
-    (SQLite) until the commit, then replays; if the first rolls back, it executes."""
+    duplicate racing it on PostgreSQL does not wait for that transaction with a pooled
+    connection (F8): it is IN_PROGRESS (409), or with ``wait`` polls outside any
+    transaction and replays once the first commits (executes if it rolled back). On
+    SQLite it waits for the one write lock, on its own connection, as every writer
+    does while a transaction is open."""
     body = HandlerBody(app, step, flow.store_server_errors)
     try:
         claim, outcome = yield from in_transaction(DoInTransaction(request, flow, body), wait)

@@ -61,7 +61,13 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
-def run(op: Op[T], conn: Connection, rows: list[Row] | None = None) -> T:
+class Fetcher(Protocol):
+    """What runs an operation's statements: a connection, or a view of one."""
+
+    def fetch(self, query: Query) -> list[Row]: ...
+
+
+def run(op: Op[T], conn: Fetcher, rows: list[Row] | None = None) -> T:
     """Run ``op`` to completion on ``conn``; given ``rows``, its first statement
     already ran (sent with others in one round trip) and returned them."""
     try:

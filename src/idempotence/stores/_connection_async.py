@@ -59,7 +59,13 @@ class AsyncSource(Protocol):
     async def close(self) -> None: ...
 
 
-async def run_async(op: Op[T], conn: AsyncConnection, rows: list[Row] | None = None) -> T:
+class AsyncFetcher(Protocol):
+    """What runs an operation's statements: a connection, or a view of one."""
+
+    async def fetch(self, query: Query) -> list[Row]: ...
+
+
+async def run_async(op: Op[T], conn: AsyncFetcher, rows: list[Row] | None = None) -> T:
     """Run ``op`` to completion on ``conn``; given ``rows``, its first statement
     already ran (sent with others in one round trip) and returned them."""
     try:

@@ -16,13 +16,19 @@ from typing import Any
 
 from ..errors import TransientError
 
-__all__ = ["TRANSIENT_ATTEMPTS", "Blocks", "TransientError", "backoff"]
+__all__ = ["TRANSIENT_ATTEMPTS", "Blocks", "KeyHeld", "TransientError", "backoff"]
 from ._ops import Op
 
 #: How often an operation whose transaction the store owns is retried after a
 #: serialization failure, deadlock or busy database, and the base of its backoff.
 TRANSIENT_ATTEMPTS = 5
 TRANSIENT_BACKOFF = 0.005
+
+
+class KeyHeld(Exception):
+    """The claim that opens a transaction (F3) found the key's row held by another
+    open transaction and did not wait for it (F8): its transaction rolled back. The
+    store answers the claim from a read instead (:func:`~._ops.claim_held`)."""
 
 
 def backoff(attempt: int) -> float:

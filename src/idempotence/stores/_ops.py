@@ -12,13 +12,14 @@ from __future__ import annotations
 import abc
 import json
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from .. import _queries
 from ..errors import LockLost, StoreError
 from ..states import (
+    STARTED,
     Claim,
     ClaimRequest,
     KeyRecord,
@@ -326,6 +327,54 @@ def claim_preview(d: Dialect, request: ClaimRequest) -> Op[Claim | None]:
     if arbitrate(record, request.fingerprint, now) is Outcome.EXECUTE:
         return None
     return claim_from(record, request.fingerprint, now, claimed=False)
+
+
+#: Retry-After, in seconds, for a key that another request's open transaction holds
+#: before its claim committed: how long that transaction will run is not known.
+HELD_RETRY_AFTER = 1.0
+
+
+def claim_held(d: Dialect, request: ClaimRequest) -> Op[Claim]:
+    """The claim of a key whose row another open transaction holds (F8).
+
+    Run once the claim that would have waited for that transaction rolled back: the
+    key's last committed version still decides what it can (P2 a mismatch, P3 a
+    replay, since a fingerprint never changes and a finished key stays finished);
+    otherwise the key is in progress in that transaction (P4), which may still roll
+    back, so the caller is told to come back (``held``), never that it may execute.
+    """
+    rows = yield d.query("claim_held", scope=request.scope, key=request.key)
+    row, now = rows[0], d.timestamp(rows[0]["db_now"])
+    if row["id"] is not None:
+        record = d.record(row)
+        if arbitrate(record, request.fingerprint, now) is not Outcome.EXECUTE:
+            claim = claim_from(record, request.fingerprint, now, claimed=False)
+            return replace(claim, held=claim.outcome is Outcome.IN_PROGRESS)
+    else:
+        # Not committed yet: the key as the holder's claim wrote it, as far as this
+        # request can tell (the same key and scope; the holder's fingerprint is
+        # unknown until it commits, and a retry then checks it).
+        record = KeyRecord(
+            id=0,
+            scope=request.scope,
+            key=request.key,
+            method=request.method,
+            path=request.path,
+            fingerprint=request.fingerprint,
+            params=request.params,
+            flow=request.flow,
+            recovery_point=STARTED,
+            lock_token=1,
+            locked_at=now,
+            lock_timeout=request.lock_timeout,
+            response=None,
+            error=None,
+            created_at=now,
+            last_run_at=now,
+            finished_at=None,
+            expires_at=None,
+        )
+    return Claim(Outcome.IN_PROGRESS, record, retry_after=HELD_RETRY_AFTER, held=True)
 
 
 def claim_in_transaction(d: Dialect, request: ClaimRequest) -> Op[Claim]:

@@ -33,12 +33,15 @@ from ._listener import Listener
 from ._listener_base import mark_waiter
 from ._ops import Op, Query, Row
 from ._postgres_base import (
+    BOUND_LOCK_WAIT,
     CUSTOM_PLANS,
     DEFAULT_CONNECT_TIMEOUT,
     DRIVER_ERRORS,
+    RESTORE_LOCK_WAIT,
     PostgresDialect,
     deferred_sql,
     has_rows,
+    held,
     listener,
     pipelines,
     settle_deferred,
@@ -113,13 +116,17 @@ class _Connection:
             with translated():
                 self.raw.execute("BEGIN")
             return None
-        with translated(), self.raw.cursor(row_factory=dict_row) as cur:
+        with translated(), held(), self.raw.cursor(row_factory=dict_row) as cur:
             query = next(first)
             with self.raw.pipeline():
                 self.raw.execute("BEGIN")
+                # Never prepared: a statement behind the claim is skipped when the
+                # claim fails, and psycopg would count it prepared all the same.
+                self.raw.execute(BOUND_LOCK_WAIT, prepare=False)
                 cur.execute(query.sql, query.params)
+                self.raw.execute(RESTORE_LOCK_WAIT, prepare=False)
             rows = cur.fetchall() if has_rows(cur) else []
-        return run(first, self, rows)
+        return run(first, _Bounded(self), rows)
 
     def _commit(self, deferred: list[Op[Any]]) -> None:
         cursors, refused = [], False
@@ -162,6 +169,23 @@ class _Connection:
 
     def run_in_transaction(self, op: Op[T]) -> T:
         return run(op, self)
+
+
+class _Bounded:
+    """The claim's connection for its further statements (a claim may run again, see
+    ``claim_in_one_statement``): each waits for a lock no longer than the first."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+
+    def fetch(self, query: Query) -> list[Row]:
+        raw = self._conn.raw
+        with translated(), held(), raw.cursor(row_factory=dict_row) as cur:
+            with raw.pipeline():
+                raw.execute(BOUND_LOCK_WAIT, prepare=False)
+                cur.execute(query.sql, query.params)
+                raw.execute(RESTORE_LOCK_WAIT, prepare=False)
+            return cur.fetchall() if has_rows(cur) else []
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:

@@ -31,12 +31,15 @@ from ._listener_async import AsyncListener
 from ._listener_base import mark_waiter
 from ._ops import Op, Query, Row
 from ._postgres_base import (
+    BOUND_LOCK_WAIT,
     CUSTOM_PLANS,
     DEFAULT_CONNECT_TIMEOUT,
     DRIVER_ERRORS,
+    RESTORE_LOCK_WAIT,
     PostgresDialect,
     deferred_sql,
     has_rows,
+    held,
     listener,
     pipelines,
     settle_deferred,
@@ -112,14 +115,18 @@ class _AsyncConnection:
             with translated():
                 await self.raw.execute("BEGIN")
             return None
-        with translated():
+        with translated(), held():
             async with self.raw.cursor(row_factory=dict_row) as cur:
                 query = next(first)
                 async with self.raw.pipeline():
                     await self.raw.execute("BEGIN")
+                    # Never prepared: a statement behind the claim is skipped when the
+                    # claim fails, and psycopg would count it prepared all the same.
+                    await self.raw.execute(BOUND_LOCK_WAIT, prepare=False)
                     await cur.execute(query.sql, query.params)
+                    await self.raw.execute(RESTORE_LOCK_WAIT, prepare=False)
                 rows = await cur.fetchall() if has_rows(cur) else []
-        return await run_async(first, self, rows)
+        return await run_async(first, _Bounded(self), rows)
 
     async def _commit(self, deferred: list[Op[Any]]) -> None:
         cursors, refused = [], False
@@ -162,6 +169,24 @@ class _AsyncConnection:
 
     async def run_in_transaction(self, op: Op[T]) -> T:
         return await run_async(op, self)
+
+
+class _Bounded:
+    """The claim's connection for its further statements (a claim may run again, see
+    ``claim_in_one_statement``): each waits for a lock no longer than the first."""
+
+    def __init__(self, conn: _AsyncConnection) -> None:
+        self._conn = conn
+
+    async def fetch(self, query: Query) -> list[Row]:
+        raw = self._conn.raw
+        with translated(), held():
+            async with raw.cursor(row_factory=dict_row) as cur:
+                async with raw.pipeline():
+                    await raw.execute(BOUND_LOCK_WAIT, prepare=False)
+                    await cur.execute(query.sql, query.params)
+                    await raw.execute(RESTORE_LOCK_WAIT, prepare=False)
+                return await cur.fetchall() if has_rows(cur) else []
 
 
 async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -23,7 +23,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..states import ClaimRequest
-from ._driver import TransientError
+from ._driver import KeyHeld, TransientError
 from ._listener import Listener
 from ._listener_async import AsyncListener
 from ._ops import Dialect, Op, Query, Row, claim_in_one_statement
@@ -89,6 +89,15 @@ def translated() -> Iterator[None]:
         raise translate(exc) from exc
 
 
+@contextmanager
+def held() -> Iterator[None]:
+    """Inside :func:`translated`: a claim's lock wait that ran out (F8) is KeyHeld."""
+    try:
+        yield
+    except psycopg.errors.LockNotAvailable as exc:
+        raise KeyHeld(str(exc)) from exc
+
+
 def has_rows(cur: Any) -> bool:
     result = cur.pgresult
     return result is not None and result.status == pq.ExecStatus.TUPLES_OK
@@ -110,6 +119,27 @@ def has_rows(cur: Any) -> bool:
 # (a division by zero), the server skips the COMMIT queued behind it, and the
 # transaction can only roll back. Its one row says the write went through.
 FAIL_UNLESS_APPLIED = "WITH applied AS ({statement}) SELECT 1 / count(*) AS applied FROM applied"
+
+
+# A request-as-transaction claim (F3) meets a key that another request's transaction
+# holds (its uncommitted INSERT, or its lock on the row) when a duplicate races it. Its
+# INSERT ... ON CONFLICT would then wait for that transaction, however long the
+# handler runs, on a pooled connection: a burst of duplicates would empty the pool for
+# every other key. So the claim waits for a lock at most CLAIM_LOCK_WAIT (lock_timeout
+# covers both waits; NOWAIT does not exist for an INSERT's conflict), then rolls back
+# and answers from a read (KeyHeld, _ops.claim_held): 409, or with `wait` a poll
+# outside any transaction (F8). Long enough for a twin that is committing already; the
+# statements around the claim keep the transaction's own setting (the application's
+# writes must not inherit the bound) and travel in the claim's pipeline: no trip added.
+CLAIM_LOCK_WAIT = "50ms"
+BOUND_LOCK_WAIT = (
+    f"SELECT set_config('lock_timeout', '{CLAIM_LOCK_WAIT}', true) FROM ("
+    "SELECT set_config('idempotence.lock_timeout', current_setting('lock_timeout'), true)"
+    ") AS saved"
+)
+RESTORE_LOCK_WAIT = (
+    "SELECT set_config('lock_timeout', current_setting('idempotence.lock_timeout'), true)"
+)
 
 
 def pipelines(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

@@ -19,7 +19,7 @@ from ..observability import Instrumentation, combine, fenced, watched_claim
 from ..states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredResponse
 from . import _ops
 from ._connection import Connection, Source
-from ._driver import TRANSIENT_ATTEMPTS, TransientError, backoff
+from ._driver import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 from ._nesting import Gate
 from ._ops import Dialect, Op, Query, Row
 
@@ -98,7 +98,9 @@ class Store:
         """Claim ``request``'s key in one atomic step and return its single outcome.
 
         Given ``tx``, the claim joins that transaction (request-as-transaction, F3): a
-        racing duplicate then waits for it to commit and replays its response.
+        racing duplicate's ``transaction(claim=...)`` is then told IN_PROGRESS (F8),
+        while a claim joining a transaction of its own this way waits for it to commit
+        and replays its response (its lock wait is not bounded).
         """
         if self._instrumentation is not None:
             with self._instrumentation.claim(request) as watch:
@@ -124,8 +126,10 @@ class Store:
 
         Given ``claim``, the transaction opens with that claim (request-as-transaction,
         F3), sent with the BEGIN where the driver can; its outcome is ``tx.claim``. A
-        racing duplicate then waits for this transaction to end and replays its
-        response.
+        racing duplicate does not wait for this transaction (F8): on PostgreSQL its
+        claim gives up the row lock after a moment, rolls back, and is answered from
+        the key's last committed version (a replay, a mismatch, or IN_PROGRESS with
+        ``held``); then ``tx`` has no transaction open and must not be written to.
         """
         with self._gate.transaction(), self._source.connection() as conn:
             if claim is None:
@@ -133,8 +137,17 @@ class Store:
                     yield Transaction(conn)
                 return
             op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim))
-            with conn.atomic(op) as got:
-                yield Transaction(conn, got)
+            entered = False
+            try:
+                with conn.atomic(op) as got:
+                    entered = True
+                    yield Transaction(conn, got)
+                return
+            except KeyHeld:
+                if entered:
+                    raise
+            held = conn.perform(_ops.claim_held(self._dialect, claim), atomic=False, write=False)
+            yield Transaction(conn, held)
 
     def checkpoint(self, tx: Transaction, lease: Lease, recovery_point: str) -> Lease:
         """Record ``recovery_point`` in ``tx``, fenced (F1); returns the advanced lease.

@@ -48,6 +48,17 @@ SELECT false AS claimed, now() AS db_now, k.*
 FROM idempotency_keys AS k
 WHERE k.scope = %(scope)s AND k.key = %(key)s AND NOT EXISTS (SELECT FROM claimed);
 
+-- claim_held --
+-- The claim of a key whose row another request's open transaction holds (F3), read
+-- instead of waiting for that transaction (F8): the latest committed version of the
+-- row, if any. Always one row: with no key committed yet (the holder's INSERT is not),
+-- k.* is NULL and db_now still says when. See _ops.claim_held.
+SELECT now() AS db_now, k.*
+FROM (SELECT) AS one
+LEFT JOIN LATERAL (
+    SELECT * FROM idempotency_keys AS s WHERE s.scope = %(scope)s AND s.key = %(key)s
+) AS k ON true;
+
 -- checkpoint --
 -- Advance the recovery point, fenced by the lock token (F1). It is the last
 -- statement of the phase's transaction: no row back means another worker took the

@@ -1,0 +1,136 @@
+"""F8 at the store: a request-as-transaction claim (``transaction(claim=...)``) on a key
+whose row another open transaction holds does not wait for that transaction (which
+runs as long as its handler). It gives its connection back at once, answered from the
+key's last committed version: IN_PROGRESS (``held``), or still P2/P3 when that
+version decides."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from idempotence import ClaimRequest, Outcome, StoredResponse
+from idempotence.stores.postgres import PostgresStore
+
+HOLD = 3.0  # how long the holder's transaction stays open
+PROMPT = 1.0  # a held claim answers well before the holder ends
+FP, OTHER_FP = "a" * 64, "b" * 64
+RESPONSE = StoredResponse(status=201, headers=(), body=b"first")
+
+
+def req(scope: str, fingerprint: str = FP) -> ClaimRequest:
+    return ClaimRequest(
+        scope=scope, key="k", fingerprint=fingerprint, lock_timeout=timedelta(seconds=60)
+    )
+
+
+@pytest.fixture
+def store(pg_url: str) -> Iterator[PostgresStore]:
+    with PostgresStore(pg_url, max_size=4) as opened:
+        yield opened
+
+
+@contextmanager
+def holding(store: PostgresStore, request: ClaimRequest, *, finish: bool) -> Iterator[Any]:
+    """A thread that claims ``request`` in a transaction and keeps it open HOLD
+    seconds (finishing the key at the commit when ``finish``)."""
+    claimed = threading.Event()
+    seen: dict[str, Any] = {}
+
+    def hold() -> None:
+        with store.transaction(claim=request) as tx:
+            seen["claim"] = tx.claim
+            assert tx.claim is not None and tx.claim.lease is not None
+            claimed.set()
+            time.sleep(HOLD)
+            if finish:
+                store.finish(tx.claim.lease, RESPONSE, tx=tx, at_commit=True)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert claimed.wait(10)
+        assert seen["claim"].outcome is Outcome.EXECUTE
+        yield seen
+    finally:
+        thread.join()
+
+
+def claim_in_transaction(store: PostgresStore, request: ClaimRequest) -> tuple[Any, float]:
+    started = time.monotonic()
+    with store.transaction(claim=request) as tx:
+        claim = tx.claim
+    return claim, time.monotonic() - started
+
+
+def test_f8_a_claim_on_a_key_an_open_transaction_inserted_is_held_not_blocked(
+    store: PostgresStore, scope: str
+) -> None:
+    with holding(store, req(scope), finish=True):
+        claim, seconds = claim_in_transaction(store, req(scope))
+        assert seconds < PROMPT
+        assert claim.outcome is Outcome.IN_PROGRESS
+        assert claim.held and claim.retry_after == 1.0
+        assert claim.lease is None
+    # The holder committed: the next claim replays its response (P3).
+    claim, _ = claim_in_transaction(store, req(scope))
+    assert claim.outcome is Outcome.REPLAY and claim.response == RESPONSE
+
+
+def test_f8_a_held_key_taken_over_in_a_transaction_still_answers_p2_first(
+    store: PostgresStore, scope: str
+) -> None:
+    first = store.claim(req(scope))
+    assert first.lease is not None
+    store.release(first.lease)  # committed, unlocked: the next claim takes it over
+    with holding(store, req(scope), finish=False):
+        mismatch, seconds = claim_in_transaction(store, req(scope, OTHER_FP))
+        assert seconds < PROMPT
+        assert mismatch.outcome is Outcome.MISMATCH  # P2, from the committed version
+        duplicate, seconds = claim_in_transaction(store, req(scope))
+        assert seconds < PROMPT
+        assert duplicate.outcome is Outcome.IN_PROGRESS and duplicate.held
+
+
+def test_f8_a_finished_key_whose_row_is_locked_still_replays(
+    store: PostgresStore, scope: str
+) -> None:
+    first = store.claim(req(scope))
+    assert first.lease is not None
+    store.finish(first.lease, RESPONSE)
+    locked = threading.Event()
+
+    def lock_row() -> None:
+        with store.transaction() as tx:
+            tx.execute(
+                "SELECT id FROM idempotency_keys WHERE scope = %(s)s FOR UPDATE", {"s": scope}
+            )
+            locked.set()
+            time.sleep(HOLD)
+
+    thread = threading.Thread(target=lock_row)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        claim, seconds = claim_in_transaction(store, req(scope))
+        assert seconds < PROMPT
+        assert claim.outcome is Outcome.REPLAY and claim.response == RESPONSE  # P3
+    finally:
+        thread.join()
+
+
+def test_f8_the_application_statements_after_the_claim_keep_their_lock_timeout(
+    store: PostgresStore, scope: str
+) -> None:
+    with store.transaction(claim=req(scope)) as tx:
+        assert tx.claim is not None and tx.claim.outcome is Outcome.EXECUTE
+        assert tx.execute("SHOW lock_timeout")[0]["lock_timeout"] == "0"
+        tx.execute("SET LOCAL lock_timeout = '7s'")  # the application's own setting
+    with store.transaction() as tx:
+        assert tx.execute("SHOW lock_timeout")[0]["lock_timeout"] == "0"
