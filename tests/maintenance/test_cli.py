@@ -112,7 +112,17 @@ def test_cli_keys_list_show_and_filter(db: Backend) -> None:
     finished(db.store, scope, "unknown", error="timeout at the bank")
 
     table = ok("keys", "list", "--database", db.url).splitlines()
-    assert table[0].split() == ["SCOPE", "KEY", "STATE", "FLOW", "POINT", "STATUS", "AGE", "TOKEN"]
+    assert table[0].split() == [
+        "SCOPE",
+        "KEY",
+        "STATE",
+        "FLOW",
+        "POINT",
+        "CALLING",
+        "STATUS",
+        "AGE",
+        "TOKEN",
+    ]
     assert [line.split()[1:3] for line in table[1:]] == [
         ["unknown", "errored"],
         ["declined", "failed"],
