@@ -142,6 +142,29 @@ def test_cli_keys_list_show_and_filter(db: Backend) -> None:
     assert "response.status     201" in detail
 
 
+def test_cli_keys_list_and_show_name_the_call_a_worker_died_in(db: Backend) -> None:
+    """R6: the non-idempotent call begun and never recorded is its own field, next to
+    the step's own recovery point."""
+    scope = new_scope()
+    lease = claim(db.store, scope, "crashed").lease
+    assert lease is not None
+    with db.store.transaction() as tx:
+        db.store.checkpoint(tx, lease, "ride_created", calling="charge")
+    finished(db.store, scope, "paid", status=201)
+
+    listed = json.loads(ok("keys", "list", "--database", db.url, "--scope", scope, "--json"))
+    assert {k["key"]: (k["recovery_point"], k["calling"]) for k in listed} == {
+        "crashed": ("ride_created", "charge"),
+        "paid": ("finished", None),
+    }
+    table = ok("keys", "list", "--database", db.url, "--scope", scope).splitlines()
+    rows = {line.split()[1]: line.split() for line in table[1:]}
+    assert rows["crashed"][4:6] == ["ride_created", "charge"]
+    assert rows["paid"][4:6] == ["finished", "-"]
+    detail = ok("keys", "show", "--database", db.url, scope, "crashed")
+    assert "calling             charge" in detail
+
+
 def test_cli_keys_show_missing_is_an_error(db: Backend) -> None:
     result = run("keys", "show", "--database", db.url, "nobody", "nothing")
     assert result.returncode == 1
