@@ -125,13 +125,13 @@ def test_r1_a_noop_after_a_non_idempotent_call_resumes_at_the_step_not_errored(
     runner: FlowRunner, scope: str
 ) -> None:
     # The call returned and its result was recorded: pausing there must not leave the
-    # attempt mark behind, which the next attempt would read as a crash mid-call (R6).
+    # key's calling set, which the next attempt would read as a crash mid-call (R6).
     calls: list[str] = []
     flow = polling_flow(calls, [NoOp(), finish()])
     paused = runner.run(flow, request(flow, scope))
     assert paused.kind is ResultKind.PAUSED
     record = runner.get(scope)
-    assert record is not None and record.recovery_point == "poll"
+    assert record is not None and (record.recovery_point, record.calling) == ("poll", None)
     done = runner.run(flow, request(flow, scope))
     assert done.kind is ResultKind.EXECUTED
     assert calls == ["status", "status"]
