@@ -220,11 +220,12 @@ def test_postgres_schema_older_than_the_code_says_to_migrate(empty_pg_url: str) 
     with psycopg.connect(empty_pg_url, autocommit=True) as conn:
         for _version, script in older:
             conn.execute(script)
-    with PostgresStore(empty_pg_url) as store:
+    with PostgresStore(empty_pg_url) as store, pytest.raises(SchemaMissing) as raised:
+        # The claim reads the row (k.*) without the newest column, or a later write
+        # names it: whichever comes first refuses.
         claim = store.claim(REQUEST)
         assert claim.lease is not None
-        with pytest.raises(SchemaMissing) as raised:
-            store.finish(claim.lease, StoredResponse.of(201))
+        store.finish(claim.lease, StoredResponse.of(201))
     assert "idempotence migrate" in raised.value.message
     assert "older than this release" in raised.value.message
 
@@ -318,3 +319,91 @@ def test_migration_versions_sort_in_the_order_they_apply(dialect: str) -> None:
     """Migrations apply in name order, so every name starts with four digits."""
     assert versions(dialect)[0] == "0001_initial"
     assert all(re.fullmatch(r"\d{4}_[a-z0-9_]+", version) for version in versions(dialect))
+
+
+# -- 0005_calling: the attempt mark moves out of the recovery point (R6) -----------------
+
+#: Rows as the code before 0005_calling wrote them: a non-idempotent call's attempt
+#: was marked in the recovery point as '<point>~calling:<name>'.
+OLD_ROWS = [
+    ("crashed", "ride_created~calling:charge", "ride_created", "charge"),
+    ("resumable", "ride_created", "ride_created", None),
+    ("finished", "finished", "finished", None),
+]
+
+
+def _before_calling(dialect: str) -> list[tuple[str, str]]:
+    names = versions(dialect)
+    assert "0005_calling" in names
+    return _queries.migrations(dialect)[: names.index("0005_calling")]
+
+
+def _assert_converted(store: Any) -> None:
+    for key, _old, point, calling in OLD_ROWS:
+        record = store.get("acct_old", key)
+        assert record is not None
+        assert (record.recovery_point, record.calling) == (point, calling), key
+    # The claim after the upgrade hands the call to the engine on the lease.
+    claim = store.claim(
+        ClaimRequest(scope="acct_old", key="crashed", fingerprint="f" * 64, flow="rides")
+    )
+    assert claim.lease is not None
+    assert (claim.lease.recovery_point, claim.lease.calling) == ("ride_created", "charge")
+
+
+def test_0005_converts_old_attempt_marks_on_postgres(empty_pg_url: str) -> None:
+    prepare = _queries.load("postgres")["migrations_prepare"]
+    with psycopg.connect(empty_pg_url, autocommit=True) as conn:
+        conn.execute(prepare)
+        for version, script in _before_calling("postgres"):
+            conn.execute(script)
+            conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (version) VALUES (%s)", (version,))
+        for key, old, _point, _calling in OLD_ROWS:
+            conn.execute(
+                "INSERT INTO idempotency_keys (scope, key, request_method, request_path,"
+                " fingerprint, flow, recovery_point, lock_token, lock_timeout,"
+                " response_status, finished_at)"
+                " VALUES ('acct_old', %s, 'POST', '/rides', %s, 'rides', %s, 2,"
+                " interval '60 seconds', %s, %s)",
+                (
+                    key,
+                    "f" * 64,
+                    old,
+                    201 if old == "finished" else None,
+                    "2026-01-01T00:00:00Z" if old == "finished" else None,
+                ),
+            )
+    with PostgresStore(empty_pg_url) as store:
+        assert store.migrate() == ["0005_calling"]
+        _assert_converted(store)
+
+
+def test_0005_converts_old_attempt_marks_on_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path)
+    try:
+        conn.executescript(_queries.load("sqlite")["migrations_prepare"])
+        for version, script in _before_calling("sqlite"):
+            conn.executescript(script)
+            conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (version) VALUES (?)", (version,))
+        for key, old, _point, _calling in OLD_ROWS:
+            conn.execute(
+                "INSERT INTO idempotency_keys (scope, key, request_method, request_path,"
+                " fingerprint, flow, recovery_point, lock_token, lock_timeout, created_at,"
+                " response_status, finished_at)"
+                " VALUES ('acct_old', ?, 'POST', '/rides', ?, 'rides', ?, 2, 60.0,"
+                " 1767225600.0, ?, ?)",
+                (
+                    key,
+                    "f" * 64,
+                    old,
+                    201 if old == "finished" else None,
+                    1767225600.0 if old == "finished" else None,
+                ),
+            )
+        conn.commit()
+    finally:
+        conn.close()
+    with SqliteStore(str(path)) as store:
+        assert store.migrate() == ["0005_calling"]
+        _assert_converted(store)

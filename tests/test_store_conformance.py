@@ -156,6 +156,51 @@ def test_p5_an_unlocked_key_resumes_from_its_recovery_point(store: Any, scope: s
     assert claim.lease.token == 2
 
 
+def test_r6_calling_is_set_by_its_checkpoint_and_cleared_by_every_other_write(
+    store: Any, scope: str
+) -> None:
+    """The checkpoint before a non-idempotent call names it; the claim after a crash
+    hands it back on the lease, with the step's own point; any other checkpoint, and
+    the finish, clear it."""
+    lease = store.claim(request(scope)).lease
+    with store.transaction() as tx:
+        lease = store.checkpoint(tx, lease, "charging", calling="charge")
+    assert (lease.recovery_point, lease.calling) == ("charging", "charge")
+    record = store.get(scope, "key-1")
+    assert (record.recovery_point, record.calling) == ("charging", "charge")
+    store.release(lease)  # the worker died during the call
+    lease = store.claim(request(scope)).lease
+    assert (lease.recovery_point, lease.calling, lease.token) == ("charging", "charge", 2)
+
+    with store.transaction() as tx:
+        lease = store.checkpoint(tx, lease, "charging")  # a determinate failure
+    assert lease.calling is None and store.get(scope, "key-1").calling is None
+    with store.transaction() as tx:
+        lease = store.checkpoint(tx, lease, "charging", calling="charge")
+    with store.transaction() as tx:  # the recording phase's checkpoint
+        lease = store.checkpoint(tx, lease, "charged")
+    assert lease.calling is None and store.get(scope, "key-1").calling is None
+    with store.transaction() as tx:
+        lease = store.checkpoint(tx, lease, "charged", calling="refund")
+    store.finish(lease, response(1))
+    record = store.get(scope, "key-1")
+    assert (record.recovery_point, record.calling) == ("finished", None)
+
+
+def test_f1_a_zombie_cannot_set_calling(store: Any, scope: str) -> None:
+    zombie = store.claim(request(scope, lock_timeout=SHORT)).lease
+    time.sleep(SHORT.total_seconds() + 0.1)
+    taker = store.claim(request(scope)).lease
+    with pytest.raises(LockLost), store.transaction() as tx:
+        store.checkpoint(tx, zombie, "charging", calling="charge")
+    record = store.get(scope, "key-1")
+    assert (record.recovery_point, record.calling, record.lock_token) == (
+        STARTED,
+        None,
+        taker.token,
+    )
+
+
 def test_p5_an_expired_lock_is_taken_over(store: Any, scope: str) -> None:
     first = store.claim(request(scope, lock_timeout=SHORT)).lease
     assert store.claim(request(scope)).outcome is Outcome.IN_PROGRESS

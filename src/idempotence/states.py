@@ -102,6 +102,10 @@ class KeyRecord:
     last_run_at: datetime | None
     finished_at: datetime | None
     expires_at: datetime | None
+    #: The non-idempotent foreign call this key's worker began and has not recorded
+    #: (R6), or None. A claim that finds it set learns that a worker died during the
+    #: call; the recovery point stays the call's step's own.
+    calling: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -149,9 +153,14 @@ class Lease:
     key: str
     token: int
     recovery_point: str
+    #: The non-idempotent foreign call begun at ``recovery_point`` and not recorded
+    #: (R6): set by the checkpoint just before the call, cleared by every other one.
+    calling: str | None = None
 
-    def advanced(self, recovery_point: str) -> Lease:
-        return replace(self, recovery_point=recovery_point)
+    def advanced(self, recovery_point: str, calling: str | None = None) -> Lease:
+        """The lease after a fenced write committed ``recovery_point`` (and
+        ``calling``, which every write but the one before a call clears)."""
+        return replace(self, recovery_point=recovery_point, calling=calling)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +243,7 @@ def claim_from(record: KeyRecord, fingerprint: str, now: datetime, *, claimed: b
             key=record.key,
             token=record.lock_token,
             recovery_point=record.recovery_point,
+            calling=record.calling,
         )
         return Claim(Outcome.EXECUTE, record, lease=lease)
     outcome = arbitrate(record, fingerprint, now)

@@ -121,17 +121,37 @@ def polling_flow(calls: list[str], answers: list[Any]) -> Flow:
     return flow
 
 
+def test_r6_names_with_a_tilde_are_plain_names(runner: FlowRunner, scope: str) -> None:
+    """Nothing is parsed out of a recovery point any more (the call begun is its own
+    column), so '~' is an ordinary character of flow names and points."""
+    calls: list[str] = []
+    flow = Flow("r6~tilde")
+    flow.phase("started")(lambda ctx: Advance("charge~calling:x"))
+    flow.foreign(
+        "charge~calling:x",
+        name="charge",
+        call=lambda ctx: calls.append(ctx.key_for("charge")),
+        record=lambda ctx, _: finish(),
+        idempotent=False,
+    )
+    with pytest.raises(ConfigurationError):
+        Flow("")
+    result = runner.run(flow, request(flow, scope))
+    assert result.kind is ResultKind.EXECUTED
+    assert len(calls) == 1 and calls[0].startswith("r6~tilde-")
+
+
 def test_r1_a_noop_after_a_non_idempotent_call_resumes_at_the_step_not_errored(
     runner: FlowRunner, scope: str
 ) -> None:
     # The call returned and its result was recorded: pausing there must not leave the
-    # attempt mark behind, which the next attempt would read as a crash mid-call (R6).
+    # key's calling set, which the next attempt would read as a crash mid-call (R6).
     calls: list[str] = []
     flow = polling_flow(calls, [NoOp(), finish()])
     paused = runner.run(flow, request(flow, scope))
     assert paused.kind is ResultKind.PAUSED
     record = runner.get(scope)
-    assert record is not None and record.recovery_point == "poll"
+    assert record is not None and (record.recovery_point, record.calling) == ("poll", None)
     done = runner.run(flow, request(flow, scope))
     assert done.kind is ResultKind.EXECUTED
     assert calls == ["status", "status"]

@@ -74,8 +74,9 @@ def test_r6_the_non_idempotent_example_never_charges_twice_whatever_the_kill(
     report = crash_test(EXAMPLE, cfg, recoveries=(Recovery.RETRY,))
     assert report.baseline_census["provider requests"] == 1
     errored = {str(r.point) for r in report.results if r.state is KeyState.ERRORED}
-    # Killed between the attempt mark and the recording phase's commit: the outcome of
-    # the charge is unknown to the flow, so the key waits for a human (R6) ...
+    # Killed between the checkpoint that sets calling and the recording phase's commit:
+    # the outcome of the charge is unknown to the flow, so the key waits for a human
+    # (R6) ...
     assert errored == {
         "call:charge:before",
         "provider:charge:before_commit",

@@ -262,8 +262,12 @@ def test_r6_a_determinate_failure_of_a_non_idempotent_call_can_be_retried(
     assert isinstance(first.error, ProviderError) and first.error.status == 500
     record = runner.get(scope)
     assert record is not None
-    # The attempt mark is taken back: the next attempt may call again.
-    assert (record.recovery_point, record.locked_at) == ("ride_created", None)
+    # The attempt is taken back: the next attempt may call again.
+    assert (record.recovery_point, record.calling, record.locked_at) == (
+        "ride_created",
+        None,
+        None,
+    )
 
     second = runner.run(flow, req)
     assert second.kind is ResultKind.EXECUTED
@@ -296,11 +300,16 @@ def test_r6_a_worker_killed_during_a_non_idempotent_call_errors_the_key_never_ca
     target = load_target(EXAMPLE, config)
     store = target.open_store()
     try:
+        # The key names its step's own point, and the call in a column of its own.
+        died = store.get(scope, "k")
+        assert died is not None and died.finished_at is None
+        assert (died.recovery_point, died.calling) == ("ride_created", "charge")
         result, _ = settle(lambda: target.flow.run(store, target.request(scope, "k")), timeout=30)
         assert result.kind is ResultKind.ERRORED
         record = store.get(scope, "k")
         assert record is not None and record.error is not None
         assert "a worker died during the call" in record.error
+        assert (record.recovery_point, record.calling) == ("finished", None)
         again = target.flow.run(store, target.request(scope, "k"))
         assert (again.kind, again.response) == (ResultKind.REPLAYED, result.response)
     finally:

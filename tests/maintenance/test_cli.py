@@ -114,7 +114,17 @@ def test_cli_keys_list_show_and_filter(db: Backend) -> None:
     finished(db.store, scope, "unknown", error="timeout at the bank")
 
     table = ok("keys", "list", "--database", db.url).splitlines()
-    assert table[0].split() == ["SCOPE", "KEY", "STATE", "FLOW", "POINT", "STATUS", "AGE", "TOKEN"]
+    assert table[0].split() == [
+        "SCOPE",
+        "KEY",
+        "STATE",
+        "FLOW",
+        "POINT",
+        "CALLING",
+        "STATUS",
+        "AGE",
+        "TOKEN",
+    ]
     assert [line.split()[1:3] for line in table[1:]] == [
         ["unknown", "errored"],
         ["declined", "failed"],
@@ -132,6 +142,29 @@ def test_cli_keys_list_show_and_filter(db: Backend) -> None:
     assert shown["response"] == {"status": 402, "headers": [], "body": "{}"}
     detail = ok("keys", "show", "--database", db.url, scope, "paid")
     assert "response.status     201" in detail
+
+
+def test_cli_keys_list_and_show_name_the_call_a_worker_died_in(db: Backend) -> None:
+    """R6: the non-idempotent call begun and never recorded is its own field, next to
+    the step's own recovery point."""
+    scope = new_scope()
+    lease = claim(db.store, scope, "crashed").lease
+    assert lease is not None
+    with db.store.transaction() as tx:
+        db.store.checkpoint(tx, lease, "ride_created", calling="charge")
+    finished(db.store, scope, "paid", status=201)
+
+    listed = json.loads(ok("keys", "list", "--database", db.url, "--scope", scope, "--json"))
+    assert {k["key"]: (k["recovery_point"], k["calling"]) for k in listed} == {
+        "crashed": ("ride_created", "charge"),
+        "paid": ("finished", None),
+    }
+    table = ok("keys", "list", "--database", db.url, "--scope", scope).splitlines()
+    rows = {line.split()[1]: line.split() for line in table[1:]}
+    assert rows["crashed"][4:6] == ["ride_created", "charge"]
+    assert rows["paid"][4:6] == ["finished", "-"]
+    detail = ok("keys", "show", "--database", db.url, scope, "crashed")
+    assert "calling             charge" in detail
 
 
 @pytest.mark.parametrize("command", ["show", "evict"])

@@ -82,8 +82,10 @@ class Blocking:
     def claim(self, request: Any) -> Any:
         return self._run(self.store.claim(request))
 
-    def checkpoint(self, tx: BlockingTransaction, lease: Any, recovery_point: str) -> Any:
-        return self._run(self.store.checkpoint(tx._tx, lease, recovery_point))
+    def checkpoint(
+        self, tx: BlockingTransaction, lease: Any, recovery_point: str, *, calling: Any = None
+    ) -> Any:
+        return self._run(self.store.checkpoint(tx._tx, lease, recovery_point, calling=calling))
 
     def finish(
         self,

@@ -31,7 +31,6 @@ from idempotence.flows import (
     DoPhase,
     DoRelease,
     Flow,
-    attempt_point,
     indeterminate_response,
 )
 from idempotence.http import Idempotency, Policy, Problem, Profile, RequestInfo, single_tenant
@@ -109,7 +108,7 @@ CRASHED_IN_CALL = Claim(
     Outcome.EXECUTE,
     record(),
     lease=Lease(
-        id=7, scope="tenant", key="k", token=2, recovery_point=attempt_point("charging", "charge")
+        id=7, scope="tenant", key="k", token=2, recovery_point="charging", calling="charge"
     ),
 )
 MISMATCH = Claim(Outcome.MISMATCH, record())

@@ -17,7 +17,9 @@ commit, repeat, until a step finishes with a response (R1).
   the call's result in an atomic phase. A crash between the call and the record makes
   the next attempt call again with the SAME derived key, and the provider's own
   idempotency absorbs the repeat. A call marked ``idempotent=False`` is never repeated
-  blindly: a crash or an indeterminate failure makes the key errored, for a human (R6).
+  blindly: the checkpoint just before it names it in the key's ``calling`` column, so
+  a crash during the call, or an indeterminate failure, makes the key errored, for a
+  human (R6).
 
 >>> rides = Flow("rides")
 >>> @rides.phase("started")
@@ -91,7 +93,6 @@ from .results import (
     problem,
 )
 from .steps import (
-    ATTEMPT_MARK,
     INDETERMINATE,
     AtomicStep,
     CallFn,
@@ -101,11 +102,9 @@ from .steps import (
     RecordFn,
     Settle,
     Step,
-    attempt_point,
 )
 
 __all__ = [
-    "ATTEMPT_MARK",
     "INDETERMINATE",
     "PAUSED_RESPONSE",
     "SERVER_ERROR",
@@ -146,7 +145,6 @@ __all__ = [
     "ResultKind",
     "Settle",
     "Step",
-    "attempt_point",
     "flows",
     "indeterminate_response",
     "problem",

@@ -96,7 +96,7 @@ def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
         return _in_transaction(effect, sql, observer)
     if isinstance(effect, DoCheckpoint):
         with sql.transaction() as tx:
-            return sql.checkpoint(tx, effect.lease, effect.recovery_point)
+            return sql.checkpoint(tx, effect.lease, effect.recovery_point, calling=effect.calling)
     raise AssertionError(f"unknown effect {effect!r}")
 
 

@@ -96,7 +96,9 @@ async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer
         return await _in_transaction_async(effect, sql, observer)
     if isinstance(effect, DoCheckpoint):
         async with sql.transaction() as tx:
-            return await sql.checkpoint(tx, effect.lease, effect.recovery_point)
+            return await sql.checkpoint(
+                tx, effect.lease, effect.recovery_point, calling=effect.calling
+            )
     raise AssertionError(f"unknown effect {effect!r}")
 
 

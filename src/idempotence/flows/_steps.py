@@ -14,7 +14,6 @@ from ..states import FINISHED, STARTED
 from .contexts import Observer, PhaseContext
 from .effects import DoCall, DoInTransaction, DoPhase
 from .results import Advance, Finish, NoOp
-from .steps import ATTEMPT_MARK
 
 #: How the sync driver refuses a coroutine from a phase or a foreign call.
 NOT_SYNC = "{} returned a coroutine: run the flow with run_async"
@@ -38,10 +37,11 @@ def closing(result: Any, ctx: PhaseContext) -> dict[str, Any]:
     if isinstance(result, Finish):
         return {"response": result.response}
     if isinstance(result, NoOp):
-        # Stay at the step's own point. After a non-idempotent call that returned, the
-        # attempt mark must go: the call's outcome is known and recorded, and a mark
-        # left behind would make the next attempt take the key for crashed mid-call.
-        return {"recovery_point": ctx.lease.recovery_point.partition(ATTEMPT_MARK)[0]}
+        # Stay at the step's own point. The checkpoint clears the lease's calling: after
+        # a non-idempotent call that returned, its outcome is known and recorded, and a
+        # calling left behind would make the next attempt take the key for crashed
+        # mid-call.
+        return {"recovery_point": ctx.lease.recovery_point}
     raise ConfigurationError(
         f"a phase must return Advance, Finish or NoOp, not {type(result).__name__}"
     )
@@ -64,8 +64,7 @@ def watch(
         )
     if isinstance(effect, DoInTransaction):
         return instrumentation.phase(effect.flow.name, STARTED)
-    point = effect.context.lease.recovery_point.partition(ATTEMPT_MARK)[0]
-    return instrumentation.phase(effect.context.flow.name, point)
+    return instrumentation.phase(effect.context.flow.name, effect.context.lease.recovery_point)
 
 
 def after_call(observer: Observer | None, effect: DoCall) -> None:

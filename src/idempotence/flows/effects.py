@@ -11,7 +11,7 @@ from typing import Any, TypeAlias
 from ..states import STARTED, ClaimRequest, KeyRecord, Lease, StoredResponse
 from .contexts import FlowInfo, PhaseContext
 from .results import Captured, FlowResult
-from .steps import ATTEMPT_MARK, ForeignStep, HandlerStep, PhaseFn, Settle
+from .steps import ForeignStep, HandlerStep, PhaseFn, Settle
 
 # -- effects: what the engine asks its driver to do ---------------------------------------
 
@@ -32,9 +32,8 @@ class DoPhase:
 
     def event(self, moment: str) -> str:
         """The observer's name for this phase at ``moment``, by its step's recovery
-        point (a non-idempotent call's recording phase runs at an attempt point)."""
-        point = self.context.lease.recovery_point.partition(ATTEMPT_MARK)[0]
-        return f"phase:{point}:{moment}"
+        point."""
+        return f"phase:{self.context.lease.recovery_point}:{moment}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +108,13 @@ class DoInTransaction:
 
 @dataclass(frozen=True, slots=True)
 class DoCheckpoint:
+    """Commit ``recovery_point`` in a transaction of its own, with ``calling`` (the
+    non-idempotent call about to begin, R6) or clearing it; the driver returns the
+    advanced lease."""
+
     lease: Lease
     recovery_point: str
+    calling: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

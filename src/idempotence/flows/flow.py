@@ -46,7 +46,6 @@ from .results import (
     indeterminate_response,
 )
 from .steps import (
-    ATTEMPT_MARK,
     INDETERMINATE,
     AtomicStep,
     CallFn,
@@ -55,7 +54,6 @@ from .steps import (
     PhaseFn,
     RecordFn,
     Step,
-    attempt_point,
 )
 
 if TYPE_CHECKING:
@@ -82,8 +80,8 @@ class Flow:
         store_server_errors: bool = False,
         request_as_transaction: bool = False,
     ) -> None:
-        if not name or "~" in name:
-            raise ConfigurationError(f"a flow name must be non-empty and without '~': {name!r}")
+        if not name:
+            raise ConfigurationError("a flow name must be non-empty")
         self.name = name
         self.lock_timeout = lock_timeout
         self.retention = retention
@@ -140,7 +138,7 @@ class Flow:
 
     def _add(self, step: Step) -> None:
         point = step.recovery_point
-        if point == FINISHED or ATTEMPT_MARK in point:
+        if point == FINISHED:
             raise ConfigurationError(f"{point!r} cannot carry a step")
         if point in self.steps:
             raise ConfigurationError(f"flow {self.name!r} already has a step at {point!r}")
@@ -285,11 +283,11 @@ class Flow:
             point = lease.recovery_point
             step: Step | None = None
             try:
-                if ATTEMPT_MARK in point:
-                    # A non-idempotent call began and this worker never learned how it
-                    # ended (it crashed): never repeat it (R6).
-                    name = point.split(ATTEMPT_MARK, 1)[1]
-                    return (yield from self._errored(claim, lease, name, None))
+                if lease.calling is not None:
+                    # A non-idempotent call began and its worker never recorded how it
+                    # ended (it crashed, or its recording phase failed): never repeat
+                    # it (R6).
+                    return (yield from self._errored(claim, lease, lease.calling, None))
                 step = self.steps.get(point)
                 if step is None:
                     raise ConfigurationError(
@@ -302,7 +300,7 @@ class Flow:
                     raise ConfigurationError(f"flow {self.name!r}: a handler runs at 'started'")
                 else:
                     if not step.idempotent:
-                        lease = yield DoCheckpoint(lease, attempt_point(point, step.name))
+                        lease = yield DoCheckpoint(lease, point, calling=step.name)
                     try:
                         value = yield DoCall(self, step, record, lease)
                     except INDETERMINATE as exc:
@@ -312,7 +310,7 @@ class Flow:
                     except Exception:
                         if not step.idempotent:
                             # The call failed determinately: it did not happen, so it
-                            # may be tried again. Take the attempt mark back.
+                            # may be tried again. Take the attempt back (calling cleared).
                             lease = yield DoCheckpoint(lease, point)
                         raise
                     context = PhaseContext(self, record, lease, tx=None, result=value)

@@ -83,14 +83,5 @@ class HandlerStep:
 
 Step: TypeAlias = AtomicStep | ForeignStep | HandlerStep
 
-#: Separates a recovery point from the foreign call a non-idempotent step has begun.
-ATTEMPT_MARK = "~calling:"
-
-
-def attempt_point(recovery_point: str, name: str) -> str:
-    """The recovery point committed just before a non-idempotent call (R6)."""
-    return f"{recovery_point}{ATTEMPT_MARK}{name}"
-
-
 #: A foreign call's failures that leave its outcome unknown (R6).
 INDETERMINATE = (Indeterminate, TimeoutError, ConnectionError)

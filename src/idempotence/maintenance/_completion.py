@@ -130,6 +130,7 @@ def key_fields(record: KeyRecord) -> dict[str, Any]:
         "key": record.key,
         "flow": record.flow,
         "recovery_point": record.recovery_point,
+        "calling": record.calling,
     }
 
 

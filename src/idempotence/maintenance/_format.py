@@ -55,7 +55,7 @@ def age(delta: timedelta | None) -> str:
 
 def keys_table(rows: Sequence[KeyRow]) -> str:
     return table(
-        ["SCOPE", "KEY", "STATE", "FLOW", "POINT", "STATUS", "AGE", "TOKEN"],
+        ["SCOPE", "KEY", "STATE", "FLOW", "POINT", "CALLING", "STATUS", "AGE", "TOKEN"],
         [
             [
                 r.record.scope,
@@ -63,6 +63,7 @@ def keys_table(rows: Sequence[KeyRow]) -> str:
                 r.state.value,
                 r.record.flow,
                 r.record.recovery_point,
+                r.record.calling or "-",
                 r.record.response.status if r.record.response else "-",
                 age(r.now - r.record.created_at),
                 r.record.lock_token,
@@ -96,6 +97,8 @@ def key_json(row: KeyRow, *, full: bool = False) -> dict[str, Any]:
         "method": r.method,
         "path": r.path,
         "recovery_point": r.recovery_point,
+        # The non-idempotent call begun at recovery_point and never recorded (R6).
+        "calling": r.calling,
         "lock_token": r.lock_token,
         "locked_at": _time(r.locked_at),
         "lock_timeout_seconds": r.lock_timeout.total_seconds(),

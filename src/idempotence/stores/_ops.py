@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from .. import _queries
-from ..errors import LockLost, StoreError
+from ..errors import LockLost, SchemaMissing, StoreError
 from ..states import (
     STARTED,
     Claim,
@@ -95,6 +95,14 @@ class Dialect(abc.ABC):
 
     def record(self, row: Row) -> KeyRecord:
         """Build a :class:`KeyRecord` from a row of the key table."""
+        if "calling" not in row:
+            # The newest column of the key table is missing: a schema older than this
+            # release (the statements read ``k.*``). Fail closed, as a statement that
+            # names a missing column does.
+            raise SchemaMissing(
+                "The key store's schema is older than this release (the key table has "
+                "no column 'calling'): run `idempotence migrate --database URL`"
+            )
         response = None
         if row["response_status"] is not None:
             headers = self.json_out(row["response_headers"]) or []
@@ -122,6 +130,7 @@ class Dialect(abc.ABC):
             last_run_at=self.optional_timestamp(row["last_run_at"]),
             finished_at=self.optional_timestamp(row["finished_at"]),
             expires_at=self.optional_timestamp(row["expires_at"]),
+            calling=row["calling"],
         )
 
     def claim_params(self, request: ClaimRequest) -> dict[str, Any]:
@@ -164,12 +173,20 @@ def _lost(lease: Lease, action: str) -> LockLost:
     )
 
 
-def checkpoint(d: Dialect, lease: Lease, recovery_point: str) -> Op[Lease]:
-    """Record ``recovery_point`` as reached, fenced by the lease (R2, F1)."""
-    rows = yield d.query("checkpoint", recovery_point=recovery_point, **_fenced(lease))
+def checkpoint(
+    d: Dialect, lease: Lease, recovery_point: str, calling: str | None = None
+) -> Op[Lease]:
+    """Record ``recovery_point`` as reached, fenced by the lease (R2, F1).
+
+    ``calling`` names the non-idempotent foreign call about to begin (R6); any other
+    checkpoint clears it.
+    """
+    rows = yield d.query(
+        "checkpoint", recovery_point=recovery_point, calling=calling, **_fenced(lease)
+    )
     if not rows:
         raise _lost(lease, f"checkpoint {recovery_point!r} for")
-    return lease.advanced(recovery_point)
+    return lease.advanced(recovery_point, calling)
 
 
 def finish(d: Dialect, lease: Lease, response: StoredResponse, error: str | None) -> Op[None]:

@@ -149,13 +149,22 @@ class Store:
             held = conn.perform(_ops.claim_held(self._dialect, claim), atomic=False, write=False)
             yield Transaction(conn, held)
 
-    def checkpoint(self, tx: Transaction, lease: Lease, recovery_point: str) -> Lease:
+    def checkpoint(
+        self,
+        tx: Transaction,
+        lease: Lease,
+        recovery_point: str,
+        *,
+        calling: str | None = None,
+    ) -> Lease:
         """Record ``recovery_point`` in ``tx``, fenced (F1); returns the advanced lease.
 
-        Raises :class:`~idempotence.errors.LockLost` when another worker holds the
-        key now; the caller must then let ``tx`` roll back.
+        ``calling`` names the non-idempotent foreign call about to begin, so that a
+        claim after a crash knows it may have happened (R6); every checkpoint without
+        it clears it. Raises :class:`~idempotence.errors.LockLost` when another worker
+        holds the key now; the caller must then let ``tx`` roll back.
         """
-        op = _ops.checkpoint(self._dialect, lease, recovery_point)
+        op = _ops.checkpoint(self._dialect, lease, recovery_point, calling)
         return tx._conn.run_in_transaction(fenced(self._instrumentation, "checkpoint", op))
 
     def finish(

@@ -153,13 +153,22 @@ class AsyncStore:
             )
             yield AsyncTransaction(conn, held)
 
-    async def checkpoint(self, tx: AsyncTransaction, lease: Lease, recovery_point: str) -> Lease:
+    async def checkpoint(
+        self,
+        tx: AsyncTransaction,
+        lease: Lease,
+        recovery_point: str,
+        *,
+        calling: str | None = None,
+    ) -> Lease:
         """Record ``recovery_point`` in ``tx``, fenced (F1); returns the advanced lease.
 
-        Raises :class:`~idempotence.errors.LockLost` when another worker holds the
-        key now; the caller must then let ``tx`` roll back.
+        ``calling`` names the non-idempotent foreign call about to begin, so that a
+        claim after a crash knows it may have happened (R6); every checkpoint without
+        it clears it. Raises :class:`~idempotence.errors.LockLost` when another worker
+        holds the key now; the caller must then let ``tx`` roll back.
         """
-        op = _ops.checkpoint(self._dialect, lease, recovery_point)
+        op = _ops.checkpoint(self._dialect, lease, recovery_point, calling)
         return await tx._conn.run_in_transaction(fenced(self._instrumentation, "checkpoint", op))
 
     async def finish(

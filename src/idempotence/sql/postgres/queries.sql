@@ -63,9 +63,13 @@ LEFT JOIN LATERAL (
 -- Advance the recovery point, fenced by the lock token (F1). It is the last
 -- statement of the phase's transaction: no row back means another worker took the
 -- key over, and the caller rolls the whole phase back. Committing a phase also proves
--- the holder alive, so the lock is refreshed.
+-- the holder alive, so the lock is refreshed. calling names the non-idempotent
+-- foreign call about to begin (R6), and is NULL for every other checkpoint: the one
+-- that records the call's result, or takes the attempt back after a determinate
+-- failure, clears it.
 UPDATE idempotency_keys
 SET recovery_point = %(recovery_point)s,
+    calling = %(calling)s,
     locked_at = statement_timestamp(),
     last_run_at = statement_timestamp()
 WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
@@ -79,6 +83,7 @@ RETURNING lock_token;
 -- Duplicates waiting for the key are woken (P10: see mark_waiter).
 UPDATE idempotency_keys
 SET recovery_point = 'finished',
+    calling = NULL,
     response_status = %(status)s,
     response_headers = %(headers)s::jsonb,
     response_body = %(body)s,

@@ -28,6 +28,9 @@ CREATE TABLE idempotency_keys (
     completer_attempts integer  NOT NULL DEFAULT 0,
     -- Duplicates wait for this key (P10): settling it sends a NOTIFY and clears this.
     waiters         boolean     NOT NULL DEFAULT false,
+    -- The non-idempotent foreign call this key's worker began and has not recorded
+    -- (R6): a claim that finds it set errors the key instead of calling again.
+    calling         text,
     -- The scope leads every key so the table can be distributed by scope (DESIGN 8).
     PRIMARY KEY (scope, id),
     CONSTRAINT idempotency_keys_scope_key_unique UNIQUE (scope, key),

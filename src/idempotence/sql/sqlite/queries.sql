@@ -42,9 +42,10 @@ RETURNING (julianday('now') - 2440587.5) * 86400.0 AS db_now, *;
 
 -- checkpoint --
 -- Fenced by the lock token (F1); see the PostgreSQL twin for why it also refreshes
--- the lock.
+-- the lock, and for calling (R6).
 UPDATE idempotency_keys
 SET recovery_point = :recovery_point,
+    calling = :calling,
     locked_at = (julianday('now') - 2440587.5) * 86400.0,
     last_run_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE scope = :scope AND id = :id AND lock_token = :token
@@ -56,6 +57,7 @@ RETURNING lock_token;
 -- retention the claim set).
 UPDATE idempotency_keys
 SET recovery_point = 'finished',
+    calling = NULL,
     response_status = :status,
     response_headers = :headers,
     response_body = :body,

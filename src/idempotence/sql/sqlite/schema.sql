@@ -26,6 +26,7 @@ CREATE TABLE idempotency_keys (
     finished_at      REAL,
     expires_at       REAL,
     completer_attempts INTEGER NOT NULL DEFAULT 0,
+    calling          TEXT,
     CONSTRAINT idempotency_keys_scope_key_unique UNIQUE (scope, key),
     CONSTRAINT idempotency_keys_key_length CHECK (length(key) BETWEEN 1 AND 255),
     CONSTRAINT idempotency_keys_finished_has_response
