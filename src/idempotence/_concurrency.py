@@ -12,7 +12,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -20,10 +20,12 @@ __all__ = [
     "AsyncBackground",
     "AsyncEvent",
     "AsyncLock",
+    "AsyncPeriodic",
     "AsyncWakeup",
     "Background",
     "Event",
     "Lock",
+    "Periodic",
     "Wakeup",
     "run_until_stopped",
     "run_until_stopped_async",
@@ -174,6 +176,81 @@ class Background:
             thread = self._thread
         if thread is not None:
             thread.join(grace)
+
+
+class AsyncPeriodic:
+    """While its ``async with`` block runs, call ``tick()`` every ``seconds`` on a task
+    of its own, until ``tick`` returns False or :meth:`stop`; None never ticks.
+
+    The block's end stops it and waits for a tick in flight: nothing ticks after it.
+    """
+
+    def __init__(
+        self, name: str, seconds: float | None, tick: Callable[[], Awaitable[bool]]
+    ) -> None:
+        self._name = name
+        self._seconds = seconds
+        self._tick = tick
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> AsyncPeriodic:
+        if self._seconds is not None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self._name)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def _run(self) -> None:
+        assert self._seconds is not None
+        while not await wait_until_set_async(self._stop, self._seconds):
+            if not await self._tick():
+                return
+
+    async def stop(self) -> None:
+        """Stop ticking, once a tick in flight has returned."""
+        self._stop.set()
+        task, self._task = self._task, None
+        if task is not None:
+            await task
+
+
+class Periodic:
+    """While its ``with`` block runs, call ``tick()`` every ``seconds`` on a daemon
+    thread of its own, until ``tick`` returns False or :meth:`stop`; None never ticks.
+
+    The block's end stops it and waits for a tick in flight: nothing ticks after it.
+    """
+
+    def __init__(self, name: str, seconds: float | None, tick: Callable[[], bool]) -> None:
+        self._name = name
+        self._seconds = seconds
+        self._tick = tick
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Periodic:
+        if self._seconds is not None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        assert self._seconds is not None
+        while not self._stop.wait(self._seconds):
+            if not self._tick():
+                return
+
+    def stop(self) -> None:
+        """Stop ticking, once a tick in flight has returned."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
 
 def _report(ready: asyncio.Future[bool] | Future[bool], up: bool) -> None:

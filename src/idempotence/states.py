@@ -20,7 +20,12 @@ STARTED = "started"
 #: The recovery point of a key whose response is stored.
 FINISHED = "finished"
 
+#: A flow's lock timeout (``Flow(lock_timeout=)``): its phases are not beaten for.
 DEFAULT_LOCK_TIMEOUT = timedelta(seconds=60)
+#: A plain HTTP endpoint's (``Policy(lock_timeout=)``): its handler's lock is extended
+#: every third of it while it runs (F2), so a live handler is never taken over, and a
+#: retry after a crash runs within about 10 seconds instead of waiting out a long lock.
+DEFAULT_HANDLER_LOCK_TIMEOUT = timedelta(seconds=10)
 DEFAULT_RETENTION = timedelta(hours=24)
 
 JSON = Any

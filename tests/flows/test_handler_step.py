@@ -1,19 +1,24 @@
 """F6: the application handler as the engine's third step kind, run by the one driver
 on a real store with no HTTP around it: claim, run the handler, settle the key by the
 response's status (R5); the same step as the body of request-as-transaction (F3); the
-engine's one wait for a twin (P10)."""
+engine's one wait for a twin (P10); the heartbeat of a running handler (F2)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import sqlite3
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from idempotence import ConfigurationError, SqliteStore
+from idempotence import AsyncSqliteStore, ConfigurationError, SqliteStore, StoredResponse
 from idempotence.flows import STORED_SERVER_ERROR, Captured, Flow, ResultKind
 from idempotence.flows._driver import drive
+from idempotence.flows._driver_async import drive_async
 from idempotence.states import Outcome
 from tests.flows.support import request
 
@@ -131,3 +136,117 @@ def test_p10_the_engine_waits_for_the_twin_then_replays(store: Any) -> None:
         timer.join()
     assert result.kind is ResultKind.REPLAYED and result.response.body == b"t"
     assert twin.calls == []
+
+
+# -- F2: the driver beats for a running handler -------------------------------------------
+
+
+def beating_flow(lock: float, heartbeat: float | None = None) -> Flow:
+    flow = Flow("beating", lock_timeout=timedelta(seconds=lock))
+    every = None if heartbeat is None else timedelta(seconds=heartbeat)
+    flow.handler(limit=1024, heartbeat=every)
+    return flow
+
+
+def beating_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "idempotence-heartbeat"]
+
+
+def test_f2_a_handler_slower_than_its_lock_timeout_keeps_its_key_and_the_beats_stop(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    flow, twins = beating_flow(0.3), []
+
+    class Slow:
+        def run_app(self, run: Any, tx: Any, overflow: Any) -> Captured:
+            time.sleep(0.9)  # three lock timeouts: only the beats keep the key
+            twins.append(store.claim(request(flow, "s", "k")).outcome)
+            assert beating_threads()
+            return Captured(201, (), b"slow")
+
+    with caplog.at_level(logging.WARNING, "idempotence"):
+        result = run(store, flow, Slow())
+        time.sleep(0.3)  # a beat that outlived the handler would hit a finished key
+    assert twins == [Outcome.IN_PROGRESS]  # P4, never P5: the live handler was not taken over
+    assert (result.kind, result.stored) == (ResultKind.EXECUTED, True)
+    assert not beating_threads()  # stopped, and waited for, when the handler returned
+    assert not caplog.records
+
+
+def test_f2_an_async_handler_keeps_its_key_and_its_beating_task_ends_with_it(
+    sqlite_path: str,
+) -> None:
+    flow = beating_flow(0.3)
+
+    async def main() -> tuple[Any, list[Outcome], int]:
+        async with AsyncSqliteStore(sqlite_path) as store:
+            await store.migrate()
+            twins: list[Outcome] = []
+
+            class Slow:
+                async def run_app(self, run: Any, tx: Any, overflow: Any) -> Captured:
+                    await asyncio.sleep(0.9)
+                    twins.append((await store.claim(request(flow, "s", "k"))).outcome)
+                    return Captured(201, (), b"slow")
+
+            result = await drive_async(flow.engine(request(flow, "s", "k"), app=Slow()), store)
+            return result, twins, len(asyncio.all_tasks())
+
+    result, twins, tasks = asyncio.run(main())
+    assert twins == [Outcome.IN_PROGRESS]
+    assert result.kind is ResultKind.EXECUTED
+    assert tasks == 1  # main itself: the beating task was awaited
+
+
+def test_f2_a_refused_beat_is_logged_stops_the_beats_and_the_stalled_answer_is_not_stored(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Beats too rare for the lock: the handler stalls past it and a retry takes over.
+    flow = beating_flow(0.2, heartbeat=0.5)
+
+    class Stalled:
+        def run_app(self, run: Any, tx: Any, overflow: Any) -> Captured:
+            time.sleep(0.3)
+            takeover = store.claim(request(flow, "s", "k"))
+            assert takeover.outcome is Outcome.EXECUTE  # P5: token 2
+            store.finish(takeover.lease, StoredResponse.of(201, body="theirs"))
+            time.sleep(1.2)  # the beat at 0.5 s is refused, and none follows at 1.0 s
+            return Captured(201, (), b"mine")
+
+    with caplog.at_level(logging.WARNING, "idempotence"):
+        run(store, flow, Stalled())  # does not raise
+    refused = [r for r in caplog.records if "stopped beating" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].levelno == logging.WARNING
+    assert any("taken over while the handler ran" in r.getMessage() for r in caplog.records)
+    replay = run(store, flow, App())
+    assert (replay.kind, replay.response.body) == (ResultKind.REPLAYED, b"theirs")
+
+
+def test_f2_a_heartbeat_must_be_positive() -> None:
+    with pytest.raises(ConfigurationError, match="heartbeat"):
+        Flow("f").handler(limit=1, heartbeat=timedelta(0))
+
+
+def test_f2_a_failed_beat_is_logged_and_the_next_one_keeps_the_key(
+    sqlite_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    flow, twins = beating_flow(2.0, heartbeat=0.3), []
+    with SqliteStore(sqlite_path, busy_timeout=0.05) as store:
+        store.migrate()
+
+        class Blocked:
+            def run_app(self, run: Any, tx: Any, overflow: Any) -> Captured:
+                # Another process holds SQLite's write lock across a beat: it fails.
+                other = sqlite3.connect(sqlite_path, isolation_level=None)
+                other.execute("BEGIN IMMEDIATE")
+                time.sleep(1.0)  # longer than the store's own retries of a busy write
+                other.execute("ROLLBACK")
+                other.close()
+                time.sleep(2.0)  # past the lock timeout: the beats went on
+                twins.append(store.claim(request(flow, "s", "k")).outcome)
+                return Captured(201, (), b"ok")
+
+        with caplog.at_level(logging.WARNING, "idempotence"):
+            result = run(store, flow, Blocked())
+    assert result.kind is ResultKind.EXECUTED and twins == [Outcome.IN_PROGRESS]
+    assert any("heartbeat failed" in r.getMessage() for r in caplog.records)

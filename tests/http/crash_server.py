@@ -11,16 +11,22 @@ whatever it holds, until the test SIGKILLs the process:
   request's transaction, then hangs: the kill rolls the claim back with the row;
 * ``POST /rides`` (a two-phase flow): phase ``started`` inserts the effect row and
   commits the recovery point ``created``; phase ``created`` hangs: the kill leaves a
-  locked key at ``created``, which the retry resumes there once the lock expires.
+  locked key at ``created``, which the retry resumes there once the lock expires;
+* ``POST /handle/{name}`` (a plain handler, no transaction): appends a line to
+  ``DIR/handled-<key>`` for each execution, then hangs, or sleeps for the seconds
+  written in ``DIR/slow`` (a live handler slower than its lock timeout, F2), and
+  answers 201 with a body of its own execution.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import sys
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -60,6 +66,17 @@ class Hang:
         if self.flag.exists():
             self.reached.touch()
             time.sleep(3600)
+
+    def handle(self, key: str) -> dict[str, str]:
+        """A plain handler's work: record one execution, hang or be slow, answer."""
+        execution = uuid.uuid4().hex
+        with (self.flag.parent / f"handled-{key}").open("a") as executions:
+            executions.write(execution + "\n")
+        self.point()
+        slow = self.flag.parent / "slow"
+        if slow.exists():
+            time.sleep(float(slow.read_text()))
+        return {"execution": execution}
 
 
 def effect(what: str, scope: str, key: str) -> dict[str, str]:
@@ -101,6 +118,7 @@ def config(store: Any, backend: str, hang: Hang, *, asynchronous: bool) -> Idemp
         endpoints=[
             Endpoint("POST /tx/{name}", Policy(transaction=True, lock_timeout=LOCK_TIMEOUT)),
             Endpoint("POST /rides", Policy(flow=flow)),
+            Endpoint("POST /handle/{name}", Policy(lock_timeout=LOCK_TIMEOUT)),
         ],
         default=None,
     )
@@ -126,7 +144,17 @@ def asgi_app(backend: str, target: str, hang: Hang) -> Any:
         hang.point()
         return JSONResponse({"transfer": lease.id}, status_code=201)
 
-    app = Starlette(routes=[Route("/tx/{name}", transfer, methods=["POST"])])
+    async def handle(request: Request) -> JSONResponse:
+        # A thread, as a blocking handler runs in Starlette: the loop stays free to beat.
+        body = await asyncio.to_thread(hang.handle, current_lease().key)
+        return JSONResponse(body, status_code=201)
+
+    app = Starlette(
+        routes=[
+            Route("/tx/{name}", transfer, methods=["POST"]),
+            Route("/handle/{name}", handle, methods=["POST"]),
+        ]
+    )
     return IdempotencyMiddleware(app, config(store, backend, hang, asynchronous=True))
 
 
@@ -146,6 +174,10 @@ def wsgi_app(backend: str, target: str, hang: Hang) -> Any:
         current_transaction().execute(INSERT[backend], effect("transfer", lease.scope, lease.key))
         hang.point()
         return {"transfer": lease.id}, 201
+
+    @app.post("/handle/<name>")
+    def handle(name: str) -> Any:
+        return hang.handle(current_lease().key), 201
 
     install(app, config(store, backend, hang, asynchronous=False))
     return app

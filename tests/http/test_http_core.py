@@ -72,6 +72,10 @@ def test_scope_is_mandatory_and_says_how_to_opt_into_one_tenant(store):
         ({"flow": Flow("f"), "retention": None}, "retention"),
         ({"flow": Flow("f"), "store_server_errors": True}, "store_server_errors"),
         ({"in_progress_retry_after": 0}, "in_progress_retry_after"),
+        ({"heartbeat": timedelta(0)}, "heartbeat"),
+        ({"heartbeat": timedelta(seconds=10)}, "heartbeat"),  # not under the lock timeout
+        ({"heartbeat": timedelta(seconds=1), "transaction": True}, "heartbeat"),
+        ({"heartbeat": timedelta(seconds=1), "flow": Flow("f")}, "heartbeat"),
     ],
 )
 def test_policy_validation_names_the_setting(settings, names):
@@ -194,6 +198,16 @@ def test_f6_a_policy_configures_its_engine_run_in_one_place():
     assert engine.store_server_errors and engine.request_as_transaction
     assert handler_step(policy).limit == 10
     assert Policy(flow=Flow("f")).engine is None  # a flow endpoint runs its flow
+
+
+def test_f2_a_plain_endpoint_has_a_short_lock_kept_alive_by_heartbeats():
+    policy = Policy()
+    assert policy.lock_timeout == timedelta(seconds=10)  # a crashed key is free in 10 s
+    assert policy.engine is not None and policy.engine.lock_timeout == policy.lock_timeout
+    assert handler_step(policy).beat_every(policy.lock_timeout) == pytest.approx(10 / 3)
+    beating = Policy(lock_timeout=timedelta(seconds=4), heartbeat=timedelta(seconds=1))
+    assert handler_step(beating).beat_every(beating.lock_timeout) == 1.0
+    assert Flow("f").lock_timeout == timedelta(seconds=60)  # a flow keeps its own
 
 
 def test_capture_buffers_up_to_the_limit():

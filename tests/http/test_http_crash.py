@@ -144,3 +144,90 @@ def test_killed_mid_request_then_retried_resumes_without_duplicate(
     assert (replay.status_code, replay.content) == (201, done.content)
     assert replay.headers["idempotent-replayed"] == "true"
     assert effects(backend, crash_target, key) == expected  # exactly once
+
+
+# -- F2: a plain handler's lock is extended while it runs ----------------------------------
+
+
+def executions(directory: Path, key: str) -> list[str]:
+    handled = directory / f"handled-{key}"
+    return handled.read_text().split() if handled.exists() else []
+
+
+def test_f2_a_live_handler_slower_than_its_lock_timeout_is_never_taken_over(
+    server: str, backend: str, crash_target: str, tmp_path: Path
+) -> None:
+    key = f"slow-{uuid.uuid4().hex}"
+    lock = crash_server.LOCK_TIMEOUT.total_seconds()
+    (tmp_path / "slow").write_text(str(3 * lock))
+    with serving(server, backend, crash_target, tmp_path) as live:
+        live.wait_until_up()
+        answers: list[httpx.Response] = []
+        client = threading.Thread(target=lambda: answers.append(live.post("/handle/x", key)))
+        client.start()
+        deadline = time.monotonic() + 20
+        while not executions(tmp_path, key):
+            assert time.monotonic() < deadline, "the handler never started"
+            time.sleep(0.02)
+        started = time.monotonic()
+        # Retries well past the lock timeout while the handler is still running: each
+        # finds the lock kept alive by the heartbeat (P4), none takes the key over (P5).
+        retries = []
+        for at in (1.5 * lock, 2.5 * lock):
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            retries.append(live.post("/handle/x", key))
+        client.join(timeout=30)
+        replay = live.post("/handle/x", key)
+
+    assert [r.status_code for r in retries] == [409, 409], [r.text for r in retries]
+    assert [r.json()["code"] for r in retries] == ["idempotency_key_in_use"] * 2
+    assert int(retries[0].headers["retry-after"]) >= 1
+    (first,) = answers
+    assert first.status_code == 201, first.text
+    assert executions(tmp_path, key) == [first.json()["execution"]]  # it ran once
+    assert (replay.status_code, replay.content) == (201, first.content)
+    assert replay.headers["idempotent-replayed"] == "true"
+
+
+def test_f2_a_killed_handlers_key_is_taken_over_within_its_lock_timeout(
+    server: str, backend: str, crash_target: str, tmp_path: Path
+) -> None:
+    key = f"dead-{uuid.uuid4().hex}"
+    lock = crash_server.LOCK_TIMEOUT.total_seconds()
+    (tmp_path / "hang").touch()
+    with (
+        serving(server, backend, crash_target, tmp_path) as doomed,
+        serving(server, backend, crash_target, tmp_path) as survivor,
+    ):
+        doomed.wait_until_up()
+        survivor.wait_until_up()
+        failures: list[BaseException] = []
+
+        def request() -> None:
+            try:
+                doomed.post("/handle/x", key, timeout=30)
+            except httpx.TransportError as exc:  # the server died under it
+                failures.append(exc)
+
+        client = threading.Thread(target=request)
+        client.start()
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "reached").exists():
+            assert time.monotonic() < deadline, "the request never reached its hang point"
+            time.sleep(0.02)
+        # Beaten past its lock timeout while it hangs: the dead-to-be worker is alive.
+        time.sleep(2 * lock)
+        assert survivor.post("/handle/x", key).status_code == 409
+        (tmp_path / "hang").unlink()
+        os.kill(doomed.process.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        doomed.process.wait(timeout=10)
+        done = retry_until_done(survivor, "/handle/x", key)
+        taken_over = time.monotonic() - killed
+        client.join(timeout=10)
+        assert failures, "the client got an answer from a server that was killed"
+
+    assert done.status_code == 201, done.text
+    # The last beat was at most lock / 3 before the kill: the lock lapses by then.
+    assert taken_over < lock + 1.5, taken_over
+    assert executions(tmp_path, key) == [executions(tmp_path, key)[0], done.json()["execution"]]

@@ -9,6 +9,10 @@ foreign call is wrapped in the store's instrumentation (:func:`~._steps.watch`).
 A handler run (:mod:`.handler`) needs only a key store; phases, foreign calls and
 request-as-transaction runs need the SQL store, which the entry point checked
 (:meth:`~.flow.Flow.run` by type, the HTTP configuration when it is built).
+
+While a handler runs, the driver beats for it (F2): a task (async) or a thread (sync)
+extends the lock with ``store.heartbeat(lease)``, fenced, and is stopped and waited
+for before the key is settled.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from .._awaitables import settle
-from .._concurrency import sleep
-from ..errors import IdempotenceError
-from ..states import Outcome
+from .._concurrency import Periodic, sleep
+from ..errors import IdempotenceError, LockLost, StoreError
+from ..states import Lease, Outcome
 from ..stores import KeyStore, Store
 from ._steps import NOT_SYNC, after_call, closing, require_finish, watch
 from .contexts import ForeignContext, Observer, PhaseContext
@@ -71,8 +75,12 @@ def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
     if isinstance(effect, DoClaim):
         return store.claim(effect.request)
     if isinstance(effect, DoHandle):
-        overflow = None if effect.on_overflow is None else _overflow(effect, store)
-        return effect.app.run_app(effect, None, overflow)
+        beat = _heartbeat(store, effect.lease)
+        with Periodic("idempotence-heartbeat", effect.beat_every, beat) as beating:
+            overflow = None
+            if effect.on_overflow is not None:
+                overflow = _overflow(effect, store, beating)
+            return effect.app.run_app(effect, None, overflow)
     if isinstance(effect, DoFinish):
         return store.finish(effect.lease, effect.response, error=effect.error)
     if isinstance(effect, DoRelease):
@@ -100,13 +108,36 @@ def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
     raise AssertionError(f"unknown effect {effect!r}")
 
 
-def _overflow(effect: DoHandle, store: KeyStore) -> Callable[[int], None]:
-    """Settle the key of a response too large to store, just before it streams out.
-    The response is on its way regardless: a store failure is logged, and the key's
-    lock expires so that a retry can take it over (P5)."""
+def _heartbeat(store: KeyStore, lease: Lease) -> Callable[[], bool]:
+    """One beat of a running handler (F2): whether to go on beating. Refused, the key
+    was taken over (the handler stalled past its lock timeout): the settle will be
+    refused too, so the beats stop. A failure never fails the request: the next beat
+    tries again, and two can fail before the lock lapses."""
+
+    def beat() -> bool:
+        try:
+            store.heartbeat(lease)
+        except LockLost as exc:
+            logger.warning("stopped beating for a handler whose key was taken over: %s", exc)
+            return False
+        except StoreError as exc:
+            logger.warning("heartbeat failed, trying again at the next: %s", exc)
+        except Exception as exc:
+            logger.error("heartbeat failed, trying again at the next: %s", exc, exc_info=exc)
+        return True
+
+    return beat
+
+
+def _overflow(effect: DoHandle, store: KeyStore, beating: Periodic) -> Callable[[int], None]:
+    """Settle the key of a response too large to store, just before it streams out
+    (the heartbeat stopped first: the key is no longer held). The response is on its
+    way regardless: a store failure is logged, and the key's lock expires so that a
+    retry can take it over (P5)."""
 
     def overflow(status: int) -> None:
         assert effect.on_overflow is not None
+        beating.stop()
         try:
             perform(effect.on_overflow(status), store, None)
         except IdempotenceError as exc:

@@ -7,6 +7,10 @@ foreign call is wrapped in the store's instrumentation (:func:`~._steps.watch`).
 A handler run (:mod:`.handler`) needs only a key store; phases, foreign calls and
 request-as-transaction runs need the SQL store, which the entry point checked
 (:meth:`~.flow.Flow.run` by type, the HTTP configuration when it is built).
+
+While a handler runs, the driver beats for it (F2): a task (async) or a thread (sync)
+extends the lock with ``store.heartbeat(lease)``, fenced, and is stopped and waited
+for before the key is settled.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from .._awaitables import settle_async
-from .._concurrency import sleep_async
-from ..errors import IdempotenceError
-from ..states import Outcome
+from .._concurrency import AsyncPeriodic, sleep_async
+from ..errors import IdempotenceError, LockLost, StoreError
+from ..states import Lease, Outcome
 from ..stores import AsyncKeyStore, AsyncStore
 from ._steps import NOT_SYNC, after_call, closing, require_finish, watch
 from .contexts import ForeignContext, Observer, PhaseContext
@@ -71,8 +75,12 @@ async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer
     if isinstance(effect, DoClaim):
         return await store.claim(effect.request)
     if isinstance(effect, DoHandle):
-        overflow = None if effect.on_overflow is None else _overflow_async(effect, store)
-        return await effect.app.run_app(effect, None, overflow)
+        beat = _heartbeat_async(store, effect.lease)
+        async with AsyncPeriodic("idempotence-heartbeat", effect.beat_every, beat) as beating:
+            overflow = None
+            if effect.on_overflow is not None:
+                overflow = _overflow_async(effect, store, beating)
+            return await effect.app.run_app(effect, None, overflow)
     if isinstance(effect, DoFinish):
         return await store.finish(effect.lease, effect.response, error=effect.error)
     if isinstance(effect, DoRelease):
@@ -102,13 +110,38 @@ async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer
     raise AssertionError(f"unknown effect {effect!r}")
 
 
-def _overflow_async(effect: DoHandle, store: AsyncKeyStore) -> Callable[[int], Awaitable[None]]:
-    """Settle the key of a response too large to store, just before it streams out.
-    The response is on its way regardless: a store failure is logged, and the key's
-    lock expires so that a retry can take it over (P5)."""
+def _heartbeat_async(store: AsyncKeyStore, lease: Lease) -> Callable[[], Awaitable[bool]]:
+    """One beat of a running handler (F2): whether to go on beating. Refused, the key
+    was taken over (the handler stalled past its lock timeout): the settle will be
+    refused too, so the beats stop. A failure never fails the request: the next beat
+    tries again, and two can fail before the lock lapses."""
+
+    async def beat() -> bool:
+        try:
+            await store.heartbeat(lease)
+        except LockLost as exc:
+            logger.warning("stopped beating for a handler whose key was taken over: %s", exc)
+            return False
+        except StoreError as exc:
+            logger.warning("heartbeat failed, trying again at the next: %s", exc)
+        except Exception as exc:
+            logger.error("heartbeat failed, trying again at the next: %s", exc, exc_info=exc)
+        return True
+
+    return beat
+
+
+def _overflow_async(
+    effect: DoHandle, store: AsyncKeyStore, beating: AsyncPeriodic
+) -> Callable[[int], Awaitable[None]]:
+    """Settle the key of a response too large to store, just before it streams out
+    (the heartbeat stopped first: the key is no longer held). The response is on its
+    way regardless: a store failure is logged, and the key's lock expires so that a
+    retry can take it over (P5)."""
 
     async def overflow(status: int) -> None:
         assert effect.on_overflow is not None
+        await beating.stop()
         try:
             await perform_async(effect.on_overflow(status), store, None)
         except IdempotenceError as exc:

@@ -60,12 +60,17 @@ class DoHandle:
     which performs the store effect ``on_overflow(status)`` (failures are logged: the
     response is on its way), then streams the response through; without, it discards
     the rest. Either way it returns ``Captured(overflowed=True)``.
+
+    With ``beat_every``, the driver extends the lock (``store.heartbeat(lease)``,
+    fenced) every ``beat_every`` seconds while the app runs, and stops before it
+    returns, and before the overflow settles the key (F2).
     """
 
     app: Any
     lease: Lease
     limit: int
     on_overflow: Callable[[int], Effect] | None
+    beat_every: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,14 +100,24 @@ class Flow:
         limit: int,
         rejected_statuses: frozenset[int] = frozenset(),
         stored_headers: frozenset[str] = frozenset({"content-type"}),
+        heartbeat: timedelta | None = None,
     ) -> None:
         """Make the application's own handler this flow's one step, at ``started``
         (F6): a run claims the key, runs the handler it is given (``engine(...,
         app=...)``), and settles the key by the response's status (R5; see
         :mod:`.handler`). A request-as-transaction flow runs it inside the claim's
         transaction instead (F3). Such a flow runs on any key store.
+
+        While the handler runs, its lock is extended every ``heartbeat`` (default: a
+        third of the flow's ``lock_timeout``), fenced (F1, F2): a live handler is never
+        taken over however long it runs, and a dead one's key is free again within
+        ``lock_timeout``. In a request-as-transaction flow the claim is not committed
+        while the handler runs, so nothing beats.
         """
-        self._add(HandlerStep(STARTED, limit, frozenset(rejected_statuses), stored_headers))
+        if heartbeat is not None and heartbeat <= timedelta(0):
+            raise ConfigurationError(f"a heartbeat must be positive: {heartbeat!r}")
+        step = HandlerStep(STARTED, limit, frozenset(rejected_statuses), stored_headers, heartbeat)
+        self._add(step)
 
     def phase(self, recovery_point: str) -> Callable[[PhaseFn], PhaseFn]:
         """Register an atomic phase that runs when the key is at ``recovery_point``."""

@@ -10,6 +10,12 @@ propagates to the caller, whose framework answers it. Once the handler ran, a st
 failure cannot change the answer any more: it is logged, and the lock expires so
 that a retry takes the key over (P5).
 
+While the handler runs, the driver extends its lock every
+:meth:`~.steps.HandlerStep.beat_every` seconds (F2), fenced: a live handler is never
+taken over, so the lock timeout can be short. A beat refused means another worker took
+the key over (the handler stalled past the lock timeout): beating stops, and the
+settle is refused the same way, so the stalled handler's answer is not stored.
+
 In a request-as-transaction flow (F3) the handler is instead the body of the one
 atomic phase: the claim opens the transaction, and the response is finished at its
 COMMIT, or everything rolls back.
@@ -52,6 +58,7 @@ class Flow(FlowInfo, Protocol):
     """What a handler run knows of its flow (a :class:`~.flow.Flow`)."""
 
     store_server_errors: bool
+    lock_timeout: timedelta
 
 
 logger = logging.getLogger("idempotence.flows")
@@ -131,7 +138,11 @@ def run_handler(
     assert lease is not None
     try:
         captured: Captured = yield DoHandle(
-            app, lease, step.limit, lambda status: overflowed(flow, step, lease, status)
+            app,
+            lease,
+            step.limit,
+            lambda status: overflowed(flow, step, lease, status),
+            beat_every=step.beat_every(flow.lock_timeout),
         )
     except GeneratorExit:
         raise

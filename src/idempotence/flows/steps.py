@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeAlias
 
 from ..errors import Indeterminate
@@ -54,7 +55,8 @@ class HandlerStep:
     It runs with no transaction of the store open, so on any key store (Redis too),
     and its response settles the key by its status (R5, :meth:`settle`); in a
     request-as-transaction flow it is the body of the one atomic phase instead (F3).
-    A response body over ``limit`` bytes is never stored truncated.
+    A response body over ``limit`` bytes is never stored truncated. While the handler
+    runs, the driver extends its lock every ``heartbeat`` (F2; see :meth:`beat_every`).
     """
 
     recovery_point: str
@@ -64,6 +66,13 @@ class HandlerStep:
     rejected_statuses: frozenset[int]
     #: The response headers (lower-case) kept for replay.
     stored_headers: frozenset[str]
+    #: How often the lock is extended while the handler runs; None: a third of the
+    #: lock timeout, so that two beats can be late before a retry may take it over.
+    heartbeat: timedelta | None = None
+
+    def beat_every(self, lock_timeout: timedelta) -> float:
+        """Seconds between two heartbeats of a run whose lock lasts ``lock_timeout``."""
+        return (self.heartbeat or lock_timeout / 3).total_seconds()
 
     def settle(self, status: int, store_server_errors: bool) -> Settle:
         """What becomes of the key after the handler answered ``status`` (R5)."""

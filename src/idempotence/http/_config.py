@@ -26,7 +26,7 @@ from typing import Any, TypeAlias
 
 from ..errors import ConfigurationError
 from ..flows.flow import Flow
-from ..states import DEFAULT_LOCK_TIMEOUT, DEFAULT_RETENTION
+from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, DEFAULT_RETENTION
 from ..stores import AsyncKeyStore, AsyncStore, KeyStore, Store
 from ._problems import Profile
 from ._request import RequestInfo
@@ -171,7 +171,11 @@ class Policy:
     #: Body fields left out of the fingerprint: JSON names or dotted paths, form names.
     exclude_fields: tuple[str, ...] = ()
     #: How long a silent worker keeps the key before a retry may take it over (P4, P5).
-    lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT
+    #: A running handler's lock is extended every ``heartbeat`` (F2), so this bounds
+    #: only how long a crashed server's keys answer 409, not how long a handler may run.
+    lock_timeout: timedelta = DEFAULT_HANDLER_LOCK_TIMEOUT
+    #: F2: extend a running handler's lock this often; None: every lock_timeout / 3.
+    heartbeat: timedelta | None = None
     #: How long a finished key replays; None keeps it forever.
     retention: timedelta | None = DEFAULT_RETENTION
     #: P7: larger request bodies are answered 413 before anything is claimed.
@@ -217,6 +221,7 @@ class Policy:
             raise _invalid(owner, "scope", self.scope, "must be a callable: request -> tenant id")
         if self.lock_timeout <= timedelta(0):
             raise _invalid(owner, "lock_timeout", self.lock_timeout, "must be positive")
+        self._check_heartbeat(owner)
         if self.retention is not None and self.retention <= timedelta(0):
             raise _invalid(owner, "retention", self.retention, "must be positive, or None")
         for name in ("max_body_bytes", "max_response_bytes"):
@@ -262,7 +267,7 @@ class Policy:
             # The completer resumes a flow's keys by the flow's own settings (B2), so
             # they must be the flow's, not the endpoint's: never silently ignored.
             for name, default in (
-                ("lock_timeout", DEFAULT_LOCK_TIMEOUT),
+                ("lock_timeout", DEFAULT_HANDLER_LOCK_TIMEOUT),
                 ("retention", DEFAULT_RETENTION),
                 ("store_server_errors", False),
             ):
@@ -280,6 +285,25 @@ class Policy:
                 raise _invalid(owner, name, getattr(self, name), "must be >= 1 second")
         set_(self, "engine", None if self.flow is not None else self._engine())
 
+    def _check_heartbeat(self, owner: str) -> None:
+        if self.heartbeat is None:
+            return
+        if not timedelta(0) < self.heartbeat < self.lock_timeout:
+            raise _invalid(
+                owner,
+                "heartbeat",
+                self.heartbeat,
+                f"must be positive and shorter than lock_timeout={self.lock_timeout}",
+            )
+        if self.mode is not Mode.HANDLER:
+            raise _invalid(
+                owner,
+                "heartbeat",
+                self.heartbeat,
+                f"needs a plain handler: in {self.mode.value} mode nothing beats "
+                "(a flow's lock is its own; a transaction's claim is not committed)",
+            )
+
     def _engine(self) -> Flow:
         """The endpoint as a run of the one engine: a flow whose one step is the
         application handler, configured here and nowhere else (F6)."""
@@ -294,6 +318,7 @@ class Policy:
             limit=self.max_response_bytes,
             rejected_statuses=self.rejected_statuses,
             stored_headers=self.stored_headers,
+            heartbeat=self.heartbeat,
         )
         return engine
 
