@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
+import itertools
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -217,40 +220,85 @@ class AsyncPeriodic:
 
 
 class Periodic:
-    """While its ``with`` block runs, call ``tick()`` every ``seconds`` on a daemon
-    thread of its own, until ``tick`` returns False or :meth:`stop`; None never ticks.
+    """While its ``with`` block runs, call ``tick()`` every ``seconds``, until ``tick``
+    returns False or :meth:`stop`; None never ticks.
 
-    The block's end stops it and waits for a tick in flight: nothing ticks after it.
+    The ticks of every ``Periodic`` run on one daemon thread of the process (see
+    :class:`_Ticker`): a thread started per block cost about 120 µs of CPU, a tenth of
+    a guarded request. The block's end stops it and waits for a tick in flight: nothing
+    ticks after it.
     """
 
     def __init__(self, name: str, seconds: float | None, tick: Callable[[], bool]) -> None:
-        self._name = name
         self._seconds = seconds
         self._tick = tick
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # Held while a tick runs, so that stop() waits for it; re-entrant, so that a
+        # tick may stop its own Periodic.
+        self._lock = threading.RLock()
+        self._stopped = False
 
     def __enter__(self) -> Periodic:
         if self._seconds is not None:
-            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._thread.start()
+            _TICKER.schedule(self, self._seconds)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _run(self) -> None:
-        assert self._seconds is not None
-        while not self._stop.wait(self._seconds):
-            if not self._tick():
+    def fire(self) -> None:
+        """One tick, on the ticker's thread; schedules the next unless told to stop."""
+        with self._lock:
+            if self._stopped:
                 return
+            try:
+                go_on = self._tick()
+            except Exception:  # the shared thread must outlive any one tick
+                logging.getLogger("idempotence").exception("a periodic task failed; stopped")
+                go_on = False
+            if not go_on:
+                self._stopped = True
+                return
+        assert self._seconds is not None
+        _TICKER.schedule(self, self._seconds)
 
     def stop(self) -> None:
         """Stop ticking, once a tick in flight has returned."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        with self._lock:
+            self._stopped = True
+
+
+class _Ticker:
+    """The one thread that runs the ticks of every :class:`Periodic`, in time order.
+
+    A stopped ``Periodic`` stays in the queue until its time comes and is then
+    skipped: cheaper than removing it, and bounded by one entry per block per interval.
+    """
+
+    def __init__(self) -> None:
+        self._wake = threading.Condition()
+        self._due: list[tuple[float, int, Periodic]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, periodic: Periodic, seconds: float) -> None:
+        with self._wake:
+            heapq.heappush(self._due, (time.monotonic() + seconds, next(self._order), periodic))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="idempotence-ticker")
+                self._thread.daemon = True
+                self._thread.start()
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._wake.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                periodic = heapq.heappop(self._due)[2]
+            periodic.fire()
+
+
+_TICKER = _Ticker()
 
 
 def _report(ready: asyncio.Future[bool] | Future[bool], up: bool) -> None:

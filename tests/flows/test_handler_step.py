@@ -148,10 +148,6 @@ def beating_flow(lock: float, heartbeat: float | None = None) -> Flow:
     return flow
 
 
-def beating_threads() -> list[threading.Thread]:
-    return [thread for thread in threading.enumerate() if thread.name == "idempotence-heartbeat"]
-
-
 def test_f2_a_handler_slower_than_its_lock_timeout_keeps_its_key_and_the_beats_stop(
     store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -161,7 +157,6 @@ def test_f2_a_handler_slower_than_its_lock_timeout_keeps_its_key_and_the_beats_s
         def run_app(self, run: Any, tx: Any, overflow: Any) -> Captured:
             time.sleep(0.9)  # three lock timeouts: only the beats keep the key
             twins.append(store.claim(request(flow, "s", "k")).outcome)
-            assert beating_threads()
             return Captured(201, (), b"slow")
 
     with caplog.at_level(logging.WARNING, "idempotence"):
@@ -169,7 +164,8 @@ def test_f2_a_handler_slower_than_its_lock_timeout_keeps_its_key_and_the_beats_s
         time.sleep(0.3)  # a beat that outlived the handler would hit a finished key
     assert twins == [Outcome.IN_PROGRESS]  # P4, never P5: the live handler was not taken over
     assert (result.kind, result.stored) == (ResultKind.EXECUTED, True)
-    assert not beating_threads()  # stopped, and waited for, when the handler returned
+    # Stopped, and waited for, when the handler returned: a later beat would have been
+    # refused by the finished key and logged.
     assert not caplog.records
 
 
