@@ -1,9 +1,9 @@
 """The maintenance operations, written once, without I/O (see :mod:`..stores._ops`).
 
 Each is a generator of named queries from the ``maintenance`` section of the
-dialect's ``queries.sql``; a store runs it with :meth:`~idempotence.Store.perform`.
-The writes start with :func:`statement_timeout`, so they run in a transaction of
-their own (``perform(..., write=True)``) where the timeout is local to it.
+dialect's ``queries.sql``; a store runs it with its private ``_perform``, which hands
+it the dialect. The writes start with :func:`statement_timeout`, so they run in a
+transaction of their own (``_perform(..., write=True)``) where the timeout is local.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ A transactional store adds what only a SQL database can do, because the applicat
 writes in the same database: :meth:`~idempotence.Store.transaction`, ``claim(...,
 tx=)`` and ``finish(..., tx=)``, :meth:`~idempotence.Store.checkpoint`,
 :meth:`~idempotence.Store.end_phase`, :meth:`~idempotence.Store.stage_jobs`,
-:meth:`~idempotence.Store.perform` and the maintenance services built on it. Flows
+and the maintenance services (which reach its SQL through a private seam). Flows
 (R2: a phase's writes commit with its checkpoint) and request-as-transaction (F3)
 need them, and so they take the SQL classes :class:`~idempotence.Store` /
 :class:`~idempotence.AsyncStore` (``Flow.run(store: Store, ...)``): a key store that
