@@ -238,9 +238,10 @@ class _SingleSource:
 
     def __init__(self, raw: sqlite3.Connection, *, owned: bool) -> None:
         self._conn = _Connection(raw)
-        # A thread inside store.transaction() never comes back for it: the store's
-        # gate refuses that (StoreInTransaction, see _nesting).
-        self._lock = threading.RLock()
+        # Not re-entrant, like the PostgreSQL single source: a thread inside
+        # store.transaction() never asks for it again, the store's gate refuses that
+        # (StoreInTransaction, see _nesting), and a plain lock is cheaper.
+        self._lock = threading.Lock()
         self._owned = owned
 
     @contextmanager
