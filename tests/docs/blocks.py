@@ -9,6 +9,9 @@ between are allowed), so a reader of the Markdown sees it too:
   ASGI ``app``, served by uvicorn; the request is sent twice with one Idempotency-Key
   and the second answer must be the first, replayed;
 * ``<!-- run: console -->``: a ``console`` block's commands run in bash, ``set -e``;
+  ``<!-- run: console against `COMMAND` on port N -->`` starts COMMAND first (on free
+  ports, given as ``--port`` and ``--provider-port``, replacing N in the block) and
+  checks that each HTTP status the block's comments promise is printed;
 * ``<!-- not-run: REASON -->``: not run, for the reason given (the test lists them).
 
 A ``console`` block must say which. Blocks in other languages (``text``, ``toml``,

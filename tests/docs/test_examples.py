@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -33,7 +36,6 @@ URL_VARIABLE = "IDEMPOTENCE_DATABASE_URL"
 NOT_RUN = {
     ("README.md", "creates virtual environments and installs from the network"),
     ("README.md", "installs from the package index"),
-    ("README.md", "needs `idempotence demo serve` on ports 8000 and 8001"),
     ("README.md", "needs your application's modules (myapp) and `worker` runs until stopped"),
     ("README.md", "the test suite itself"),
     ("README.md", "measurements that take minutes"),
@@ -120,6 +122,61 @@ def _serve(block: Block, cwd: Path, env: dict[str, str]) -> None:
     assert "Traceback" not in output, f"{block.id}: the server logged an error:\n{output}"
 
 
+_AGAINST = re.compile(r"against `(?P<command>[^`]+)` on port (?P<port>\d+)")
+
+
+def _wait_for_port(port: int, server: subprocess.Popen[str], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        assert server.poll() is None, f"{what} exited:\n{server.communicate()[0]}"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"{what} did not listen on {port}"
+            time.sleep(0.2)
+
+
+def _console_against(block: Block, cwd: Path, env: dict[str, str]) -> None:
+    """Run a console block against the server its marker names, started here on free
+    ports (the block's port is replaced by the one chosen). Each HTTP status that the
+    block's comments promise must appear in what the commands print."""
+    match = _AGAINST.search(block.arg)
+    assert match is not None, f"{block.id}: say `against `COMMAND` on port N`"
+    port, provider_port = _free_port(), _free_port()
+    command = [*shlex.split(match["command"]), "--port", str(port)]
+    command += ["--provider-port", str(provider_port)]
+    server = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        _wait_for_port(port, server, f"{block.id}: {match['command']}")
+        code = block.code.replace(f"127.0.0.1:{match['port']}", f"127.0.0.1:{port}")
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", code],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        _check(result, block)
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.communicate()
+    comments = " ".join(line for line in block.code.splitlines() if line.startswith("#"))
+    for status in re.findall(r"\b[1-5]\d\d\b", comments):
+        assert re.search(rf"(?<![\d.]){status}(?![\d.])", result.stdout), (
+            f"{block.id} promises a {status}; the commands printed:\n{result.stdout}"
+        )
+    if "Idempotent-Replayed: true" in comments:
+        assert "idempotent-replayed: true" in result.stdout.lower(), result.stdout
+
+
 @pytest.mark.parametrize(("block", "backend"), _cases())
 def test_the_example_runs_as_written(
     block: Block, backend: str, tmp_path: Path, request: pytest.FixtureRequest
@@ -135,6 +192,8 @@ def test_the_example_runs_as_written(
         _run(block, [*command, "test_example.py"], tmp_path, env)
     elif block.mode == "serve":
         _serve(block, tmp_path, env)
+    elif "against `" in block.arg:
+        _console_against(block, tmp_path, env)
     else:
         _run(block, ["bash", "-euo", "pipefail", "-c", block.code], tmp_path, env)
 
