@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -82,6 +84,39 @@ def _free_port() -> int:
         return port
 
 
+@contextmanager
+def _server(
+    command: list[str], port: int, cwd: Path, env: dict[str, str], what: str
+) -> Iterator[list[str]]:
+    """Run ``command`` until the block is done; yields a list that receives its output.
+
+    Stopped with SIGINT (Ctrl-C, as a reader would), killed if it does not stop; a
+    traceback in its output fails the example."""
+    server = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    output: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, f"{what} exited:\n{server.communicate()[0]}"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"{what} did not listen on {port}"
+                time.sleep(0.2)
+        yield output
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            output.append(server.communicate(timeout=30)[0])
+        except subprocess.TimeoutExpired:
+            server.kill()
+            output.append(server.communicate()[0])
+    assert "Traceback" not in output[-1], f"{what} logged an error:\n{output[-1]}"
+
+
 def _serve(block: Block, cwd: Path, env: dict[str, str]) -> None:
     """Serve the block's ``app`` with uvicorn; send its request twice, one key."""
     words = block.arg.split()[1:]
@@ -90,51 +125,19 @@ def _serve(block: Block, cwd: Path, env: dict[str, str]) -> None:
     body = block.arg[block.arg.index("{") :] if "{" in block.arg else ""
     (cwd / "example_app.py").write_text(block.code)
     port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "example_app:app", "--port", str(port)],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            assert server.poll() is None, f"{block.id}: uvicorn exited:\n{server.communicate()[0]}"
-            try:
-                httpx.get(base, timeout=1)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, f"{block.id}: uvicorn did not start"
-                time.sleep(0.1)
+    command = [sys.executable, "-m", "uvicorn", "example_app:app", "--port", str(port)]
+    with _server(command, port, cwd, env, f"{block.id}: uvicorn"):
+        url = f"http://127.0.0.1:{port}{path}"
         headers |= {"idempotency-key": f"docs-{uuid.uuid4()}", "content-type": "application/json"}
-        first = httpx.request(method, base + path, headers=headers, content=body, timeout=30)
-        again = httpx.request(method, base + path, headers=headers, content=body, timeout=30)
-        assert first.status_code < 400, (block.id, first.status_code, first.text)
-        assert first.headers.get("idempotent-replayed") is None
-        assert (again.status_code, again.content) == (first.status_code, first.content)
-        assert again.headers.get("idempotent-replayed") == "true", again.headers
-    finally:
-        server.terminate()
-        output = server.communicate(timeout=30)[0]
-    assert "Traceback" not in output, f"{block.id}: the server logged an error:\n{output}"
+        first = httpx.request(method, url, headers=headers, content=body, timeout=30)
+        again = httpx.request(method, url, headers=headers, content=body, timeout=30)
+    assert first.status_code < 400, (block.id, first.status_code, first.text)
+    assert first.headers.get("idempotent-replayed") is None
+    assert (again.status_code, again.content) == (first.status_code, first.content)
+    assert again.headers.get("idempotent-replayed") == "true", again.headers
 
 
 _AGAINST = re.compile(r"against `(?P<command>[^`]+)` on port (?P<port>\d+)")
-
-
-def _wait_for_port(port: int, server: subprocess.Popen[str], what: str) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        assert server.poll() is None, f"{what} exited:\n{server.communicate()[0]}"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            assert time.monotonic() < deadline, f"{what} did not listen on {port}"
-            time.sleep(0.2)
 
 
 def _console_against(block: Block, cwd: Path, env: dict[str, str]) -> None:
@@ -146,11 +149,7 @@ def _console_against(block: Block, cwd: Path, env: dict[str, str]) -> None:
     port, provider_port = _free_port(), _free_port()
     command = [*shlex.split(match["command"]), "--port", str(port)]
     command += ["--provider-port", str(provider_port)]
-    server = subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        _wait_for_port(port, server, f"{block.id}: {match['command']}")
+    with _server(command, port, cwd, env, f"{block.id}: {match['command']}"):
         code = block.code.replace(f"127.0.0.1:{match['port']}", f"127.0.0.1:{port}")
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", code],
@@ -160,14 +159,7 @@ def _console_against(block: Block, cwd: Path, env: dict[str, str]) -> None:
             text=True,
             timeout=120,
         )
-        _check(result, block)
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.communicate()
+    _check(result, block)
     comments = " ".join(line for line in block.code.splitlines() if line.startswith("#"))
     for status in re.findall(r"\b[1-5]\d\d\b", comments):
         assert re.search(rf"(?<![\d.]){status}(?![\d.])", result.stdout), (
