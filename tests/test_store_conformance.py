@@ -44,19 +44,17 @@ def make_side_table(store: Any) -> None:
 
 
 def side_notes(store: Any, kind: StoreKind, scope: str) -> list[str]:
-    p = kind.placeholder
     with store.transaction() as tx:
         rows = tx.execute(
-            f"SELECT note FROM side_effects WHERE scope = {p('scope')} ORDER BY note",
+            "SELECT note FROM side_effects WHERE scope = :scope ORDER BY note",
             {"scope": scope},
         )
     return [row["note"] for row in rows]
 
 
 def write_note(tx: Any, kind: StoreKind, scope: str, note: str) -> None:
-    p = kind.placeholder
     tx.execute(
-        f"INSERT INTO side_effects (scope, note) VALUES ({p('scope')}, {p('note')})",
+        "INSERT INTO side_effects (scope, note) VALUES (:scope, :note)",
         {"scope": scope, "note": note},
     )
 
@@ -411,9 +409,8 @@ def test_f3_a_transaction_opened_with_a_claim_commits_claim_writes_and_response_
         write_note(tx, store_kind, scope, "ride")
         store.finish(tx.claim.lease, response(7), tx=tx, at_commit=True)
         # Deferred: the finish is the last statement, sent with the COMMIT.
-        p = store_kind.placeholder
         rows = tx.execute(
-            f"SELECT finished_at FROM idempotency_keys WHERE scope = {p('scope')}",
+            "SELECT finished_at FROM idempotency_keys WHERE scope = :scope",
             {"scope": scope},
         )
         assert [row["finished_at"] for row in rows] == [None]

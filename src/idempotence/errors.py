@@ -95,6 +95,12 @@ class ConfigurationError(IdempotenceError):
     """The library is configured in a way that cannot work."""
 
 
+class MixedPlaceholders(ConfigurationError):
+    """An application statement mixes ``:name`` placeholders with psycopg's
+    ``%(name)s`` or ``%s``: write every parameter as ``:name``, which every SQL store
+    takes."""
+
+
 class StoreInTransaction(ConfigurationError):
     """This store has a transaction open in this thread or task, and the operation
     would need a connection of its own, so it would wait for that transaction forever:

@@ -52,7 +52,7 @@ from .rides import (
     ride_params,
     rides_flow,
 )
-from .schema import User, sql
+from .schema import User
 
 __all__ = ["ApiSettings", "create_app"]
 
@@ -230,11 +230,8 @@ def _headers(request: Request) -> tuple[tuple[str, str], ...]:
 
 async def _rides_of(tx: AsyncTransaction, user_id: str, limit: int) -> list[dict[str, Any]]:
     rows = await tx.execute(
-        sql(
-            tx,
-            f"SELECT {RIDE_COLUMNS} FROM rocket_rides WHERE user_id = :user_id"
-            " ORDER BY id DESC LIMIT :limit",
-        ),
+        f"SELECT {RIDE_COLUMNS} FROM rocket_rides WHERE user_id = :user_id"
+        " ORDER BY id DESC LIMIT :limit",
         {"user_id": user_id, "limit": limit},
     )
     return [ride_dict(row) for row in rows]

@@ -9,13 +9,12 @@ There is deliberately no ``UNIQUE (user_id, key_id)`` on rides: the demo exists 
 instead of a number in the report. An application would add it as a second line of
 defence.
 
-SQL in this package is written with ``:name`` placeholders; :func:`sql` turns them
-into ``%(name)s`` on PostgreSQL.
+SQL in this package is written with ``:name`` placeholders, which the store's
+transaction takes on every database.
 """
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ __all__ = [
     "fetch",
     "prepare",
     "seed_users",
-    "sql",
 ]
 
 #: Seeded users: ``user-1`` … ``user-100``, each with a ``-declined`` twin.
@@ -67,22 +65,14 @@ def seed_users(count: int = USERS) -> list[User]:
     return users
 
 
-_NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
-
-
 def dialect_of(tx: Any) -> Dialect:
     """Which SQL dialect the transaction ``tx`` (sync or async) speaks."""
     return "sqlite" if isinstance(tx.connection, sqlite3.Connection) else "postgres"
 
 
-def sql(tx: Any, text: str) -> str:
-    """``text`` with its ``:name`` placeholders in ``tx``'s dialect."""
-    return text if dialect_of(tx) == "sqlite" else _NAMED.sub(r"%(\1)s", text)
-
-
 def fetch(tx: Transaction, text: str, params: Mapping[str, Any] | None = None) -> list[Any]:
     """Run ``text`` on a sync transaction and return its rows (dicts)."""
-    return tx.execute(sql(tx, text), dict(params or {}))
+    return tx.execute(text, dict(params or {}))
 
 
 _TABLES: dict[Dialect, list[str]] = {

@@ -43,9 +43,6 @@ class FlowRunner:
         return record
 
     def rows(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        p = self.kind.placeholder
-        for name in params or {}:
-            sql = sql.replace(f":{name}", p(name))
         with self.store.transaction() as tx:
             return list(tx.execute(sql, params or {}))
 

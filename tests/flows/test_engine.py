@@ -283,8 +283,7 @@ def test_r4_derived_keys_are_never_reused_after_a_key_row_is_deleted(
         assert first.kind is ResultKind.EXECUTED and first.claim is not None
         # What the reaper does once the key's retention is over (B3).
         with store.transaction() as tx:
-            p = "%(s)s" if backend == "postgres" else ":s"
-            tx.execute(f"DELETE FROM idempotency_keys WHERE scope = {p}", {"s": scope})
+            tx.execute("DELETE FROM idempotency_keys WHERE scope = :s", {"s": scope})
         second = flow.run(store, ride_request(flow, scope=scope, key="k2"))
         assert second.claim is not None
         reused = flow.key_for(second.claim.record.id, "charge")

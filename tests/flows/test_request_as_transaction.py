@@ -49,9 +49,8 @@ def f3_store(backend: str, request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 def notes(store: Any, backend: str, scope: str) -> list[str]:
-    p = "%(scope)s" if backend == "postgres" else ":scope"
     with store.transaction() as tx:
-        rows = tx.execute(f"SELECT note FROM flow_notes WHERE scope = {p}", {"scope": scope})
+        rows = tx.execute("SELECT note FROM flow_notes WHERE scope = :scope", {"scope": scope})
     return [row["note"] for row in rows]
 
 

@@ -46,10 +46,9 @@ def staging_flow(scope: str, failures: list[Exception], staged: list[list[str]])
 
 
 def peek(store: Any, backend: str, scope: str) -> list[tuple[str, str, Any]]:
-    p = "%(scope)s" if backend == "postgres" else ":scope"
     with store.transaction() as tx:
         rows = tx.execute(
-            f"SELECT job_key, name, args FROM idempotence_staged_jobs WHERE scope = {p} "
+            "SELECT job_key, name, args FROM idempotence_staged_jobs WHERE scope = :scope "
             "ORDER BY id",
             {"scope": scope},
         )

@@ -38,10 +38,9 @@ def frozen_worker(cfg: dict[str, Any], tmp_path: Path, scope: str, event: str) -
 
 
 def rows(store: Any, table: str, scope: str, *, postgres: bool) -> list[dict[str, Any]]:
-    p = "%(scope)s" if postgres else ":scope"
     with store.transaction() as tx:
         return list(
-            tx.execute(f"SELECT * FROM {table} WHERE scope = {p} ORDER BY id", {"scope": scope})
+            tx.execute(f"SELECT * FROM {table} WHERE scope = :scope ORDER BY id", {"scope": scope})
         )
 
 

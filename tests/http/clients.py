@@ -187,10 +187,9 @@ class Harness:
 
     def transfers(self, note_like: str = "%") -> int:
         """Rows the request-as-transaction endpoints wrote for this tenant."""
-        mark = "%(s)s" if self.backend == "postgres" else ":s"
         with self.inspect.transaction() as tx:
             rows = tx.execute(
-                f"SELECT count(*) AS n FROM http_transfers WHERE scope = {mark}", {"s": self.tenant}
+                "SELECT count(*) AS n FROM http_transfers WHERE scope = :s", {"s": self.tenant}
             )
         return int(rows[0]["n"])
 

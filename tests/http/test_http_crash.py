@@ -82,9 +82,8 @@ class Server:
 
 
 def effects(backend: str, target: str, key: str) -> list[str]:
-    marker = "%(key)s" if backend == "postgres" else ":key"
     with sync_store(backend, target) as store, store.transaction() as tx:
-        rows = tx.execute(f"SELECT what FROM crash_effects WHERE key = {marker}", {"key": key})
+        rows = tx.execute("SELECT what FROM crash_effects WHERE key = :key", {"key": key})
     return [row["what"] for row in rows]
 
 

@@ -153,8 +153,5 @@ def test_f3_concurrent_identical_posts_commit_once_and_the_rest_replay(
             check_trial(responses, allow_409=backend == "postgres")
         assert effects.counts["/tx/race"] == TRIALS
     with sync_store(backend, target) as store, store.transaction() as tx:
-        mark = "%(s)s" if backend == "postgres" else ":s"
-        rows = tx.execute(
-            f"SELECT count(*) AS n FROM http_transfers WHERE scope = {mark}", {"s": scope}
-        )
+        rows = tx.execute("SELECT count(*) AS n FROM http_transfers WHERE scope = :s", {"s": scope})
     assert rows[0]["n"] == TRIALS  # one committed row per key

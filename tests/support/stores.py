@@ -144,8 +144,3 @@ class StoreKind:
     @property
     def id(self) -> str:
         return f"{self.backend}-{self.flavour}"
-
-    @property
-    def placeholder(self) -> Callable[[str], str]:
-        """How a named parameter is written in this backend's SQL."""
-        return (lambda name: f"%({name})s") if self.backend == "postgres" else (lambda n: f":{n}")

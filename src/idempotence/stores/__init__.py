@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import TransientError
 from ._interface import AsyncKeyStore, KeyStore
+from ._placeholders import to_pyformat
 from ._store import Store, Transaction
 from ._store_async import AsyncStore, AsyncTransaction
 
@@ -22,6 +23,7 @@ __all__ = [
     "Store",
     "Transaction",
     "TransientError",
+    "to_pyformat",
 ]
 
 if TYPE_CHECKING:

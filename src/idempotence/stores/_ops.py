@@ -71,6 +71,11 @@ class Dialect(abc.ABC):
     def query(self, name: str, /, **params: Any) -> Query:
         return Query(name, self.queries[name], params)
 
+    def application(self, sql: str, params: Any) -> Query:
+        """The application's own statement (``tx.execute``), its ``:name``
+        placeholders written the way the driver takes them."""
+        return Query("application", sql, params or {})
+
     # -- value conversions ------------------------------------------------------------
 
     @abc.abstractmethod

@@ -27,6 +27,7 @@ from ._driver import KeyHeld, TransientError
 from ._listener import Listener
 from ._listener_async import AsyncListener
 from ._ops import Dialect, Op, Query, Row, claim_in_one_statement
+from ._placeholders import to_pyformat
 
 #: Seconds to wait for a connection before the store reports itself unavailable
 #: (P11): a request should get its 503 quickly, not after libpq's default minutes.
@@ -50,6 +51,10 @@ class PostgresDialect(Dialect):
 
     def claim(self, request: ClaimRequest) -> Op[Any]:
         return claim_in_one_statement(self, request)
+
+    def application(self, sql: str, params: Any) -> Query:
+        # psycopg takes %(name)s, not the :name every store takes (cached per text).
+        return Query("application", to_pyformat(sql), params or {})
 
 
 def translate(exc: BaseException) -> StoreError:

@@ -21,7 +21,7 @@ from . import _ops
 from ._connection import Connection, Source
 from ._driver import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 from ._nesting import Gate
-from ._ops import Dialect, Op, Query, Row
+from ._ops import Dialect, Op, Row
 
 T = TypeVar("T")
 
@@ -35,8 +35,9 @@ class Transaction:
     back together.
     """
 
-    def __init__(self, conn: Connection, claim: Claim | None = None) -> None:
+    def __init__(self, conn: Connection, dialect: Dialect, claim: Claim | None = None) -> None:
         self._conn = conn
+        self._dialect = dialect
         #: The outcome of the claim the transaction opened with
         #: (``store.transaction(claim=...)``), else None.
         self.claim = claim
@@ -50,8 +51,23 @@ class Transaction:
         return self._conn.raw
 
     def execute(self, sql: str, params: Any = None) -> list[Row]:
-        """Run one statement of the application's in this transaction; return its rows."""
-        return self._conn.fetch(Query("application", sql, params or {}))
+        """Run one statement of the application's in this transaction; return its rows
+        (dicts).
+
+        Write parameters as ``:name`` with a mapping: that works on every SQL store
+        (on PostgreSQL they become psycopg's ``%(name)s``, outside string literals,
+        comments and ``::`` casts, with every ``%`` in the statement then doubled for
+        psycopg; see :func:`~idempotence.stores.to_pyformat`). The driver's own styles
+        keep working too (``?`` on SQLite; ``%(name)s`` and ``%s`` on PostgreSQL),
+        but a statement in them runs on that database only, and one that mixes
+        ``:name`` with ``%(name)s`` raises :class:`~idempotence.errors.MixedPlaceholders`.
+
+        >>> tx.execute(                                           # doctest: +SKIP
+        ...     "INSERT INTO transfers (account, amount) VALUES (:account, :amount)",
+        ...     {"account": "acct_1", "amount": 2000},
+        ... )
+        """
+        return self._conn.fetch(self._dialect.application(sql, params))
 
 
 def _no_commit(at_commit: bool) -> None:
@@ -134,20 +150,20 @@ class Store:
         with self._gate.transaction(), self._source.connection() as conn:
             if claim is None:
                 with conn.atomic():
-                    yield Transaction(conn)
+                    yield Transaction(conn, self._dialect)
                 return
             op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim))
             entered = False
             try:
                 with conn.atomic(op) as got:
                     entered = True
-                    yield Transaction(conn, got)
+                    yield Transaction(conn, self._dialect, got)
                 return
             except KeyHeld:
                 if entered:
                     raise
             held = conn.perform(_ops.claim_held(self._dialect, claim), atomic=False, write=False)
-            yield Transaction(conn, held)
+            yield Transaction(conn, self._dialect, held)
 
     def checkpoint(
         self,

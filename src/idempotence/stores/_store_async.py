@@ -19,7 +19,7 @@ from . import _ops
 from ._connection_async import AsyncConnection, AsyncSource
 from ._driver import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 from ._nesting import Gate
-from ._ops import Dialect, Op, Query, Row
+from ._ops import Dialect, Op, Row
 
 T = TypeVar("T")
 
@@ -33,8 +33,9 @@ class AsyncTransaction:
     back together.
     """
 
-    def __init__(self, conn: AsyncConnection, claim: Claim | None = None) -> None:
+    def __init__(self, conn: AsyncConnection, dialect: Dialect, claim: Claim | None = None) -> None:
         self._conn = conn
+        self._dialect = dialect
         #: The outcome of the claim the transaction opened with
         #: (``store.transaction(claim=...)``), else None.
         self.claim = claim
@@ -48,8 +49,23 @@ class AsyncTransaction:
         return self._conn.raw
 
     async def execute(self, sql: str, params: Any = None) -> list[Row]:
-        """Run one statement of the application's in this transaction; return its rows."""
-        return await self._conn.fetch(Query("application", sql, params or {}))
+        """Run one statement of the application's in this transaction; return its rows
+        (dicts).
+
+        Write parameters as ``:name`` with a mapping: that works on every SQL store
+        (on PostgreSQL they become psycopg's ``%(name)s``, outside string literals,
+        comments and ``::`` casts, with every ``%`` in the statement then doubled for
+        psycopg; see :func:`~idempotence.stores.to_pyformat`). The driver's own styles
+        keep working too (``?`` on SQLite; ``%(name)s`` and ``%s`` on PostgreSQL),
+        but a statement in them runs on that database only, and one that mixes
+        ``:name`` with ``%(name)s`` raises :class:`~idempotence.errors.MixedPlaceholders`.
+
+        >>> await tx.execute(                                           # doctest: +SKIP
+        ...     "INSERT INTO transfers (account, amount) VALUES (:account, :amount)",
+        ...     {"account": "acct_1", "amount": 2000},
+        ... )
+        """
+        return await self._conn.fetch(self._dialect.application(sql, params))
 
 
 def _no_commit(at_commit: bool) -> None:
@@ -136,14 +152,14 @@ class AsyncStore:
         async with self._gate.transaction_async(), self._source.connection() as conn:
             if claim is None:
                 async with conn.atomic():
-                    yield AsyncTransaction(conn)
+                    yield AsyncTransaction(conn, self._dialect)
                 return
             op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim))
             entered = False
             try:
                 async with conn.atomic(op) as got:
                     entered = True
-                    yield AsyncTransaction(conn, got)
+                    yield AsyncTransaction(conn, self._dialect, got)
                 return
             except KeyHeld:
                 if entered:
@@ -151,7 +167,7 @@ class AsyncStore:
             held = await conn.perform(
                 _ops.claim_held(self._dialect, claim), atomic=False, write=False
             )
-            yield AsyncTransaction(conn, held)
+            yield AsyncTransaction(conn, self._dialect, held)
 
     async def checkpoint(
         self,

@@ -20,7 +20,7 @@ Read it as a template for a flow of your own::
 The phases are written once for sync and async stores: each is a generator that
 yields ``(sql, params)`` and is sent the rows back (:func:`sql_phase`), the way the
 library writes its own store operations. The SQL uses ``:name`` placeholders, which
-become ``%(name)s`` on PostgreSQL.
+the store's transaction takes on every database.
 
 >>> provider = FakeProvider("provider.sqlite3")                      # doctest: +SKIP
 >>> store = SqliteStore("keys.sqlite3"); store.migrate(); create_tables(store)
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import re
 import sqlite3
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from datetime import timedelta
@@ -75,15 +74,6 @@ Row = dict[str, Any]
 #: A phase written as statements: yields ``(sql, params)``, is sent each one's rows.
 Statements: TypeAlias = Generator[tuple[str, Mapping[str, Any]], list[Row], PhaseResult]
 
-_NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
-
-
-def _dialect_sql(tx: Any, sql: str) -> str:
-    # sqlite3 takes :name as written; psycopg wants %(name)s.
-    if isinstance(tx.connection, sqlite3.Connection):
-        return sql
-    return _NAMED.sub(r"%(\1)s", sql)
-
 
 def _run(tx: Any, statements: Statements) -> PhaseResult | Awaitable[PhaseResult]:
     """Drive ``statements`` on ``tx``: synchronously on a sync transaction; on an async
@@ -91,7 +81,7 @@ def _run(tx: Any, statements: Statements) -> PhaseResult | Awaitable[PhaseResult
     try:
         sql, params = next(statements)
         while True:
-            rows = tx.execute(_dialect_sql(tx, sql), dict(params))
+            rows = tx.execute(sql, dict(params))
             if inspect.isawaitable(rows):
                 return _run_async(tx, statements, rows)
             sql, params = statements.send(rows)
@@ -105,7 +95,7 @@ async def _run_async(tx: Any, statements: Statements, pending: Awaitable[list[Ro
         rows = await pending
         while True:
             sql, params = statements.send(rows)
-            rows = await tx.execute(_dialect_sql(tx, sql), dict(params))
+            rows = await tx.execute(sql, dict(params))
     except StopIteration as done:
         return done.value
 
@@ -358,8 +348,7 @@ def crash_target(config: Mapping[str, Any]) -> Target:
         where = {"scope": record.scope, "key_id": record.id}
         with store.transaction() as tx:
             for table in ("rides", "ride_audit", "idempotence_staged_jobs"):
-                sql = _dialect_sql(tx, _COUNT.format(table=table))
-                counts[table] = int(tx.execute(sql, where)[0]["n"])
+                counts[table] = int(tx.execute(_COUNT.format(table=table), where)[0]["n"])
         reference = f"{record.scope}/{record.key}"
         counts["provider charges"] = len(provider.charges(reference=reference))
         if not idempotent:
