@@ -14,8 +14,6 @@
 * rows measured in interleaved rounds (medians, same-run ratios), printed or as JSON.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import dataclasses
@@ -32,7 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -298,7 +296,8 @@ def fast_cluster() -> Iterator[str]:
 
 @contextlib.contextmanager
 def throwaway_redis() -> Iterator[tuple[str, int]]:
-    """A private redis-server (no persistence) on a free port: its URL and pid."""
+    """A private redis-server (no persistence) on a free port: its URL (add ``/DB``)
+    and its pid."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed")
@@ -308,9 +307,21 @@ def throwaway_redis() -> Iterator[tuple[str, int]]:
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     try:
         wait_for_port(port, process)
-        yield f"redis://127.0.0.1:{port}/0", process.pid
+        yield f"redis://127.0.0.1:{port}", process.pid
     finally:
         stop(process)
+
+
+def our_redis_missing() -> str | None:
+    """Why this checkout has no Redis store (``open_async_store("redis://...")``), or
+    None when it has one."""
+    from idempotence import open_async_store
+
+    try:
+        open_async_store("redis://127.0.0.1:1/0")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 # -- app servers ---------------------------------------------------------------------------
@@ -386,6 +397,52 @@ def dispatch(routes: dict[str, Any]) -> Any:
         await routes[scope["path"].split("/", 2)[1]](scope, receive, send)
 
     return app
+
+
+def trivial_app(guard: Callable[[Any], None], extra: Callable[..., None] | None = None) -> Any:
+    """The benchmarks' app: the same trivial FastAPI endpoint (parse a JSON body, answer
+    201 with a small JSON body) at ``/plain/trivial``, unguarded, and at
+    ``/guarded/handler`` in a second FastAPI app that ``guard(app)`` adds a middleware
+    to. ``extra(plain, guarded, Item)`` adds routes of its own to either."""
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+
+    class Item(BaseModel):
+        amount: int
+
+    plain, guarded = FastAPI(), FastAPI()
+
+    @plain.post("/plain/trivial", status_code=201)
+    @guarded.post("/guarded/handler", status_code=201)
+    async def trivial(item: Item) -> dict[str, Any]:
+        return {"ok": True, "amount": item.amount}
+
+    if extra is not None:
+        extra(plain, guarded, Item)
+    guard(guarded)
+    return dispatch({"plain": plain, "guarded": guarded})
+
+
+def our_guard(store: Any, transaction_paths: Sequence[str] = ()) -> Callable[[Any], None]:
+    """Adds idempotence's middleware: handler mode, request-as-transaction on the
+    ``transaction_paths``, one tenant."""
+
+    def guard(app: Any) -> None:
+        from idempotence.http import (
+            Endpoint,
+            Idempotency,
+            IdempotencyMiddleware,
+            Policy,
+            single_tenant,
+        )
+
+        endpoints = [
+            Endpoint(f"POST {path}", Policy(transaction=True)) for path in transaction_paths
+        ]
+        config = Idempotency(store=store, scope=single_tenant("bench"), endpoints=endpoints)
+        app.add_middleware(IdempotencyMiddleware, config=config)
+
+    return guard
 
 
 # -- rows and rounds -------------------------------------------------------------------------

@@ -96,77 +96,53 @@ def rows(server: str, backend: str) -> list[harness.Row]:
 
 def build_app(backend: str, target: str, synchronous: str | None) -> Any:
     """``/plain/...`` (no middleware) and ``/guarded/...`` (the middleware) in one process."""
-    from fastapi import FastAPI, Request, Response
-    from pydantic import BaseModel
+    from fastapi import Request, Response
 
     from idempotence import open_async_store
-    from idempotence.http import (
-        Endpoint,
-        Idempotency,
-        IdempotencyMiddleware,
-        Policy,
-        current_async_transaction,
-        single_tenant,
-    )
-
-    class Item(BaseModel):
-        amount: int
+    from idempotence.http import current_async_transaction
 
     if backend == "postgres":
         from idempotence.stores.postgres import AsyncPostgresStore
 
         store: Any = AsyncPostgresStore(target, max_size=20)
+        hand: Any = PgHand(target)
     elif backend == "sqlite":
         from idempotence import AsyncSqliteStore
 
         store = AsyncSqliteStore(target, synchronous=synchronous)
+        hand = SqliteHand(target, synchronous)
     else:
         store = open_async_store(target)
-    hand: Any = None
-    if backend == "postgres":
-        hand = PgHand(target)
-    elif backend == "sqlite":
-        hand = SqliteHand(target, synchronous)
     insert = INSERT.get(backend, "")
 
-    plain, guarded = FastAPI(), FastAPI()
+    def extra(plain: Any, guarded: Any, Item: Any) -> None:
+        @plain.post("/plain/insert", status_code=201)
+        async def hand_insert(item: Item, request: Request) -> dict[str, Any]:
+            await hand.insert(insert, {"amount": item.amount, "note": request.url.path})
+            return {"ok": True, "amount": item.amount}
 
-    @plain.post("/plain/trivial", status_code=201)
-    @guarded.post("/guarded/handler", status_code=201)
-    async def trivial(item: Item) -> dict[str, Any]:
-        return {"ok": True, "amount": item.amount}
+        @guarded.post("/guarded/tx", status_code=201)
+        async def in_transaction(item: Item, request: Request) -> dict[str, Any]:
+            tx = current_async_transaction()
+            await tx.execute(insert, {"amount": item.amount, "note": request.url.path})
+            return {"ok": True, "amount": item.amount}
 
-    @plain.post("/plain/insert", status_code=201)
-    async def hand_insert(item: Item, request: Request) -> dict[str, Any]:
-        await hand.insert(insert, {"amount": item.amount, "note": request.url.path})
-        return {"ok": True, "amount": item.amount}
+        @plain.post("/plain/floor-handler")
+        async def floor_handler(item: Item, request: Request) -> Response:
+            claim = claim_params(backend, request)
+            status, body = await hand.guarded(claim, answer(item), None)
+            return Response(body, status, media_type="application/json")
 
-    @guarded.post("/guarded/tx", status_code=201)
-    async def in_transaction(item: Item, request: Request) -> dict[str, Any]:
-        tx = current_async_transaction()
-        await tx.execute(insert, {"amount": item.amount, "note": request.url.path})
-        return {"ok": True, "amount": item.amount}
+        @plain.post("/plain/floor-tx")
+        async def floor_tx(item: Item, request: Request) -> Response:
+            write = (insert, {"amount": item.amount, "note": request.url.path})
+            claim = claim_params(backend, request)
+            status, body = await hand.guarded(claim, answer(item), write)
+            return Response(body, status, media_type="application/json")
 
-    @plain.post("/plain/floor-handler")
-    async def floor_handler(item: Item, request: Request) -> Response:
-        status, body = await hand.guarded(claim_params(backend, request), answer(item), None)
-        return Response(body, status, media_type="application/json")
-
-    @plain.post("/plain/floor-tx")
-    async def floor_tx(item: Item, request: Request) -> Response:
-        write = (insert, {"amount": item.amount, "note": request.url.path})
-        status, body = await hand.guarded(claim_params(backend, request), answer(item), write)
-        return Response(body, status, media_type="application/json")
-
-    guarded.add_middleware(
-        IdempotencyMiddleware,
-        config=Idempotency(
-            store=store,
-            scope=single_tenant("bench"),
-            endpoints=[Endpoint("POST /guarded/tx", Policy(transaction=True))],
-        ),
-    )
-    return harness.dispatch({"plain": plain, "guarded": guarded})
+    if backend not in INSERT:
+        return harness.trivial_app(harness.our_guard(store))
+    return harness.trivial_app(harness.our_guard(store, ["/guarded/tx"]), extra)
 
 
 def answer(item: Any) -> bytes:
@@ -272,7 +248,9 @@ class PgHand:
                 await conn.execute(*write)
                 finish = finish_params(row, body)
                 async with conn.pipeline():
-                    await conn.execute(self.deferred(Query("finish", "", finish)), finish)
+                    await conn.execute(
+                        self.deferred(Query("finish", self.queries["finish"], finish)), finish
+                    )
                     await conn.execute("COMMIT")
             except BaseException:
                 await conn.execute("ROLLBACK")
@@ -402,7 +380,8 @@ def database(
         yield "sqlite", ["--target", path, *level], harness.Meter(), what
     else:
         url, pid = stack.enter_context(harness.throwaway_redis())
-        yield "redis", ["--target", url], harness.ProcessMeter("redis", pid), "redis-server"
+        meter = harness.ProcessMeter("redis", pid)
+        yield "redis", ["--target", f"{url}/0"], meter, "throwaway redis-server"
 
 
 def migrate(backend: str, target: str) -> None:
@@ -415,17 +394,6 @@ def migrate(backend: str, target: str) -> None:
         store.migrate()
         with store.transaction() as tx:
             tx.execute(TABLE)
-
-
-def redis_missing() -> str | None:
-    """Why the Redis rows cannot run in this checkout, or None."""
-    from idempotence import open_async_store
-
-    try:
-        open_async_store("redis://127.0.0.1:1/0")
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 def main() -> None:
@@ -449,7 +417,7 @@ def main() -> None:
     harness.apply_quick(args)
     harness.ensure_wrk()
     wanted = args.server or list(SERVERS)
-    if "redis" in wanted and (why := redis_missing()):
+    if "redis" in wanted and (why := harness.our_redis_missing()):
         print(f"redis: skipped, no Redis store in this checkout ({why})", file=sys.stderr)
         wanted.remove("redis")
     servers: dict[str, harness.Server] = {}
