@@ -96,7 +96,7 @@ def rows(server: str, backend: str) -> list[harness.Row]:
 
 def build_app(backend: str, target: str, synchronous: str | None) -> Any:
     """``/plain/...`` (no middleware) and ``/guarded/...`` (the middleware) in one process."""
-    from fastapi import Request, Response
+    from fastapi import Request
 
     from idempotence import open_async_store
     from idempotence.http import current_async_transaction
@@ -128,21 +128,26 @@ def build_app(backend: str, target: str, synchronous: str | None) -> Any:
             return {"ok": True, "amount": item.amount}
 
         @plain.post("/plain/floor-handler")
-        async def floor_handler(item: Item, request: Request) -> Response:
+        async def floor_handler(item: Item, request: Request) -> Any:
             claim = claim_params(backend, request)
-            status, body = await hand.guarded(claim, answer(item), None)
-            return Response(body, status, media_type="application/json")
+            return respond(*await hand.guarded(claim, answer(item), None))
 
         @plain.post("/plain/floor-tx")
-        async def floor_tx(item: Item, request: Request) -> Response:
+        async def floor_tx(item: Item, request: Request) -> Any:
             write = (insert, {"amount": item.amount, "note": request.url.path})
             claim = claim_params(backend, request)
-            status, body = await hand.guarded(claim, answer(item), write)
-            return Response(body, status, media_type="application/json")
+            return respond(*await hand.guarded(claim, answer(item), write))
 
     if backend not in INSERT:
         return harness.trivial_app(harness.our_guard(store))
     return harness.trivial_app(harness.our_guard(store, ["/guarded/tx"]), extra)
+
+
+def respond(status: int, body: bytes, replayed: bool) -> Any:
+    from fastapi import Response
+
+    headers = {"Idempotent-Replayed": "true"} if replayed else None
+    return Response(body, status, headers=headers, media_type="application/json")
 
 
 def answer(item: Any) -> bytes:
@@ -180,11 +185,11 @@ def finish_params(row: dict[str, Any], body: bytes) -> dict[str, Any]:
     }
 
 
-def settled(row: dict[str, Any]) -> tuple[int, bytes]:
+def settled(row: dict[str, Any]) -> tuple[int, bytes, bool]:
     """What a hand-written guard answers for a key it did not claim."""
     if row.get("finished_at") is not None:
-        return int(row["response_status"]), bytes(row["response_body"])
-    return 409, b'{"error": "in progress"}'
+        return int(row["response_status"]), bytes(row["response_body"]), True
+    return 409, b'{"error": "in progress"}', False
 
 
 class PgHand:
@@ -221,7 +226,7 @@ class PgHand:
 
     async def guarded(
         self, claim: dict[str, Any], body: bytes, write: tuple[str, Any] | None
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, bytes, bool]:
         """Handler mode (``write`` None): claim, answer, finish, each autocommitted.
         Request-as-transaction: BEGIN+claim in one pipeline, the write, finish+COMMIT."""
         from psycopg.rows import dict_row
@@ -236,7 +241,7 @@ class PgHand:
                 if not row["claimed"]:
                     return settled(row)
                 await cur.execute(self.queries["finish"], finish_params(row, body))
-                return 201, body
+                return 201, body, False
             async with conn.pipeline():
                 await conn.execute("BEGIN")
                 await cur.execute(self.queries["claim"], claim)
@@ -255,7 +260,7 @@ class PgHand:
             except BaseException:
                 await conn.execute("ROLLBACK")
                 raise
-            return 201, body
+            return 201, body, False
 
 
 class SqliteHand:
@@ -330,7 +335,7 @@ class SqliteHand:
 
     async def guarded(
         self, claim: dict[str, Any], body: bytes, write: tuple[str, Any] | None
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, bytes, bool]:
         async with self.hop() as call:
             preview = await call(self._fetch, "claim_read", claim)
             if preview is not None:
@@ -342,14 +347,14 @@ class SqliteHand:
                     return settled(row)
                 async with self.writer:
                     await call(self._finish, finish_params(row, body), False)
-                return 201, body
+                return 201, body, False
             async with self.writer:  # one transaction, the write lock held throughout
                 row = await call(self._claim, claim, False)
                 if not row.get("claimed"):
                     return settled(row)
                 await call(lambda conn: conn.execute(*write).fetchall())
                 await call(self._finish, finish_params(row, body), True)
-        return 201, body
+        return 201, body, False
 
 
 # -- the driver ----------------------------------------------------------------------------------

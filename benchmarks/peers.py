@@ -100,15 +100,6 @@ def prepare(guard: str, target: str) -> None:
         asyncio.run(init_pg(target))
 
 
-def url_for(conninfo_string: str) -> str:
-    """asyncpg takes URLs, not libpq's key=value strings (and we take either)."""
-    from psycopg import conninfo
-
-    params = conninfo.conninfo_to_dict(conninfo_string)
-    host, port = params.get("host", "127.0.0.1"), params.get("port", "5432")
-    return f"postgresql://{params.get('user', 'postgres')}@{host}:{port}/{params['dbname']}"
-
-
 def start(
     guards: list[str], args: argparse.Namespace, stack: contextlib.ExitStack
 ) -> dict[str, harness.Server]:
@@ -123,7 +114,7 @@ def start(
         if guard.endswith("-pg"):
             label = guard.replace("-", "_")
             dsn, dbname = stack.enter_context(harness.postgres_database(admin, label))
-            target, what = url_for(dsn), kind
+            target, what = harness.url_of(dsn), kind
             meter = harness.PostgresMeter(admin, dbname)
             stack.callback(meter.close)
         else:
