@@ -498,6 +498,51 @@ class Server:
     description: str = ""
 
 
+def command_line(
+    doc: str,
+    serve_options: Callable[[argparse.ArgumentParser], None],
+    options: Callable[[argparse.ArgumentParser], None],
+    app: Callable[[argparse.Namespace], Any],
+) -> argparse.Namespace | None:
+    """Parse an HTTP benchmark's command line. ``serve`` (internal: one app server,
+    built by ``app(args)``) serves until stopped and returns None; a run gets its
+    options back, --quick applied, with wrk and the dependencies in place."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    serving = sub.add_parser("serve", help="(internal) run one benchmark server")
+    serving.add_argument("--fd", type=int, required=True)
+    serve_options(serving)
+    options(parser)
+    parser.add_argument("--postgres", default=default_postgres(), help="the machine's server")
+    add_options(parser)
+    args = parser.parse_args()
+    use_repo()
+    use_deps()
+    if args.command == "serve":
+        serve(app(args), args.fd)
+        return None
+    apply_quick(args)
+    ensure_wrk()
+    return args
+
+
+def without_missing_redis(wanted: list[str], name: str) -> list[str]:
+    """``wanted`` less ``name`` (with a printed line) when this checkout has no Redis
+    store: so its rows appear by themselves once the store exists."""
+    if name in wanted and (why := our_redis_missing()):
+        print(f"{name}: skipped, no Redis store in this checkout ({why})", file=sys.stderr)
+        return [each for each in wanted if each != name]
+    return wanted
+
+
+def head(args: argparse.Namespace, layout: str) -> str:
+    return (
+        f"uvicorn ({layout}, uvloop, httptools), FastAPI; wrk -t{args.threads} "
+        f"-c{args.connections}, a unique Idempotency-Key per request; {args.seconds} s per "
+        f"row x {args.rounds} interleaved rounds (medians); {os.cpu_count()} CPU cores"
+    )
+
+
 def add_options(parser: argparse.ArgumentParser, seconds: int = 3) -> None:
     parser.add_argument("--seconds", type=int, default=seconds, help="per row per round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 3)")

@@ -36,7 +36,7 @@ Rows on each server (``ratio`` is req/s over the row named in ``vs``):
 ``replay``          handler mode, one key throughout: every request replays (vs trivial)
 ``replay-floor``    the claim statement by hand on a finished key, answering the stored
                     response (vs trivial)
-``... @c1``         trivial, handler and transaction at one connection: latency
+``... @c1``         trivial, handler, insert and transaction at one connection: latency
 
 CPU per request comes from /proc: ``app ms`` is the uvicorn process, ``db ms`` the
 PostgreSQL backends of the benchmark's database (``all-db ms``: the whole cluster, WAL
@@ -50,7 +50,6 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
@@ -87,7 +86,8 @@ def rows(server: str, backend: str) -> list[harness.Row]:
         row(server, "handler", "/guarded/handler", "trivial", connections=1),
     ]
     if backend in INSERT:
-        found.append(row(server, "transaction", "/guarded/tx", None, connections=1))
+        found.append(row(server, "insert", "/plain/insert", None, connections=1))
+        found.append(row(server, "transaction", "/guarded/tx", "insert", connections=1))
     return found
 
 
@@ -402,29 +402,21 @@ def migrate(backend: str, target: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command")
-    serving = sub.add_parser("serve", help="(internal) run one benchmark server")
-    serving.add_argument("--fd", type=int, required=True)
-    serving.add_argument("--backend", required=True)
-    serving.add_argument("--target", required=True)
-    serving.add_argument("--synchronous")
-    parser.add_argument("--server", action="append", choices=SERVERS, help="repeatable")
-    parser.add_argument("--postgres", default=harness.default_postgres())
-    harness.add_options(parser)
-    args = parser.parse_args()
-    harness.use_repo()
-    harness.use_deps()
-    if args.command == "serve":
-        app = build_app(args.backend, args.target, args.synchronous)
-        harness.serve(app, args.fd)
+    def serve_options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--backend", required=True)
+        parser.add_argument("--target", required=True)
+        parser.add_argument("--synchronous")
+
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--server", action="append", choices=SERVERS, help="repeatable")
+
+    def app(args: argparse.Namespace) -> Any:
+        return build_app(args.backend, args.target, args.synchronous)
+
+    args = harness.command_line(__doc__ or "", serve_options, options, app)
+    if args is None:
         return
-    harness.apply_quick(args)
-    harness.ensure_wrk()
-    wanted = args.server or list(SERVERS)
-    if "redis" in wanted and (why := harness.our_redis_missing()):
-        print(f"redis: skipped, no Redis store in this checkout ({why})", file=sys.stderr)
-        wanted.remove("redis")
+    wanted = harness.without_missing_redis(args.server or list(SERVERS), "redis")
     servers: dict[str, harness.Server] = {}
     table_rows: list[harness.Row] = []
     with contextlib.ExitStack() as stack:
@@ -436,12 +428,7 @@ def main() -> None:
                 servers[name] = harness.Server(name, port, pid, meter, what)
                 table_rows += rows(name, backend)
         table = harness.measure(servers, table_rows, args)
-    head = (
-        f"uvicorn (1 process, uvloop, httptools), FastAPI; wrk -t{args.threads} "
-        f"-c{args.connections}, unique Idempotency-Key per request; {args.seconds} s per row"
-        f" x {args.rounds} interleaved rounds (medians); CPU {os.cpu_count()} cores"
-    )
-    harness.emit(table, servers, args, head)
+    harness.emit(table, servers, args, harness.head(args, "1 process"))
 
 
 if __name__ == "__main__":

@@ -33,8 +33,6 @@ middleware, in the same process: the baseline), ``handler`` (a unique key per re
 
 import argparse
 import contextlib
-import os
-import sys
 from typing import Any
 
 import _harness as harness
@@ -154,37 +152,25 @@ def compare(table: list[dict[str, Any]]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command")
-    serving = sub.add_parser("serve", help="(internal) run one benchmark server")
-    serving.add_argument("--fd", type=int, required=True)
-    serving.add_argument("--guard", required=True, choices=GUARDS)
-    serving.add_argument("--target", required=True)
-    parser.add_argument("--guard", action="append", choices=GUARDS, help="repeatable")
-    parser.add_argument("--postgres", default=harness.default_postgres())
-    parser.add_argument("--postgres-kind", choices=("fast", "machine"), default="fast")
-    harness.add_options(parser)
-    args = parser.parse_args()
-    harness.use_repo()
-    harness.use_deps()
-    if args.command == "serve":
-        harness.serve(build_app(args.guard, args.target), args.fd)
+    def serve_options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--guard", required=True, choices=GUARDS)
+        parser.add_argument("--target", required=True)
+
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--guard", action="append", choices=GUARDS, help="repeatable")
+        parser.add_argument("--postgres-kind", choices=("fast", "machine"), default="fast")
+
+    def app(args: argparse.Namespace) -> Any:
+        return build_app(args.guard, args.target)
+
+    args = harness.command_line(__doc__ or "", serve_options, options, app)
+    if args is None:
         return
-    harness.apply_quick(args)
-    harness.ensure_wrk()
-    guards = args.guard or list(GUARDS)
-    if "ours-redis" in guards and (why := harness.our_redis_missing()):
-        print(f"ours-redis: skipped, no Redis store in this checkout ({why})", file=sys.stderr)
-        guards.remove("ours-redis")
+    guards = harness.without_missing_redis(args.guard or list(GUARDS), "ours-redis")
     with contextlib.ExitStack() as stack:
         servers = start(guards, args, stack)
         table = harness.measure(servers, [r for g in guards for r in rows(g)], args)
-    head = (
-        f"peers: uvicorn (1 process per guard, uvloop, httptools), FastAPI; wrk "
-        f"-t{args.threads} -c{args.connections}; {args.seconds} s per row x {args.rounds} "
-        f"interleaved rounds (medians); CPU {os.cpu_count()} cores"
-    )
-    harness.emit(table, servers, args, head)
+    harness.emit(table, servers, args, "peers: " + harness.head(args, "1 process per guard"))
     if not args.json:
         print("\n".join(["", *compare(table)]))
 

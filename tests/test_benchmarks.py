@@ -85,6 +85,7 @@ def test_http_bench_quick():
         "replay-floor",
         "trivial @c1",
         "handler @c1",
+        "insert @c1",
         "transaction @c1",
     }
     for row in rows:
