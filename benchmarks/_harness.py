@@ -131,7 +131,9 @@ end
 
 
 def lua_script() -> Path:
-    path = Path(tempfile.gettempdir()) / f"idempotence-bench-{os.getpid()}.lua"
+    """The script as a file (named by its content, so one file serves every run)."""
+    digest = hashlib.sha256(LUA.encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"idempotence-bench-{digest}.lua"
     if not path.exists():
         path.write_text(LUA)
     return path
@@ -246,9 +248,10 @@ class PostgresMeter(Meter):
 
         self.dbname = dbname
         self.admin = psycopg.connect(admin_url, autocommit=True)
-        directory = self.admin.execute("SHOW data_directory").fetchone()
         self.postmaster: int | None = None
-        with contextlib.suppress(OSError, ValueError, TypeError):
+        # data_directory is for superusers, and a remote server's files are not here.
+        with contextlib.suppress(OSError, ValueError, TypeError, psycopg.Error):
+            directory = self.admin.execute("SHOW data_directory").fetchone()
             lines = Path(str(directory[0] if directory else "")).joinpath("postmaster.pid")
             self.postmaster = int(lines.read_text().split()[0])
         if self.postmaster is not None and _stat(self.postmaster) is None:
