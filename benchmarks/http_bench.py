@@ -51,7 +51,6 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -360,11 +359,11 @@ class SqliteHand:
 # -- the driver ----------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
 def database(
     name: str, args: argparse.Namespace, stack: contextlib.ExitStack
-) -> Iterator[tuple[str, list[str], harness.Meter, str]]:
-    """The backend, the server's arguments, a CPU meter and a description."""
+) -> tuple[str, list[str], harness.Meter, str]:
+    """The backend, the server's arguments, a CPU meter and a description; what must
+    be torn down goes on ``stack``."""
     if name in ("pg", "pg-fast"):
         if name == "pg":
             admin, what = args.postgres, "the machine's PostgreSQL as configured"
@@ -375,18 +374,17 @@ def database(
         migrate("postgres", url)
         meter = harness.PostgresMeter(admin, dbname)
         stack.callback(meter.close)
-        yield "postgres", ["--target", url], meter, what
+        return "postgres", ["--target", url], meter, what
     elif name.startswith("sqlite"):
         directory = stack.enter_context(tempfile.TemporaryDirectory())
         path = os.path.join(directory, "bench.sqlite3")
         migrate("sqlite", path)
         level = ["--synchronous", "NORMAL"] if name == "sqlite-normal" else []
         what = "SQLite file, " + ("synchronous=NORMAL" if level else "default (FULL)")
-        yield "sqlite", ["--target", path, *level], harness.Meter(), what
-    else:
-        url, pid = stack.enter_context(harness.throwaway_redis())
-        meter = harness.ProcessMeter("redis", pid)
-        yield "redis", ["--target", f"{url}/0"], meter, "throwaway redis-server"
+        return "sqlite", ["--target", path, *level], harness.Meter(), what
+    url, pid = stack.enter_context(harness.throwaway_redis())
+    meter = harness.ProcessMeter("redis", pid)
+    return "redis", ["--target", f"{url}/0"], meter, "throwaway redis-server"
 
 
 def migrate(backend: str, target: str) -> None:
@@ -421,12 +419,12 @@ def main() -> None:
     table_rows: list[harness.Row] = []
     with contextlib.ExitStack() as stack:
         for name in wanted:
-            with database(name, args, stack) as (backend, arguments, meter, what):
-                port, pid = stack.enter_context(
-                    harness.app_server(__file__, ["--backend", backend, *arguments])
-                )
-                servers[name] = harness.Server(name, port, pid, meter, what)
-                table_rows += rows(name, backend)
+            backend, arguments, meter, what = database(name, args, stack)
+            port, pid = stack.enter_context(
+                harness.app_server(__file__, ["--backend", backend, *arguments])
+            )
+            servers[name] = harness.Server(name, port, pid, meter, what)
+            table_rows += rows(name, backend)
         table = harness.measure(servers, table_rows, args)
     harness.emit(table, servers, args, harness.head(args, "1 process"))
 
