@@ -1,23 +1,34 @@
-"""The benchmark scripts start as the README runs them (``python benchmarks/X.py``).
+"""The benchmark scripts start as the README runs them (``python benchmarks/X.py``), and
+the HTTP, peer and driver benchmarks measure something in a brief ``--quick`` run.
 
 Run as a script, a file's directory comes first on ``sys.path``: a benchmark named
 like a standard-library module (it was ``http.py``) would shadow it for every import
 of the library, and the README's commands would fail before measuring anything.
+Files named ``_*.py`` are the benchmarks' shared machinery, not scripts.
+
+The quick runs install the benchmarks' own dependencies (benchmarks/requirements.txt,
+into benchmarks/.deps) and ``wrk`` if they are missing, and fail loudly if they cannot.
+No number is judged here (speed is for the scripts to print): only that every row ran,
+answered every request as it should, and was measured.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-BENCHMARKS = sorted((Path(__file__).parent.parent / "benchmarks").glob("*.py"))
+HERE = Path(__file__).parent.parent / "benchmarks"
+BENCHMARKS = sorted(path for path in HERE.glob("*.py") if not path.name.startswith("_"))
 
 
 def test_there_are_benchmarks():
-    assert {path.name for path in BENCHMARKS} >= {"store.py", "reaper.py", "http_bench.py"}
+    names = {path.name for path in BENCHMARKS}
+    assert names >= {"store.py", "reaper.py", "http_bench.py", "peers.py", "drivers.py"}
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.name)
@@ -31,3 +42,76 @@ def test_a_benchmark_script_starts(script: Path):
     )
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout
+
+
+def quick(script: str, *options: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, str(HERE / script), "--quick", "--json", *options],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout))
+
+
+def assert_every_row_served(rows: list[dict[str, Any]], servers: set[str]) -> None:
+    assert {row["server"] for row in rows} == servers
+    for row in rows:
+        name = f"{row['server']} {row['row']}"
+        assert row["rps"] > 0, name
+        assert row["errors"] == 0, name
+        assert row["non_2xx"] == 0, name  # a 409, 422 or 500 would measure something else
+        assert row["app_ms"] is not None and row["app_ms"] > 0, name
+        assert row["p50_us"] > 0 and row["p99_us"] >= row["p50_us"], name
+        if row["baseline"] is not None:
+            assert row["ratio"] is not None and row["ratio"] > 0, name
+
+
+def test_http_bench_quick():
+    table = quick("http_bench.py", "--server", "pg-fast", "--server", "sqlite-normal")
+    rows = table["rows"]
+    assert_every_row_served(rows, {"pg-fast", "sqlite-normal"})
+    names = {row["row"] for row in rows if row["server"] == "pg-fast"}
+    assert names == {
+        "trivial",
+        "insert",
+        "handler",
+        "handler-floor",
+        "transaction",
+        "transaction-floor",
+        "replay",
+        "replay-floor",
+        "trivial @c1",
+        "handler @c1",
+        "insert @c1",
+        "transaction @c1",
+    }
+    for row in rows:
+        if row["server"] == "pg-fast" and row["row"] not in ("trivial", "trivial @c1"):
+            # Every row that touches PostgreSQL shows CPU in its backends.
+            assert row["db_ms"] is not None and row["db_ms"] > 0, row["row"]
+        if row["server"] == "sqlite-normal":
+            assert row["db_ms"] is None  # SQLite runs in the app process
+
+
+def test_peers_quick():
+    table = quick(
+        "peers.py", "--guard", "ours-pg", "--guard", "idemkit-pg", "--guard", "idemkit-redis"
+    )
+    assert_every_row_served(table["rows"], {"ours-pg", "idemkit-pg", "idemkit-redis"})
+    for row in table["rows"]:
+        if row["row"] in ("handler", "replay"):
+            measured = row["redis_ms"] if row["server"].endswith("redis") else row["db_ms"]
+            assert measured is not None and measured > 0, (row["server"], row["row"])
+
+
+def test_drivers_quick():
+    table = quick("drivers.py", "--tasks", "4")
+    found = {(row["driver"], row["kind"], row["tasks"]) for row in table["rows"]}
+    assert found == {
+        (d, k, t) for d in ("psycopg", "asyncpg") for k in ("select", "pair") for t in (1, 4)
+    }
+    for row in table["rows"]:
+        assert row["ops"] > 0 and row["client_us"] > 0 and row["server_us"] > 0, row

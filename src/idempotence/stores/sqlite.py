@@ -30,7 +30,7 @@ from contextlib import (
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from ..errors import SchemaMissing, StoreError, StoreUnavailable
+from ..errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
 from ..observability import Instrumentation
 from ..states import ClaimRequest
 from ._connection import body, run
@@ -42,6 +42,12 @@ from ._store_async import AsyncStore
 #: Seconds a connection waits for another's write lock before the attempt fails (and
 #: the store retries it a few times, see ``_store.TRANSIENT_ATTEMPTS``).
 DEFAULT_BUSY_TIMEOUT = 5.0
+
+#: The values of ``PRAGMA synchronous`` a store accepts (``None`` keeps SQLite's
+#: default, FULL). In WAL mode NORMAL skips the fsync at each commit: a commit is
+#: still atomic and the database consistent, but the last commits before a power
+#: loss or an OS crash may be rolled back (an application crash loses nothing).
+SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 #: Idle connections a store keeps open for reuse (and, async, the most it opens).
 MAX_IDLE_CONNECTIONS = 16
@@ -183,23 +189,52 @@ class _Connection:
         return self._writer if write else nullcontext()
 
 
-def connect(path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> sqlite3.Connection:
+def connect(
+    path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT, synchronous: str | None = None
+) -> sqlite3.Connection:
     """Open a connection configured the way the store needs it."""
+    level = _synchronous(synchronous)
     with _translated():
         raw = sqlite3.connect(
             path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
         )
         raw.execute("PRAGMA journal_mode=WAL")
         raw.execute("PRAGMA foreign_keys=ON")
+        if level is not None:
+            raw.execute(f"PRAGMA synchronous={level}")
     return raw
+
+
+def _synchronous(value: str | None) -> str | None:
+    """``value`` checked against :data:`SYNCHRONOUS` (it is spliced into a PRAGMA)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value.upper() not in SYNCHRONOUS:
+        raise ConfigurationError(
+            f"synchronous={value!r}: use one of {', '.join(SYNCHRONOUS)} (or None for "
+            "SQLite's default, FULL)"
+        )
+    return value.upper()
+
+
+def _check_synchronous(target: str | sqlite3.Connection, synchronous: str | None) -> None:
+    """Refuse ``synchronous`` when it is bad or cannot apply, when the store is built
+    (not at its first connection)."""
+    _synchronous(synchronous)
+    if synchronous is not None and isinstance(target, sqlite3.Connection):
+        raise ConfigurationError(
+            "synchronous= applies to the store's own connections: set the PRAGMA on "
+            "the application's connection instead"
+        )
 
 
 class _FileSource:
     """A small pool of connections to one database file."""
 
-    def __init__(self, path: str, *, busy_timeout: float) -> None:
+    def __init__(self, path: str, *, busy_timeout: float, synchronous: str | None) -> None:
         self._path = path
         self._busy_timeout = busy_timeout
+        self._synchronous = synchronous
         self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._writer = threading.Lock()
@@ -212,7 +247,9 @@ class _FileSource:
                 raise StoreUnavailable("the SQLite store is closed")
             raw = self._idle.pop() if self._idle else None
         if raw is None:
-            raw = connect(self._path, busy_timeout=self._busy_timeout)
+            raw = connect(
+                self._path, busy_timeout=self._busy_timeout, synchronous=self._synchronous
+            )
         try:
             yield _Connection(raw, self._writer)
         finally:
@@ -254,18 +291,27 @@ class _SingleSource:
             self._conn.raw.close()
 
 
-def _source(target: str | sqlite3.Connection, busy_timeout: float) -> _FileSource | _SingleSource:
+def _source(
+    target: str | sqlite3.Connection, busy_timeout: float, synchronous: str | None
+) -> _FileSource | _SingleSource:
+    _check_synchronous(target, synchronous)
     if isinstance(target, sqlite3.Connection):
         return _SingleSource(target, owned=False)
     if target == ":memory:":
         # Every connection to ":memory:" is a different database: share one.
-        return _SingleSource(connect(target, busy_timeout=busy_timeout), owned=True)
-    return _FileSource(target, busy_timeout=busy_timeout)
+        raw = connect(target, busy_timeout=busy_timeout, synchronous=synchronous)
+        return _SingleSource(raw, owned=True)
+    return _FileSource(target, busy_timeout=busy_timeout, synchronous=synchronous)
 
 
 class SqliteStore(Store):
     """The SQLite key store (sync). ``target`` is a file path, ``":memory:"``, or a
     ``sqlite3.Connection`` the application already has.
+
+    ``synchronous`` sets ``PRAGMA synchronous`` on the store's own connections (one of
+    :data:`SYNCHRONOUS`; ``None`` keeps SQLite's default, FULL): ``"NORMAL"`` skips
+    the fsync per commit, so the last commits before a power loss may be lost, never
+    torn (see ``benchmarks/http_bench.py`` for what it buys).
 
     >>> store = SqliteStore("keys.sqlite3")      # doctest: +SKIP
     """
@@ -275,10 +321,13 @@ class SqliteStore(Store):
         target: str | sqlite3.Connection,
         *,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        synchronous: str | None = None,
         instrumentation: Instrumentation | None = None,
     ) -> None:
         super().__init__(
-            _source(target, busy_timeout), SqliteDialect(), instrumentation=instrumentation
+            _source(target, busy_timeout, synchronous),
+            SqliteDialect(),
+            instrumentation=instrumentation,
         )
 
 
@@ -423,13 +472,17 @@ class AsyncSqliteStore(AsyncStore):
         *,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         max_size: int = MAX_IDLE_CONNECTIONS,
+        synchronous: str | None = None,
         instrumentation: Instrumentation | None = None,
     ) -> None:
         source: _AsyncSource
+        _check_synchronous(target, synchronous)
         if isinstance(target, sqlite3.Connection):
             source = _AsyncSource(lambda: target, max_size=1, owned=False)
         else:
-            opener = functools.partial(connect, target, busy_timeout=busy_timeout)
+            opener = functools.partial(
+                connect, target, busy_timeout=busy_timeout, synchronous=synchronous
+            )
             # Every connection to ":memory:" is a different database: share one.
             size = 1 if target == ":memory:" else max_size
             source = _AsyncSource(opener, max_size=size, owned=True)

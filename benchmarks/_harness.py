@@ -1,0 +1,689 @@
+"""The machinery that http_bench.py, peers.py and drivers.py share (not a benchmark).
+
+* the benchmarks' own dependencies (``benchmarks/requirements.txt``), installed with
+  ``pip install --target benchmarks/.deps`` and put at the END of ``sys.path``;
+* ``wrk`` (C), installed with apt-get when missing, driven by a Lua script that gives
+  each request a unique Idempotency-Key (or one fixed key, for replay rows) and prints
+  its summary as JSON;
+* app servers: uvicorn with uvloop and httptools, one process per server, on a socket
+  this process bound;
+* CPU per request by process, from /proc: the app server, and the database server
+  (the backends of the benchmark's own database, and the whole cluster);
+* databases: a fresh database on the machine's PostgreSQL, a throwaway cluster with
+  fsync=off and synchronous_commit=off, a throwaway redis-server;
+* rows measured in interleaved rounds (medians, same-run ratios), printed or as JSON.
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DEPS = HERE / ".deps"
+REQUIREMENTS = HERE / "requirements.txt"
+CLOCK = os.sysconf("SC_CLK_TCK")
+BODY = b'{"amount": 100}'
+
+# -- the benchmarks' own dependencies ------------------------------------------------------
+
+
+def ensure_deps() -> Path:
+    """Install benchmarks/requirements.txt into benchmarks/.deps (once per content)."""
+    stamp = DEPS / ".requirements.sha256"
+    wanted = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == wanted:
+        return DEPS
+    print(f"installing the benchmarks' dependencies into {DEPS} ...", file=sys.stderr)
+    shutil.rmtree(DEPS, ignore_errors=True)
+    command = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    command += ["--no-deps", "--target", str(DEPS), "-r", str(REQUIREMENTS)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"cannot install {REQUIREMENTS.name}: {done.stderr.strip().splitlines()[-1:]}")
+    stamp.write_text(wanted)
+    return DEPS
+
+
+def use_deps() -> None:
+    """Make benchmarks/.deps importable, after everything the virtualenv has."""
+    ensure_deps()
+    if str(DEPS) not in sys.path:
+        sys.path.append(str(DEPS))
+
+
+def use_repo() -> None:
+    """Import this checkout's package (src/) and test support (tests/) first."""
+    for path in (str(ROOT / "src"), str(ROOT)):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def ensure_wrk() -> str:
+    """The path of ``wrk``, installed with apt-get if missing, or exit with one line."""
+    found = shutil.which("wrk")
+    if found:
+        return found
+    if shutil.which("apt-get") and os.geteuid() == 0:
+        print("installing wrk (apt-get install -y wrk) ...", file=sys.stderr)
+        install = ["apt-get", "install", "-y", "-q", "wrk"]
+        quiet = {"capture_output": True, "check": False}
+        if subprocess.run(install, **quiet).returncode != 0:  # type: ignore[call-overload]
+            subprocess.run(["apt-get", "update", "-q"], **quiet)  # type: ignore[call-overload]
+            subprocess.run(install, **quiet)  # type: ignore[call-overload]
+        found = shutil.which("wrk")
+        if found:
+            return found
+    sys.exit("wrk (the load generator, in C) is missing: install it with `apt-get install wrk`")
+
+
+# -- wrk -----------------------------------------------------------------------------------
+
+LUA = r"""
+-- Each request gets the key PREFIX-THREAD-N (or the fixed key FIXED), and done()
+-- prints the summary as one JSON line that the harness reads.
+local thread_count, counter, prefix, fixed = 0, 0, "", nil
+
+function setup(thread)
+  thread_count = thread_count + 1
+  thread:set("thread_id", thread_count)
+end
+
+function init(args)
+  prefix = args[1] .. "-" .. tostring(thread_id)
+  if args[2] ~= "-" then fixed = args[2] end
+  wrk.method = "POST"
+  wrk.body = '{"amount": 100}'
+  wrk.headers["Content-Type"] = "application/json"
+end
+
+function request()
+  counter = counter + 1
+  wrk.headers["Idempotency-Key"] = fixed or (prefix .. "-" .. counter)
+  return wrk.format()
+end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRK_JSON {"requests": %d, "duration_us": %d, "p50_us": %d, "p99_us": %d, ' ..
+    '"errors": %d, "non_2xx": %d}\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.timeout, e.status))
+end
+"""
+
+
+def lua_script() -> Path:
+    """The script as a file (named by its content, so one file serves every run)."""
+    digest = hashlib.sha256(LUA.encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"idempotence-bench-{digest}.lua"
+    if not path.exists():
+        path.write_text(LUA)
+    return path
+
+
+def run_wrk(
+    port: int, path: str, *, seconds: int, connections: int, threads: int, key: str
+) -> dict[str, Any]:
+    """One wrk run; ``key`` is a unique prefix, or ``fixed:KEY`` for one key throughout."""
+    prefix, fixed = (key, "-") if not key.startswith("fixed:") else ("x", key[6:])
+    command = [ensure_wrk(), f"-t{min(threads, connections)}", f"-c{connections}"]
+    command += [f"-d{seconds}s", "--timeout", "10s", "-s", str(lua_script())]
+    command += [f"http://127.0.0.1:{port}{path}", "--", prefix, fixed]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith("WRK_JSON "):
+            result = dict(json.loads(line[9:]))
+            result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
+            return result
+    raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr or done.stdout}")
+
+
+def post(port: int, path: str, key: str) -> tuple[int, dict[str, str]]:
+    """One POST with ``key``: the status and the headers (lower-case names)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=BODY,
+        headers={"Content-Type": "application/json", "Idempotency-Key": key},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
+            return int(response.status), {k.lower(): v for k, v in response.headers.items()}
+    except urllib.error.HTTPError as error:
+        raise RuntimeError(f"POST {path} answered {error.code}: {error.read()[:300]!r}") from None
+
+
+# -- CPU by process --------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float | None:
+    """User + system CPU of a process so far, all its threads: from the scheduler's
+    nanosecond counts (/proc/PID/task/*/schedstat) where the kernel has them, else
+    from /proc/PID/stat in clock ticks (10 ms: too coarse for a backend that serves a
+    few hundred short requests). With ``reaped_children``, also the CPU of its
+    children that exited (ticks only: a postmaster's backends that quit)."""
+    fields = _stat(pid)
+    if fields is None:
+        return None
+    seconds = (int(fields[11]) + int(fields[12])) / CLOCK
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        threads = os.listdir(f"/proc/{pid}/task")
+        total = 0
+        for thread in threads:
+            with open(f"/proc/{pid}/task/{thread}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+        # Threads that exited count in the ticks only: never report less than those.
+        seconds = max(seconds, total / 1e9)
+    if reaped_children:
+        seconds += (int(fields[13]) + int(fields[14])) / CLOCK
+    return seconds
+
+
+def children(parent: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat(int(entry))) and int(fields[1]) == parent:
+            pids.append(int(entry))
+    return pids
+
+
+class Meter:
+    """CPU seconds so far of the processes a row's database runs in, by name."""
+
+    def snapshot(self) -> dict[str, dict[int, float]]:
+        return {}
+
+    @staticmethod
+    def used(before: dict[int, float], after: dict[int, float]) -> float:
+        # A process new since ``before`` counts from zero; one gone is lost (rare:
+        # the pools keep their connections through a round).
+        return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+
+
+class ProcessMeter(Meter):
+    """One server process (a throwaway redis-server)."""
+
+    def __init__(self, name: str, pid: int) -> None:
+        self.name, self.pid = name, pid
+
+    def snapshot(self) -> dict[str, dict[int, float]]:
+        seconds = cpu_seconds(self.pid)
+        return {self.name: {} if seconds is None else {self.pid: seconds}}
+
+
+class PostgresMeter(Meter):
+    """``db``: the backends connected to ``dbname``; ``cluster``: every process of the
+    cluster, its background writers included (on the shared server, other tenants'
+    work too). Nothing when the server's processes are not readable here."""
+
+    def __init__(self, admin_url: str, dbname: str) -> None:
+        import psycopg
+
+        self.dbname = dbname
+        self.admin = psycopg.connect(admin_url, autocommit=True)
+        self.postmaster: int | None = None
+        # data_directory is for superusers, and a remote server's files are not here.
+        with contextlib.suppress(OSError, ValueError, TypeError, psycopg.Error):
+            directory = self.admin.execute("SHOW data_directory").fetchone()
+            lines = Path(str(directory[0] if directory else "")).joinpath("postmaster.pid")
+            self.postmaster = int(lines.read_text().split()[0])
+        if self.postmaster is not None and _stat(self.postmaster) is None:
+            self.postmaster = None
+
+    def snapshot(self) -> dict[str, dict[int, float]]:
+        if self.postmaster is None:
+            return {}
+        query = "SELECT pid FROM pg_stat_activity WHERE datname = %s"
+        backends = [row[0] for row in self.admin.execute(query, (self.dbname,))]
+        own = {pid: s for pid in backends if (s := cpu_seconds(pid)) is not None}
+        cluster = {pid: s for pid in children(self.postmaster) if (s := cpu_seconds(pid))}
+        cluster[self.postmaster] = cpu_seconds(self.postmaster, reaped_children=True) or 0.0
+        return {"db": own, "cluster": cluster}
+
+    def close(self) -> None:
+        self.admin.close()
+
+
+# -- databases -------------------------------------------------------------------------------
+
+
+def default_postgres() -> str:
+    env = os.environ.get("IDEMPOTENCE_TEST_POSTGRES", "")
+    # The test suite's variable may also say "throwaway" or "embedded": not a URL.
+    return env if env.startswith("postgres") else "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@contextlib.contextmanager
+def postgres_database(admin_url: str, label: str) -> Iterator[tuple[str, str]]:
+    """A new database (dropped at the end): its URL and its name."""
+    import psycopg
+    from psycopg import conninfo
+    from psycopg import sql as pgsql
+
+    name = f"idempotence_bench_{label}_{os.getpid()}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    try:
+        yield conninfo.make_conninfo(admin_url, dbname=name), name
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            drop = pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            admin.execute(drop.format(pgsql.Identifier(name)))
+
+
+def url_of(dsn: str) -> str:
+    """A libpq key=value string as a URL (asyncpg takes URLs only)."""
+    from psycopg import conninfo
+
+    params = conninfo.conninfo_to_dict(dsn)
+    host, port = params.get("host", "127.0.0.1"), params.get("port", "5432")
+    return f"postgresql://{params.get('user', 'postgres')}@{host}:{port}/{params['dbname']}"
+
+
+@contextlib.contextmanager
+def fast_cluster() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster with fsync=off, synchronous_commit=off (and
+    full_page_writes=off), as the peers' own benchmarks run it: its superuser URL."""
+    use_repo()
+    from tests.support.postgres import throwaway_cluster
+
+    with throwaway_cluster() as server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def throwaway_redis() -> Iterator[tuple[str, int]]:
+    """A private redis-server (no persistence) on a free port: its URL (add ``/DB``)
+    and its pid."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed")
+    port = free_port()
+    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    command += ["--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process)
+        yield f"redis://127.0.0.1:{port}", process.pid
+    finally:
+        stop(process)
+
+
+def our_redis_missing() -> str | None:
+    """Why this checkout has no Redis store (``open_async_store("redis://...")``), or
+    None when it has one."""
+    from idempotence import open_async_store
+
+    try:
+        open_async_store("redis://127.0.0.1:1/0")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+# -- app servers ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen[Any], seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the server on port {port} did not start")
+        time.sleep(0.05)
+
+
+def stop(process: subprocess.Popen[Any]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@contextlib.contextmanager
+def app_server(script: str, arguments: Sequence[str]) -> Iterator[tuple[int, int]]:
+    """``python SCRIPT serve --fd N ARGUMENTS`` on a socket bound here: (port, pid)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    command = [sys.executable, script, "serve", "--fd", str(sock.fileno()), *arguments]
+    process = subprocess.Popen(command, pass_fds=[sock.fileno()])
+    try:
+        wait_for_port(port, process)
+        yield port, process.pid
+    finally:
+        stop(process)
+        sock.close()
+
+
+def serve(app: Any, fd: int) -> None:
+    """Run ``app`` as users deploy it: uvicorn, 1 process, uvloop, httptools."""
+    import uvicorn
+
+    # Not uvicorn's fd= option: it wraps the descriptor as an AF_UNIX socket, so asyncio
+    # never sets TCP_NODELAY on the connections, and Nagle's algorithm meets delayed
+    # ACKs for 40 ms per response. socket(fileno=) reads the real family and protocol.
+    sock = socket.socket(fileno=fd)
+    config = uvicorn.Config(
+        app, loop="uvloop", http="httptools", log_level="warning", access_log=False
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def dispatch(routes: dict[str, Any]) -> Any:
+    """One ASGI app from several, by the first segment of the path (``/PREFIX/...``);
+    it answers the lifespan itself (the apps open their pools on first use)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        await routes[scope["path"].split("/", 2)[1]](scope, receive, send)
+
+    return app
+
+
+def trivial_app(guard: Callable[[Any], None], extra: Callable[..., None] | None = None) -> Any:
+    """The benchmarks' app: the same trivial FastAPI endpoint (parse a JSON body, answer
+    201 with a small JSON body) at ``/plain/trivial``, unguarded, and at
+    ``/guarded/handler`` in a second FastAPI app that ``guard(app)`` adds a middleware
+    to. ``extra(plain, guarded, Item)`` adds routes of its own to either."""
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+
+    class Item(BaseModel):
+        amount: int
+
+    plain, guarded = FastAPI(), FastAPI()
+
+    @plain.post("/plain/trivial", status_code=201)
+    @guarded.post("/guarded/handler", status_code=201)
+    async def trivial(item: Item) -> dict[str, Any]:
+        return {"ok": True, "amount": item.amount}
+
+    if extra is not None:
+        extra(plain, guarded, Item)
+    guard(guarded)
+    return dispatch({"plain": plain, "guarded": guarded})
+
+
+def our_guard(store: Any, transaction_paths: Sequence[str] = ()) -> Callable[[Any], None]:
+    """Adds idempotence's middleware: handler mode, request-as-transaction on the
+    ``transaction_paths``, one tenant."""
+
+    def guard(app: Any) -> None:
+        from idempotence.http import (
+            Endpoint,
+            Idempotency,
+            IdempotencyMiddleware,
+            Policy,
+            single_tenant,
+        )
+
+        endpoints = [
+            Endpoint(f"POST {path}", Policy(transaction=True)) for path in transaction_paths
+        ]
+        config = Idempotency(store=store, scope=single_tenant("bench"), endpoints=endpoints)
+        app.add_middleware(IdempotencyMiddleware, config=config)
+
+    return guard
+
+
+# -- rows and rounds -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One line of the table: POSTs to ``path`` on the server ``server``.
+
+    ``baseline`` names the row (same server) whose req/s and CPU this one is compared
+    with, None for a baseline. ``fixed`` rows send one key throughout (replays)."""
+
+    server: str
+    name: str
+    path: str
+    baseline: str | None
+    fixed: bool = False
+    connections: int | None = None  # None: --connections
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name if self.connections is None else f"{self.name} @c{self.connections}"
+
+
+@dataclasses.dataclass
+class Server:
+    name: str
+    port: int
+    pid: int
+    meter: Meter = dataclasses.field(default_factory=Meter)
+    description: str = ""
+
+
+def command_line(
+    doc: str,
+    serve_options: Callable[[argparse.ArgumentParser], None],
+    options: Callable[[argparse.ArgumentParser], None],
+    app: Callable[[argparse.Namespace], Any],
+) -> argparse.Namespace | None:
+    """Parse an HTTP benchmark's command line. ``serve`` (internal: one app server,
+    built by ``app(args)``) serves until stopped and returns None; a run gets its
+    options back, --quick applied, with wrk and the dependencies in place."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    serving = sub.add_parser("serve", help="(internal) run one benchmark server")
+    serving.add_argument("--fd", type=int, required=True)
+    serve_options(serving)
+    options(parser)
+    parser.add_argument("--postgres", default=default_postgres(), help="the machine's server")
+    add_options(parser)
+    args = parser.parse_args()
+    use_repo()
+    use_deps()
+    if args.command == "serve":
+        serve(app(args), args.fd)
+        return None
+    apply_quick(args)
+    ensure_wrk()
+    return args
+
+
+def without_missing_redis(wanted: list[str], name: str) -> list[str]:
+    """``wanted`` less ``name`` (with a printed line) when this checkout has no Redis
+    store: so its rows appear by themselves once the store exists."""
+    if name in wanted and (why := our_redis_missing()):
+        print(f"{name}: skipped, no Redis store in this checkout ({why})", file=sys.stderr)
+        return [each for each in wanted if each != name]
+    return wanted
+
+
+def head(args: argparse.Namespace, layout: str) -> str:
+    return (
+        f"uvicorn ({layout}, uvloop, httptools), FastAPI; wrk -t{args.threads} "
+        f"-c{args.connections}, a unique Idempotency-Key per request; {args.seconds} s per "
+        f"row x {args.rounds} interleaved rounds (medians); {os.cpu_count()} CPU cores"
+    )
+
+
+def add_options(parser: argparse.ArgumentParser, seconds: int = 3) -> None:
+    parser.add_argument("--seconds", type=int, default=seconds, help="per row per round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured seconds per row")
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1, help="wrk threads")
+    parser.add_argument("--quick", action="store_true", help="1 round of 1 s, no warm-up")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def apply_quick(args: argparse.Namespace) -> None:
+    if args.quick:
+        args.seconds, args.rounds, args.warmup = 1, 1, 0
+
+
+def measure(
+    servers: dict[str, Server], rows: Sequence[Row], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Every row, ``args.rounds`` times, in alternating order; medians and ratios."""
+    run_id = f"{os.getpid()}-{time.time_ns()}"
+    for row in rows:
+        if row.fixed:
+            settle(servers[row.server].port, row, f"replay-{row.server}-{row.name}")
+    results: dict[Row, list[dict[str, Any]]] = {row: [] for row in rows}
+    for number in range(args.rounds):
+        order = rows if number % 2 == 0 else list(reversed(rows))
+        for row in order:
+            results[row].append(_one(servers[row.server], row, args, f"{run_id}-{number}"))
+    return summarise(rows, results)
+
+
+def settle(port: int, row: Row, key: str) -> None:
+    """Finish a replay row's key before its rounds, so every measured request replays,
+    and check that the guard does replay it (else the row would measure nothing)."""
+    post(port, row.path, key)
+    _, headers = post(port, row.path, key)
+    # idempotence says Idempotent-Replayed, idemkit Idempotency-Replayed.
+    if "true" not in (headers.get("idempotent-replayed"), headers.get("idempotency-replayed")):
+        raise RuntimeError(f"{row.server} {row.label}: the second POST was not a replay")
+
+
+def _one(server: Server, row: Row, args: argparse.Namespace, run: str) -> dict[str, Any]:
+    key = f"fixed:replay-{row.server}-{row.name}" if row.fixed else f"{run}-{row.label}"
+    connections = row.connections or args.connections
+    load = functools.partial(run_wrk, server.port, row.path, connections=connections)
+    if args.warmup > 0:
+        load(seconds=args.warmup, threads=args.threads, key=key + "-warm")
+    app_before, db_before = cpu_seconds(server.pid), server.meter.snapshot()
+    result = load(seconds=args.seconds, threads=args.threads, key=key)
+    app_after, db_after = cpu_seconds(server.pid), server.meter.snapshot()
+    served = result["requests"] or 1
+    if app_before is not None and app_after is not None:
+        result["app_ms"] = 1000 * (app_after - app_before) / served
+    for name, after in db_after.items():
+        result[f"{name}_ms"] = 1000 * Meter.used(db_before.get(name, {}), after) / served
+    return result
+
+
+def summarise(
+    rows: Sequence[Row], results: dict[Row, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    def median(row: Row, field: str) -> float | None:
+        known = [r[field] for r in results[row] if r.get(field) is not None]
+        return statistics.median(known) if known else None
+
+    by_name = {(row.server, row.label): row for row in rows}
+    table = []
+    for row in rows:
+        rps = median(row, "rps") or 0.0
+        suffix = "" if row.connections is None else f" @c{row.connections}"
+        base = by_name.get((row.server, f"{row.baseline}{suffix}")) if row.baseline else None
+        base_rps = median(base, "rps") if base else None
+        line: dict[str, Any] = {
+            "server": row.server,
+            "row": row.label,
+            "path": row.path,
+            "baseline": base.label if base else None,
+            "rps": rps,
+            "ratio": rps / base_rps if base_rps else None,
+            "connections": row.connections,
+            "note": row.note,
+        }
+        for field in ("p50_us", "p99_us", "app_ms", "db_ms", "cluster_ms", "redis_ms"):
+            line[field] = median(row, field)
+        app, base_app = line["app_ms"], median(base, "app_ms") if base else None
+        line["app_added_ms"] = app - base_app if app is not None and base_app else None
+        spread = [r["rps"] for r in results[row]]
+        line["spread"] = (max(spread) - min(spread)) / rps if rps else 0.0
+        line["errors"] = sum(r["errors"] for r in results[row])
+        line["non_2xx"] = sum(r["non_2xx"] for r in results[row])
+        line["rounds"] = results[row]
+        table.append(line)
+    return table
+
+
+def print_table(table: list[dict[str, Any]], servers: dict[str, Server]) -> None:
+    def number(value: float | None, width: int, digits: int) -> str:
+        return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+    columns = "req/s  ratio  p50 ms  p99 ms  app ms  +app ms  db ms  all-db ms  spread  errs"
+    for name, server in servers.items():
+        lines = [row for row in table if row["server"] == name]
+        if not lines:
+            continue
+        print(f"\n{name}: {server.description}")
+        print(f"  {'row':<22} {columns}")
+        for row in lines:
+            db = row["db_ms"] if row["db_ms"] is not None else row["redis_ms"]
+            print(
+                f"  {row['row']:<22} {row['rps']:>5.0f} {number(row['ratio'], 6, 2)}"
+                f" {number(_ms(row['p50_us']), 7, 2)} {number(_ms(row['p99_us']), 7, 2)}"
+                f" {number(row['app_ms'], 7, 3)} {number(row['app_added_ms'], 8, 3)}"
+                f" {number(db, 6, 3)} {number(row['cluster_ms'], 10, 3)}"
+                f" {100 * row['spread']:>6.0f}% {row['errors'] + row['non_2xx']:>5}"
+                + (f"  vs {row['baseline']}" if row["baseline"] else "  (baseline)")
+            )
+
+
+def _ms(microseconds: float | None) -> float | None:
+    return None if microseconds is None else microseconds / 1000
+
+
+LEGEND = """\
+req/s: median of the rounds; ratio: req/s over the baseline row's (same server, same run)
+p50/p99: wrk's latency percentiles; app ms: the app server's CPU (user+system) per request;
++app ms: app ms minus the baseline's; db ms: CPU per request of the database backends
+serving this benchmark's database (Redis: the redis-server); all-db ms: every process of
+the PostgreSQL cluster (on the shared server, other tenants' load too); spread: (fastest -
+slowest round) / median; errs: socket errors + non-2xx answers (should be 0)"""
+
+
+def emit(table: list[dict[str, Any]], servers: dict[str, Server], args: Any, head: str) -> None:
+    if args.json:
+        meta = {name: server.description for name, server in servers.items()}
+        options = {k: v for k, v in vars(args).items() if k not in ("func",)}
+        print(json.dumps({"servers": meta, "options": options, "rows": table}, indent=2))
+        return
+    print(head)
+    print_table(table, servers)
+    print()
+    print(LEGEND)

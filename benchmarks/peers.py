@@ -1,0 +1,179 @@
+"""The peers, side by side in one run: the same FastAPI app and handler guarded by
+idemkit 1.0.2 and by idempotence, on PostgreSQL and Redis.
+
+Run it from the repository root::
+
+    .venv/bin/python benchmarks/peers.py             # every guard, about 4 minutes
+    .venv/bin/python benchmarks/peers.py --quick     # a smoke run, about 40 seconds
+    .venv/bin/python benchmarks/peers.py --postgres-kind machine --json
+
+The peers are never the package's dependencies: the script installs
+``benchmarks/requirements.txt`` (idemkit, asyncpg, redis, uvloop, httptools) into
+``benchmarks/.deps`` with ``pip install --target`` and appends that directory to the
+server processes' ``sys.path``, so every guard runs on the same FastAPI, Starlette,
+uvicorn, uvloop and httptools.
+
+Guards (``--guard``, repeatable; all by default), each in a uvicorn process of its own:
+
+``ours-pg``        idempotence's middleware, handler mode, ``AsyncPostgresStore`` (psycopg)
+``idemkit-pg``     idemkit's ``IdempotencyMiddleware`` with ``PostgresBackend`` (asyncpg)
+``ours-redis``     idempotence on Redis, when ``open_async_store("redis://...")`` works in
+                   this checkout (else skipped with a printed line)
+``idemkit-redis``  idemkit with ``RedisBackend`` (redis-py)
+
+Every guard gets its own database (PostgreSQL: a database of one cluster, by default a
+throwaway one with fsync=off and synchronous_commit=off, as the peers' own benchmarks
+run it; ``--postgres-kind machine`` uses ``--postgres`` as configured. Redis: one
+throwaway redis-server, a database number per guard) and both tenancy settings say
+"one tenant" explicitly. Rows per guard: ``trivial`` (the same endpoint without the
+middleware, in the same process: the baseline), ``handler`` (a unique key per request),
+``replay`` (one key throughout), and ``trivial``/``handler`` at one connection
+(latency). The summary compares each guard's ratio with the others' in the same run.
+"""
+
+import argparse
+import contextlib
+from typing import Any
+
+import _harness as harness
+
+GUARDS = ("ours-pg", "idemkit-pg", "ours-redis", "idemkit-redis")
+
+
+def rows(server: str) -> list[harness.Row]:
+    row = harness.Row
+    return [
+        row(server, "trivial", "/plain/trivial", None),
+        row(server, "handler", "/guarded/handler", "trivial"),
+        row(server, "replay", "/guarded/handler", "trivial", fixed=True),
+        row(server, "trivial", "/plain/trivial", None, connections=1),
+        row(server, "handler", "/guarded/handler", "trivial", connections=1),
+    ]
+
+
+# -- the server process ------------------------------------------------------------------------
+
+
+def build_app(guard: str, target: str) -> Any:
+    if guard == "ours-pg":
+        from idempotence.stores.postgres import AsyncPostgresStore
+
+        return harness.trivial_app(harness.our_guard(AsyncPostgresStore(target, max_size=20)))
+    if guard == "ours-redis":
+        from idempotence import open_async_store
+
+        return harness.trivial_app(harness.our_guard(open_async_store(target)))
+    import idemkit
+    from idemkit.backends.postgres import PostgresBackend
+    from idemkit.backends.redis import RedisBackend
+
+    backend: Any
+    if guard == "idemkit-pg":
+        backend = PostgresBackend.from_url(target, max_size=20)
+    else:
+        backend = RedisBackend.from_url(target)
+
+    def guard_app(app: Any) -> None:
+        config = idemkit.HttpConfig(scope_mode="single_tenant")
+        app.add_middleware(idemkit.IdempotencyMiddleware, backend=backend, config=config)
+
+    return harness.trivial_app(guard_app)
+
+
+# -- the driver ----------------------------------------------------------------------------------
+
+
+def prepare(guard: str, target: str) -> None:
+    """The guard's schema: our migrations, idemkit's ``init_pg``."""
+    if guard == "ours-pg":
+        from idempotence.stores.postgres import PostgresStore
+
+        with PostgresStore(target) as store:
+            store.migrate()
+    elif guard == "idemkit-pg":
+        import asyncio
+
+        from idemkit.backends.postgres import init_pg
+
+        asyncio.run(init_pg(target))
+
+
+def start(
+    guards: list[str], args: argparse.Namespace, stack: contextlib.ExitStack
+) -> dict[str, harness.Server]:
+    servers: dict[str, harness.Server] = {}
+    admin, kind = args.postgres, "the machine's PostgreSQL as configured"
+    if any(g.endswith("-pg") for g in guards) and args.postgres_kind == "fast":
+        admin = stack.enter_context(harness.fast_cluster())
+        kind = "throwaway PostgreSQL cluster, fsync=off, synchronous_commit=off"
+    redis: tuple[str, int] | None = None
+    for number, guard in enumerate(guards):
+        meter: harness.Meter
+        if guard.endswith("-pg"):
+            label = guard.replace("-", "_")
+            dsn, dbname = stack.enter_context(harness.postgres_database(admin, label))
+            target, what = harness.url_of(dsn), kind
+            meter = harness.PostgresMeter(admin, dbname)
+            stack.callback(meter.close)
+        else:
+            if redis is None:
+                redis = stack.enter_context(harness.throwaway_redis())
+            target, what = f"{redis[0]}/{number}", "throwaway redis-server"
+            meter = harness.ProcessMeter("redis", redis[1])
+        prepare(guard, target)
+        port, pid = stack.enter_context(
+            harness.app_server(__file__, ["--guard", guard, "--target", target])
+        )
+        servers[guard] = harness.Server(guard, port, pid, meter, f"{what}; {driver(guard)}")
+    return servers
+
+
+def driver(guard: str) -> str:
+    return {
+        "ours-pg": "idempotence (psycopg)",
+        "idemkit-pg": "idemkit 1.0.2 (asyncpg)",
+        "ours-redis": "idempotence (redis-py)",
+        "idemkit-redis": "idemkit 1.0.2 (redis-py)",
+    }[guard]
+
+
+def compare(table: list[dict[str, Any]]) -> list[str]:
+    """Each of our guards' handler ratio against the peer's on the same database."""
+    ratio = {r["server"]: r["ratio"] for r in table if r["row"] == "handler" and r["ratio"]}
+    lines = []
+    for database in ("pg", "redis"):
+        ours, theirs = ratio.get(f"ours-{database}"), ratio.get(f"idemkit-{database}")
+        if ours and theirs:
+            lines.append(
+                f"{database}: handler ratio ours {ours:.2f} / idemkit {theirs:.2f} "
+                f"= {ours / theirs:.2f}x"
+            )
+    return lines
+
+
+def main() -> None:
+    def serve_options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--guard", required=True, choices=GUARDS)
+        parser.add_argument("--target", required=True)
+
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--guard", action="append", choices=GUARDS, help="repeatable")
+        parser.add_argument("--postgres-kind", choices=("fast", "machine"), default="fast")
+
+    def app(args: argparse.Namespace) -> Any:
+        return build_app(args.guard, args.target)
+
+    args = harness.command_line(__doc__ or "", serve_options, options, app)
+    if args is None:
+        return
+    guards = harness.without_missing_redis(args.guard or list(GUARDS), "ours-redis")
+    with contextlib.ExitStack() as stack:
+        servers = start(guards, args, stack)
+        table = harness.measure(servers, [r for g in guards for r in rows(g)], args)
+    harness.emit(table, servers, args, "peers: " + harness.head(args, "1 process per guard"))
+    if not args.json:
+        print("\n".join(["", *compare(table)]))
+
+
+if __name__ == "__main__":
+    main()
