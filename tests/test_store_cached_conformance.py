@@ -9,7 +9,6 @@ after a finish made through the store is served from Redis.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,21 +16,8 @@ import pytest
 from idempotence import AsyncSqliteStore, SqliteStore
 from idempotence.stores.cached import AsyncCachedStore, CachedStore
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
-from tests.support.redis_servers import drop_prefix, shared_url, unique_prefix
 from tests.support.stores import StoreKind
 from tests.test_store_conformance import *  # noqa: F403 - the same tests, collected here
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> str:
-    return shared_url()
-
-
-@pytest.fixture
-def redis_prefix(redis_url: str) -> Iterator[str]:
-    prefix = unique_prefix()
-    yield prefix
-    drop_prefix(redis_url, prefix)
 
 
 @pytest.fixture(params=["postgres-sync", "postgres-async", "sqlite-sync", "sqlite-async"])

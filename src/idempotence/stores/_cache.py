@@ -65,12 +65,16 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
 
 #: Store ARGV[1] (an entry or a tombstone) with absolute expiry ARGV[2] (Unix ms),
-#: unless what is there has a higher floor (characters 2-21, the row id or the
-#: tombstone's lowest id, zero-padded so that strings compare as numbers).
+#: unless what is there is an entry or a tombstone of a higher floor (characters
+#: 2-21, the row id or the tombstone's lowest id, zero-padded so that strings compare
+#: as numbers). Anything else there (a foreign value) is overwritten.
 SET_SCRIPT = """
 local current = redis.call('GET', KEYS[1])
-if current and string.sub(current, 2, 21) > string.sub(ARGV[1], 2, 21) then
-  return 0
+if current then
+  local kind = string.sub(current, 1, 1)
+  if (kind == 'E' or kind == 'T') and string.sub(current, 2, 21) > string.sub(ARGV[1], 2, 21) then
+    return 0
+  end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
 return 1

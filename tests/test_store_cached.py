@@ -1,0 +1,331 @@
+"""CachedStore's own promises (DESIGN 8: Cached), on real PostgreSQL, SQLite and Redis.
+
+* a replay served from Redis is the primary's answer, and touches the primary not at
+  all (a closed primary; on PostgreSQL, a proxy that counts round trips);
+* a stale, foreign or unreadable entry never yields a wrong answer: it costs a read of
+  the primary, and an entry of an older row is replaced when seen;
+* eviction (through the cache) and the key's expiry take its entry with them, and a
+  late writer cannot bring an entry of a deleted row back;
+* Redis down (a redis-server of the test's own, killed mid-run): every request is
+  still answered correctly by the primary, and the degradation is counted and logged
+  once, not per request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from idempotence import (
+    AsyncSqliteStore,
+    ClaimRequest,
+    Instrumentation,
+    Outcome,
+    SqliteStore,
+    StoredResponse,
+    StoreUnavailable,
+)
+from idempotence.maintenance import admin
+from idempotence.maintenance.reaper import Reaper
+from idempotence.stores.cached import AsyncCachedStore, CachedStore
+from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from tests.support.redis_servers import own_redis
+from tests.support.roundtrips import round_trips
+from tests.support.stores import Blocking, EventLoopThread
+
+FP = "a" * 64
+OTHER_FP = "b" * 64
+KINDS = ["postgres-sync", "postgres-async", "sqlite-sync", "sqlite-async"]
+PRIMARIES: dict[tuple[str, str], Any] = {
+    ("postgres", "sync"): PostgresStore,
+    ("postgres", "async"): AsyncPostgresStore,
+    ("sqlite", "sync"): SqliteStore,
+    ("sqlite", "async"): AsyncSqliteStore,
+}
+
+
+def request(scope: str, key: str = "k", fingerprint: str = FP, **kw: Any) -> ClaimRequest:
+    return ClaimRequest(scope=scope, key=key, fingerprint=fingerprint, **kw)
+
+
+claim_request = request
+
+
+def response(n: int) -> StoredResponse:
+    return StoredResponse.of(201, {"content-type": "application/json"}, f'{{"n": {n}}}')
+
+
+class Events(Instrumentation):
+    """Records the cache events the store reports."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def cache(self, event: str) -> None:
+        self.events.append(event)
+
+
+@dataclass
+class Cached:
+    """A cached store under test: its sync face, the store, and its primary's face."""
+
+    kind: str
+    face: Any
+    store: CachedStore | AsyncCachedStore
+    primary: Any
+    redis: redis.Redis
+    events: Events
+
+    @property
+    def backend(self) -> str:
+        return self.kind.split("-")[0]
+
+    def name(self, scope: str, key: str = "k") -> bytes:
+        return self.store._cache.name(scope, key)
+
+    def put(self, name: bytes, entry: tuple[bytes, int] | None) -> None:
+        """The store's own guarded write to Redis (as a late writer would make it)."""
+        if isinstance(self.store, CachedStore):
+            self.store._put(name, entry)
+        else:
+            self.face._run(self.store._put(name, entry))
+
+    def delete_row(self, scope: str, key: str = "k") -> None:
+        """Delete the key's row in the primary behind the cache's back."""
+        mark = (lambda n: f"%({n})s") if self.backend == "postgres" else (lambda n: f":{n}")
+        with self.primary.transaction() as tx:
+            tx.execute(
+                f"DELETE FROM idempotency_keys WHERE scope = {mark('s')} AND key = {mark('k')}",
+                {"s": scope, "k": key},
+            )
+
+
+def open_cached(
+    kind: str, request_: pytest.FixtureRequest, loop: EventLoopThread, url: str, **kw: Any
+) -> Cached:
+    backend, flavour = kind.split("-")
+    target = request_.getfixturevalue("pg_url" if backend == "postgres" else "sqlite_path")
+    events = Events()
+    primary = PRIMARIES[backend, flavour](target, instrumentation=events)
+    cls: Any = CachedStore if flavour == "sync" else AsyncCachedStore
+    store = cls(primary, url, **kw)
+    face = store if flavour == "sync" else Blocking(store, loop)
+    primary_face = primary if flavour == "sync" else Blocking(primary, loop)
+    return Cached(kind, face, store, primary_face, redis.Redis.from_url(url), events)
+
+
+@pytest.fixture(params=KINDS)
+def cached(
+    request: pytest.FixtureRequest,
+    loop_thread: EventLoopThread,
+    redis_url: str,
+    redis_prefix: str,
+) -> Iterator[Cached]:
+    made = open_cached(request.param, request, loop_thread, redis_url, prefix=redis_prefix)
+    try:
+        yield made
+    finally:
+        made.face.close()
+        made.redis.close()
+
+
+# -- a replay from the cache ----------------------------------------------------------------
+
+
+def test_a_cached_replay_is_the_primarys_answer_and_needs_no_primary(
+    cached: Cached, scope: str
+) -> None:
+    lease = cached.face.claim(request(scope)).lease
+    cached.face.finish(lease, response(1))  # written through to Redis
+    truth = cached.primary.claim(request(scope))
+    assert truth.outcome is Outcome.REPLAY
+    cached.primary.close()  # from now on, any use of the primary raises
+    with pytest.raises(StoreUnavailable):
+        cached.primary.get(scope, "k")
+    for _ in range(3):
+        assert cached.face.claim(request(scope)) == truth  # the whole record, too
+    assert cached.store.cache_stats.hits == 3
+    assert cached.events.events.count("hit") == 3
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_cached_replay_makes_no_round_trip_to_postgres(
+    flavour: str,
+    pg_url: str,
+    redis_url: str,
+    redis_prefix: str,
+    loop_thread: EventLoopThread,
+    scope: str,
+) -> None:
+    with round_trips(pg_url) as proxy:
+        primary: Any = (PostgresStore if flavour == "sync" else AsyncPostgresStore)(proxy.url)
+        cls: Any = CachedStore if flavour == "sync" else AsyncCachedStore
+        store = cls(primary, redis_url, prefix=redis_prefix)
+        face: Any = store if flavour == "sync" else Blocking(store, loop_thread)
+        try:
+            face.finish(face.claim(request(scope)).lease, response(1))
+            before = proxy.count
+            for _ in range(5):
+                assert face.claim(request(scope)).outcome is Outcome.REPLAY
+            assert proxy.count == before
+            # ... and the proxy does count: a claim the cache cannot answer is a trip.
+            face.claim(request(scope, key="other"))
+            assert proxy.count > before
+        finally:
+            face.close()
+
+
+def test_a_replay_the_primary_answered_is_cached_for_the_next(cached: Cached, scope: str) -> None:
+    # Finished on the primary alone (another node, the completer): not in Redis yet.
+    lease = cached.primary.claim(request(scope)).lease
+    cached.primary.finish(lease, response(2))
+    assert cached.face.claim(request(scope)).response == response(2)
+    assert cached.store.cache_stats.hits == 0
+    assert cached.face.claim(request(scope)).response == response(2)
+    assert cached.store.cache_stats.hits == 1
+
+
+# -- stale, foreign and unreadable entries ------------------------------------------------
+
+
+def test_p2_an_entry_of_another_fingerprint_is_decided_by_the_primary(
+    cached: Cached, scope: str
+) -> None:
+    cached.face.finish(cached.face.claim(request(scope)).lease, response(1))
+    claim = cached.face.claim(request(scope, fingerprint=OTHER_FP))
+    assert claim.outcome is Outcome.MISMATCH
+    assert cached.store.cache_stats.hits == 0
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [
+        b"garbage",
+        b"E" + b"0" * 20 + b"{not json",
+        b"E00000000000000000001{}",
+        b"T" + b"9" * 20,  # a tombstone: nothing to replay
+        "another key's entry",
+        "another scope's entry",
+    ],
+)
+def test_an_entry_that_is_not_exactly_this_keys_falls_through(
+    cached: Cached, scope: str, poison: Any
+) -> None:
+    # The key is in progress on the primary; whatever Redis says, no replay.
+    cached.face.claim(request(scope))
+    if isinstance(poison, str):
+        other_scope, other_key = (scope, "k2") if "key" in poison else (scope + "x", "k")
+        lease = cached.face.claim(request(other_scope, key=other_key)).lease
+        cached.face.finish(lease, response(9))
+        poison = cached.redis.get(cached.name(other_scope, other_key))
+        assert poison is not None
+    cached.redis.set(cached.name(scope), poison)
+    assert cached.face.claim(request(scope)).outcome is Outcome.IN_PROGRESS
+
+
+def test_an_unreadable_entry_is_replaced_by_the_primarys_replay(cached: Cached, scope: str) -> None:
+    cached.face.finish(cached.face.claim(request(scope)).lease, response(1))
+    cached.redis.set(cached.name(scope), b"garbage")
+    assert cached.face.claim(request(scope)).response == response(1)  # from the primary
+    assert cached.face.claim(request(scope)).response == response(1)  # from Redis again
+    assert cached.store.cache_stats.hits == 1
+
+
+def test_an_entry_of_an_older_row_is_replaced_when_the_primary_shows_a_newer_one(
+    cached: Cached, scope: str
+) -> None:
+    """The row behind an entry deleted without the cache being told (what ``keys
+    evict`` without ``--cache`` does), then the key reused by another request: the
+    claim that falls through sees a newer row, and the old entry goes, so the old
+    request is answered by the primary (P2), not by its old response."""
+    cached.face.finish(cached.face.claim(request(scope)).lease, response(1))
+    cached.delete_row(scope)
+    newer = cached.face.claim(request(scope, fingerprint=OTHER_FP))
+    assert newer.outcome is Outcome.EXECUTE
+    assert cached.face.claim(request(scope)).outcome is Outcome.MISMATCH
+    cached.face.finish(newer.lease, response(2))
+    assert cached.face.claim(request(scope, fingerprint=OTHER_FP)).response == response(2)
+    assert cached.store.cache_stats.hits == 1
+
+
+# -- eviction, expiry, late writers --------------------------------------------------------
+
+
+@pytest.fixture(params=["postgres-sync", "sqlite-sync"])
+def sync_cached(
+    request: pytest.FixtureRequest,
+    loop_thread: EventLoopThread,
+    redis_url: str,
+    redis_prefix: str,
+) -> Iterator[Cached]:
+    made = open_cached(request.param, request, loop_thread, redis_url, prefix=redis_prefix)
+    try:
+        yield made
+    finally:
+        made.face.close()
+        made.redis.close()
+
+
+def test_evict_through_the_cache_forgets_the_response(sync_cached: Cached, scope: str) -> None:
+    store = sync_cached.face
+    lease = store.claim(request(scope)).lease
+    store.finish(lease, response(1))
+    old = store.get(scope, "k")
+    assert store.claim(request(scope)).outcome is Outcome.REPLAY
+    admin.evict_key(store, scope, "k")
+    claim = store.claim(request(scope))
+    assert claim.outcome is Outcome.EXECUTE and claim.lease.token == 1  # afresh
+    # A late writer (a replay read from the primary before the eviction) is refused.
+    sync_cached.put(sync_cached.name(scope), sync_cached.store._cache.entry(old))
+    assert store.claim(request(scope)).outcome is Outcome.IN_PROGRESS
+    store.finish(claim.lease, response(2))
+    assert store.claim(request(scope)).response == response(2)
+    assert store.claim(request(scope)).response == response(2)
+
+
+def test_evict_is_refused_while_the_cache_is_down(
+    sync_cached: Cached, scope: str, tmp_path: Path
+) -> None:
+    with own_redis(tmp_path) as server:
+        store = CachedStore(sync_cached.face.primary, server.url, prefix="evict")
+        store.finish(store.claim(request(scope)).lease, response(1))
+        server.stop()
+        with pytest.raises(StoreUnavailable, match="nothing was evicted"):
+            admin.evict_key(store, scope, "k")
+    assert sync_cached.face.get(scope, "k") is not None
+
+
+def test_entries_end_with_the_retention_minus_the_clock_skew(
+    request: pytest.FixtureRequest, loop_thread: EventLoopThread, redis_url: str, redis_prefix: str
+) -> None:
+    made = open_cached(
+        "sqlite-sync",
+        request,
+        loop_thread,
+        redis_url,
+        prefix=redis_prefix,
+        clock_skew=timedelta(seconds=1),
+        ttl=timedelta(seconds=30),
+    )
+    store = made.face
+    try:
+        lease = store.claim(claim_request("s", retention=timedelta(seconds=2))).lease
+        store.finish(lease, response(1))
+        assert 0 < made.redis.pttl(made.name("s")) <= 1000
+        forever = store.claim(claim_request("s", key="f", retention=None)).lease
+        store.finish(forever, response(2))
+        assert 25_000 < made.redis.pttl(made.name("s", "f")) <= 30_000  # the ttl caps it
+        time.sleep(2.2)  # the key expires; its entry went a second before
+        assert made.redis.get(made.name("s")) is None
+        assert Reaper(store).run_once().deleted >= 1  # through the cached store
+        assert store.claim(claim_request("s")).outcome is Outcome.EXECUTE  # not the old replay
+    finally:
+        store.close()
+        made.redis.close()
