@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,10 +26,12 @@ import redis
 
 from idempotence import (
     AsyncSqliteStore,
+    AsyncStore,
     ClaimRequest,
     Instrumentation,
     Outcome,
     SqliteStore,
+    Store,
     StoredResponse,
     StoreUnavailable,
 )
@@ -329,3 +332,123 @@ def test_entries_end_with_the_retention_minus_the_clock_skew(
     finally:
         store.close()
         made.redis.close()
+
+
+# -- Redis down ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_redis_down_degrades_to_the_primary_counted_and_logged_once(
+    kind: str,
+    request: pytest.FixtureRequest,
+    loop_thread: EventLoopThread,
+    tmp_path: Path,
+    scope: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with own_redis(tmp_path) as server:
+        made = open_cached(kind, request, loop_thread, server.url, prefix="down", pause=0.2)
+        store = made.face
+        try:
+            store.finish(store.claim(claim_request(scope, key="before")).lease, response(1))
+            assert store.claim(claim_request(scope, key="before")).response == response(1)
+            assert made.store.cache_stats.hits == 1
+            server.stop()  # mid-run: every later request must still be answered rightly
+            with caplog.at_level(logging.WARNING, logger="idempotence.cache"):
+                for i in range(20):
+                    started = time.monotonic()
+                    replay = store.claim(claim_request(scope, key="before"))
+                    assert replay.outcome is Outcome.REPLAY and replay.response == response(1)
+                    fresh = store.claim(claim_request(scope, key=f"new-{i}"))
+                    assert fresh.outcome is Outcome.EXECUTE
+                    store.finish(fresh.lease, response(i))
+                    again = store.claim(claim_request(scope, key=f"new-{i}"))
+                    assert again.outcome is Outcome.REPLAY and again.response == response(i)
+                    mismatch = store.claim(
+                        claim_request(scope, key=f"new-{i}", fingerprint=OTHER_FP)
+                    )
+                    assert mismatch.outcome is Outcome.MISMATCH
+                    assert time.monotonic() - started < 2.0  # short timeouts, no retries
+                    time.sleep(0.02)
+            stats = made.store.cache_stats
+            assert stats.errors >= 2 and stats.skipped >= 1  # counted, and paused between
+            assert made.events.events.count("error") == stats.errors
+            warnings = [r for r in caplog.records if r.name == "idempotence.cache"]
+            assert len(warnings) == 1  # rate-limited: not one line per request
+            assert "primary store alone" in warnings[0].getMessage()
+
+            server.start()  # back (empty: no persistence): the cache fills again
+            time.sleep(0.3)  # the pause after the last failure
+            store.claim(claim_request(scope, key="before"))  # a miss that refills
+            hits = made.store.cache_stats.hits
+            assert store.claim(claim_request(scope, key="before")).response == response(1)
+            assert made.store.cache_stats.hits == hits + 1
+        finally:
+            store.close()
+            made.redis.close()
+
+
+# -- keys of every shape ------------------------------------------------------------------
+
+
+def test_hostile_keys_never_share_an_entry(cached: Cached, scope: str) -> None:
+    # Pairs that would spell the same Redis key if scope and key were merely joined.
+    pairs = [
+        (scope + ":a", "b"),
+        (scope, "a:b"),
+        (scope + ":a:b", "c"),
+        (scope, "{a}:b{c}"),
+        (scope + "{", "}"),
+        (scope, "\x01\x02\x7f é ☕ \\ ' \" % *?[]"),
+    ]
+    for n, (s, k) in enumerate(pairs):
+        cached.face.finish(cached.face.claim(request(s, key=k)).lease, response(n))
+    for n, (s, k) in enumerate(pairs):
+        assert cached.face.claim(request(s, key=k)).response == response(n)
+    assert len({cached.name(s, k) for s, k in pairs}) == len(pairs)
+    assert cached.store.cache_stats.hits == len(pairs)
+
+
+def test_a_key_too_long_for_the_primary_fails_as_on_the_primary(cached: Cached, scope: str) -> None:
+    long_key = "k" * 10_000
+    with pytest.raises(Exception) as on_primary:  # noqa: PT011 - whatever the primary says
+        cached.primary.claim(request(scope, key=long_key))
+    with pytest.raises(type(on_primary.value)):
+        cached.face.claim(request(scope, key=long_key))
+    assert cached.redis.get(cached.name(scope, long_key)) is None
+
+
+# -- a stand-in for the SQL store ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cached_class", "base"), [(CachedStore, Store), (AsyncCachedStore, AsyncStore)]
+)
+def test_every_operation_of_the_sql_store_is_the_primarys_or_wraps_it(
+    cached_class: type, base: type
+) -> None:
+    """No operation falls back to the base class's own (the cached store has no
+    connections of its own): a method added to Store must be delegated too."""
+    inherited = [
+        name
+        for name, value in vars(base).items()
+        if callable(value) or isinstance(value, property)
+        if not name.startswith("__") or name in ("__aenter__", "__enter__")
+        if name not in ("_own",)  # used only by the base class's own methods
+        if name not in vars(cached_class)
+        and name not in ("__aexit__", "__exit__")  # they call close()
+    ]
+    assert inherited == []
+
+
+def test_the_wrong_primary_or_client_is_refused(redis_url: str, sqlite_path: str) -> None:
+    sync = SqliteStore(sqlite_path)
+    with pytest.raises(TypeError, match="SQL AsyncStore"):
+        AsyncCachedStore(sync, redis_url)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"redis\.Redis client"):
+        CachedStore(sync, redis.asyncio.Redis.from_url(redis_url))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="prefix"):
+        CachedStore(sync, redis_url, prefix="")
+    with pytest.raises(TypeError, match="SQL"):
+        CachedStore(CachedStore(sync, redis_url), redis_url)
+    sync.close()
