@@ -142,6 +142,21 @@ def cached(
 # -- a replay from the cache ----------------------------------------------------------------
 
 
+class CountingSource:
+    """A store's connection source that counts the connections taken from it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.taken = 0
+
+    def connection(self) -> Any:
+        self.taken += 1
+        return self.inner.connection()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 def test_a_cached_replay_is_the_primarys_answer_and_needs_no_primary(
     cached: Cached, scope: str
 ) -> None:
@@ -149,13 +164,25 @@ def test_a_cached_replay_is_the_primarys_answer_and_needs_no_primary(
     cached.face.finish(lease, response(1))  # written through to Redis
     truth = cached.primary.claim(request(scope))
     assert truth.outcome is Outcome.REPLAY
-    cached.primary.close()  # from now on, any use of the primary raises
-    with pytest.raises(StoreUnavailable):
-        cached.primary.get(scope, "k")
+    source = CountingSource(cached.store.primary._source)
+    cached.store.primary._source = source
     for _ in range(3):
         assert cached.face.claim(request(scope)) == truth  # the whole record, too
-    assert cached.store.cache_stats.hits == 3
-    assert cached.events.events.count("hit") == 3
+    with cached.face.transaction(claim=request(scope)) as tx:  # request-as-transaction
+        assert tx.claim == truth
+    assert source.taken == 0
+    assert cached.store.cache_stats.hits == 4
+    assert cached.events.events.count("hit") == 4
+    # ... and the count is real: a claim the cache cannot answer takes a connection.
+    cached.face.claim(request(scope, key="other"))
+    assert source.taken > 0
+
+
+def test_a_closed_cached_store_refuses_even_a_cached_replay(cached: Cached, scope: str) -> None:
+    cached.face.finish(cached.face.claim(request(scope)).lease, response(1))
+    cached.face.close()
+    with pytest.raises(StoreUnavailable):
+        cached.face.claim(request(scope))
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])

@@ -30,7 +30,7 @@ import redis
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from ..errors import StoreUnavailable
+from ..errors import StoreError, StoreUnavailable
 from ..observability import Instrumentation
 from ..states import Claim, ClaimRequest, KeyRecord, Outcome, StoredResponse
 
@@ -124,6 +124,24 @@ def _options(timeout: float) -> dict[str, Any]:
         "retry": redis.retry.Retry(redis.backoff.NoBackoff(), 0),
         "retry_on_timeout": False,
     }
+
+
+class _NoConnection:
+    """The connection of a transaction that never opened because its claim was a
+    replay served from Redis: there is nothing to write to (``tx.connection`` is
+    None, and any statement raises)."""
+
+    raw = None
+
+    def __getattr__(self, name: str) -> Any:
+        raise StoreError(
+            "this transaction's claim was a replay served from the cache, so no "
+            "transaction is open: write only when tx.claim.outcome is EXECUTE"
+        )
+
+
+#: Stands in for the connection of a transaction whose claim the cache answered.
+NO_CONNECTION: Any = _NoConnection()
 
 
 class CacheStats:

@@ -23,6 +23,7 @@ from ._cache import (
     DEFAULT_PAUSE,
     DEFAULT_TIMEOUT,
     DEFAULT_TTL,
+    NO_CONNECTION,
     SET_SCRIPT,
     Cache,
     CacheStats,
@@ -112,8 +113,7 @@ class CachedStore(Store):
         if tx is not None:
             return self.primary.claim(request, tx=tx)
         name = self._cache.name(request.scope, request.key)
-        found = self._get(name)
-        cached = self._cache.replay(found, request)
+        cached, found = self._cached(request, name)
         if cached is not None:
             return cached
         claim = self.primary.claim(request)
@@ -157,6 +157,15 @@ class CachedStore(Store):
             raise self._cache.refuse("invalidate", exc) from exc
         self.primary._invalidate(scope, key, key_id)
 
+    def _cached(self, request: ClaimRequest, name: bytes) -> tuple[Claim | None, bytes | None]:
+        """The replay Redis answers for ``request`` (whose Redis key is ``name``), or
+        None; and what Redis held."""
+        # The primary's rules first: closed, or inside this task's open transaction,
+        # a store refuses every operation of its own, a replay from Redis included.
+        self.primary._gate.check()
+        found = self._get(name)
+        return self._cache.replay(found, request), found
+
     def _get(self, name: bytes) -> bytes | None:
         if not self._cache.available():
             return None
@@ -180,7 +189,15 @@ class CachedStore(Store):
 
     @contextmanager
     def transaction(self, *, claim: ClaimRequest | None = None) -> Iterator[Transaction]:
-        """The primary's transaction (a replay its claim answers is cached after it)."""
+        """The primary's transaction. Given ``claim``, a replay is first looked up in
+        Redis: found, no transaction opens, and ``tx`` (whose ``claim`` is the replay)
+        must not be written to, as when the primary's claim finds the key held (F8).
+        A replay the primary's claim answers is cached once the transaction ends."""
+        if claim is not None:
+            cached, _ = self._cached(claim, self._cache.name(claim.scope, claim.key))
+            if cached is not None:
+                yield Transaction(NO_CONNECTION, cached)
+                return
         with self.primary.transaction(claim=claim) as tx:
             yield tx
         if tx.claim is not None and tx.claim.outcome is Outcome.REPLAY:

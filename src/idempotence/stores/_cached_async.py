@@ -21,6 +21,7 @@ from ._cache import (
     DEFAULT_PAUSE,
     DEFAULT_TIMEOUT,
     DEFAULT_TTL,
+    NO_CONNECTION,
     SET_SCRIPT,
     AsyncRedis,
     Cache,
@@ -110,8 +111,7 @@ class AsyncCachedStore(AsyncStore):
         if tx is not None:
             return await self.primary.claim(request, tx=tx)
         name = self._cache.name(request.scope, request.key)
-        found = await self._get(name)
-        cached = self._cache.replay(found, request)
+        cached, found = await self._cached(request, name)
         if cached is not None:
             return cached
         claim = await self.primary.claim(request)
@@ -155,6 +155,17 @@ class AsyncCachedStore(AsyncStore):
             raise self._cache.refuse("invalidate", exc) from exc
         await self.primary._invalidate(scope, key, key_id)
 
+    async def _cached(
+        self, request: ClaimRequest, name: bytes
+    ) -> tuple[Claim | None, bytes | None]:
+        """The replay Redis answers for ``request`` (whose Redis key is ``name``), or
+        None; and what Redis held."""
+        # The primary's rules first: closed, or inside this task's open transaction,
+        # a store refuses every operation of its own, a replay from Redis included.
+        self.primary._gate.check()
+        found = await self._get(name)
+        return self._cache.replay(found, request), found
+
     async def _get(self, name: bytes) -> bytes | None:
         if not self._cache.available():
             return None
@@ -180,7 +191,15 @@ class AsyncCachedStore(AsyncStore):
     async def transaction(
         self, *, claim: ClaimRequest | None = None
     ) -> AsyncIterator[AsyncTransaction]:
-        """The primary's transaction (a replay its claim answers is cached after it)."""
+        """The primary's transaction. Given ``claim``, a replay is first looked up in
+        Redis: found, no transaction opens, and ``tx`` (whose ``claim`` is the replay)
+        must not be written to, as when the primary's claim finds the key held (F8).
+        A replay the primary's claim answers is cached once the transaction ends."""
+        if claim is not None:
+            cached, _ = await self._cached(claim, self._cache.name(claim.scope, claim.key))
+            if cached is not None:
+                yield AsyncTransaction(NO_CONNECTION, cached)
+                return
         async with self.primary.transaction(claim=claim) as tx:
             yield tx
         if tx.claim is not None and tx.claim.outcome is Outcome.REPLAY:
