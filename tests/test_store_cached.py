@@ -415,6 +415,33 @@ def test_redis_down_degrades_to_the_primary_counted_and_logged_once(
             made.redis.close()
 
 
+@pytest.mark.parametrize("kind", ["postgres-async", "sqlite-sync"])
+def test_a_redis_that_hangs_costs_a_request_its_short_timeout_at_most(
+    kind: str,
+    request: pytest.FixtureRequest,
+    loop_thread: EventLoopThread,
+    tmp_path: Path,
+    scope: str,
+) -> None:
+    with own_redis(tmp_path) as server:
+        made = open_cached(kind, request, loop_thread, server.url, prefix="hang", pause=0.5)
+        store = made.face
+        try:
+            store.finish(store.claim(claim_request(scope)).lease, response(1))
+            server.freeze()  # connections stay open; nothing answers
+            started = time.monotonic()
+            for _ in range(10):
+                assert store.claim(claim_request(scope)).response == response(1)
+            elapsed = time.monotonic() - started
+            # One timeout (0.25 s) for the first; the pause spares the others.
+            assert 0.2 <= elapsed < 1.5, elapsed
+            assert made.store.cache_stats.errors == 1 and made.store.cache_stats.skipped >= 9
+        finally:
+            server.freeze(False)
+            store.close()
+            made.redis.close()
+
+
 # -- keys of every shape ------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ A test that needs Redis and cannot have it fails: nothing is skipped.
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -101,8 +102,14 @@ class OwnRedis:
                 time.sleep(0.05)
         raise RuntimeError(f"redis-server on port {self.port} did not start")
 
+    def freeze(self, frozen: bool = True) -> None:
+        """SIGSTOP the server (it accepts connections and never answers), or resume it."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
+
     def stop(self) -> None:
         if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
             self._process.kill()
             self._process.wait(timeout=10)
             self._process = None
