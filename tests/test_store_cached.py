@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -110,9 +111,11 @@ class Cached:
             )
 
 
+@contextmanager
 def open_cached(
     kind: str, request_: pytest.FixtureRequest, loop: EventLoopThread, url: str, **kw: Any
-) -> Cached:
+) -> Iterator[Cached]:
+    """A cached store of ``kind`` on Redis at ``url``, closed (with its client) after."""
     backend, flavour = kind.split("-")
     target = request_.getfixturevalue("pg_url" if backend == "postgres" else "sqlite_path")
     events = Events()
@@ -121,7 +124,12 @@ def open_cached(
     store = cls(primary, url, **kw)
     face = store if flavour == "sync" else Blocking(store, loop)
     primary_face = primary if flavour == "sync" else Blocking(primary, loop)
-    return Cached(kind, face, store, primary_face, redis.Redis.from_url(url), events)
+    made = Cached(kind, face, store, primary_face, redis.Redis.from_url(url), events)
+    try:
+        yield made
+    finally:
+        made.face.close()
+        made.redis.close()
 
 
 @pytest.fixture(params=KINDS)
@@ -131,12 +139,8 @@ def cached(
     redis_url: str,
     redis_prefix: str,
 ) -> Iterator[Cached]:
-    made = open_cached(request.param, request, loop_thread, redis_url, prefix=redis_prefix)
-    try:
+    with open_cached(request.param, request, loop_thread, redis_url, prefix=redis_prefix) as made:
         yield made
-    finally:
-        made.face.close()
-        made.redis.close()
 
 
 # -- a replay from the cache ----------------------------------------------------------------
@@ -288,23 +292,13 @@ def test_an_entry_of_an_older_row_is_replaced_when_the_primary_shows_a_newer_one
 # -- eviction, expiry, late writers --------------------------------------------------------
 
 
-@pytest.fixture(params=["postgres-sync", "sqlite-sync"])
-def sync_cached(
-    request: pytest.FixtureRequest,
-    loop_thread: EventLoopThread,
-    redis_url: str,
-    redis_prefix: str,
-) -> Iterator[Cached]:
-    made = open_cached(request.param, request, loop_thread, redis_url, prefix=redis_prefix)
-    try:
-        yield made
-    finally:
-        made.face.close()
-        made.redis.close()
+#: The admin operations (and the CLI) are sync: the sync cached stores.
+SYNC_ONLY = pytest.mark.parametrize("cached", ["postgres-sync", "sqlite-sync"], indirect=True)
 
 
-def test_evict_through_the_cache_forgets_the_response(sync_cached: Cached, scope: str) -> None:
-    store = sync_cached.face
+@SYNC_ONLY
+def test_evict_through_the_cache_forgets_the_response(cached: Cached, scope: str) -> None:
+    store = cached.face
     lease = store.claim(request(scope)).lease
     store.finish(lease, response(1))
     old = store.get(scope, "k")
@@ -313,29 +307,30 @@ def test_evict_through_the_cache_forgets_the_response(sync_cached: Cached, scope
     claim = store.claim(request(scope))
     assert claim.outcome is Outcome.EXECUTE and claim.lease.token == 1  # afresh
     # A late writer (a replay read from the primary before the eviction) is refused.
-    sync_cached.put(sync_cached.name(scope), sync_cached.store._cache.entry(old))
+    cached.put(cached.name(scope), cached.store._cache.entry(old))
     assert store.claim(request(scope)).outcome is Outcome.IN_PROGRESS
     store.finish(claim.lease, response(2))
     assert store.claim(request(scope)).response == response(2)
     assert store.claim(request(scope)).response == response(2)
 
 
+@SYNC_ONLY
 def test_evict_is_refused_while_the_cache_is_down(
-    sync_cached: Cached, scope: str, tmp_path: Path
+    cached: Cached, scope: str, tmp_path: Path
 ) -> None:
     with own_redis(tmp_path) as server:
-        store = CachedStore(sync_cached.face.primary, server.url, prefix="evict")
+        store = CachedStore(cached.face.primary, server.url, prefix="evict")
         store.finish(store.claim(request(scope)).lease, response(1))
         server.stop()
         with pytest.raises(StoreUnavailable, match="nothing was evicted"):
             admin.evict_key(store, scope, "k")
-    assert sync_cached.face.get(scope, "k") is not None
+    assert cached.face.get(scope, "k") is not None
 
 
 def test_entries_end_with_the_retention_minus_the_clock_skew(
     request: pytest.FixtureRequest, loop_thread: EventLoopThread, redis_url: str, redis_prefix: str
 ) -> None:
-    made = open_cached(
+    with open_cached(
         "sqlite-sync",
         request,
         loop_thread,
@@ -343,9 +338,8 @@ def test_entries_end_with_the_retention_minus_the_clock_skew(
         prefix=redis_prefix,
         clock_skew=timedelta(seconds=1),
         ttl=timedelta(seconds=30),
-    )
-    store = made.face
-    try:
+    ) as made:
+        store = made.face
         lease = store.claim(claim_request("s", retention=timedelta(seconds=2))).lease
         store.finish(lease, response(1))
         assert 0 < made.redis.pttl(made.name("s")) <= 1000
@@ -356,9 +350,6 @@ def test_entries_end_with_the_retention_minus_the_clock_skew(
         assert made.redis.get(made.name("s")) is None
         assert Reaper(store).run_once().deleted >= 1  # through the cached store
         assert store.claim(claim_request("s")).outcome is Outcome.EXECUTE  # not the old replay
-    finally:
-        store.close()
-        made.redis.close()
 
 
 # -- Redis down ---------------------------------------------------------------------------
@@ -373,46 +364,42 @@ def test_redis_down_degrades_to_the_primary_counted_and_logged_once(
     scope: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with own_redis(tmp_path) as server:
-        made = open_cached(kind, request, loop_thread, server.url, prefix="down", pause=0.2)
+    with (
+        own_redis(tmp_path) as server,
+        open_cached(kind, request, loop_thread, server.url, prefix="down", pause=0.2) as made,
+    ):
         store = made.face
-        try:
-            store.finish(store.claim(claim_request(scope, key="before")).lease, response(1))
-            assert store.claim(claim_request(scope, key="before")).response == response(1)
-            assert made.store.cache_stats.hits == 1
-            server.stop()  # mid-run: every later request must still be answered rightly
-            with caplog.at_level(logging.WARNING, logger="idempotence.cache"):
-                for i in range(20):
-                    started = time.monotonic()
-                    replay = store.claim(claim_request(scope, key="before"))
-                    assert replay.outcome is Outcome.REPLAY and replay.response == response(1)
-                    fresh = store.claim(claim_request(scope, key=f"new-{i}"))
-                    assert fresh.outcome is Outcome.EXECUTE
-                    store.finish(fresh.lease, response(i))
-                    again = store.claim(claim_request(scope, key=f"new-{i}"))
-                    assert again.outcome is Outcome.REPLAY and again.response == response(i)
-                    mismatch = store.claim(
-                        claim_request(scope, key=f"new-{i}", fingerprint=OTHER_FP)
-                    )
-                    assert mismatch.outcome is Outcome.MISMATCH
-                    assert time.monotonic() - started < 2.0  # short timeouts, no retries
-                    time.sleep(0.02)
-            stats = made.store.cache_stats
-            assert stats.errors >= 2 and stats.skipped >= 1  # counted, and paused between
-            assert made.events.events.count("error") == stats.errors
-            warnings = [r for r in caplog.records if r.name == "idempotence.cache"]
-            assert len(warnings) == 1  # rate-limited: not one line per request
-            assert "primary store alone" in warnings[0].getMessage()
+        store.finish(store.claim(claim_request(scope, key="before")).lease, response(1))
+        assert store.claim(claim_request(scope, key="before")).response == response(1)
+        assert made.store.cache_stats.hits == 1
+        server.stop()  # mid-run: every later request must still be answered rightly
+        with caplog.at_level(logging.WARNING, logger="idempotence.cache"):
+            for i in range(20):
+                started = time.monotonic()
+                replay = store.claim(claim_request(scope, key="before"))
+                assert replay.outcome is Outcome.REPLAY and replay.response == response(1)
+                fresh = store.claim(claim_request(scope, key=f"new-{i}"))
+                assert fresh.outcome is Outcome.EXECUTE
+                store.finish(fresh.lease, response(i))
+                again = store.claim(claim_request(scope, key=f"new-{i}"))
+                assert again.outcome is Outcome.REPLAY and again.response == response(i)
+                mismatch = store.claim(claim_request(scope, key=f"new-{i}", fingerprint=OTHER_FP))
+                assert mismatch.outcome is Outcome.MISMATCH
+                assert time.monotonic() - started < 2.0  # short timeouts, no retries
+                time.sleep(0.02)
+        stats = made.store.cache_stats
+        assert stats.errors >= 2 and stats.skipped >= 1  # counted, and paused between
+        assert made.events.events.count("error") == stats.errors
+        warnings = [r for r in caplog.records if r.name == "idempotence.cache"]
+        assert len(warnings) == 1  # rate-limited: not one line per request
+        assert "primary store alone" in warnings[0].getMessage()
 
-            server.start()  # back (empty: no persistence): the cache fills again
-            time.sleep(0.3)  # the pause after the last failure
-            store.claim(claim_request(scope, key="before"))  # a miss that refills
-            hits = made.store.cache_stats.hits
-            assert store.claim(claim_request(scope, key="before")).response == response(1)
-            assert made.store.cache_stats.hits == hits + 1
-        finally:
-            store.close()
-            made.redis.close()
+        server.start()  # back (empty: no persistence): the cache fills again
+        time.sleep(0.3)  # the pause after the last failure
+        store.claim(claim_request(scope, key="before"))  # a miss that refills
+        hits = made.store.cache_stats.hits
+        assert store.claim(claim_request(scope, key="before")).response == response(1)
+        assert made.store.cache_stats.hits == hits + 1
 
 
 @pytest.mark.parametrize("kind", ["postgres-async", "sqlite-sync"])
@@ -423,8 +410,10 @@ def test_a_redis_that_hangs_costs_a_request_its_short_timeout_at_most(
     tmp_path: Path,
     scope: str,
 ) -> None:
-    with own_redis(tmp_path) as server:
-        made = open_cached(kind, request, loop_thread, server.url, prefix="hang", pause=0.5)
+    with (
+        own_redis(tmp_path) as server,
+        open_cached(kind, request, loop_thread, server.url, prefix="hang", pause=0.5) as made,
+    ):
         store = made.face
         try:
             store.finish(store.claim(claim_request(scope)).lease, response(1))
@@ -438,8 +427,6 @@ def test_a_redis_that_hangs_costs_a_request_its_short_timeout_at_most(
             assert made.store.cache_stats.errors == 1 and made.store.cache_stats.skipped >= 9
         finally:
             server.freeze(False)
-            store.close()
-            made.redis.close()
 
 
 # -- keys of every shape ------------------------------------------------------------------

@@ -201,35 +201,17 @@ def test_cli_keys_evict_with_cache_refuses_the_cached_response_first(
     assert cached.claim(request).response.body == b"first"
     hits = cached.cache_stats.hits
 
+    def evict(cache: str) -> list[str]:
+        return ["keys", "evict", "--database", db.url, scope, "paid", "--cache", cache,
+                "--cache-prefix", redis_prefix]  # fmt: skip
+
     # A cache that cannot be reached: exit 5 (unavailable), and nothing is evicted.
-    down = run(
-        "keys",
-        "evict",
-        "--database",
-        db.url,
-        scope,
-        "paid",
-        "--cache",
-        "redis://127.0.0.1:1/0",
-        "--cache-prefix",
-        redis_prefix,
-    )
+    down = run(*evict("redis://127.0.0.1:1/0"))
     assert down.returncode == 5, down.stderr
     assert "nothing was evicted" in down.stderr
     assert db.store.get(scope, "paid") is not None
 
-    out = ok(
-        "keys",
-        "evict",
-        "--database",
-        db.url,
-        scope,
-        "paid",
-        "--cache",
-        redis_url,
-        "--cache-prefix",
-        redis_prefix,
-    )
+    out = ok(*evict(redis_url))
     assert out.strip() == f"evicted key 'paid' in scope '{scope}' (it was complete)"
     # The next request runs afresh: not the cached replay of the evicted row.
     assert cached.claim(request).lease.token == 1
