@@ -18,6 +18,8 @@ answers 201 with a small JSON body:
 ``transaction`` request-as-transaction (F3): the claim, the INSERT and the stored response
                in the handler's one transaction; the target is >= 0.8 of ``unguarded``.
 ``replay``     the same key again and again on ``handler``: every request is a replay.
+``cached-replay`` the same on ``handler`` behind a ``CachedStore`` (Redis at ``--redis`` in
+               front of the same database): every replay is one Redis GET; target >= 0.8.
 ``sql-floor``  no middleware and no library code: the handler runs the store's own claim
                and finish statements (from the package's queries.sql) by hand around its
                INSERT, in one transaction, with as few round trips as they can take: on
@@ -57,14 +59,16 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-MODES = ("unguarded", "handler", "transaction", "replay", "sql-floor")
+MODES = ("unguarded", "handler", "transaction", "replay", "sql-floor", "cached-replay")
 PATHS = {
     "unguarded": "/unguarded",
     "handler": "/handler",
     "transaction": "/tx",
     "replay": "/handler",
     "sql-floor": "/floor",
+    "cached-replay": "/cached",
 }
+REDIS_ENV = "IDEMPOTENCE_BENCH_REDIS"  # --redis, handed to the server process
 BACKENDS = ("postgres", "sqlite")
 TABLE = "CREATE TABLE IF NOT EXISTS bench_items (amount INTEGER NOT NULL, note TEXT NOT NULL)"
 INSERT = {
@@ -147,11 +151,28 @@ def build_app(backend: str, target: str) -> Any:
         await floor(queries, claim, (insert, write), finish)
         return JSONResponse({"ok": True, "amount": data["amount"]}, status_code=201)
 
+    # cached-replay: the handler guarded on a CachedStore, a middleware of its own.
+    from idempotence.stores.cached import AsyncCachedStore
+
+    primary: Any = (
+        AsyncPostgresStore(target, max_size=20)
+        if backend == "postgres"
+        else AsyncSqliteStore(target)
+    )
+    cached = AsyncCachedStore(primary, os.environ[REDIS_ENV], prefix=f"bench:{os.getpid()}")
+    cached_app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/cached", own_transaction, methods=["POST"])]),
+        Idempotency(store=cached, scope=single_tenant("bench-cached")),
+    )
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> Any:
         yield
         await floor.close()
         await store.close()
+        async for name in cached._redis.scan_iter(match=f"bench:{os.getpid()}:*"):
+            await cached._redis.delete(name)
+        await cached.close()
 
     app = Starlette(
         routes=[
@@ -171,7 +192,13 @@ def build_app(backend: str, target: str) -> Any:
             Endpoint("POST /tx", Policy(transaction=True)),
         ],
     )
-    return IdempotencyMiddleware(app, config)
+    guarded = IdempotencyMiddleware(app, config)
+
+    async def dispatch(scope: Any, receive: Any, send: Any) -> None:
+        chosen = cached_app if scope.get("path") == "/cached" else guarded
+        await chosen(scope, receive, send)
+
+    return dispatch
 
 
 class _PgFloor:
@@ -534,7 +561,7 @@ def run_load(
     command = [sys.executable, __file__, "load", "--port", str(port), "--path", PATHS[mode]]
     command += ["--seconds", str(args.seconds), "--warmup", str(warmup)]
     command += ["--connections", str(args.connections)]
-    if mode == "replay":
+    if mode.endswith("replay"):
         command.append("--replay")
     before = _cpu_seconds(pid)
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
@@ -599,17 +626,20 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         f"connections; {args.seconds:g} s per row x {args.rounds} rounds (medians){delay}"
     )
     columns = ("req/s", "p50 ms", "p99 ms", "ratio", "errors", "cpu us", "spread")
-    header = f"{'backend':<9} {'mode':<12} " + " ".join(f"{name:>8}" for name in columns)
+    header = f"{'backend':<9} {'mode':<13} " + " ".join(f"{name:>8}" for name in columns)
     print(header)
     print("-" * len(header))
     for row in rows:
         print(
-            f"{row['backend']:<9} {row['mode']:<12} {row['rps']:>8.0f} {row['p50_ms']:>8.2f} "
+            f"{row['backend']:<9} {row['mode']:<13} {row['rps']:>8.0f} {row['p50_ms']:>8.2f} "
             f"{row['p99_ms']:>8.2f} {row['ratio']:>8.2f} {row['errors']:>8} "
             + ("       -" if row["cpu_us"] is None else f"{row['cpu_us']:>8.0f}")
             + f" {100 * row['spread']:>7.0f}%"
         )
-    print("ratio: req/s over the unguarded endpoint's; target for 'transaction': >= 0.80")
+    print(
+        "ratio: req/s over the unguarded endpoint's; target for 'transaction' and "
+        "'cached-replay': >= 0.80"
+    )
     print("spread: (fastest - slowest round) / median; a large one means the rows drifted")
     for backend in dict.fromkeys(row["backend"] for row in rows):
         rps = {row["mode"]: row["rps"] for row in rows if row["backend"] == backend}
@@ -649,6 +679,9 @@ def main() -> None:
         default=0.0,
         help="hold PostgreSQL traffic this long each way (a database across a network)",
     )
+    parser.add_argument(
+        "--redis", default="redis://127.0.0.1:6379/0", help="for cached-replay's CachedStore"
+    )
     parser.add_argument("--seconds", type=float, default=4.0, help="per row, per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=1.0)
@@ -664,6 +697,7 @@ def main() -> None:
         return
     if args.quick:
         args.seconds, args.rounds, args.warmup = 1.0, 1, 0.5
+    os.environ[REDIS_ENV] = args.redis
     rows = measure(args)
     if args.json:
         print(json.dumps(rows, indent=2))
