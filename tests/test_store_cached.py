@@ -14,8 +14,10 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -43,6 +45,7 @@ from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from tests.support.redis_servers import own_redis
 from tests.support.roundtrips import round_trips
 from tests.support.stores import Blocking, EventLoopThread
+from tests.test_store_concurrency import CONCURRENCY, TRIALS, race_with_threads
 
 FP = "a" * 64
 OTHER_FP = "b" * 64
@@ -493,3 +496,57 @@ def test_the_wrong_primary_or_client_is_refused(redis_url: str, sqlite_path: str
     with pytest.raises(TypeError, match="SQL"):
         CachedStore(CachedStore(sync, redis_url), redis_url)
     sync.close()
+
+
+# -- P6 under fire, through the cache -------------------------------------------------------
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def racing(
+    request: pytest.FixtureRequest, redis_url: str, redis_prefix: str
+) -> Iterator[CachedStore]:
+    if request.param == "postgres":
+        primary: Store = PostgresStore(request.getfixturevalue("pg_url"), max_size=CONCURRENCY)
+    else:
+        primary = SqliteStore(request.getfixturevalue("sqlite_path"))
+    with CachedStore(primary, redis_url, prefix=redis_prefix) as store:
+        yield store
+
+
+@pytest.mark.slow
+def test_p6_32_concurrent_first_claims_200_times_through_the_cache(
+    racing: CachedStore, scope: str
+) -> None:
+    race_with_threads(racing, scope, TRIALS)
+
+
+def test_p6_claims_racing_the_finish_and_the_cache_fill_get_one_answer(
+    racing: CachedStore, scope: str
+) -> None:
+    """32 threads claim each key over and over while its winner finishes and the
+    cache fills (write-through and read-through at once): one EXECUTE per key, then
+    only IN_PROGRESS or the winner's own response."""
+    barrier = threading.Barrier(CONCURRENCY)
+
+    def worker(n: int) -> list[Any]:
+        seen = []
+        for trial in range(20):
+            key = f"t{trial}"
+            barrier.wait()
+            for _ in range(5):
+                got = racing.claim(request(scope, key=key))
+                if got.outcome is Outcome.EXECUTE:
+                    racing.finish(got.lease, response(1000 * trial + n))
+                seen.append((key, got.outcome, got.response, n))
+        return seen
+
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        seen = [item for items in pool.map(worker, range(CONCURRENCY)) for item in items]
+    for trial in range(20):
+        mine = [s for s in seen if s[0] == f"t{trial}"]
+        winners = [n for _, outcome, _, n in mine if outcome is Outcome.EXECUTE]
+        assert len(winners) == 1, (trial, winners)
+        answers = {r for _, outcome, r, _ in mine if outcome is Outcome.REPLAY}
+        assert answers <= {response(1000 * trial + winners[0])}
+        assert {o for _, o, _, _ in mine} <= {Outcome.EXECUTE, Outcome.IN_PROGRESS, Outcome.REPLAY}
+    assert racing.cache_stats.hits > 0
