@@ -36,6 +36,7 @@ from idempotence import (
     SqliteStore,
     Store,
     StoredResponse,
+    StoreInTransaction,
     StoreUnavailable,
 )
 from idempotence.maintenance import admin
@@ -227,6 +228,18 @@ def test_a_replay_the_primary_answered_is_cached_for_the_next(cached: Cached, sc
     assert cached.store.cache_stats.hits == 0
     assert cached.face.claim(request(scope)).response == response(2)
     assert cached.store.cache_stats.hits == 1
+
+
+def test_a_cached_replay_inside_the_stores_open_transaction_is_refused_as_on_the_primary(
+    cached: Cached, scope: str
+) -> None:
+    cached.face.finish(cached.face.claim(request(scope)).lease, response(1))
+    assert cached.face.claim(request(scope)).outcome is Outcome.REPLAY  # cached
+    with cached.face.transaction():
+        with pytest.raises(StoreInTransaction):
+            cached.face.claim(request(scope))
+        with pytest.raises(StoreInTransaction), cached.face.transaction(claim=request(scope)):
+            pass
 
 
 # -- stale, foreign and unreadable entries ------------------------------------------------
