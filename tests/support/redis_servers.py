@@ -7,6 +7,7 @@ A test that needs Redis and cannot have it fails: nothing is skipped.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -24,8 +25,6 @@ SHARED_URL = "redis://127.0.0.1:6379/0"
 
 
 def shared_url() -> str:
-    import os
-
     url = os.environ.get("IDEMPOTENCE_TEST_REDIS", SHARED_URL)
     client = redis.Redis.from_url(url, socket_connect_timeout=2)
     try:
