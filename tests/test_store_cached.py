@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -263,6 +263,7 @@ def test_p2_an_entry_of_another_fingerprint_is_decided_by_the_primary(
         b"T" + b"9" * 20,  # a tombstone: nothing to replay
         "another key's entry",
         "another scope's entry",
+        "this key's entry with a mangled id",
     ],
 )
 def test_an_entry_that_is_not_exactly_this_keys_falls_through(
@@ -271,11 +272,18 @@ def test_an_entry_that_is_not_exactly_this_keys_falls_through(
     # The key is in progress on the primary; whatever Redis says, no replay.
     cached.face.claim(request(scope))
     if isinstance(poison, str):
-        other_scope, other_key = (scope, "k2") if "key" in poison else (scope + "x", "k")
+        poison_name = poison
+        other_scope, other_key = (scope + "x", "k") if "scope" in poison else (scope, "k2")
         lease = cached.face.claim(request(other_scope, key=other_key)).lease
         cached.face.finish(lease, response(9))
         poison = cached.redis.get(cached.name(other_scope, other_key))
         assert poison is not None
+        if "mangled" in poison_name:
+            record = cached.store._cache.entry_record(poison)
+            assert record is not None
+            entry = cached.store._cache.entry(replace(record, scope=scope, key="k"))
+            assert entry is not None
+            poison = b"E" + b"x" * 20 + entry[0][21:]
     cached.redis.set(cached.name(scope), poison)
     assert cached.face.claim(request(scope)).outcome is Outcome.IN_PROGRESS
 

@@ -232,9 +232,9 @@ class Cache:
             return None
         try:
             record = _decode(json.loads(value[1 + _DIGITS :]))
+            if record is None or record.id != int(value[1 : 1 + _DIGITS]):
+                return None
         except (ValueError, KeyError, TypeError):
-            return None
-        if record is None or record.id != int(value[1 : 1 + _DIGITS]):
             return None
         return record
 
