@@ -23,6 +23,7 @@ from tests.support.postgres import (
     drop_database,
     provide_server_info,
 )
+from tests.support.redis_servers import drop_prefix, shared_url, unique_prefix
 from tests.support.sources import SOURCES, OnSource, open_on
 from tests.support.stores import Blocking, EventLoopThread, StoreKind
 
@@ -131,3 +132,17 @@ def on_source(
         opened.store.close()
         for close in opened.app_close:
             close()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The shared Redis (the run fails, never skips, without one)."""
+    return shared_url()
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix of this test's own on the shared Redis, deleted at the end."""
+    prefix = unique_prefix()
+    yield prefix
+    drop_prefix(redis_url, prefix)

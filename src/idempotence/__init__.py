@@ -60,6 +60,7 @@ from .stores import (
 from .stores.sqlite import AsyncSqliteStore, SqliteStore
 
 if TYPE_CHECKING:
+    from .stores.cached import AsyncCachedStore, CachedStore
     from .stores.postgres import AsyncPostgresStore, PostgresStore
 
 __version__ = "0.1.0.dev0"
@@ -76,12 +77,14 @@ __all__ = [
     "Advance",
     "FINISHED",
     "STARTED",
+    "AsyncCachedStore",
     "AsyncKeyStore",
     "AsyncPostgresStore",
     "AsyncSqliteStore",
     "AsyncStore",
     "AsyncTransaction",
     "BodyTooLarge",
+    "CachedStore",
     "Claim",
     "ClaimRequest",
     "ConfigurationError",
@@ -124,4 +127,9 @@ def __getattr__(name: str) -> Any:
         from .stores import postgres
 
         return getattr(postgres, name)
+    # The cached stores need redis-py (the `redis` extra), likewise.
+    if name in ("CachedStore", "AsyncCachedStore"):
+        from .stores import cached
+
+        return getattr(cached, name)
     raise AttributeError(f"module 'idempotence' has no attribute {name!r}")

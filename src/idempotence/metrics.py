@@ -21,6 +21,9 @@ The metrics, all prefixed ``idempotence_``. The hot path, from a store given a
 * ``lock_lost_total{operation}``: fenced writes the store refused because another
   worker took the key over (F1), by operation: ``checkpoint``, ``finish``,
   ``release``, ``heartbeat``, ``forget``.
+* ``cache_total{event}``: what the Redis cache in front of a ``CachedStore`` did:
+  ``hit`` (a replay served from Redis), ``miss`` (the primary answered), ``error``
+  (Redis failed or timed out, and the primary answered alone: degraded, never a 5xx).
 
 The background services (:mod:`idempotence.maintenance`):
 
@@ -71,6 +74,9 @@ CLAIM_ERROR = "error"
 #: The operations a fence can refuse, pre-declared so that their series exist at 0.
 FENCED_OPERATIONS = ("checkpoint", "finish", "release", "heartbeat", "forget")
 
+#: What a ``CachedStore``'s Redis did, pre-declared so that their series exist at 0.
+CACHE_EVENTS = ("hit", "miss", "error")
+
 
 class Metrics:
     """The library's metrics on one Prometheus registry (the default one unless
@@ -101,6 +107,10 @@ class Metrics:
         )
         self._lock_lost = {op: lock_lost.labels(operation=op) for op in FENCED_OPERATIONS}
         self._lock_lost_family = lock_lost
+        cache = counter(
+            "idempotence_cache", "CachedStore: Redis hits, misses, errors", ["event"], **kw
+        )
+        self._cache = {event: cache.labels(event=event) for event in CACHE_EVENTS}
         # -- the background services -------------------------------------------------------
         self._swept = counter(
             "idempotence_keys_swept", "Expired locks released (crash signals)", **kw
@@ -153,6 +163,11 @@ class Metrics:
             if child is None:
                 child = self._lock_lost_family.labels(operation=operation)
             child.inc()
+
+    def cache(self, event: str) -> None:
+        """Count what the Redis cache of a ``CachedStore`` did (``CACHE_EVENTS``)."""
+        if self._on:
+            self._cache[event].inc()
 
     # -- the background services ----------------------------------------------------------
 
@@ -239,6 +254,9 @@ class PrometheusInstrumentation(Instrumentation):
 
     def lock_lost(self, operation: str, error: LockLost) -> None:
         self.metrics.lock_lost(operation)
+
+    def cache(self, event: str) -> None:
+        self.metrics.cache(event)
 
 
 class _ClaimTimer(Watch["Claim"]):

@@ -103,6 +103,11 @@ class Instrumentation:
         """A fenced write was refused (F1): ``operation`` is ``checkpoint``,
         ``finish``, ``release``, ``heartbeat`` or ``forget``."""
 
+    def cache(self, event: str) -> None:
+        """What the Redis cache in front of the store (``CachedStore``) did for one
+        operation: ``hit`` (a replay served from the cache), ``miss`` (the primary
+        answered), ``error`` (Redis failed or timed out: the primary answered alone)."""
+
 
 class _Combined(Instrumentation):
     """Reports to each part in turn."""
@@ -130,6 +135,10 @@ class _Combined(Instrumentation):
     def lock_lost(self, operation: str, error: LockLost) -> None:
         for part in self.parts:
             part.lock_lost(operation, error)
+
+    def cache(self, event: str) -> None:
+        for part in self.parts:
+            part.cache(event)
 
 
 class _Watches(Watch[T]):

@@ -188,6 +188,36 @@ def test_cli_keys_evict_refuses_a_live_lock_unless_forced(db: Backend) -> None:
     assert db.store.get(scope, "busy") is None
 
 
+def test_cli_keys_evict_with_cache_refuses_the_cached_response_first(
+    db: Backend, redis_url: str, redis_prefix: str
+) -> None:
+    from idempotence import ClaimRequest, StoredResponse
+    from idempotence.stores.cached import CachedStore
+
+    scope = new_scope()
+    request = ClaimRequest(scope=scope, key="paid", fingerprint="f" * 64)
+    cached = CachedStore(db.store, redis_url, prefix=redis_prefix)
+    cached.finish(cached.claim(request).lease, StoredResponse.of(201, body="first"))
+    assert cached.claim(request).response.body == b"first"
+    hits = cached.cache_stats.hits
+
+    def evict(cache: str) -> list[str]:
+        return ["keys", "evict", "--database", db.url, scope, "paid", "--cache", cache,
+                "--cache-prefix", redis_prefix]  # fmt: skip
+
+    # A cache that cannot be reached: exit 5 (unavailable), and nothing is evicted.
+    down = run(*evict("redis://127.0.0.1:1/0"))
+    assert down.returncode == 5, down.stderr
+    assert "nothing was evicted" in down.stderr
+    assert db.store.get(scope, "paid") is not None
+
+    out = ok(*evict(redis_url))
+    assert out.strip() == f"evicted key 'paid' in scope '{scope}' (it was complete)"
+    # The next request runs afresh: not the cached replay of the evicted row.
+    assert cached.claim(request).lease.token == 1
+    assert cached.cache_stats.hits == hits
+
+
 def test_cli_stats(db: Backend) -> None:
     scope = new_scope()
     pending(db.store, scope, "waiting")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import Any
@@ -85,16 +86,48 @@ def show_command(database: DatabaseUrl, scope: str, key: str, as_json: bool) -> 
         click.echo(_format.key_detail(row))
 
 
+#: Where ``keys evict`` finds the Redis cache in front of the database, if any.
+CACHE_ENV_VAR = "IDEMPOTENCE_CACHE_URL"
+
+
 @keys.command("evict")
 @database_option
 @click.argument("scope")
 @click.argument("key")
 @click.option("--force", is_flag=True, help="Evict even while a worker holds the key.")
+@click.option(
+    "--cache",
+    envvar=CACHE_ENV_VAR,
+    default=None,
+    metavar="redis://HOST:PORT/DB",
+    help="The Redis of the CachedStore in front of the database: its cached response "
+    f"is refused first (required when there is one). [env: {CACHE_ENV_VAR}]",
+)
+@click.option(
+    "--cache-prefix",
+    default="idempotence:cache",
+    show_default=True,
+    help="The CachedStore's prefix.",
+)
 @json_option
-def evict_command(database: DatabaseUrl, scope: str, key: str, force: bool, as_json: bool) -> None:
+def evict_command(
+    database: DatabaseUrl,
+    scope: str,
+    key: str,
+    force: bool,
+    cache: str | None,
+    cache_prefix: str,
+    as_json: bool,
+) -> None:
     """Delete one key: its next request runs afresh. A key a worker is running
-    right now (a live lock) needs --force, and that worker's writes are refused."""
-    with open_cli_store(database) as store:
+    right now (a live lock) needs --force, and that worker's writes are refused.
+    If a CachedStore serves replays from Redis, pass its --cache: without it the
+    cached response would still be replayed until it expires."""
+    with open_cli_store(database) as store, contextlib.ExitStack() as stack:
+        if cache is not None:
+            from ..stores.cached import CachedStore
+
+            store = stack.enter_context(CachedStore(store, cache, prefix=cache_prefix))
         row = _found(lambda: admin.evict_key(store, scope, key, force=force))
     if as_json:
         click.echo(json.dumps({"evicted": _format.key_json(row, full=True)}))

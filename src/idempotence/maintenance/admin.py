@@ -62,6 +62,10 @@ def evict_key(store: Store, scope: str, key: str, *, force: bool = False) -> Key
     fenced writes find no row and roll back (F1).
     """
     row = show_key(store, scope, key)
+    # A cache in front of the store (CachedStore) refuses the row's cached response
+    # before the row goes, so no replay of it outlives it; a cache that cannot be
+    # reached raises StoreUnavailable here, with nothing evicted.
+    store._invalidate(scope, key, row.record.id)
     if store._perform(lambda d: _ops.evict(d, scope, key, force)):
         return row
     # The conditional delete refused: the key is locked now (or is gone already).

@@ -4,7 +4,8 @@ The PostgreSQL store needs the ``postgres`` extra (psycopg 3); the SQLite store 
 nothing beyond the standard library. :class:`KeyStore` and :class:`AsyncKeyStore` are
 what every backend honours; :class:`Store` and :class:`AsyncStore`, the SQL stores,
 add the transaction shared with the application that flows and request-as-transaction
-need (:mod:`._interface`).
+need (:mod:`._interface`). :mod:`.cached` (the ``redis`` extra) puts a Redis cache of
+finished responses in front of a SQL store, and stands in for it.
 """
 
 from typing import TYPE_CHECKING

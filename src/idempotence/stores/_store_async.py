@@ -212,6 +212,25 @@ class AsyncStore:
             _no_commit(at_commit)
             await self._own(lambda: fenced(self._instrumentation, "finish", op()))
 
+    async def _finish_record(
+        self, lease: Lease, response: StoredResponse, error: str | None
+    ) -> KeyRecord:
+        """:meth:`finish` in a transaction of its own, handing back the finished record
+        (with the database's times): what a cache in front of the store keeps for
+        replays (:class:`~idempotence.stores.cached.AsyncCachedStore`)."""
+        return await self._own(
+            lambda: fenced(
+                self._instrumentation,
+                "finish",
+                _ops.finish_record(self._dialect, lease, response, error),
+            )
+        )
+
+    async def _invalidate(self, scope: str, key: str, key_id: int) -> None:
+        """Before and after the key row ``key_id`` is deleted by an operator
+        (:func:`~idempotence.maintenance.admin.evict_key`): a store with a cache in
+        front forgets the row's cached response there. A plain store has nothing to do."""
+
     async def release(self, lease: Lease) -> None:
         """Unlock without finishing, fenced: the next claim resumes (R5)."""
         await self._own(

@@ -1,0 +1,386 @@
+"""The Redis cache of finished responses in front of a SQL store, without its I/O.
+
+:mod:`._cached_async` (and the generated :mod:`._cached`) performs the Redis calls;
+what they send and how an answer is judged lives here, once: the Redis key of a
+(scope, key), the cache entry's encoding, its expiry, the floor that refuses stale
+writes, and the bookkeeping of a degraded cache (counted, logged at most every
+``LOG_EVERY`` seconds, skipped for ``pause`` seconds after a failure). The two spellings
+of the Redis client (``connect_redis`` and ``connect_redis_async``) are here too (F7).
+
+An entry is the whole finished :class:`~idempotence.KeyRecord` (so a replay served
+from Redis is the claim the primary would have returned), prefixed by its row id:
+``E`` + 20 digits + JSON. A tombstone is ``T`` + 20 digits: the lowest row id whose
+entry may be stored. Row ids grow for one (scope, key) (a sequence on PostgreSQL,
+``AUTOINCREMENT`` on SQLite), so the one script that writes entries (``SET_SCRIPT``)
+refuses any entry below the floor of what is there: an entry of a deleted row never
+comes back, however late its writer.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import redis
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+
+from ..errors import StoreError, StoreUnavailable
+from ..observability import Instrumentation
+from ..states import Claim, ClaimRequest, KeyRecord, Outcome, StoredResponse
+
+__all__ = ["AsyncRedis", "Redis"]
+
+logger = logging.getLogger("idempotence.cache")
+
+#: Redis waits at most this long (seconds) to connect or to answer: a slow cache
+#: costs a request little before the primary answers alone.
+DEFAULT_TIMEOUT = 0.25
+#: After a Redis failure, the cache is not asked for this long (seconds): while it is
+#: down, requests pay nothing for it.
+DEFAULT_PAUSE = 1.0
+#: The longest an entry lives, whatever the key's retention (kept forever: ledgers).
+DEFAULT_TTL = timedelta(hours=24)
+#: An entry expires this long before its key does, so that it is gone from Redis
+#: before the reaper can delete the row, as long as the clocks of Redis and of the
+#: database agree within it.
+DEFAULT_CLOCK_SKEW = timedelta(seconds=60)
+#: A degraded cache logs one warning per this many seconds, not one per request.
+LOG_EVERY = 10.0
+
+#: What a failing Redis raises: redis-py's errors (connection refused, timeout, a
+#: server error) and a socket's own.
+CACHE_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+
+_VERSION = 1
+_ENTRY = b"E"
+_TOMBSTONE = b"T"
+_DIGITS = 20
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+
+#: Store ARGV[1] (an entry or a tombstone) with absolute expiry ARGV[2] (Unix ms),
+#: unless what is there is an entry or a tombstone of a higher floor (characters
+#: 2-21, the row id or the tombstone's lowest id, zero-padded so that strings compare
+#: as numbers). Anything else there (a foreign value) is overwritten.
+SET_SCRIPT = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local kind = string.sub(current, 1, 1)
+  if (kind == 'E' or kind == 'T') and string.sub(current, 2, 21) > string.sub(ARGV[1], 2, 21) then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
+return 1
+"""
+
+
+def connect_redis_async(target: str | AsyncRedis, timeout: float) -> tuple[AsyncRedis, bool]:
+    """The asyncio client for ``target`` (a ``redis://`` URL or a client), and whether
+    the store owns it (opened it from a URL, and so closes it)."""
+    if isinstance(target, str):
+        return AsyncRedis.from_url(target, **_options(timeout)), True
+    if not isinstance(target, AsyncRedis):
+        raise TypeError(
+            f"AsyncCachedStore needs a redis:// URL or a redis.asyncio.Redis client, "
+            f"not {type(target).__name__}"
+        )
+    return target, False
+
+
+def connect_redis(target: str | Redis, timeout: float) -> tuple[Redis, bool]:
+    """The sync twin of :func:`connect_redis_async`: a ``redis.Redis``."""
+    if isinstance(target, str):
+        return Redis.from_url(target, **_options(timeout)), True
+    if not isinstance(target, Redis):
+        raise TypeError(
+            f"CachedStore needs a redis:// URL or a redis.Redis client, not {type(target).__name__}"
+        )
+    return target, False
+
+
+async def close_redis_async(client: AsyncRedis) -> None:
+    """Close a client the store opened."""
+    await client.aclose()
+
+
+def close_redis(client: Redis) -> None:
+    """The sync twin of :func:`close_redis_async`."""
+    client.close()
+
+
+def _options(timeout: float) -> dict[str, Any]:
+    # No retries: a failed call falls back to the primary at once, and the pause
+    # keeps a down cache from being asked again for a while.
+    return {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+        "retry_on_timeout": False,
+    }
+
+
+class _NoConnection:
+    """The connection of a transaction that never opened because its claim was a
+    replay served from Redis: there is nothing to write to (``tx.connection`` is
+    None, and any statement raises)."""
+
+    raw = None
+
+    def __getattr__(self, name: str) -> Any:
+        raise StoreError(
+            "this transaction's claim was a replay served from the cache, so no "
+            "transaction is open: write only when tx.claim.outcome is EXECUTE"
+        )
+
+
+#: Stands in for the connection of a transaction whose claim the cache answered.
+NO_CONNECTION: Any = _NoConnection()
+
+
+class CacheStats:
+    """What a cached store's Redis did since it was opened (also reported to the
+    store's instrumentation as ``idempotence_cache_total{event}``)."""
+
+    __slots__ = ("errors", "hits", "misses", "skipped")
+
+    def __init__(self) -> None:
+        #: Replays served from Redis.
+        self.hits = 0
+        #: Claims answered by the primary (nothing usable in Redis).
+        self.misses = 0
+        #: Redis calls that failed or timed out: answered by the primary alone.
+        self.errors = 0
+        #: Redis calls not made because a recent failure paused the cache.
+        self.skipped = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"CacheStats(hits={self.hits}, misses={self.misses}, errors={self.errors}, "
+            f"skipped={self.skipped})"
+        )
+
+
+class Cache:
+    """The cache's decisions and bookkeeping: no I/O (the cached stores do it)."""
+
+    def __init__(
+        self,
+        prefix: str,
+        *,
+        ttl: timedelta,
+        clock_skew: timedelta,
+        pause: float,
+        instrumentation: Instrumentation | None,
+    ) -> None:
+        if not prefix:
+            raise ValueError("the cache's prefix must not be empty (no global namespace)")
+        if ttl <= timedelta(0) or clock_skew < timedelta(0) or pause < 0:
+            raise ValueError("ttl must be positive; clock_skew and pause not negative")
+        self._prefix = prefix.encode("utf-8", "surrogatepass") + b":"
+        self._ttl = ttl
+        self._skew = clock_skew
+        self._pause = pause
+        self._instrumentation = instrumentation
+        self._paused_until = 0.0
+        self._lock = threading.Lock()
+        self._logged_at = -LOG_EVERY
+        self._unlogged = 0
+        self.stats = CacheStats()
+
+    def name(self, scope: str, key: str) -> bytes:
+        """The Redis key of (scope, key): the prefix, then the scope's length, so
+        that no (scope, key) pair can spell another's. Any text is safe, lone
+        surrogates included, and no character is special."""
+        s = scope.encode("utf-8", "surrogatepass")
+        k = key.encode("utf-8", "surrogatepass")
+        return b"%s%d:%s:%s" % (self._prefix, len(s), s, k)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def replay(self, value: bytes | None, request: ClaimRequest) -> Claim | None:
+        """The REPLAY that ``value`` (what Redis holds for the request's key) answers,
+        or None when the primary must decide: no entry, a tombstone, an entry of
+        another scope, key or fingerprint (P2 is the primary's), or one unreadable."""
+        record = self.entry_record(value)
+        if (
+            record is None
+            or record.scope != request.scope
+            or record.key != request.key
+            or record.fingerprint != request.fingerprint
+        ):
+            self._count("miss")
+            return None
+        self._count("hit")
+        claim = Claim(Outcome.REPLAY, record)
+        if self._instrumentation is not None:
+            with self._instrumentation.claim(request) as watch:
+                watch.done(claim)
+        return claim
+
+    @staticmethod
+    def entry_record(value: bytes | None) -> KeyRecord | None:
+        """The finished record an entry holds; None for no entry, a tombstone, or
+        anything else (a foreign value, an older version: it only costs a read)."""
+        if value is None or not value.startswith(_ENTRY):
+            return None
+        try:
+            record = _decode(json.loads(value[1 + _DIGITS :]))
+            if record is None or record.id != int(value[1 : 1 + _DIGITS]):
+                return None
+        except (ValueError, KeyError, TypeError):
+            return None
+        return record
+
+    def stale(self, value: bytes | None, claim: Claim) -> bool:
+        """Whether an entry read for a claim the primary then answered otherwise is
+        of an older row than the primary's (a row evicted without the cache being
+        told): then it must go, before it answers a request with its fingerprint."""
+        record = self.entry_record(value)
+        return record is not None and record.id < claim.record.id
+
+    # -- writing ---------------------------------------------------------------------
+
+    def entry(self, record: KeyRecord) -> tuple[bytes, int] | None:
+        """The entry for a finished ``record`` and its absolute expiry (Unix ms), or
+        None if it should not be cached (unfinished, or too close to its expiry)."""
+        if record.finished_at is None or record.response is None:
+            return None
+        until = record.finished_at + self._ttl
+        if record.expires_at is not None:
+            until = min(until, record.expires_at - self._skew)
+        ms = (until - _EPOCH) // timedelta(milliseconds=1)
+        if ms <= time.time() * 1000:
+            return None
+        body = json.dumps(_encode(record), separators=(",", ":")).encode()
+        return _ENTRY + b"%0*d" % (_DIGITS, record.id) + body, ms
+
+    def tombstone(self, key_id: int) -> tuple[bytes, int]:
+        """A tombstone refusing the entries of row ``key_id`` and older, living as
+        long as any such entry could (the ttl, plus the clock skew)."""
+        until = time.time() + (self._ttl + self._skew).total_seconds()
+        return _TOMBSTONE + b"%0*d" % (_DIGITS, key_id + 1), int(until * 1000)
+
+    # -- a degraded cache --------------------------------------------------------------
+
+    def available(self) -> bool:
+        """False while a recent failure pauses the cache (counted as skipped)."""
+        if self._paused_until and time.monotonic() < self._paused_until:
+            self.stats.skipped += 1
+            return False
+        return True
+
+    def failed(self, operation: str, error: BaseException) -> None:
+        """Redis failed: count it, pause the cache, and log now and then."""
+        self._count("error")
+        now = time.monotonic()
+        self._paused_until = now + self._pause
+        with self._lock:
+            self._unlogged += 1
+            if now - self._logged_at < LOG_EVERY:
+                return
+            count, self._unlogged, self._logged_at = self._unlogged, 0, now
+        logger.warning(
+            "Redis cache unavailable (%s: %s); %d failure(s) since the last report: "
+            "answering from the primary store alone",
+            operation,
+            error,
+            count,
+        )
+
+    def refuse(self, operation: str, error: BaseException) -> StoreUnavailable:
+        """The error for a write that must reach Redis (an eviction's tombstone)."""
+        self.failed(operation, error)
+        return StoreUnavailable(
+            f"the Redis cache cannot be reached ({error}); nothing was evicted, so no "
+            "cached response can outlive the key: retry when Redis is back"
+        )
+
+    def _count(self, event: str) -> None:
+        if event == "hit":
+            self.stats.hits += 1
+        elif event == "miss":
+            self.stats.misses += 1
+        else:
+            self.stats.errors += 1
+        if self._instrumentation is not None:
+            self._instrumentation.cache(event)
+
+
+# -- the entry's JSON --------------------------------------------------------------------
+
+
+def _time(value: datetime | None) -> int | None:
+    return None if value is None else (value - _EPOCH) // _MICRO
+
+
+def _untime(value: int | None) -> datetime | None:
+    return None if value is None else _EPOCH + value * _MICRO
+
+
+def _encode(r: KeyRecord) -> dict[str, Any]:
+    assert r.response is not None
+    return {
+        "v": _VERSION,
+        "id": r.id,
+        "scope": r.scope,
+        "key": r.key,
+        "method": r.method,
+        "path": r.path,
+        "fingerprint": r.fingerprint,
+        "params": r.params,
+        "flow": r.flow,
+        "point": r.recovery_point,
+        "token": r.lock_token,
+        "locked_at": _time(r.locked_at),
+        "lock_timeout": r.lock_timeout // _MICRO,
+        "status": r.response.status,
+        "headers": r.response.headers,
+        "body": base64.b64encode(r.response.body).decode(),
+        "error": r.error,
+        "created_at": _time(r.created_at),
+        "last_run_at": _time(r.last_run_at),
+        "finished_at": _time(r.finished_at),
+        "expires_at": _time(r.expires_at),
+        "calling": r.calling,
+    }
+
+
+def _decode(d: dict[str, Any]) -> KeyRecord | None:
+    if d.get("v") != _VERSION:
+        return None
+    created_at = _untime(d["created_at"])
+    if created_at is None or d["finished_at"] is None:
+        return None
+    response = StoredResponse(
+        status=int(d["status"]),
+        headers=tuple((str(k), str(v)) for k, v in d["headers"]),
+        body=base64.b64decode(d["body"], validate=True),
+    )
+    return KeyRecord(
+        id=int(d["id"]),
+        scope=str(d["scope"]),
+        key=str(d["key"]),
+        method=str(d["method"]),
+        path=str(d["path"]),
+        fingerprint=str(d["fingerprint"]),
+        params=d["params"],
+        flow=str(d["flow"]),
+        recovery_point=str(d["point"]),
+        lock_token=int(d["token"]),
+        locked_at=_untime(d["locked_at"]),
+        lock_timeout=int(d["lock_timeout"]) * _MICRO,
+        response=response,
+        error=d["error"],
+        created_at=created_at,
+        last_run_at=_untime(d["last_run_at"]),
+        finished_at=_untime(d["finished_at"]),
+        expires_at=_untime(d["expires_at"]),
+        calling=d["calling"],
+    )
