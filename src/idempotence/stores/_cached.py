@@ -196,7 +196,7 @@ class CachedStore(Store):
         if claim is not None:
             cached, _ = self._cached(claim, self._cache.name(claim.scope, claim.key))
             if cached is not None:
-                yield Transaction(NO_CONNECTION, cached)
+                yield Transaction(NO_CONNECTION, self.primary._dialect, cached)
                 return
         with self.primary.transaction(claim=claim) as tx:
             yield tx

@@ -198,7 +198,7 @@ class AsyncCachedStore(AsyncStore):
         if claim is not None:
             cached, _ = await self._cached(claim, self._cache.name(claim.scope, claim.key))
             if cached is not None:
-                yield AsyncTransaction(NO_CONNECTION, cached)
+                yield AsyncTransaction(NO_CONNECTION, self.primary._dialect, cached)
                 return
         async with self.primary.transaction(claim=claim) as tx:
             yield tx
