@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_REPLAY_HEADERS",
     "Endpoint",
     "Idempotency",
+    "KeyScope",
     "Mode",
     "Policy",
     "ScopeFn",
@@ -81,6 +82,22 @@ class Mode(enum.Enum):
     TRANSACTION = "transaction"
     #: A registered multi-phase flow is the handler (R1); the app is not called.
     FLOW = "flow"
+
+
+class KeyScope(enum.Enum):
+    """Where a key is unique (DESIGN 2, P2).
+
+    ``TENANT`` (the default): a key names one operation of the tenant, whatever the
+    endpoint, so the same key sent to another endpoint is refused 422 (P2): it catches
+    a client that reuses keys by mistake. ``ENDPOINT``: a key is unique per tenant,
+    method and path, so the same key on two endpoints gives two independent results,
+    as some clients expect. The key row's scope is then ``"<tenant> <METHOD> <path>"``
+    (the path percent-encoded, so the tenant is everything before the last two
+    spaces): that is the ``scope`` a lease, a phase and the admin CLI see.
+    """
+
+    TENANT = "tenant"
+    ENDPOINT = "endpoint"
 
 
 class _SingleTenant:
@@ -168,6 +185,9 @@ class Policy:
     key_required: bool = True
     #: Overrides :attr:`Idempotency.scope` for this endpoint.
     scope: ScopeFn | None = None
+    #: Where a key is unique: per tenant (default: another endpoint answers 422, P2),
+    #: or per tenant and endpoint (:class:`KeyScope`; ``"endpoint"`` is accepted).
+    key_scope: KeyScope = KeyScope.TENANT
     #: Body fields left out of the fingerprint: JSON names or dotted paths, form names.
     exclude_fields: tuple[str, ...] = ()
     #: How long a silent worker keeps the key before a retry may take it over (P4, P5).
@@ -219,6 +239,12 @@ class Policy:
         set_(self, "exclude_fields", tuple(self.exclude_fields))
         if self.scope is not None and not callable(self.scope):
             raise _invalid(owner, "scope", self.scope, "must be a callable: request -> tenant id")
+        try:
+            set_(self, "key_scope", KeyScope(self.key_scope))
+        except ValueError:
+            raise _invalid(
+                owner, "key_scope", self.key_scope, "must be 'tenant' or 'endpoint'"
+            ) from None
         if self.lock_timeout <= timedelta(0):
             raise _invalid(owner, "lock_timeout", self.lock_timeout, "must be positive")
         self._check_heartbeat(owner)

@@ -12,7 +12,8 @@ or in the engine, once:
 
 1. the key (P7, P8): missing, malformed or repeated answers 400; an optional key
    that is absent lets the request through unguarded;
-2. the tenant (the scope callable): none answers 401;
+2. the tenant (the scope callable): none answers 401; with ``KeyScope.ENDPOINT`` the
+   key's scope is the tenant and the endpoint (method and path);
 3. the body: over the limit answers 413 (P7); unreadable as its type answers 400;
 4. the run (the engine): the claim, MISMATCH (P2), REPLAY (P3), IN_PROGRESS (P4, or a
    bounded wait, P10), EXECUTE (P1, P5); an unreachable store answers 503 and runs
@@ -34,7 +35,7 @@ from ..errors import BodyTooLarge, InvalidBody, InvalidKey, MissingKey, StoreErr
 from ..flows import Flow, FlowResult, ResultKind
 from ..flows.flow import watched
 from ..states import ClaimRequest
-from ._config import HTTP_FLOW, Idempotency, Policy
+from ._config import HTTP_FLOW, Idempotency, KeyScope, Policy
 from ._effects import PASS, SENT, Lifecycle, ReadBody, Reply, ReplyKind, ResolveScope
 from ._problems import Problem, Profile, render_stored
 from ._request import (
@@ -43,6 +44,7 @@ from ._request import (
     RequestInfo,
     UnsupportedBody,
     declared_length,
+    endpoint_scope,
     flow_params,
     read_key,
     request_fingerprint,
@@ -82,6 +84,8 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
         )
     if not isinstance(tenant, str):
         raise TypeError(f"the scope callable must return a str or None, not {tenant!r}")
+    if policy.key_scope is KeyScope.ENDPOINT:
+        tenant = endpoint_scope(tenant, request)  # the same key elsewhere is another key
     limit = policy.max_body_bytes
     declared = declared_length(request)
     if declared is not None and declared > limit:
