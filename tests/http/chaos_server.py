@@ -7,7 +7,9 @@ It serves on ``PORT`` (the tests restart it there after a kill). ``POST /charges
 is a request-as-transaction endpoint (F3): its effect is a row in ``crash_effects``,
 committed with the key, so the count of rows is the count of executions. A body
 ``{"declined": true}`` answers 402, which is stored like any final answer;
-``{"invalid": true}`` answers 422 (refused: nothing stored).
+``{"invalid": true}`` answers 422 (refused: nothing stored). ``POST /charges/slow``
+and ``POST /charges/failing`` are plain handlers: the first takes ``SLOW`` seconds,
+the second answers a 500 that is stored (``store_server_errors=True``).
 
 Every request is logged, with the server's clock, as one JSON line in
 ``DIR/attempts.jsonl``; request number ``n`` (0-based, counted across restarts by
@@ -87,6 +89,13 @@ def guarded_app(backend: str, target: str) -> Any:
             await tx.execute(INSERT[backend], effect("charge", lease.scope, lease.key))
         return JSONResponse({"execution": uuid.uuid4().hex}, status_code=201)
 
+    async def failing_charge(request: Request) -> JSONResponse:
+        # Its 500 is stored (store_server_errors=True, as Stripe does): a replay is final.
+        lease = current_lease()
+        async with store.transaction() as tx:
+            await tx.execute(INSERT[backend], effect("charge", lease.scope, lease.key))
+        return JSONResponse({"error": "the ledger is closed"}, status_code=500)
+
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({})
 
@@ -94,6 +103,7 @@ def guarded_app(backend: str, target: str) -> Any:
         routes=[
             Route("/charges", charge, methods=["POST"]),
             Route("/charges/slow", slow_charge, methods=["POST"]),
+            Route("/charges/failing", failing_charge, methods=["POST"]),
             Route("/health", health),
         ]
     )
@@ -103,6 +113,7 @@ def guarded_app(backend: str, target: str) -> Any:
         endpoints=[
             Endpoint("POST /charges", Policy(transaction=True, lock_timeout=LOCK_TIMEOUT)),
             Endpoint("POST /charges/slow", Policy(lock_timeout=LOCK_TIMEOUT)),
+            Endpoint("POST /charges/failing", Policy(store_server_errors=True)),
         ],
         default=None,
     )

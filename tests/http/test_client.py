@@ -304,6 +304,15 @@ def test_a_stored_4xx_is_final_even_after_a_drop(chaos: ChaosServer, kind: str) 
     assert len(chaos.attempts(key)) == 3
 
 
+def test_a_stored_5xx_is_final_when_replayed(chaos: ChaosServer, kind: str) -> None:
+    key = f"stored-500-{uuid.uuid4()}"
+    chaos.plan("drop")
+    answer, _ = call(kind, chaos.url + "/charges/failing", key, {"amount": 20})
+    # The 500 of the first attempt was stored: its replay is the answer, not a retry.
+    assert (answer.status_code, answer.replayed, answer.attempts) == (500, True, 2)
+    assert chaos.effects(key) == 1
+
+
 def test_a_refused_4xx_is_final(chaos: ChaosServer, kind: str) -> None:
     key = f"invalid-{uuid.uuid4()}"
     answer, _ = call(kind, chaos.url + "/charges", key, {"invalid": True})
