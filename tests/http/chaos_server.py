@@ -9,7 +9,8 @@ committed with the key, so the count of rows is the count of executions. A body
 ``{"declined": true}`` answers 402, which is stored like any final answer;
 ``{"invalid": true}`` answers 422 (refused: nothing stored). ``POST /charges/slow``
 and ``POST /charges/failing`` are plain handlers: the first takes ``SLOW`` seconds,
-the second answers a 500 that is stored (``store_server_errors=True``).
+the second answers a 500 that is stored (``store_server_errors=True``). ``POST
+/reports`` is a flow endpoint with asynchronous acceptance (:func:`report_flow`).
 
 Every request is logged, with the server's clock, as one JSON line in
 ``DIR/attempts.jsonl``; request number ``n`` (0-based, counted across restarts by
@@ -41,6 +42,7 @@ from email.utils import formatdate
 from pathlib import Path
 from typing import Any
 
+from idempotence.flows import Advance, Finish, Flow, PhaseContext
 from idempotence.http import (
     Endpoint,
     Idempotency,
@@ -50,6 +52,7 @@ from idempotence.http import (
     current_lease,
     single_tenant,
 )
+from idempotence.states import StoredResponse
 from tests.http.crash_server import INSERT, effect
 
 #: How long a ``slow-drop`` handler runs.
@@ -59,7 +62,36 @@ LOCK_TIMEOUT = timedelta(seconds=1)
 Scope = dict[str, Any]
 
 
-def guarded_app(backend: str, target: str) -> Any:
+#: How long the second phase of the report flow takes.
+REPORT_TIME = 1.5
+
+
+def report_flow(backend: str, directory: Path) -> Flow:
+    """A long flow for asynchronous acceptance: phase ``started`` records the effect
+    and commits ``built``; phase ``built`` takes ``REPORT_TIME`` seconds, and while
+    ``DIR/hang`` exists it creates ``DIR/reached`` and waits (the loop stays free), so
+    a test can kill the server mid-flow."""
+    flow = Flow("chaos-report", lock_timeout=LOCK_TIMEOUT)
+    hang, reached = directory / "hang", directory / "reached"
+
+    @flow.phase("started")
+    async def build(ctx: PhaseContext) -> Advance:
+        await ctx.tx.execute(INSERT[backend], effect("report", ctx.lease.scope, ctx.lease.key))
+        return Advance("built")
+
+    @flow.phase("built")
+    async def publish(ctx: PhaseContext) -> Finish:
+        while hang.exists():
+            reached.touch()
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(REPORT_TIME)
+        body = json.dumps({"report": ctx.lease.id, "pages": ctx.params["pages"]})
+        return Finish(StoredResponse.of(201, {"content-type": "application/json"}, body))
+
+    return flow
+
+
+def guarded_app(backend: str, target: str, directory: Path) -> Any:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -114,6 +146,10 @@ def guarded_app(backend: str, target: str) -> Any:
             Endpoint("POST /charges", Policy(transaction=True, lock_timeout=LOCK_TIMEOUT)),
             Endpoint("POST /charges/slow", Policy(lock_timeout=LOCK_TIMEOUT)),
             Endpoint("POST /charges/failing", Policy(store_server_errors=True)),
+            Endpoint(
+                "POST /reports",
+                Policy(flow=report_flow(backend, directory), asynchronous=True),
+            ),
         ],
         default=None,
     )
@@ -204,7 +240,7 @@ def main() -> None:
     import uvicorn
 
     backend, target, directory, port = sys.argv[1:5]
-    app = Chaos(guarded_app(backend, target), Path(directory))
+    app = Chaos(guarded_app(backend, target, Path(directory)), Path(directory))
     config = uvicorn.Config(app, host="127.0.0.1", port=int(port), log_level="critical")
     uvicorn.Server(config).run()
 

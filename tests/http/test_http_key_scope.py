@@ -50,9 +50,7 @@ def test_per_endpoint_scope_gives_each_endpoint_its_own_result(make_harness):
 
 
 def test_per_endpoint_scope_in_request_as_transaction_mode(make_harness):
-    endpoints = [
-        Endpoint("POST /tx/{name}", Policy(transaction=True, key_scope=KeyScope.ENDPOINT))
-    ]
+    endpoints = [Endpoint("POST /tx/{name}", Policy(transaction=True, key_scope=KeyScope.ENDPOINT))]
     with make_harness(endpoints=endpoints) as harness:
         first = harness.post("/tx/a", key="tx-shared")
         second = harness.post("/tx/b", key="tx-shared")
@@ -64,5 +62,5 @@ def test_per_endpoint_scope_in_request_as_transaction_mode(make_harness):
 
 def test_key_scope_is_checked_when_built():
     assert Policy(key_scope="endpoint").key_scope is KeyScope.ENDPOINT  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="key_scope='path'.*'tenant' or 'endpoint'"):
+    with pytest.raises(ConfigurationError, match=r"key_scope='path'.*'tenant' or 'endpoint'"):
         Policy(key_scope="path")  # type: ignore[arg-type]
