@@ -149,6 +149,13 @@ def _invalid(owner: str, name: str, value: object, why: str) -> ConfigurationErr
     return ConfigurationError(f"{owner}.{name}={value!r} {why}")
 
 
+def _key_scope(owner: str, value: KeyScope | str) -> KeyScope:
+    try:
+        return KeyScope(value)
+    except ValueError:
+        raise _invalid(owner, "key_scope", value, "must be 'tenant' or 'endpoint'") from None
+
+
 def _methods(owner: str, methods: Iterable[str]) -> frozenset[str]:
     if isinstance(methods, str):
         methods = [methods]
@@ -245,12 +252,7 @@ class Policy:
         set_(self, "exclude_fields", tuple(self.exclude_fields))
         if self.scope is not None and not callable(self.scope):
             raise _invalid(owner, "scope", self.scope, "must be a callable: request -> tenant id")
-        try:
-            set_(self, "key_scope", KeyScope(self.key_scope))
-        except ValueError:
-            raise _invalid(
-                owner, "key_scope", self.key_scope, "must be 'tenant' or 'endpoint'"
-            ) from None
+        set_(self, "key_scope", _key_scope(owner, self.key_scope))
         if self.lock_timeout <= timedelta(0):
             raise _invalid(owner, "lock_timeout", self.lock_timeout, "must be positive")
         self._check_heartbeat(owner)
