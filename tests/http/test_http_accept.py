@@ -9,6 +9,7 @@ response, and the effect happened once.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from datetime import timedelta
@@ -19,19 +20,17 @@ import httpx
 import pytest
 
 from idempotence import AsyncSqliteStore
-from idempotence.flows import FlowRegistry
+from idempotence.flows import Finish, Flow, FlowRegistry, PhaseContext
+from idempotence.http import Endpoint, Policy
 from idempotence.maintenance import AsyncCompleter
 from idempotence.maintenance.completer import CompleterConfig
+from idempotence.states import StoredResponse
 from idempotence.stores.postgres import AsyncPostgresStore
 from tests.http import chaos_server
+from tests.http.apps import FRAMEWORKS
 from tests.http.test_client import ChaosServer, chaos
 
 __all__ = ["chaos"]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def post(server: ChaosServer, key: str, pages: int = 3) -> httpx.Response:
@@ -129,3 +128,43 @@ def wait_for_answer(url: str) -> httpx.Response:
             return response
         assert time.monotonic() < deadline, "the operation never finished"
         time.sleep(float(response.headers["retry-after"]) / 4)
+
+
+# -- every framework, both stores: the background run is a task (ASGI) or a thread (WSGI) --
+
+quick = Flow("http-test-accept")
+QUICK_RUNS: list[str] = []
+
+
+@quick.phase("started")
+def _quick(ctx: PhaseContext) -> Finish:
+    QUICK_RUNS.append(ctx.lease.key)
+    time.sleep(0.3)  # long enough for a read to find it running, now and then
+    body = json.dumps({"report": ctx.lease.key, "pages": ctx.params["pages"]})
+    return Finish(StoredResponse.of(201, {"content-type": "application/json"}, body))
+
+
+@pytest.fixture(params=FRAMEWORKS)
+def framework(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_accepted_then_answered_on_every_framework(make_harness: Any) -> None:
+    key = f"quick-{uuid.uuid4()}"
+    endpoints = [Endpoint("POST /reports", Policy(flow=quick, asynchronous=True))]
+    with make_harness(endpoints=endpoints) as harness:
+        first = harness.post("/reports", {"pages": 2}, key=key)
+        assert first.status == 202, first.body
+        location = first.header("location")
+        assert location == f"/idempotence/operations/{key}"
+        deadline = time.monotonic() + 20
+        while (status := harness.get(location)).status == 202:
+            assert time.monotonic() < deadline, "the operation never finished"
+            time.sleep(0.05)
+        assert status.status == 201 and status.json()["pages"] == 2
+        assert status.header("idempotent-replayed") == "true"
+        replay = harness.post("/reports", {"pages": 2}, key=key)
+        assert (replay.status, replay.body) == (201, status.body)
+        # Another tenant has no such operation.
+        assert harness.get(location, tenant=harness.tenant + "-2").status == 404
+    assert QUICK_RUNS.count(key) == 1
