@@ -43,6 +43,7 @@ SOURCES = [
     "maintenance/enqueuer_async.py",
     "maintenance/jobs_async.py",
     "maintenance/worker_async.py",
+    "client/_client_async.py",
 ]
 
 # Applied in order, to every line (code, comments and docstrings alike, so that the

@@ -57,6 +57,37 @@ def sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
+_SPAWNED: set[asyncio.Task[Any]] = set()
+
+
+def spawn_async(fn: Callable[[], Awaitable[Any]], name: str) -> None:
+    """Run ``fn()`` in a task of its own on the running loop, not awaited: the
+    request that started it has answered already (HTTP asynchronous acceptance).
+    An exception is logged; the task is kept referenced until it ends."""
+
+    async def run() -> None:
+        try:
+            await fn()
+        except Exception:
+            logging.getLogger("idempotence").exception("background task %s failed", name)
+
+    task = asyncio.get_running_loop().create_task(run(), name=name)
+    _SPAWNED.add(task)
+    task.add_done_callback(_SPAWNED.discard)
+
+
+def spawn(fn: Callable[[], Any], name: str) -> None:
+    """Run ``fn()`` in a daemon thread of its own; an exception is logged."""
+
+    def run() -> None:
+        try:
+            fn()
+        except Exception:
+            logging.getLogger("idempotence").exception("background task %s failed", name)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+
+
 class AsyncWakeup:
     """Woken from any thread or event loop; waited for by one task of the loop it was
     made on."""

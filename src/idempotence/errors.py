@@ -107,6 +107,25 @@ class StoreInTransaction(ConfigurationError):
     pass ``tx=`` (claim, finish) or call it after the transaction ends."""
 
 
+# -- the client's errors: an idempotent request got no final answer (DESIGN 10) --------
+
+
+class ClientError(IdempotenceError):
+    """An idempotent request got no final answer."""
+
+
+class KeyReused(ClientError):
+    """The server refused the Idempotency-Key: it was already used for a different
+    request (another method, path or body). This is a bug in the caller: make a new key
+    for each new operation, and resend an operation's request unchanged."""
+
+
+class RetriesExhausted(ClientError):
+    """The request got no final answer before the client gave up (its attempts or its
+    deadline ran out). The operation may still have run: retry later with the same
+    Idempotency-Key to learn its outcome, never with a new one."""
+
+
 # -- raised by the application's own steps, read by the flow engine (R5, R6) ----------
 
 

@@ -56,6 +56,8 @@ class Problem(enum.Enum):
     KEY_IN_USE = ("idempotency_key_in_use", 409, "idempotency_error")
     #: Another worker took the key over while this one ran (F1): retry to get its answer.
     KEY_TAKEN_OVER = ("idempotency_key_taken_over", 409, "idempotency_error")
+    #: The status URL of an asynchronous operation names no operation of this tenant.
+    OPERATION_UNKNOWN = ("idempotency_operation_unknown", 404, "invalid_request_error")
     #: The scope callable found no tenant for the request.
     TENANT_UNKNOWN = ("idempotency_tenant_unknown", 401, "invalid_request_error")
     #: P7: the request body is larger than the endpoint accepts.

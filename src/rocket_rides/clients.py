@@ -1,17 +1,17 @@
 """Simulated Rocket Rides clients: book rides, retry through everything, keep count.
 
-Each client books its share of the rides one after another. A ride is one
-Idempotency-Key, and the client retries it, with the same key and the same body, until
-it gets a final answer (201 or 402) or runs out of patience:
+Each client books its share of the rides one after another. A ride is one operation
+of the library's retrying client (:mod:`idempotence.client`): one Idempotency-Key,
+retried with the same body until a final answer (201 or 402) or the end of its patience:
 
 * a dropped connection (the worker was killed, or is restarting), a timeout, a 5xx:
-  back off exponentially, with jitter, and try again, on any worker;
+  back off exponentially, with full jitter, and try again, on any worker;
 * 409 (the key is in progress, perhaps held by a worker that just died): wait for
   ``Retry-After`` and try again;
-* anything else (400, 401, 422...) is a bug in the demo or the library: counted,
+* any other answer (400, 401, 422...) is a bug in the demo or the library: counted,
   not retried.
 
-Some first attempts go out twice at once (two copies racing, P4), some requests carry
+Some rides are submitted twice at once (two copies racing, P4), some requests carry
 a crash order (:mod:`.chaos`), and after a final answer a client sometimes asks again
 to check that the replay is the same response, marked ``Idempotent-Replayed``. After a
 failed attempt a client may also walk away for good, as real clients do: the key is
@@ -23,14 +23,27 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import httpx
+
+from idempotence.client import (
+    KEY_HEADER,
+    AsyncIdempotentClient,
+    Attempt,
+    IdempotentResponse,
+    KeyReused,
+    Observe,
+    Prepare,
+    RetriesExhausted,
+    Retry,
+    Verdict,
+)
 
 from .chaos import CRASH_HEADER, POINTS
 
@@ -40,11 +53,16 @@ __all__ = ["ClientStats", "Outcome", "Ride", "Workload", "make_workload", "run_c
 TWIN_RATE = 0.1
 #: The share of rides asked again after their final answer, to check the replay.
 REPLAY_CHECK_RATE = 0.25
-#: A client gives up on a ride after this many attempts or this many seconds; the
-#: completer then finishes it (B2).
-MAX_ATTEMPTS = 60
-RIDE_PATIENCE = 40.0
+#: A client gives up on a ride after 60 attempts or 40 seconds; the completer then
+#: finishes it (B2).
+RETRY = Retry(
+    max_attempts=60,
+    deadline=timedelta(seconds=40),
+    base_backoff=timedelta(milliseconds=50),
+    max_backoff=timedelta(seconds=1),
+)
 REQUEST_TIMEOUT = 10.0
+PATH = "/v1/rides"
 _FINAL = (201, 402)
 
 
@@ -141,15 +159,13 @@ class ClientStats:
     replay_mismatches: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
-class _Answer:
-    status: int | None
-    body: bytes = b""
-    replayed: bool = False
-    retry_after: float = 0.0
-
-
 class _Client:
+    """One simulated client: each ride is one operation of the library's retrying
+    client (:class:`~idempotence.client.AsyncIdempotentClient`: one key, backoff with
+    full jitter, Retry-After, a deadline); the demo adds its chaos around it through
+    the client's hooks: each attempt goes to a random worker and may carry a crash
+    order (``prepare``), and is counted, or abandoned, after it (``observe``)."""
+
     def __init__(
         self,
         http: httpx.AsyncClient,
@@ -164,91 +180,109 @@ class _Client:
         self.abandon_rate = workload.abandon_rate
         self.rng = random.Random(workload.seed * 7919 + index)
         self.stats = stats
+        self.client = AsyncIdempotentClient(http, retry=RETRY, rng=self.rng)
 
-    async def send(self, ride: Ride, *, crash: bool = True) -> _Answer:
-        headers = {"Authorization": f"Bearer {ride.api_key}", "Idempotency-Key": ride.key}
-        if crash and self.rng.random() < self.crash_rate:
-            headers[CRASH_HEADER] = self.rng.choice(POINTS)
-            self.stats.crash_orders += 1
+    def request(self, ride: Ride) -> httpx.Request:
+        headers = {"Authorization": f"Bearer {ride.api_key}", KEY_HEADER: ride.key}
         if ride.form:
             headers["Content-Type"] = "application/x-www-form-urlencoded"
             content = urllib.parse.urlencode(ride.body).encode()
         else:
             headers["Content-Type"] = "application/json"
             content = _json(ride.body)
-        url = self.rng.choice(self.urls) + "/v1/rides"
-        self.stats.requests += 1
-        try:
-            response = await self.http.post(url, content=content, headers=headers)
-        except httpx.TimeoutException:
-            self.stats.timeouts += 1
-            return _Answer(None)
-        except httpx.TransportError:
-            # Refused (the worker is restarting) or dropped mid-request (it was killed).
-            self.stats.dropped += 1
-            return _Answer(None)
-        self.stats.statuses[response.status_code] += 1
-        try:
-            retry_after = float(response.headers.get("retry-after", "0"))
-        except ValueError:
-            retry_after = 0.0
-        return _Answer(
-            response.status_code,
-            response.content,
-            response.headers.get("idempotent-replayed") == "true",
-            retry_after,
+        return self.http.build_request(
+            "POST", self.urls[0] + PATH, headers=headers, content=content
         )
 
-    async def book(self, ride: Ride) -> None:
-        started = time.monotonic()
-        for attempt in range(MAX_ATTEMPTS):
-            if attempt == 0 and self.rng.random() < TWIN_RATE:
-                self.stats.twins += 1
-                answers = list(await asyncio.gather(self.send(ride), self.send(ride)))
-            else:
-                answers = [await self.send(ride)]
-            final = next((a for a in answers if a.status in _FINAL), None)
-            if final is not None:
-                self.stats.outcomes[ride.key] = Outcome(final.status or 0, final.body)
-                if self.rng.random() < REPLAY_CHECK_RATE:
-                    await self.check_replay(ride, final)
-                return
-            wrong = [a for a in answers if a.status is not None and _is_bug(a.status)]
-            if wrong:
-                excerpt = wrong[0].body[:200].decode("utf-8", "replace")
-                self.stats.unexpected.append((ride.key, wrong[0].status or 0, excerpt))
-                return
-            if self.rng.random() < self.abandon_rate:
+    def prepare(self, *, crash: bool) -> Prepare:
+        def prepare(request: httpx.Request, number: int) -> httpx.Request:
+            headers = dict(request.headers)
+            if crash and self.rng.random() < self.crash_rate:
+                headers[CRASH_HEADER] = self.rng.choice(POINTS)
+                self.stats.crash_orders += 1
+            url = self.rng.choice(self.urls) + PATH
+            return self.http.build_request("POST", url, headers=headers, content=request.content)
+
+        return prepare
+
+    def observe(self, walked_away: list[bool]) -> Observe:
+        def observe(attempt: Attempt) -> bool:
+            self.stats.requests += 1
+            if isinstance(attempt.error, httpx.TimeoutException):
+                self.stats.timeouts += 1
+            elif attempt.error is not None:
+                # Refused (the worker is restarting) or dropped mid-request (it was killed).
+                self.stats.dropped += 1
+            if attempt.response is not None:
+                self.stats.statuses[attempt.response.status_code] += 1
+            if attempt.verdict is Verdict.RETRY and self.rng.random() < self.abandon_rate:
                 # The client itself goes away (it crashed, its user closed the app):
                 # the key is left unfinished, for the completer (B2).
-                self.stats.abandoned.append(ride.key)
-                return
-            if time.monotonic() - started > RIDE_PATIENCE:
-                break
-            await asyncio.sleep(self.pause(attempt, max(a.retry_after for a in answers)))
-        self.stats.gave_up.append(ride.key)
+                walked_away.append(True)
+                return False
+            return True
 
-    async def check_replay(self, ride: Ride, first: _Answer) -> None:
-        for attempt in range(10):
-            again = await self.send(ride, crash=False)
-            if again.status is None:
-                await asyncio.sleep(self.pause(attempt, 0.0))
-                continue
-            self.stats.replays_checked += 1
-            if (again.status, again.body, again.replayed) != (first.status, first.body, True):
-                self.stats.replay_mismatches.append(ride.key)
+        return observe
+
+    async def attempt_ride(self, ride: Ride) -> _Result:
+        walked_away: list[bool] = []
+        try:
+            answer = await self.client.send(
+                self.request(ride),
+                prepare=self.prepare(crash=True),
+                observe=self.observe(walked_away),
+            )
+        except KeyReused as exc:
+            return _Result(None, bug=(422, str(exc)[:200]))
+        except RetriesExhausted:
+            return _Result(None, abandoned=bool(walked_away))
+        if answer.status_code not in _FINAL:
+            excerpt = answer.response.content[:200].decode("utf-8", "replace")
+            return _Result(None, bug=(answer.status_code, excerpt))
+        return _Result(answer)
+
+    async def book(self, ride: Ride) -> None:
+        runs = [self.attempt_ride(ride)]
+        if self.rng.random() < TWIN_RATE:
+            # A double submit: the same operation sent twice at once (P4).
+            self.stats.twins += 1
+            runs.append(self.attempt_ride(ride))
+        results = await asyncio.gather(*runs)
+        final = next((r.answer for r in results if r.answer is not None), None)
+        bug = next((r.bug for r in results if r.bug is not None), None)
+        if final is not None:
+            self.stats.outcomes[ride.key] = Outcome(final.status_code, final.response.content)
+            if self.rng.random() < REPLAY_CHECK_RATE:
+                await self.check_replay(ride, final)
+        elif bug is not None:
+            self.stats.unexpected.append((ride.key, *bug))
+        elif any(r.abandoned for r in results):
+            self.stats.abandoned.append(ride.key)
+        else:
+            self.stats.gave_up.append(ride.key)
+
+    async def check_replay(self, ride: Ride, first: IdempotentResponse) -> None:
+        try:
+            again = await self.client.send(
+                self.request(ride),
+                prepare=self.prepare(crash=False),
+                observe=self.observe([]),
+            )
+        except (RetriesExhausted, KeyReused):
             return
-
-    def pause(self, attempt: int, retry_after: float) -> float:
-        if retry_after:
-            # The server said when; a little jitter keeps racing clients apart.
-            return retry_after * self.rng.uniform(1.0, 1.2)
-        backoff: float = min(0.05 * 2**attempt, 1.0)
-        return backoff * self.rng.uniform(0.5, 1.0)
+        self.stats.replays_checked += 1
+        seen = (again.status_code, again.response.content, again.replayed)
+        if seen != (first.status_code, first.response.content, True):
+            self.stats.replay_mismatches.append(ride.key)
 
 
-def _is_bug(status: int) -> bool:
-    return status < 500 and status != 409
+@dataclass(frozen=True, slots=True)
+class _Result:
+    """How one run of a ride's operation ended."""
+
+    answer: IdempotentResponse | None
+    bug: tuple[int, str] | None = None
+    abandoned: bool = False
 
 
 def _json(body: dict[str, Any]) -> bytes:

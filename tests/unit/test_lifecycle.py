@@ -11,6 +11,7 @@ reply must carry.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +20,13 @@ from typing import Any
 
 import pytest
 
-from idempotence.errors import BodyTooLarge, LockLost, StoreError, StoreUnavailable
+from idempotence.errors import (
+    BodyTooLarge,
+    ConfigurationError,
+    LockLost,
+    StoreError,
+    StoreUnavailable,
+)
 from idempotence.flows import (
     STORED_SERVER_ERROR,
     Advance,
@@ -33,9 +40,18 @@ from idempotence.flows import (
     Flow,
     indeterminate_response,
 )
-from idempotence.http import Idempotency, Policy, Problem, Profile, RequestInfo, single_tenant
+from idempotence.http import (
+    Idempotency,
+    KeyScope,
+    Policy,
+    Problem,
+    Profile,
+    RequestInfo,
+    request_fingerprint,
+    single_tenant,
+)
 from idempotence.http._core import lifecycle
-from idempotence.http._effects import ReadBody, Reply, ReplyKind, ResolveScope
+from idempotence.http._effects import Detach, ReadBody, ReadKey, Reply, ReplyKind, ResolveScope
 from idempotence.maintenance.completer import GAVE_UP_RESPONSE
 from idempotence.maintenance.reaper import EXPIRED_RESPONSE
 from idempotence.problems import NEUTRAL_TYPE, ProblemDetails
@@ -129,7 +145,9 @@ UNIT_FLOW.foreign(
     "charging", name="charge", call=lambda ctx: None, record=lambda ctx, r: None, idempotent=False
 )
 FLOW = Policy(flow=UNIT_FLOW)
-MODES = {"handler": PLAIN, "transaction": TRANSACTION, "flow": FLOW}
+#: An asynchronous flow endpoint, and the GET of an operation's status URL.
+ACCEPTING = Policy(flow=UNIT_FLOW, asynchronous=True)
+MODES = {"handler": PLAIN, "transaction": TRANSACTION, "flow": FLOW, "status": ACCEPTING}
 
 
 def claimed(mode: str, claim: Claim) -> list[Step]:
@@ -185,7 +203,7 @@ def replayed(mode: str, code: str) -> Row:
 
 def rows() -> list[Row]:
     table: list[Row] = []
-    for mode in MODES:
+    for mode in ("handler", "transaction", "flow"):
         table += [
             # P7, P8: the key, before anything else.
             Row(mode, "idempotency_key_missing", 400, [], key=()),
@@ -270,6 +288,13 @@ def rows() -> list[Row]:
             503,
             flow_runs((DoClaim, EXECUTE), (DoPhase, StoreUnavailable()), (DoRelease, None)),
         ),
+        # The status URL of an operation this tenant never started.
+        Row(
+            "status",
+            "idempotency_operation_unknown",
+            404,
+            [(ResolveScope, "tenant"), (ReadKey, None)],
+        ),
     ]
     return table
 
@@ -283,6 +308,8 @@ def row_id(row: Row) -> str:
 
 
 def request_for(row: Row) -> RequestInfo:
+    if row.mode == "status":
+        return RequestInfo("GET", "/idempotence/operations/k", path_params={"key": "k"})
     keys = tuple(("idempotency-key", key) for key in row.key)
     return RequestInfo("POST", "/charges", headers=(*row.headers, *keys))
 
@@ -354,3 +381,60 @@ def test_f6_a_response_too_large_to_store_is_stored_neutral() -> None:
     assert isinstance(finish, DoFinish) and finish.error
     details = ProblemDetails.from_stored(finish.response)
     assert details is not None and details.problem is Problem.RESPONSE_NOT_REPLAYABLE
+
+
+# -- asynchronous acceptance: the request never runs the flow itself ---------------------------
+
+ACCEPT_CONFIG = Idempotency(store=object(), scope=single_tenant("tenant"))
+
+
+def test_accepting_claims_releases_detaches_then_answers_202() -> None:
+    effects: list[Any] = []
+    script = [*ADMITTED, (ReadKey, None), (DoClaim, EXECUTE), (DoRelease, None), (Detach, None)]
+    reply = drive(ACCEPT_CONFIG, ACCEPTING, JSON_REQUEST, script, effects)
+    assert reply.response is not None and reply.response.status == 202
+    headers = dict(reply.response.headers)
+    assert headers["location"] == headers["content-location"] == "/idempotence/operations/k"
+    assert headers["retry-after"] == "1"
+    # The released lease is the claim's; the background run is the flow's own run.
+    assert effects[-2].lease is LEASE
+    assert effects[-1].flow is UNIT_FLOW and effects[-1].request.key == "k"
+
+
+@pytest.mark.parametrize(
+    ("found", "status"),
+    [
+        ("running", 202),  # never taken over by a request: only the run or the completer
+        ("finished", 201),
+        ("another request", 422),
+    ],
+)
+def test_accepting_a_known_key_only_reads_it(found: str, status: int) -> None:
+    admitted = [(ResolveScope, "tenant"), (ReadBody, b"{}")]
+    fingerprint = request_fingerprint(JSON_REQUEST, b"{}", ())
+    stored = StoredResponse.of(201, {"content-type": "application/json"}, b"{}")
+    existing = record(stored if found == "finished" else None)
+    if found != "another request":
+        existing = dataclasses.replace(existing, fingerprint=fingerprint)
+    effects: list[Any] = []
+    reply = drive(ACCEPT_CONFIG, ACCEPTING, JSON_REQUEST, [*admitted, (ReadKey, existing)], effects)
+    assert reply.response is not None and reply.response.status == status
+    assert [type(effect) for effect in effects] == [ResolveScope, ReadBody, ReadKey]
+    replayed = dict(reply.response.headers).get("idempotent-replayed")
+    assert replayed == ("true" if found == "finished" else None)
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({}, "needs a flow"),
+        ({"flow": UNIT_FLOW, "key_scope": KeyScope.ENDPOINT}, "KeyScope.TENANT"),
+        ({"flow": UNIT_FLOW, "scope": single_tenant()}, "do not override scope"),
+        ({"flow": UNIT_FLOW, "wait": timedelta(seconds=1)}, "cannot wait"),
+    ],
+)
+def test_asynchronous_acceptance_is_refused_where_it_cannot_work(
+    settings: dict[str, Any], why: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=why):
+        Policy(asynchronous=True, **settings)

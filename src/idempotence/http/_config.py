@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import re
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_REPLAY_HEADERS",
     "Endpoint",
     "Idempotency",
+    "KeyScope",
     "Mode",
     "Policy",
     "ScopeFn",
@@ -81,6 +83,22 @@ class Mode(enum.Enum):
     TRANSACTION = "transaction"
     #: A registered multi-phase flow is the handler (R1); the app is not called.
     FLOW = "flow"
+
+
+class KeyScope(enum.Enum):
+    """Where a key is unique (DESIGN 2, P2).
+
+    ``TENANT`` (the default): a key names one operation of the tenant, whatever the
+    endpoint, so the same key sent to another endpoint is refused 422 (P2): it catches
+    a client that reuses keys by mistake. ``ENDPOINT``: a key is unique per tenant,
+    method and path, so the same key on two endpoints gives two independent results,
+    as some clients expect. The key row's scope is then ``"<tenant> <METHOD> <path>"``
+    (the path percent-encoded, so the tenant is everything before the last two
+    spaces): that is the ``scope`` a lease, a phase and the admin CLI see.
+    """
+
+    TENANT = "tenant"
+    ENDPOINT = "endpoint"
 
 
 class _SingleTenant:
@@ -131,6 +149,13 @@ def _invalid(owner: str, name: str, value: object, why: str) -> ConfigurationErr
     return ConfigurationError(f"{owner}.{name}={value!r} {why}")
 
 
+def _key_scope(owner: str, value: KeyScope | str) -> KeyScope:
+    try:
+        return KeyScope(value)
+    except ValueError:
+        raise _invalid(owner, "key_scope", value, "must be 'tenant' or 'endpoint'") from None
+
+
 def _methods(owner: str, methods: Iterable[str]) -> frozenset[str]:
     if isinstance(methods, str):
         methods = [methods]
@@ -168,6 +193,9 @@ class Policy:
     key_required: bool = True
     #: Overrides :attr:`Idempotency.scope` for this endpoint.
     scope: ScopeFn | None = None
+    #: Where a key is unique: per tenant (default: another endpoint answers 422, P2),
+    #: or per tenant and endpoint (:class:`KeyScope`; ``"endpoint"`` is accepted).
+    key_scope: KeyScope = KeyScope.TENANT
     #: Body fields left out of the fingerprint: JSON names or dotted paths, form names.
     exclude_fields: tuple[str, ...] = ()
     #: How long a silent worker keeps the key before a retry may take it over (P4, P5).
@@ -199,7 +227,12 @@ class Policy:
     flow: Flow | None = None
     #: The flow's parameters from ``(request, parsed body)``; default: the body.
     flow_params: ParamsFn | None = None
-    #: Retry-After (seconds) on a 409 for a key in progress (P4).
+    #: Asynchronous acceptance (a flow endpoint only): the first request starts the
+    #: flow in the background and answers 202 with the operation's status URL
+    #: (:attr:`Idempotency.status_path`); a retry, or a GET of that URL, answers 202
+    #: until the flow finishes, then the stored response. Needs a completer (B2).
+    asynchronous: bool = False
+    #: Retry-After (seconds) on a 409 for a key in progress (P4), and on a 202.
     in_progress_retry_after: int = 1
     #: Retry-After (seconds) on a 503 for an unreachable store (P11).
     unavailable_retry_after: int = 5
@@ -219,6 +252,7 @@ class Policy:
         set_(self, "exclude_fields", tuple(self.exclude_fields))
         if self.scope is not None and not callable(self.scope):
             raise _invalid(owner, "scope", self.scope, "must be a callable: request -> tenant id")
+        set_(self, "key_scope", _key_scope(owner, self.key_scope))
         if self.lock_timeout <= timedelta(0):
             raise _invalid(owner, "lock_timeout", self.lock_timeout, "must be positive")
         self._check_heartbeat(owner)
@@ -278,6 +312,8 @@ class Policy:
                         getattr(self, name),
                         f"does not apply to a flow endpoint: set Flow({name}=...) instead",
                     )
+        if self.asynchronous:
+            self._check_asynchronous(owner)
         if self.flow_params is not None and self.flow is None:
             raise _invalid(owner, "flow_params", self.flow_params, "needs a flow")
         for name in ("in_progress_retry_after", "unavailable_retry_after"):
@@ -303,6 +339,21 @@ class Policy:
                 f"needs a plain handler: in {self.mode.value} mode nothing beats "
                 "(a flow's lock is its own; a transaction's claim is not committed)",
             )
+
+    def _check_asynchronous(self, owner: str) -> None:
+        # The status URL names the key only, and is read with the app's scope: it
+        # cannot tell endpoints apart, nor know a per-endpoint tenant callable.
+        why = None
+        if self.flow is None:
+            why = "needs a flow: the completer finishes what the background run does not"
+        elif self.key_scope is not KeyScope.TENANT:
+            why = "needs key_scope=KeyScope.TENANT: the status URL names the key only"
+        elif self.scope is not None:
+            why = "reads its status URL with Idempotency.scope: do not override scope"
+        elif self.wait is not None:
+            why = "answers 202 at once: it cannot wait (P10)"
+        if why is not None:
+            raise _invalid(owner, "asynchronous", True, why)
 
     def _engine(self) -> Flow:
         """The endpoint as a run of the one engine: a flow whose one step is the
@@ -416,6 +467,13 @@ class Idempotency:
     endpoints: tuple[Endpoint, ...] = ()
     default: Policy | None = field(default_factory=Policy)
     profile: Profile = Profile.IETF
+    #: Where the status of an asynchronous operation is read: ``GET
+    #: <status_path>/<key>`` (percent-encoded), served by the middleware when an
+    #: endpoint has ``Policy(asynchronous=True)``.
+    status_path: str = "/idempotence/operations"
+    #: The asynchronous policy that serves status reads, and the flows it may show.
+    status_policy: Policy | None = field(init=False, repr=False, compare=False)
+    status_flows: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.scope is _NO_SCOPE:
@@ -431,6 +489,15 @@ class Idempotency:
             if not isinstance(endpoint, Endpoint):
                 raise _invalid("Idempotency", "endpoints", endpoint, "must be Endpoint objects")
         object.__setattr__(self, "profile", Profile(self.profile))
+        if not self.status_path.startswith("/") or self.status_path.endswith("/"):
+            raise _invalid(
+                "Idempotency", "status_path", self.status_path, "must start and not end with '/'"
+            )
+        policies = [e.policy for e in self.endpoints] + [self.default]
+        accepting = [p for p in policies if p is not None and p.asynchronous]
+        object.__setattr__(self, "status_policy", accepting[0] if accepting else None)
+        flows = frozenset(p.flow.name for p in accepting if p.flow is not None)
+        object.__setattr__(self, "status_flows", flows)
         if not isinstance(self.store, Store | AsyncStore):
             self._refuse_shared_transactions()
 
@@ -451,11 +518,16 @@ class Idempotency:
 
     def resolve(self, method: str, path: str) -> tuple[Policy, Mapping[str, str]] | None:
         """The policy for ``method`` on ``path`` and the pattern's parameters, or None
-        when the request passes through unguarded (P9).
+        when the request passes through unguarded (P9). A GET of an operation's status
+        URL resolves to the asynchronous policy, with the key as parameter ``key``.
 
         >>> config.resolve("GET", "/v1/charges") is None          # doctest: +SKIP
         True
         """
+        status = self.status_policy
+        if status is not None and method == "GET" and path.startswith(self.status_path + "/"):
+            key = path[len(self.status_path) + 1 :]
+            return (status, {"key": key}) if key else None
         for endpoint in self.endpoints:
             params = endpoint.match(method, path)
             if params is not None:
@@ -464,6 +536,14 @@ class Idempotency:
         if default is not None and method in default.methods:
             return default, {}
         return None
+
+    def status_url(self, key: str) -> str:
+        """Where the status of the asynchronous operation ``key`` is read.
+
+        >>> Idempotency(store=store, scope=single_tenant()).status_url("a/b c")  # doctest: +SKIP
+        '/idempotence/operations/a%2Fb%20c'
+        """
+        return f"{self.status_path}/{urllib.parse.quote(key, safe='')}"
 
     def scope_for(self, policy: Policy) -> ScopeFn:
         return policy.scope if policy.scope is not None else self.scope

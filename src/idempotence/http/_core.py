@@ -12,12 +12,15 @@ or in the engine, once:
 
 1. the key (P7, P8): missing, malformed or repeated answers 400; an optional key
    that is absent lets the request through unguarded;
-2. the tenant (the scope callable): none answers 401;
+2. the tenant (the scope callable): none answers 401; with ``KeyScope.ENDPOINT`` the
+   key's scope is the tenant and the endpoint (method and path);
 3. the body: over the limit answers 413 (P7); unreadable as its type answers 400;
 4. the run (the engine): the claim, MISMATCH (P2), REPLAY (P3), IN_PROGRESS (P4, or a
    bounded wait, P10), EXECUTE (P1, P5); an unreachable store answers 503 and runs
    nothing (P11); then, by the endpoint's policy, the app with the key settled by
-   its status (R5), the app inside one transaction with the claim (F3), or a flow (R1).
+   its status (R5), the app inside one transaction with the claim (F3), or a flow (R1),
+   or, for an asynchronous endpoint, the flow started in the background and a 202
+   (:mod:`._accept`, which also answers GETs of an operation's status URL).
 
 A response is always buffered before it is sent, so the key is settled (stored,
 released or forgotten) before the client sees anything, and in request-as-transaction
@@ -34,7 +37,8 @@ from ..errors import BodyTooLarge, InvalidBody, InvalidKey, MissingKey, StoreErr
 from ..flows import Flow, FlowResult, ResultKind
 from ..flows.flow import watched
 from ..states import ClaimRequest
-from ._config import HTTP_FLOW, Idempotency, Policy
+from ._accept import accept, status
+from ._config import HTTP_FLOW, Idempotency, KeyScope, Policy
 from ._effects import PASS, SENT, Lifecycle, ReadBody, Reply, ReplyKind, ResolveScope
 from ._problems import Problem, Profile, render_stored
 from ._request import (
@@ -43,11 +47,20 @@ from ._request import (
     RequestInfo,
     UnsupportedBody,
     declared_length,
+    endpoint_scope,
     flow_params,
     read_key,
     request_fingerprint,
 )
-from ._responses import DOWN, answer, finalize, problem_reply, retry_after, store_down
+from ._responses import (
+    DOWN,
+    answer,
+    finalize,
+    no_tenant,
+    problem_reply,
+    retry_after,
+    store_down,
+)
 
 logger = logging.getLogger("idempotence.http")
 
@@ -62,6 +75,8 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
     docstring). ``app`` runs the application (the exchange of the server
     integration; see :class:`~idempotence.flows.effects.DoHandle`)."""
     profile = config.profile
+    if policy.asynchronous and request.method == "GET":
+        return (yield from status(config, policy, request))  # an operation's status URL
     try:
         key = read_key(request.header_values(KEY_HEADER), required=policy.key_required)
     except RepeatedKey as exc:
@@ -74,14 +89,11 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
         return PASS  # P7: an optional key, not sent: the request is not guarded
     tenant = yield ResolveScope(config.scope_for(policy), request)
     if tenant is None or tenant == "":
-        return problem_reply(
-            profile,
-            Problem.TENANT_UNKNOWN,
-            "This request carries no account to scope its Idempotency-Key to: "
-            "authenticate, then retry with the same key.",
-        )
+        return no_tenant(profile)
     if not isinstance(tenant, str):
         raise TypeError(f"the scope callable must return a str or None, not {tenant!r}")
+    if policy.key_scope is KeyScope.ENDPOINT:
+        tenant = endpoint_scope(tenant, request)  # the same key elsewhere is another key
     limit = policy.max_body_bytes
     declared = declared_length(request)
     if declared is not None and declared > limit:
@@ -132,6 +144,8 @@ def _params(policy: Policy, request: RequestInfo, body: bytes) -> Any:
 
 
 def _run_flow(config: Idempotency, policy: Policy, flow: Flow, request: ClaimRequest) -> Lifecycle:
+    if policy.asynchronous:
+        return (yield from accept(config, policy, flow, request))
     engine = flow.engine(request, wait=policy.wait)
     instrumentation = getattr(config.store, "instrumentation", None)
     try:

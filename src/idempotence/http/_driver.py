@@ -3,8 +3,9 @@
 """Drive a guarded request's lifecycle (:mod:`._core`) to its reply.
 
 :func:`drive` (ASGI) is the source; :func:`drive` (WSGI, Django) is generated
-from it. It performs the two effects that are HTTP's own, reading the scope and the
-body (the body through the server integration's ``io`` object), and hands every
+from it. It performs the effects that are HTTP's own, reading the scope and the body
+(the body through the server integration's ``io`` object), reading a key and
+starting a flow in the background (asynchronous acceptance), and hands every
 other effect to the engine's one driver (:func:`~idempotence.flows._driver.perform`,
 F6): there is no second implementation of the claim, the settling of a key or the
 request-as-transaction here.
@@ -12,12 +13,13 @@ request-as-transaction here.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .._awaitables import settle
+from .._concurrency import spawn
 from ..flows._driver import perform
-from ..stores import KeyStore
-from ._effects import Lifecycle, ReadBody, Reply, ResolveScope
+from ..stores import KeyStore, Store
+from ._effects import Detach, Lifecycle, ReadBody, ReadKey, Reply, ResolveScope
 
 _SYNC_SCOPE = "the scope callable of a WSGI app must not be async"
 
@@ -46,7 +48,16 @@ def drive(lifecycle: Lifecycle, store: KeyStore, io: IO) -> Reply:
                 value = io.read_body(effect.limit)
             elif isinstance(effect, ResolveScope):
                 value = settle(effect.fn(effect.request), _SYNC_SCOPE)
+            elif isinstance(effect, ReadKey):
+                value = store.get(effect.scope, effect.key)
+            elif isinstance(effect, Detach):
+                _detach(effect, cast(Store, store))
             else:
                 value = perform(effect, store, None)
         except BaseException as exc:  # the lifecycle and the engine decide, even on cancellation
             error = exc
+
+
+def _detach(effect: Detach, store: Store) -> None:
+    flow, request = effect.flow, effect.request
+    spawn(lambda: flow.run(store, request), f"idempotence-{flow.name}-{request.key}")

@@ -1,8 +1,9 @@
 """Drive a guarded request's lifecycle (:mod:`._core`) to its reply.
 
 :func:`drive_async` (ASGI) is the source; :func:`drive` (WSGI, Django) is generated
-from it. It performs the two effects that are HTTP's own, reading the scope and the
-body (the body through the server integration's ``io`` object), and hands every
+from it. It performs the effects that are HTTP's own, reading the scope and the body
+(the body through the server integration's ``io`` object), reading a key and
+starting a flow in the background (asynchronous acceptance), and hands every
 other effect to the engine's one driver (:func:`~idempotence.flows._driver_async.perform_async`,
 F6): there is no second implementation of the claim, the settling of a key or the
 request-as-transaction here.
@@ -10,12 +11,13 @@ request-as-transaction here.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .._awaitables import settle_async
+from .._concurrency import spawn_async
 from ..flows._driver_async import perform_async
-from ..stores import AsyncKeyStore
-from ._effects import Lifecycle, ReadBody, Reply, ResolveScope
+from ..stores import AsyncKeyStore, AsyncStore
+from ._effects import Detach, Lifecycle, ReadBody, ReadKey, Reply, ResolveScope
 
 _SYNC_SCOPE = "the scope callable of a WSGI app must not be async"
 
@@ -44,7 +46,16 @@ async def drive_async(lifecycle: Lifecycle, store: AsyncKeyStore, io: AsyncIO) -
                 value = await io.read_body(effect.limit)
             elif isinstance(effect, ResolveScope):
                 value = await settle_async(effect.fn(effect.request), _SYNC_SCOPE)
+            elif isinstance(effect, ReadKey):
+                value = await store.get(effect.scope, effect.key)
+            elif isinstance(effect, Detach):
+                _detach_async(effect, cast(AsyncStore, store))
             else:
                 value = await perform_async(effect, store, None)
         except BaseException as exc:  # the lifecycle and the engine decide, even on cancellation
             error = exc
+
+
+def _detach_async(effect: Detach, store: AsyncStore) -> None:
+    flow, request = effect.flow, effect.request
+    spawn_async(lambda: flow.run_async(store, request), f"idempotence-{flow.name}-{request.key}")

@@ -1,7 +1,8 @@
-"""The vocabulary between the lifecycle (:mod:`._core`) and its driver: the two
-effects that are HTTP's own (everything that touches the store is an engine effect,
-:mod:`idempotence.flows.effects`), the response the app sent, and the reply that
-goes back.
+"""The vocabulary between the lifecycle (:mod:`._core`) and its driver: the effects
+that are HTTP's own (reading the scope and the body; for asynchronous acceptance,
+reading a key and starting a flow in the background; everything else that touches
+the store is an engine effect, :mod:`idempotence.flows.effects`), the response the
+app sent, and the reply that goes back.
 
 Plain data, no I/O; :class:`Capture` is the one stateful piece, the buffer an
 exchange fills as the app sends its response.
@@ -16,8 +17,9 @@ from typing import Any, TypeAlias
 
 from ..flows.effects import DoHandle as RunApp
 from ..flows.effects import Effect as EngineEffect
+from ..flows.flow import Flow
 from ..flows.results import Captured
-from ..states import StoredResponse
+from ..states import ClaimRequest, StoredResponse
 from ._config import ScopeFn
 from ._request import RequestInfo
 
@@ -25,7 +27,9 @@ __all__ = [
     "Capture",
     "Captured",
     "Effect",
+    "Detach",
     "ReadBody",
+    "ReadKey",
     "Reply",
     "ReplyKind",
     "ResolveScope",
@@ -50,7 +54,25 @@ class ReadBody:
     limit: int
 
 
-Effect: TypeAlias = ResolveScope | ReadBody | EngineEffect
+@dataclass(frozen=True, slots=True)
+class ReadKey:
+    """Read the key's record without claiming it; returns a KeyRecord or None."""
+
+    scope: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    """Start ``flow`` on ``request`` in the background (a task, or a thread) and
+    return at once: asynchronous acceptance. The run is the engine's own, the same
+    the completer makes (B2), so a crash of the server leaves it to the completer."""
+
+    flow: Flow
+    request: ClaimRequest
+
+
+Effect: TypeAlias = ResolveScope | ReadBody | ReadKey | Detach | EngineEffect
 
 # -- what the app sent, and what goes back -------------------------------------------------
 

@@ -64,6 +64,21 @@ class RequestInfo:
         return f"{self.path}?{self.query}" if self.query else self.path
 
 
+#: What the endpoint part of a per-endpoint scope may hold unencoded: a path's own
+#: characters, never a space (so the tenant ends before the last two spaces).
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
+
+
+def endpoint_scope(tenant: str, request: RequestInfo) -> str:
+    """The scope of a key unique per endpoint (``KeyScope.ENDPOINT``): the tenant,
+    the method and the path (not the query), the path percent-encoded.
+
+    >>> endpoint_scope("acct 1", RequestInfo("POST", "/v1/orders/a b"))
+    'acct 1 POST /v1/orders/a%20b'
+    """
+    return f"{tenant} {request.method} {urllib.parse.quote(request.path, safe=_PATH_SAFE)}"
+
+
 def read_key(values: list[str], *, required: bool) -> str | None:
     """The idempotency key from every ``Idempotency-Key`` field line (P7, P8).
 

@@ -42,6 +42,15 @@ def problem_reply(
     return Reply(ReplyKind.RESPOND, finalize(render(profile, problem, detail, headers)))
 
 
+def no_tenant(profile: Profile) -> Reply:
+    return problem_reply(
+        profile,
+        Problem.TENANT_UNKNOWN,
+        "This request carries no account to scope its Idempotency-Key to: "
+        "authenticate, then retry with the same key.",
+    )
+
+
 def retry_after(seconds: int) -> tuple[tuple[str, str], ...]:
     return (("retry-after", str(max(1, seconds))),)
 
