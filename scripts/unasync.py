@@ -33,6 +33,7 @@ SOURCES = [
     "stores/_listener_async.py",
     "stores/_store_async.py",
     "stores/_postgres_async.py",
+    "stores/_redis_async.py",
     "flows/_driver_async.py",
     "http/_driver_async.py",
     "maintenance/_service_async.py",

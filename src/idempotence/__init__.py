@@ -60,6 +60,7 @@ from .stores.sqlite import AsyncSqliteStore, SqliteStore
 
 if TYPE_CHECKING:
     from .stores.postgres import AsyncPostgresStore, PostgresStore
+    from .stores.redis import AsyncRedisStore, RedisStore
 
 __version__ = "0.1.0.dev0"
 
@@ -77,6 +78,7 @@ __all__ = [
     "STARTED",
     "AsyncKeyStore",
     "AsyncPostgresStore",
+    "AsyncRedisStore",
     "AsyncSqliteStore",
     "AsyncStore",
     "AsyncTransaction",
@@ -98,6 +100,7 @@ __all__ = [
     "MissingKey",
     "Outcome",
     "PostgresStore",
+    "RedisStore",
     "RequestError",
     "SchemaMissing",
     "SqliteStore",
@@ -122,4 +125,9 @@ def __getattr__(name: str) -> Any:
         from .stores import postgres
 
         return getattr(postgres, name)
+    # The Redis stores need redis-py (the `redis` extra), likewise.
+    if name in ("RedisStore", "AsyncRedisStore"):
+        from .stores import redis
+
+        return getattr(redis, name)
     raise AttributeError(f"module 'idempotence' has no attribute {name!r}")
