@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 import click
 
-from ..database import ENV_VAR, DatabaseUrl, open_async_store, open_store
+from ..database import ENV_VAR, DatabaseUrl, open_async_sql_store, open_sql_store
 from ..errors import (
     ConfigurationError,
     IdempotenceError,
@@ -189,7 +189,7 @@ def open_cli_store(
     that does not exist is refused unless ``create`` (migrate)."""
     try:
         _reachable(database, create)
-        with open_store(database, instrumentation=instrumentation) as store:
+        with open_sql_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
         fail_on(exc)
@@ -202,7 +202,7 @@ async def open_cli_async_store(
     """The async store (F7), with the library's errors turned into exit statuses."""
     try:
         _reachable(database, create)
-        async with open_async_store(database, instrumentation=instrumentation) as store:
+        async with open_async_sql_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
         fail_on(exc)

@@ -41,10 +41,12 @@ from ._redis_base import (
     no_retry,
     record,
     record_key,
+    record_pattern,
     timestamp,
     translated,
 )
 from ._redis_base import claim_result as _claim_result
+from ._redis_base import pubsub as make_pubsub
 from ._waiters import Waiters
 
 Client = Redis | RedisCluster
@@ -68,7 +70,7 @@ class _RedisListener(Listener):
     def _read(self, ready: Callable[[bool], None]) -> None:
         pubsub: Any = None
         try:
-            pubsub = self._client.pubsub()
+            pubsub = make_pubsub(self._client)
             pubsub.subscribe(self._channel)
             self._connected()
             ready(True)
@@ -232,6 +234,31 @@ class RedisStore:
         anyway): True deleted, False refused, None when there is no such key."""
         reply = self._run("evict", [self.record_key(scope, key)], ["1" if force else "0"])
         return None if reply == -1 else bool(reply)
+
+    def records(self, scope: str | None = None) -> list[KeyRecord]:
+        """Every record of ``scope`` (of every scope when None), found by SCAN (never
+        KEYS, which blocks the server): the operator's listing (F5). A record that
+        expires during the scan is left out."""
+        if self._closed:
+            raise StoreUnavailable("the Redis key store is closed")
+        found = []
+        with translated():
+            for name in self._client.scan_iter(
+                match=record_pattern(self._prefix, scope), count=1000
+            ):
+                fields = self._client.hgetall(name)
+                if not fields:
+                    continue
+                # A brace in another scope can make the pattern match it: check.
+                got = record(fields)
+                if scope is None or got.scope == scope:
+                    found.append(got)
+        return found
+
+    def migrate(self) -> list[str]:
+        """Nothing to migrate: a Redis store has no schema. Returns ``[]``, so code
+        that migrates whatever :func:`~idempotence.open_store` opened works."""
+        return []
 
     def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
         """P10: return as soon as the channel says the key settled, or after

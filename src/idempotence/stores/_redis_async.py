@@ -16,7 +16,7 @@ from typing import Any
 import redis.exceptions
 
 from .._concurrency import AsyncBackground, AsyncWakeup
-from ..errors import ConfigurationError, LockLost, StoreError, StoreUnavailable
+from ..errors import ConfigurationError, StoreError, StoreUnavailable
 from ..observability import Instrumentation, combine
 from ..states import Claim, ClaimRequest, KeyRecord, Lease, StoredResponse
 from ._listener_async import AsyncListener
@@ -31,18 +31,20 @@ from ._redis_base import (
     channel,
     check_prefix,
     claim_args,
-    close_async,
     client_options,
+    close_async,
     cluster_url,
     decode,
     finish_args,
     no_retry_async,
     record,
     record_key,
+    record_pattern,
     timestamp,
     translated,
 )
 from ._redis_base import claim_result as _claim_result
+from ._redis_base import pubsub as make_pubsub
 from ._waiters import Waiters
 
 AsyncClient = AsyncRedis | AsyncRedisCluster
@@ -66,7 +68,7 @@ class _AsyncRedisListener(AsyncListener):
     async def _read_async(self, ready: Callable[[bool], None]) -> None:
         pubsub: Any = None
         try:
-            pubsub = self._client.pubsub()
+            pubsub = make_pubsub(self._client)
             await pubsub.subscribe(self._channel)
             self._connected()
             ready(True)
@@ -235,6 +237,31 @@ class AsyncRedisStore:
         reply = await self._run("evict", [self.record_key(scope, key)], ["1" if force else "0"])
         return None if reply == -1 else bool(reply)
 
+    async def records(self, scope: str | None = None) -> list[KeyRecord]:
+        """Every record of ``scope`` (of every scope when None), found by SCAN (never
+        KEYS, which blocks the server): the operator's listing (F5). A record that
+        expires during the scan is left out."""
+        if self._closed:
+            raise StoreUnavailable("the Redis key store is closed")
+        found = []
+        with translated():
+            async for name in self._client.scan_iter(
+                match=record_pattern(self._prefix, scope), count=1000
+            ):
+                fields = await self._client.hgetall(name)
+                if not fields:
+                    continue
+                # A brace in another scope can make the pattern match it: check.
+                got = record(fields)
+                if scope is None or got.scope == scope:
+                    found.append(got)
+        return found
+
+    async def migrate(self) -> list[str]:
+        """Nothing to migrate: a Redis store has no schema. Returns ``[]``, so code
+        that migrates whatever :func:`~idempotence.open_store` opened works."""
+        return []
+
     async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
         """P10: return as soon as the channel says the key settled, or after
         ``seconds`` (the bounded fallback when no message comes). Never raises for a
@@ -268,4 +295,3 @@ class AsyncRedisStore:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -23,16 +23,14 @@ from ..states import Claim, ClaimRequest, KeyRecord, StoredResponse, claim_from
 try:
     import redis
     import redis.asyncio
+    import redis.asyncio.cluster
     import redis.asyncio.retry
     import redis.backoff
-    import redis.retry
-    import redis.asyncio.cluster
     import redis.cluster
     import redis.exceptions
+    import redis.retry
 except ImportError as exc:  # pragma: no cover - the extra is installed in the tests
-    raise ImportError(
-        "the Redis store needs redis-py: pip install 'idempotence[redis]'"
-    ) from exc
+    raise ImportError("the Redis store needs redis-py: pip install 'idempotence[redis]'") from exc
 
 #: The clients, in both spellings (``scripts/unasync.py`` turns ``AsyncRedis`` into
 #: ``Redis``): a plain server, or a Redis Cluster.
@@ -145,9 +143,7 @@ def claim_args(request: ClaimRequest) -> list[Any]:
     ]
 
 
-def finish_args(
-    response: StoredResponse, error: str | None, settled_channel: bytes
-) -> list[Any]:
+def finish_args(response: StoredResponse, error: str | None, settled_channel: bytes) -> list[Any]:
     return [
         response.status,
         json.dumps([list(pair) for pair in response.headers]),
@@ -167,12 +163,12 @@ def timestamp(raw: bytes | int | str) -> datetime:
     return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(raw))
 
 
-def _optional_time(fields: dict[bytes, bytes], name: bytes) -> datetime | None:
+def _optional_time(fields: Mapping[Any, Any], name: bytes) -> datetime | None:
     raw = fields.get(name)
     return None if raw is None else timestamp(raw)
 
 
-def _optional_text(fields: dict[bytes, bytes], name: bytes) -> str | None:
+def _optional_text(fields: Mapping[Any, Any], name: bytes) -> str | None:
     raw = fields.get(name)
     return None if raw is None else decode(raw)
 
@@ -182,7 +178,7 @@ def fields_of(flat: Sequence[bytes]) -> dict[bytes, bytes]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
-def record(fields: dict[bytes, bytes]) -> KeyRecord:
+def record(fields: Mapping[Any, Any]) -> KeyRecord:
     """The :class:`KeyRecord` of a record hash (see the field list in ``redis.lua``)."""
     status = fields.get(b"status")
     response = None
@@ -263,6 +259,12 @@ def no_retry_async() -> Any:
 def no_retry() -> Any:
     """:func:`no_retry_async` for the sync client."""
     return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
+
+
+def pubsub(client: Any) -> Any:
+    """A pub/sub of ``client`` (sync and async spell it alike; redis-py leaves it
+    untyped)."""
+    return client.pubsub()
 
 
 async def close_async(closable: Any) -> None:
