@@ -30,7 +30,8 @@ from ._shared import (
     flow_registry,
     flows_option,
     json_option,
-    open_cli_store,
+    open_cli_key_store,
+    refuse_redis,
 )
 
 #: ``reconcile``'s exit status when the two sides differ (0: they agree; 1: the store or
@@ -58,7 +59,7 @@ def list_command(
     database: DatabaseUrl, state: str | None, scope: str | None, limit: int, as_json: bool
 ) -> None:
     """Keys, newest first (errored keys wait for a human: --state errored)."""
-    with open_cli_store(database) as store:
+    with open_cli_key_store(database) as store:
         rows = admin.list_keys(
             store, state=KeyState(state) if state else None, scope=scope, limit=limit
         )
@@ -77,7 +78,7 @@ def list_command(
 @json_option
 def show_command(database: DatabaseUrl, scope: str, key: str, as_json: bool) -> None:
     """Every field of one key, its stored response included."""
-    with open_cli_store(database) as store:
+    with open_cli_key_store(database) as store:
         row = _found(lambda: admin.show_key(store, scope, key))
     if as_json:
         click.echo(json.dumps(_format.key_json(row, full=True)))
@@ -94,7 +95,7 @@ def show_command(database: DatabaseUrl, scope: str, key: str, as_json: bool) -> 
 def evict_command(database: DatabaseUrl, scope: str, key: str, force: bool, as_json: bool) -> None:
     """Delete one key: its next request runs afresh. A key a worker is running
     right now (a live lock) needs --force, and that worker's writes are refused."""
-    with open_cli_store(database) as store:
+    with open_cli_key_store(database) as store:
         row = _found(lambda: admin.evict_key(store, scope, key, force=force))
     if as_json:
         click.echo(json.dumps({"evicted": _format.key_json(row, full=True)}))
@@ -114,7 +115,7 @@ def _found(get: Any) -> Any:
 @json_option
 def stats(database: DatabaseUrl, as_json: bool) -> None:
     """Keys per state, the oldest pending key's age, and lock takeovers."""
-    with open_cli_store(database) as store:
+    with open_cli_key_store(database) as store:
         result = admin.stats(store)
     click.echo(json.dumps(_format.stats_json(result)) if as_json else _format.stats_text(result))
 
@@ -154,6 +155,7 @@ def reconcile_command(
     foreign records without a local one, and local ones without a foreign one.
 
     Exit status 3 when there are differences, 0 when the two sides agree."""
+    refuse_redis(database)
     try:
         start, end = parse_since(since), parse_since(until) if until else None
     except ConfigurationError as exc:
