@@ -27,6 +27,17 @@ from tests.support.sources import SOURCES, OnSource, open_on
 from tests.support.stores import Blocking, EventLoopThread, StoreKind
 
 STORE_IDS = ["postgres-sync", "postgres-async", "sqlite-sync", "sqlite-async"]
+#: The Redis stores join the matrix in the tests marked ``keystore``: those that use
+#: only the KeyStore operations (no transaction, no checkpoint, no SQL).
+REDIS_IDS = ["redis-sync", "redis-async"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "store_kind" in metafunc.fixturenames:
+        ids = list(STORE_IDS)
+        if metafunc.definition.get_closest_marker("keystore") is not None:
+            ids += REDIS_IDS
+        metafunc.parametrize("store_kind", ids, indirect=True)
 
 _server_description = "not started (no test needed it)"
 
@@ -85,13 +96,36 @@ def loop_thread() -> Iterator[EventLoopThread]:
     loop.close()
 
 
-@pytest.fixture(params=STORE_IDS)
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A key prefix of this test's own on the shared Redis, its keys deleted after."""
+    import redis
+
+    from tests.support.redis import SHARED_URL, delete_prefix, require, unique_prefix
+
+    prefix = unique_prefix()
+    yield prefix
+    with redis.Redis.from_url(require(SHARED_URL)) as client:
+        delete_prefix(client, prefix)
+
+
+@pytest.fixture
 def store_kind(request: pytest.FixtureRequest) -> StoreKind:
     """Each store the library ships, in each flavour (the conformance matrix)."""
     backend, flavour = request.param.split("-")
-    if backend == "postgres":
-        url = request.getfixturevalue("pg_url")
+    if backend == "redis":
+        from idempotence.stores.redis import AsyncRedisStore, RedisStore
+        from tests.support.redis import SHARED_URL, require
+
+        url, prefix = require(SHARED_URL), request.getfixturevalue("redis_prefix")
         opener: Any = (
+            (lambda: RedisStore(url, prefix=prefix))
+            if flavour == "sync"
+            else (lambda: AsyncRedisStore(url, prefix=prefix))
+        )
+    elif backend == "postgres":
+        url = request.getfixturevalue("pg_url")
+        opener = (
             (lambda: PostgresStore(url)) if flavour == "sync" else (lambda: AsyncPostgresStore(url))
         )
     else:
