@@ -39,6 +39,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             ids += REDIS_IDS
         metafunc.parametrize("store_kind", ids, indirect=True)
 
+
 _server_description = "not started (no test needed it)"
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -53,9 +54,21 @@ def delete_prefix(client: redis.Redis | redis.RedisCluster, prefix: str) -> int:
 
 
 def free_port() -> int:
+    """A free port whose cluster bus port (+ 10000) is free too and below 65536."""
+    for _ in range(1000):
+        port = random.randrange(20000, 50000)
+        if _free(port) and _free(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a test redis-server")
+
+
+def _free(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 class RedisServer:
@@ -91,7 +104,9 @@ class RedisServer:
         deadline = time.monotonic() + 10
         while True:
             try:
-                with redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5) as client:
+                with redis.Redis(
+                    host="127.0.0.1", port=self.port, socket_connect_timeout=0.5
+                ) as client:
                     client.ping()
                 return self
             except redis.RedisError:
