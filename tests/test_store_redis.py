@@ -404,7 +404,7 @@ def test_a_client_that_decodes_responses_is_refused() -> None:
 )
 def test_the_http_configuration_refuses_shared_transactions_on_redis(policy: Policy) -> None:
     store = RedisStore(SHARED_URL)
-    with pytest.raises(ConfigurationError, match="RedisStore.*need a SQL store"):
+    with pytest.raises(ConfigurationError, match=r"RedisStore.*need a SQL store"):
         Idempotency(store=store, scope=single_tenant(), endpoints=[Endpoint("POST /x", policy)])
     Idempotency(store=store, scope=single_tenant(), endpoints=[Endpoint("POST /x")])
     store.close()

@@ -109,10 +109,10 @@ class RedisServer:
                 ) as client:
                     client.ping()
                 return self
-            except redis.RedisError:
+            except redis.RedisError as exc:
                 if time.monotonic() > deadline or self.process.poll() is not None:
                     self.stop()
-                    raise RuntimeError(f"redis-server did not start on port {self.port}")
+                    raise RuntimeError(f"redis-server did not start on port {self.port}") from exc
                 time.sleep(0.05)
 
     def stop(self) -> None:
