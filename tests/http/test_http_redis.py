@@ -195,20 +195,19 @@ def test_p11_redis_restarted_mid_run_503_while_down_and_lost_keys_run_again() ->
 
 def test_p11_the_sync_store_fails_closed_through_waitress_too() -> None:
     app_effects = apps.Effects("redis")
-    with redis_server() as redis_srv:
-        with RedisStore(redis_srv.url, timeout=0.5) as store:
-            config = apps.make_config(store, endpoints=HANDLER_ENDPOINTS)
-            with waitress_server(apps.flask_app(app_effects, config)) as url:
-                headers = {"idempotency-key": "", apps.TENANT_HEADER: uuid.uuid4().hex}
+    with redis_server() as redis_srv, RedisStore(redis_srv.url, timeout=0.5) as store:
+        config = apps.make_config(store, endpoints=HANDLER_ENDPOINTS)
+        with waitress_server(apps.flask_app(app_effects, config)) as url:
+            headers = {"idempotency-key": "", apps.TENANT_HEADER: uuid.uuid4().hex}
 
-                def post(key: str) -> httpx.Response:
-                    headers["idempotency-key"] = key
-                    return httpx.post(url + "/charges", json={"amount": 1}, headers=headers)
+            def post(key: str) -> httpx.Response:
+                headers["idempotency-key"] = key
+                return httpx.post(url + "/charges", json={"amount": 1}, headers=headers)
 
-                assert post("a").status_code == 201
-                redis_srv.stop()
-                assert post("b").status_code == 503
-                assert app_effects.counts["/charges"] == 1
-                redis_srv.start()
-                assert post("c").status_code == 201
-                assert post("c").headers["idempotent-replayed"] == "true"
+            assert post("a").status_code == 201
+            redis_srv.stop()
+            assert post("b").status_code == 503
+            assert app_effects.counts["/charges"] == 1
+            redis_srv.start()
+            assert post("c").status_code == 201
+            assert post("c").headers["idempotent-replayed"] == "true"
