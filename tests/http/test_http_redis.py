@@ -32,7 +32,7 @@ from idempotence.stores.redis import AsyncRedisStore, RedisStore
 from tests.http import apps
 from tests.http import test_http_crash as crash
 from tests.http.servers import uvicorn_server, waitress_server
-from tests.http.test_http_servers import TRIALS, Racers, check_trial
+from tests.http.test_http_servers import Racers, race_trials
 from tests.support.redis import RedisServer, redis_server
 
 
@@ -74,13 +74,7 @@ def test_p6_concurrent_identical_posts_execute_once_on_redis(
     with running(server, own_redis.url) as (url, effects):
         racers = Racers(url, scope)
         try:
-            conflicts = 0
-            for trial in range(TRIALS):
-                responses = racers.race("/slow", f"race-{trial}")
-                check_trial(responses, allow_409=True)
-                assert effects.counts["/slow"] == trial + 1, f"duplicate in trial {trial}"
-                conflicts += sum(r.status_code == 409 for r in responses)
-            assert conflicts > 0  # the copies overlapped the 20 ms handler: a real race
+            race_trials(racers, effects)
         finally:
             racers.close()
 
@@ -89,21 +83,18 @@ def test_p6_concurrent_identical_posts_execute_once_on_redis(
 
 
 @pytest.mark.parametrize("server", ["uvicorn", "waitress"])
-def test_f2_a_killed_handlers_key_is_taken_over_on_redis(
-    server: str, own_redis: RedisServer, tmp_path: Path
+@pytest.mark.parametrize(
+    "crash_test",
+    [
+        crash.test_f2_a_killed_handlers_key_is_taken_over_within_its_lock_timeout,
+        crash.test_f2_a_live_handler_slower_than_its_lock_timeout_is_never_taken_over,
+    ],
+    ids=["killed-is-taken-over", "live-is-never-taken-over"],
+)
+def test_f2_crash_and_retry_on_redis(
+    server: str, crash_test: Any, own_redis: RedisServer, tmp_path: Path
 ) -> None:
-    crash.test_f2_a_killed_handlers_key_is_taken_over_within_its_lock_timeout(
-        server, "redis", own_redis.url, tmp_path
-    )
-
-
-@pytest.mark.parametrize("server", ["uvicorn", "waitress"])
-def test_f2_a_live_handler_is_never_taken_over_on_redis(
-    server: str, own_redis: RedisServer, tmp_path: Path
-) -> None:
-    crash.test_f2_a_live_handler_slower_than_its_lock_timeout_is_never_taken_over(
-        server, "redis", own_redis.url, tmp_path
-    )
+    crash_test(server, "redis", own_redis.url, tmp_path)
 
 
 # -- Redis killed and restarted mid-run (P11) -------------------------------------------------
