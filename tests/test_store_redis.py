@@ -510,3 +510,20 @@ def test_the_cli_on_redis(tmp_path: Any) -> None:
             assert len(refused.stderr.strip().splitlines()) == 1
         server.stop()
         assert run("keys", "list").returncode == 5  # unavailable
+
+
+def test_without_redis_py_the_package_imports_and_the_store_says_what_to_install() -> None:
+    script = (
+        "import sys; sys.modules['redis'] = None\n"
+        "import idempotence, idempotence.cli\n"
+        "assert idempotence.open_store('sqlite:///:memory:') is not None\n"
+        "try:\n"
+        "    idempotence.RedisStore\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [os.sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'idempotence[redis]'" in done.stdout

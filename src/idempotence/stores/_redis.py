@@ -15,8 +15,6 @@ from contextlib import suppress
 from datetime import datetime
 from typing import Any
 
-import redis.exceptions
-
 from .._concurrency import Background, Wakeup
 from ..errors import ConfigurationError, StoreError, StoreUnavailable
 from ..observability import Instrumentation, combine
@@ -30,6 +28,7 @@ from ._redis_base import (
     SCRIPTS,
     Redis,
     RedisCluster,
+    RedisError,
     channel,
     check_prefix,
     claim_args,
@@ -78,12 +77,12 @@ class _RedisListener(Listener):
                 message = pubsub.get_message(ignore_subscribe_messages=True, timeout=STOP_CHECK)
                 if message is not None and message.get("type") == "message":
                     self.waiters.notify(decode(message["data"]))
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except (RedisError, OSError) as exc:
             self._failed(exc)
         finally:
             ready(False)  # if it never came up
             if pubsub is not None:
-                with suppress(redis.exceptions.RedisError, OSError):
+                with suppress(RedisError, OSError):
                     close(pubsub)  # a dead connection is closed already
 
 
@@ -92,9 +91,9 @@ class RedisStore:
 
     ``target`` is a ``redis://`` / ``rediss://`` URL (``redis+cluster://host:port``
     for a Redis Cluster), for which the store opens and owns a client with connect and
-    read timeouts of ``timeout`` seconds, or a ``redis.asyncio.Redis`` /
-    ``redis.asyncio.cluster.RedisCluster`` client of the application's (it must not
-    decode responses). Every Redis key starts with ``prefix`` and holds the scope and
+    read timeouts of ``timeout`` seconds, or a redis-py client of the application's,
+    ``Redis`` or ``RedisCluster`` (the asyncio ones for the async store), which must
+    not decode responses. Every Redis key starts with ``prefix`` and holds the scope and
     the key (tenants never share a key), behind a hash tag: one record, one hash, one
     cluster slot.
 
@@ -285,7 +284,7 @@ class RedisStore:
         if self._owned:
             try:
                 close(self._client)
-            except (redis.exceptions.RedisError, OSError) as exc:
+            except (RedisError, OSError) as exc:
                 raise StoreError(f"closing the Redis client failed: {exc}") from exc
 
     def __enter__(self) -> RedisStore:

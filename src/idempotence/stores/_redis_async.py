@@ -13,8 +13,6 @@ from contextlib import suppress
 from datetime import datetime
 from typing import Any
 
-import redis.exceptions
-
 from .._concurrency import AsyncBackground, AsyncWakeup
 from ..errors import ConfigurationError, StoreError, StoreUnavailable
 from ..observability import Instrumentation, combine
@@ -28,6 +26,7 @@ from ._redis_base import (
     SCRIPTS,
     AsyncRedis,
     AsyncRedisCluster,
+    RedisError,
     channel,
     check_prefix,
     claim_args,
@@ -78,12 +77,12 @@ class _AsyncRedisListener(AsyncListener):
                 )
                 if message is not None and message.get("type") == "message":
                     self.waiters.notify(decode(message["data"]))
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except (RedisError, OSError) as exc:
             self._failed(exc)
         finally:
             ready(False)  # if it never came up
             if pubsub is not None:
-                with suppress(redis.exceptions.RedisError, OSError):
+                with suppress(RedisError, OSError):
                     await close_async(pubsub)  # a dead connection is closed already
 
 
@@ -92,9 +91,9 @@ class AsyncRedisStore:
 
     ``target`` is a ``redis://`` / ``rediss://`` URL (``redis+cluster://host:port``
     for a Redis Cluster), for which the store opens and owns a client with connect and
-    read timeouts of ``timeout`` seconds, or a ``redis.asyncio.Redis`` /
-    ``redis.asyncio.cluster.RedisCluster`` client of the application's (it must not
-    decode responses). Every Redis key starts with ``prefix`` and holds the scope and
+    read timeouts of ``timeout`` seconds, or a redis-py client of the application's,
+    ``Redis`` or ``RedisCluster`` (the asyncio ones for the async store), which must
+    not decode responses. Every Redis key starts with ``prefix`` and holds the scope and
     the key (tenants never share a key), behind a hash tag: one record, one hash, one
     cluster slot.
 
@@ -287,7 +286,7 @@ class AsyncRedisStore:
         if self._owned:
             try:
                 await close_async(self._client)
-            except (redis.exceptions.RedisError, OSError) as exc:
+            except (RedisError, OSError) as exc:
                 raise StoreError(f"closing the Redis client failed: {exc}") from exc
 
     async def __aenter__(self) -> AsyncRedisStore:

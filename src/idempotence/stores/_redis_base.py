@@ -39,6 +39,9 @@ Redis = redis.Redis
 AsyncRedisCluster = redis.asyncio.cluster.RedisCluster
 RedisCluster = redis.cluster.RedisCluster
 
+#: Any error of redis-py's.
+RedisError = redis.exceptions.RedisError
+
 #: Connect and read timeouts of a store that opens its own client, in seconds: a Redis
 #: that does not answer is a 503 quickly (P11), not a request hanging on a socket.
 DEFAULT_TIMEOUT = 1.0
