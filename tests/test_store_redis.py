@@ -527,3 +527,39 @@ def test_without_redis_py_the_package_imports_and_the_store_says_what_to_install
     )
     assert done.returncode == 0, done.stderr
     assert "pip install 'idempotence[redis]'" in done.stdout
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_the_instrumentation_sees_claims_and_refused_writes(
+    flavour: str, redis_prefix: str, scope: str, loop_thread: EventLoopThread
+) -> None:
+    from idempotence import Instrumentation
+    from idempotence.observability import Watch
+
+    seen: list[Any] = []
+
+    class Recorder(Instrumentation):
+        def claim(self, request: ClaimRequest) -> Watch[Any]:
+            class Seen(Watch[Any]):
+                def done(self, result: Any) -> Any:
+                    seen.append(("claim", request.key, result.outcome))
+                    return result
+
+            return Seen()
+
+        def lock_lost(self, operation: str, error: LockLost) -> None:
+            seen.append(("lock_lost", operation, error.token))
+
+    url = require(SHARED_URL)
+    opened = (RedisStore if flavour == "sync" else AsyncRedisStore)(
+        url, prefix=redis_prefix, instrumentation=Recorder()
+    )
+    store: Any = opened if flavour == "sync" else Blocking(opened, loop_thread)  # type: ignore[arg-type]
+    try:
+        lease = store.claim(request(scope)).lease
+        store.finish(lease, response())
+        with pytest.raises(LockLost):
+            store.release(lease)
+    finally:
+        store.close()
+    assert seen == [("claim", "k1", Outcome.EXECUTE), ("lock_lost", "release", 1)]

@@ -141,11 +141,13 @@ class AsyncRedisStore:
         self._client: AsyncClient
         if isinstance(target, str):
             cluster = cluster_url(target)
-            options = client_options(timeout)
+            # No retry of a failed command (see no_retry_async); a cluster client still
+            # follows MOVED and ASK redirections, which are not failures.
+            options = client_options(timeout) | {"retry": no_retry_async()}
             if cluster is not None:
                 self._client = AsyncRedisCluster.from_url(cluster, **options)
             else:
-                self._client = AsyncRedis.from_url(target, retry=no_retry_async(), **options)
+                self._client = AsyncRedis.from_url(target, **options)
             self._owned = True
         else:
             if target.get_encoder().decode_responses:
