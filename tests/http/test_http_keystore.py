@@ -6,6 +6,9 @@ refused when the configuration is built, with a message that says what to do."""
 
 from __future__ import annotations
 
+import threading
+import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -136,3 +139,47 @@ def check_handler_endpoints(harness: Any) -> None:
     assert harness.post("/unavailable", key="k3").status == 503
     assert harness.post("/unavailable", key="k3").status == 503
     assert harness.effects.counts["/unavailable"] == 2
+
+
+@pytest.mark.parametrize("framework", ["starlette", "flask"])
+def test_p10_redis_wakes_the_waiting_twin_by_pub_sub_not_by_its_next_poll(
+    framework, redis_url, scope, monkeypatch
+):
+    """P10 on Redis: the finish script publishes on the store's channel, and the twin
+    waiting in the middleware replays at once. Its polling pause is made as long as
+    the whole wait, so polling alone would answer only after the 10 s."""
+    from idempotence.flows import handler
+
+    monkeypatch.setattr(handler, "FIRST_POLL", 60.0)
+    monkeypatch.setattr(handler, "MAX_POLL", 60.0)
+    with open_harness(
+        framework,
+        "redis",
+        redis_url,
+        scope,
+        endpoints=HANDLER_ONLY,
+        default_wait=timedelta(seconds=10),
+    ) as harness:
+        claim = harness.hold("p10-pubsub")
+        finisher = threading.Timer(0.3, harness.finish_twin, (claim.lease,))
+        started = time.monotonic()
+        finisher.start()
+        try:
+            response = harness.post(key="p10-pubsub")
+        finally:
+            finisher.join()
+        waited = time.monotonic() - started
+    assert (response.status, response.body) == (201, b"from-twin")
+    assert response.header("idempotent-replayed") == "true"
+    assert harness.effects.total() == 0
+    assert 0.3 <= waited < 5
+
+
+@pytest.mark.parametrize("framework", ["starlette", "flask"])
+def test_p11_a_closed_redis_store_is_503_and_runs_nothing(framework, redis_url, scope):
+    with open_harness(framework, "redis", redis_url, scope, endpoints=HANDLER_ONLY) as harness:
+        harness.break_store()
+        response = harness.post(key="p11")
+        assert response.status == 503
+        assert response.problem["code"] == "idempotency_store_unavailable"
+        assert harness.effects.total() == 0
