@@ -11,8 +11,17 @@ operation is one Lua script (``redis.lua``); a Redis Cluster is served by hash t
 generated from it (``scripts/unasync.py``).
 """
 
+from typing import TYPE_CHECKING
+
 from ._redis import RedisStore
 from ._redis_async import AsyncRedisStore
 from ._redis_base import DEFAULT_PREFIX, DEFAULT_TIMEOUT, record_key
 
 __all__ = ["DEFAULT_PREFIX", "DEFAULT_TIMEOUT", "AsyncRedisStore", "RedisStore", "record_key"]
+
+if TYPE_CHECKING:
+    from ._interface import AsyncKeyStore, KeyStore
+
+    # mypy proves here that the Redis stores honour the key-store interface.
+    def _conforms(sync: RedisStore, async_: AsyncRedisStore) -> tuple[KeyStore, AsyncKeyStore]:
+        return sync, async_
