@@ -34,6 +34,7 @@ SOURCES = [
     "stores/_store_async.py",
     "stores/_postgres_async.py",
     "stores/_cached_async.py",
+    "stores/_redis_async.py",
     "flows/_driver_async.py",
     "http/_driver_async.py",
     "maintenance/_service_async.py",

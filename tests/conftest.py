@@ -23,11 +23,22 @@ from tests.support.postgres import (
     drop_database,
     provide_server_info,
 )
-from tests.support.redis_servers import drop_prefix, shared_url, unique_prefix
 from tests.support.sources import SOURCES, OnSource, open_on
 from tests.support.stores import Blocking, EventLoopThread, StoreKind
 
 STORE_IDS = ["postgres-sync", "postgres-async", "sqlite-sync", "sqlite-async"]
+#: The Redis stores join the matrix in the tests marked ``keystore``: those that use
+#: only the KeyStore operations (no transaction, no checkpoint, no SQL).
+REDIS_IDS = ["redis-sync", "redis-async"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "store_kind" in metafunc.fixturenames:
+        ids = list(STORE_IDS)
+        if metafunc.definition.get_closest_marker("keystore") is not None:
+            ids += REDIS_IDS
+        metafunc.parametrize("store_kind", ids, indirect=True)
+
 
 _server_description = "not started (no test needed it)"
 
@@ -86,13 +97,22 @@ def loop_thread() -> Iterator[EventLoopThread]:
     loop.close()
 
 
-@pytest.fixture(params=STORE_IDS)
+@pytest.fixture
 def store_kind(request: pytest.FixtureRequest) -> StoreKind:
     """Each store the library ships, in each flavour (the conformance matrix)."""
     backend, flavour = request.param.split("-")
-    if backend == "postgres":
-        url = request.getfixturevalue("pg_url")
+    if backend == "redis":
+        from idempotence.stores.redis import AsyncRedisStore, RedisStore
+
+        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("redis_prefix")
         opener: Any = (
+            (lambda: RedisStore(url, prefix=prefix))
+            if flavour == "sync"
+            else (lambda: AsyncRedisStore(url, prefix=prefix))
+        )
+    elif backend == "postgres":
+        url = request.getfixturevalue("pg_url")
+        opener = (
             (lambda: PostgresStore(url)) if flavour == "sync" else (lambda: AsyncPostgresStore(url))
         )
     else:
@@ -137,12 +157,19 @@ def on_source(
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     """The shared Redis (the run fails, never skips, without one)."""
-    return shared_url()
+    from tests.support.redis import SHARED_URL, require
+
+    return require(SHARED_URL)
 
 
 @pytest.fixture
 def redis_prefix(redis_url: str) -> Iterator[str]:
-    """A key prefix of this test's own on the shared Redis, deleted at the end."""
+    """A key prefix of this test's own on the shared Redis, its keys deleted after."""
+    import redis
+
+    from tests.support.redis import delete_prefix, unique_prefix
+
     prefix = unique_prefix()
     yield prefix
-    drop_prefix(redis_url, prefix)
+    with redis.Redis.from_url(redis_url) as client:
+        delete_prefix(client, prefix)

@@ -43,7 +43,7 @@ from idempotence.maintenance import admin
 from idempotence.maintenance.reaper import Reaper
 from idempotence.stores.cached import AsyncCachedStore, CachedStore
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
-from tests.support.redis_servers import own_redis
+from tests.support.redis import redis_server
 from tests.support.roundtrips import round_trips
 from tests.support.stores import Blocking, EventLoopThread
 from tests.test_store_concurrency import CONCURRENCY, TRIALS, race_with_threads
@@ -342,7 +342,7 @@ def test_evict_through_the_cache_forgets_the_response(cached: Cached, scope: str
 def test_evict_is_refused_while_the_cache_is_down(
     cached: Cached, scope: str, tmp_path: Path
 ) -> None:
-    with own_redis(tmp_path) as server:
+    with redis_server() as server:
         store = CachedStore(cached.face.primary, server.url, prefix="evict")
         store.finish(store.claim(request(scope)).lease, response(1))
         server.stop()
@@ -389,7 +389,7 @@ def test_redis_down_degrades_to_the_primary_counted_and_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with (
-        own_redis(tmp_path) as server,
+        redis_server() as server,
         open_cached(kind, request, loop_thread, server.url, prefix="down", pause=0.2) as made,
     ):
         store = made.face
@@ -435,7 +435,7 @@ def test_a_redis_that_hangs_costs_a_request_its_short_timeout_at_most(
     scope: str,
 ) -> None:
     with (
-        own_redis(tmp_path) as server,
+        redis_server() as server,
         open_cached(kind, request, loop_thread, server.url, prefix="hang", pause=0.5) as made,
     ):
         store = made.face

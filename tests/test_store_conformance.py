@@ -1,7 +1,8 @@
 """The store conformance suite: DESIGN 4 (P1-P6), F1, F2 on every store, sync and async.
 
 Every test runs against PostgreSQL and SQLite, each sync and async (the ``store``
-fixture), on real databases.
+fixture), on real databases; the tests marked ``keystore`` (only the KeyStore
+operations) run on Redis too, sync and async (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def write_note(tx: Any, kind: StoreKind, scope: str, note: str) -> None:
 # -- P1 ----------------------------------------------------------------------------------
 
 
+@pytest.mark.keystore
 def test_p1_a_new_key_executes_from_started_with_token_1(store: Any, scope: str) -> None:
     claim = store.claim(request(scope, params={"amount": 2000}, path="/v1/rides", flow="rides"))
     assert claim.outcome is Outcome.EXECUTE
@@ -81,11 +83,13 @@ def test_p1_a_new_key_executes_from_started_with_token_1(store: Any, scope: str)
 # -- P2 ----------------------------------------------------------------------------------
 
 
+@pytest.mark.keystore
 def test_p2_mismatch_on_a_live_key(store: Any, scope: str) -> None:
     store.claim(request(scope))
     assert store.claim(request(scope, fingerprint=OTHER_FP)).outcome is Outcome.MISMATCH
 
 
+@pytest.mark.keystore
 def test_p2_mismatch_beats_replay_on_a_finished_key(store: Any, scope: str) -> None:
     lease = store.claim(request(scope)).lease
     store.finish(lease, response())
@@ -94,6 +98,7 @@ def test_p2_mismatch_beats_replay_on_a_finished_key(store: Any, scope: str) -> N
     assert claim.lease is None
 
 
+@pytest.mark.keystore
 def test_p2_mismatch_never_takes_over_an_abandoned_key(store: Any, scope: str) -> None:
     lease = store.claim(request(scope)).lease
     store.release(lease)
@@ -105,6 +110,7 @@ def test_p2_mismatch_never_takes_over_an_abandoned_key(store: Any, scope: str) -
 # -- P3 ----------------------------------------------------------------------------------
 
 
+@pytest.mark.keystore
 def test_p3_a_finished_key_replays_the_stored_response_verbatim(store: Any, scope: str) -> None:
     lease = store.claim(request(scope)).lease
     stored = StoredResponse(
@@ -120,6 +126,7 @@ def test_p3_a_finished_key_replays_the_stored_response_verbatim(store: Any, scop
         assert claim.lease is None
 
 
+@pytest.mark.keystore
 def test_p3_a_replay_of_a_key_finished_while_locked_by_a_zombie(store: Any, scope: str) -> None:
     # A finished key replays whatever its lock fields say: finish unlocks.
     lease = store.claim(request(scope)).lease
@@ -131,6 +138,7 @@ def test_p3_a_replay_of_a_key_finished_while_locked_by_a_zombie(store: Any, scop
 # -- P4 ----------------------------------------------------------------------------------
 
 
+@pytest.mark.keystore
 def test_p4_a_live_lock_answers_in_progress_with_retry_after(store: Any, scope: str) -> None:
     store.claim(request(scope, lock_timeout=timedelta(seconds=30)))
     claim = store.claim(request(scope))
@@ -199,6 +207,7 @@ def test_f1_a_zombie_cannot_set_calling(store: Any, scope: str) -> None:
     )
 
 
+@pytest.mark.keystore
 def test_p5_an_expired_lock_is_taken_over(store: Any, scope: str) -> None:
     first = store.claim(request(scope, lock_timeout=SHORT)).lease
     assert store.claim(request(scope)).outcome is Outcome.IN_PROGRESS
@@ -211,6 +220,7 @@ def test_p5_an_expired_lock_is_taken_over(store: Any, scope: str) -> None:
 # -- scoping, times, records -------------------------------------------------------------
 
 
+@pytest.mark.keystore
 def test_the_same_key_in_two_scopes_is_two_keys(store: Any, scope: str) -> None:
     other = scope + "-other"
     a = store.claim(request(scope, params={"who": "a"}))
@@ -247,16 +257,19 @@ def test_times_are_the_database_clock(store: Any, store_kind: StoreKind, scope: 
     assert record.expires_at - record.created_at == timedelta(hours=24)
 
 
+@pytest.mark.keystore
 def test_get_returns_none_for_an_unknown_key(store: Any, scope: str) -> None:
     assert store.get(scope, "nope") is None
 
 
+@pytest.mark.keystore
 def test_retention_none_keeps_a_key_forever(store: Any, scope: str) -> None:
     lease = store.claim(request(scope, retention=None)).lease
     store.finish(lease, response())
     assert store.get(scope, "key-1").expires_at is None
 
 
+@pytest.mark.keystore
 def test_finish_restarts_the_retention_window(store: Any, scope: str) -> None:
     lease = store.claim(request(scope, retention=timedelta(hours=1))).lease
     time.sleep(0.05)
@@ -266,6 +279,7 @@ def test_finish_restarts_the_retention_window(store: Any, scope: str) -> None:
     assert record.finished_at > record.created_at
 
 
+@pytest.mark.keystore
 def test_errored_keys_are_terminal_and_flagged(store: Any, scope: str) -> None:
     lease = store.claim(request(scope)).lease
     store.finish(lease, StoredResponse.of(502, body="upstream unknown"), error="timeout")
@@ -322,6 +336,7 @@ def test_f1_a_finished_key_refuses_every_fenced_write(store: Any, scope: str) ->
     assert store.claim(request(scope)).response == response(1)
 
 
+@pytest.mark.keystore
 def test_lock_lost_says_what_happened(store: Any, scope: str) -> None:
     lease = store.claim(request(scope, lock_timeout=SHORT)).lease
     time.sleep(SHORT.total_seconds() + 0.1)
@@ -335,6 +350,7 @@ def test_lock_lost_says_what_happened(store: Any, scope: str) -> None:
 # -- F2 heartbeats ---------------------------------------------------------------------
 
 
+@pytest.mark.keystore
 def test_f2_a_heartbeat_keeps_the_lock(store: Any, scope: str) -> None:
     lease = store.claim(request(scope, lock_timeout=timedelta(milliseconds=600))).lease
     for _ in range(3):
@@ -383,6 +399,7 @@ def test_r2_the_checkpoint_commits_with_the_phase(
     assert store.get(scope, "key-1").recovery_point == "ride_created"
 
 
+@pytest.mark.keystore
 def test_a_second_key_with_unicode_and_quotes(store: Any, scope: str) -> None:
     key = "\"quoted\" 'single' \\ %s %(x)s :x ?"
     claim = store.claim(request(scope, key=key, params={"note": "café ☕"}))
@@ -390,6 +407,7 @@ def test_a_second_key_with_unicode_and_quotes(store: Any, scope: str) -> None:
     assert store.get(scope, key).params == {"note": "café ☕"}
 
 
+@pytest.mark.keystore
 def test_keys_are_unique_per_scope_even_in_many_claims(store: Any, scope: str) -> None:
     keys = [uuid.uuid4().hex for _ in range(50)]
     leases = [store.claim(request(scope, key=k)).lease for k in keys]

@@ -62,6 +62,7 @@ from .stores.sqlite import AsyncSqliteStore, SqliteStore
 if TYPE_CHECKING:
     from .stores.cached import AsyncCachedStore, CachedStore
     from .stores.postgres import AsyncPostgresStore, PostgresStore
+    from .stores.redis import AsyncRedisStore, RedisStore
 
 __version__ = "0.1.0.dev0"
 
@@ -80,6 +81,7 @@ __all__ = [
     "AsyncCachedStore",
     "AsyncKeyStore",
     "AsyncPostgresStore",
+    "AsyncRedisStore",
     "AsyncSqliteStore",
     "AsyncStore",
     "AsyncTransaction",
@@ -103,6 +105,7 @@ __all__ = [
     "MixedPlaceholders",
     "Outcome",
     "PostgresStore",
+    "RedisStore",
     "RequestError",
     "SchemaMissing",
     "SqliteStore",
@@ -132,4 +135,9 @@ def __getattr__(name: str) -> Any:
         from .stores import cached
 
         return getattr(cached, name)
+    # The Redis stores need redis-py (the `redis` extra), likewise.
+    if name in ("RedisStore", "AsyncRedisStore"):
+        from .stores import redis
+
+        return getattr(redis, name)
     raise AttributeError(f"module 'idempotence' has no attribute {name!r}")

@@ -1,4 +1,6 @@
-"""Database URLs: ``postgresql://…`` and ``sqlite:///path``, and the stores they open.
+"""Database URLs: ``postgresql://…``, ``sqlite:///path`` and ``redis://host:port/db``
+(``rediss://`` with TLS, ``redis+cluster://host:port`` for a Redis Cluster), and the
+stores they open.
 
 The CLI and the workers take one URL (``--database`` or ``IDEMPOTENCE_DATABASE_URL``);
 this module turns it into a store.
@@ -8,11 +10,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .errors import ConfigurationError
 from .observability import Instrumentation
 from .stores import AsyncStore, Store
+
+if TYPE_CHECKING:
+    from .stores.redis import AsyncRedisStore, RedisStore
+
+#: The URL schemes of the Redis store.
+REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 
 ENV_VAR = "IDEMPOTENCE_DATABASE_URL"
 
@@ -21,9 +29,14 @@ ENV_VAR = "IDEMPOTENCE_DATABASE_URL"
 class DatabaseUrl:
     """A parsed database URL: which backend, and what to hand its store."""
 
-    backend: Literal["postgres", "sqlite"]
-    #: A libpq conninfo URL, or a SQLite file path (or ``:memory:``).
+    backend: Literal["postgres", "sqlite", "redis"]
+    #: A libpq conninfo URL, a SQLite file path (or ``:memory:``), or the Redis URL.
     target: str
+
+    @property
+    def sql(self) -> bool:
+        """Whether the URL names a SQL database (the maintenance services need one)."""
+        return self.backend != "redis"
 
     @classmethod
     def parse(cls, url: str) -> DatabaseUrl:
@@ -35,6 +48,8 @@ class DatabaseUrl:
         '/var/lib/keys.sqlite3'
         >>> DatabaseUrl.parse("postgresql://app@db:5432/app").backend
         'postgres'
+        >>> DatabaseUrl.parse("redis://127.0.0.1:6379/0")
+        DatabaseUrl(backend='redis', target='redis://127.0.0.1:6379/0')
         """
         scheme, sep, rest = url.partition("://")
         if not sep:
@@ -52,8 +67,11 @@ class DatabaseUrl:
                     f"or sqlite:////absolute.db, not {url!r}"
                 )
             return cls("sqlite", rest[1:])
+        if scheme in REDIS_SCHEMES:
+            _check_ports(rest)
+            return cls("redis", scheme + "://" + rest)
         raise ConfigurationError(
-            f"unsupported database {scheme!r} in {url!r}: use postgresql:// or sqlite:///"
+            f"unsupported database {scheme!r} in {url!r}: use postgresql://, sqlite:/// or redis://"
         )
 
     @classmethod
@@ -88,9 +106,17 @@ def _check_ports(rest: str) -> None:
             )
 
 
-def open_store(url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None) -> Store:
-    """The sync store for ``url``, reporting to ``instrumentation`` if given."""
+def open_store(
+    url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None
+) -> Store | RedisStore:
+    """The sync store for ``url``, reporting to ``instrumentation`` if given: a SQL
+    :class:`~idempotence.Store`, or for a ``redis://`` URL a
+    :class:`~idempotence.RedisStore` (a :class:`~idempotence.KeyStore` only)."""
     parsed = url if isinstance(url, DatabaseUrl) else DatabaseUrl.parse(url)
+    if parsed.backend == "redis":
+        from .stores.redis import RedisStore
+
+        return RedisStore(parsed.target, instrumentation=instrumentation)
     if parsed.backend == "postgres":
         from .stores.postgres import PostgresStore
 
@@ -102,9 +128,14 @@ def open_store(url: str | DatabaseUrl, *, instrumentation: Instrumentation | Non
 
 def open_async_store(
     url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None
-) -> AsyncStore:
-    """The async store for ``url``, reporting to ``instrumentation`` if given."""
+) -> AsyncStore | AsyncRedisStore:
+    """The async store for ``url``, reporting to ``instrumentation`` if given (an
+    :class:`~idempotence.AsyncRedisStore` for a ``redis://`` URL)."""
     parsed = url if isinstance(url, DatabaseUrl) else DatabaseUrl.parse(url)
+    if parsed.backend == "redis":
+        from .stores.redis import AsyncRedisStore
+
+        return AsyncRedisStore(parsed.target, instrumentation=instrumentation)
     if parsed.backend == "postgres":
         from .stores.postgres import AsyncPostgresStore
 
@@ -112,3 +143,35 @@ def open_async_store(
     from .stores.sqlite import AsyncSqliteStore
 
     return AsyncSqliteStore(parsed.target, instrumentation=instrumentation)
+
+
+def open_sql_store(
+    url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None
+) -> Store:
+    """:func:`open_store` for what needs a SQL store (flows, request-as-transaction,
+    the maintenance services): a Redis URL is refused with a clear error."""
+    parsed = _sql(url)
+    store = open_store(parsed, instrumentation=instrumentation)
+    assert isinstance(store, Store)
+    return store
+
+
+def open_async_sql_store(
+    url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None
+) -> AsyncStore:
+    """:func:`open_async_store` for what needs a SQL store; a Redis URL is refused."""
+    parsed = _sql(url)
+    store = open_async_store(parsed, instrumentation=instrumentation)
+    assert isinstance(store, AsyncStore)
+    return store
+
+
+def _sql(url: str | DatabaseUrl) -> DatabaseUrl:
+    parsed = url if isinstance(url, DatabaseUrl) else DatabaseUrl.parse(url)
+    if not parsed.sql:
+        raise ConfigurationError(
+            "this needs a SQL database (postgresql:// or sqlite:///): a Redis store "
+            "shares no transaction with the application and has no tables for flows, "
+            "staged jobs or the maintenance services"
+        )
+    return parsed

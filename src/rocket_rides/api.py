@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from idempotence.database import open_async_store
+from idempotence.database import open_async_sql_store
 from idempotence.http import (
     Endpoint,
     Idempotency,
@@ -130,7 +130,7 @@ def tls_context() -> ssl.SSLContext:
 
 def create_app(settings: ApiSettings) -> Starlette:
     """The API app for one worker process."""
-    store = open_async_store(settings.database)
+    store = open_async_sql_store(settings.database)
     users = Users()
     client = httpx.AsyncClient(
         base_url=settings.provider_url, timeout=PROVIDER_TIMEOUT, verify=tls_context()

@@ -34,7 +34,7 @@ from typing import IO, Any
 
 import httpx
 
-from idempotence.database import DatabaseUrl, open_store
+from idempotence.database import DatabaseUrl, open_sql_store
 from idempotence.errors import KeyNotFound
 from idempotence.maintenance import KeyRow, show_key
 from idempotence.testing.provider import Charge
@@ -252,7 +252,7 @@ def run_demo(options: DemoOptions, progress: Callable[[], None] | None = None) -
 
 def _keys(database: str, workload: Workload) -> dict[str, KeyRow | None]:
     rows: dict[str, KeyRow | None] = {}
-    with open_store(database) as store:
+    with open_sql_store(database) as store:
         for ride in workload.rides:
             try:
                 rows[ride.key] = show_key(store, ride.scope, ride.key)
@@ -266,7 +266,7 @@ def _state(row: KeyRow | None) -> str:
 
 
 def _rides(database: str, workload: Workload) -> list[RideRow]:
-    with open_store(database) as store, store.transaction() as tx:
+    with open_sql_store(database) as store, store.transaction() as tx:
         rows = fetch(
             tx,
             "SELECT id, request_key, status, charge_id FROM rocket_rides"

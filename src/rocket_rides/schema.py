@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from idempotence.database import open_store
+from idempotence.database import open_sql_store
 from idempotence.stores import Transaction
 
 __all__ = [
@@ -156,7 +156,7 @@ def prepare(database: str) -> None:
 
     Safe to run again on a prepared database: nothing is created or seeded twice.
     """
-    with open_store(database) as store:
+    with open_sql_store(database) as store:
         store.migrate()
         with store.transaction() as tx:
             dialect = dialect_of(tx)

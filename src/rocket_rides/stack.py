@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from idempotence.database import open_async_store
+from idempotence.database import open_async_sql_store
 from idempotence.flows import FlowRegistry
 from idempotence.http import Profile
 from idempotence.maintenance import (
@@ -160,7 +160,7 @@ def _worker(config: StackConfig) -> None:
 
 async def _work(config: StackConfig) -> None:
     async with (
-        open_async_store(config.database) as store,
+        open_async_sql_store(config.database) as store,
         httpx.AsyncClient(base_url=config.provider_url, timeout=5.0) as client,
     ):
         worker = background_worker(config, store, client)

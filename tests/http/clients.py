@@ -195,10 +195,18 @@ class Harness:
 
 
 def sync_store(backend: str, target: str) -> Any:
+    if backend == "redis":
+        from idempotence.stores.redis import RedisStore
+
+        return RedisStore(target)
     return PostgresStore(target) if backend == "postgres" else SqliteStore(target)
 
 
 def async_store(backend: str, target: str) -> Any:
+    if backend == "redis":
+        from idempotence.stores.redis import AsyncRedisStore
+
+        return AsyncRedisStore(target)
     return AsyncPostgresStore(target) if backend == "postgres" else AsyncSqliteStore(target)
 
 

@@ -1,6 +1,8 @@
 """A guarded app in a server process of its own, for the kill-and-restart tests.
 
-    python -m tests.http.crash_server uvicorn|waitress sqlite|postgres TARGET DIR
+    python -m tests.http.crash_server uvicorn|waitress sqlite|postgres|redis TARGET DIR
+
+(On Redis, a KeyStore, only the plain handler endpoint ``/handle/{name}`` exists.)
 
 It prints its port on stdout, then serves. Its effects are rows in ``crash_effects``
 on the store's database, so they outlive the process. While ``DIR/hang`` exists, an
@@ -111,6 +113,11 @@ def rides_flow(backend: str, hang: Hang, *, asynchronous: bool) -> Flow:
 
 
 def config(store: Any, backend: str, hang: Hang, *, asynchronous: bool) -> Idempotency:
+    handler = [Endpoint("POST /handle/{name}", Policy(lock_timeout=LOCK_TIMEOUT))]
+    if backend == "redis":  # a KeyStore: plain handler endpoints only
+        return Idempotency(
+            store=store, scope=single_tenant("crash"), endpoints=handler, default=None
+        )
     flow = rides_flow(backend, hang, asynchronous=asynchronous)
     return Idempotency(
         store=store,
@@ -118,7 +125,7 @@ def config(store: Any, backend: str, hang: Hang, *, asynchronous: bool) -> Idemp
         endpoints=[
             Endpoint("POST /tx/{name}", Policy(transaction=True, lock_timeout=LOCK_TIMEOUT)),
             Endpoint("POST /rides", Policy(flow=flow)),
-            Endpoint("POST /handle/{name}", Policy(lock_timeout=LOCK_TIMEOUT)),
+            *handler,
         ],
         default=None,
     )
@@ -135,6 +142,10 @@ def asgi_app(backend: str, target: str, hang: Hang) -> Any:
     from idempotence.stores.postgres import AsyncPostgresStore
 
     store: Any = AsyncPostgresStore(target) if backend == "postgres" else AsyncSqliteStore(target)
+    if backend == "redis":
+        from idempotence.stores.redis import AsyncRedisStore
+
+        store = AsyncRedisStore(target)
 
     async def transfer(request: Request) -> JSONResponse:
         lease = current_lease()
@@ -166,6 +177,10 @@ def wsgi_app(backend: str, target: str, hang: Hang) -> Any:
     from idempotence.stores.postgres import PostgresStore
 
     store: Any = PostgresStore(target) if backend == "postgres" else SqliteStore(target)
+    if backend == "redis":
+        from idempotence.stores.redis import RedisStore
+
+        store = RedisStore(target)
     app = Flask("crash-server")
 
     @app.post("/tx/<name>")

@@ -23,7 +23,7 @@ from idempotence.stores.cached import AsyncCachedStore
 from tests.http import apps
 from tests.http.clients import async_store
 from tests.http.servers import uvicorn_server
-from tests.support.redis_servers import own_redis
+from tests.support.redis import redis_server
 
 BACKENDS = ["postgres", "sqlite"]
 
@@ -98,7 +98,7 @@ def test_every_kind_of_endpoint_runs_on_a_cached_store_and_replays_from_redis(
 def test_redis_killed_mid_run_answers_every_request_from_the_primary(
     backend: str, target: str, redis_prefix: str, scope: str, tmp_path: Path
 ) -> None:
-    with own_redis(tmp_path) as server, serve(backend, target, server.url, "http") as running:
+    with redis_server() as server, serve(backend, target, server.url, "http") as running:
         url, store, effects = running
         answers: dict[str, bytes] = {}
         failures: list[str] = []

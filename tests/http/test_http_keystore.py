@@ -1,10 +1,14 @@
 """The HTTP middleware on a key store that shares no transaction with the application
-(issue 2): plain handler endpoints work through the KeyStore protocol alone, and an
+(issue 2): plain handler endpoints work through the KeyStore protocol alone (and on
+the Redis store itself, on a redis-server of the module's own), and an
 endpoint that needs the store's transaction (request-as-transaction, a flow) is
 refused when the configuration is built, with a message that says what to do."""
 
 from __future__ import annotations
 
+import threading
+import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -97,22 +101,85 @@ def test_handler_endpoints_run_on_a_key_store(framework, backend, target, scope)
     with open_harness(
         framework, backend, target, scope, store_factory=factory, endpoints=HANDLER_ONLY
     ) as harness:
-        first = harness.post(key="k1")
-        assert first.status == 201
-        assert first.header("idempotent-replayed") is None
-        again = harness.post(key="k1")
-        assert again.status == 201 and again.body == first.body
-        assert again.header("idempotent-replayed") == "true"
-        assert harness.effects.counts["/charges"] == 1
-        mismatch = harness.post(key="k1", body={"amount": 999})
-        assert mismatch.status == 422
-        assert harness.effects.counts["/charges"] == 1
-        record = harness.record("k1")
-        assert record is not None and record.response is not None
+        check_handler_endpoints(harness)
 
-        # R5 through the protocol: a 4xx forgets the key, a 5xx releases it.
-        assert harness.post("/reject", key="k2").status == 422
-        assert harness.record("k2") is None
-        assert harness.post("/unavailable", key="k3").status == 503
-        assert harness.post("/unavailable", key="k3").status == 503
-        assert harness.effects.counts["/unavailable"] == 2
+
+@pytest.fixture(scope="module")
+def redis_url() -> Any:
+    from tests.support.redis import redis_server
+
+    with redis_server() as server:
+        yield server.url
+
+
+@pytest.mark.parametrize("framework", apps.FRAMEWORKS)
+def test_handler_endpoints_run_on_redis(framework, redis_url, scope):
+    """The same, on the Redis store itself (sync for WSGI, async for ASGI)."""
+    with open_harness(framework, "redis", redis_url, scope, endpoints=HANDLER_ONLY) as harness:
+        check_handler_endpoints(harness)
+
+
+def check_handler_endpoints(harness: Any) -> None:
+    first = harness.post(key="k1")
+    assert first.status == 201
+    assert first.header("idempotent-replayed") is None
+    again = harness.post(key="k1")
+    assert again.status == 201 and again.body == first.body
+    assert again.header("idempotent-replayed") == "true"
+    assert harness.effects.counts["/charges"] == 1
+    mismatch = harness.post(key="k1", body={"amount": 999})
+    assert mismatch.status == 422
+    assert harness.effects.counts["/charges"] == 1
+    record = harness.record("k1")
+    assert record is not None and record.response is not None
+
+    # R5 through the protocol: a 4xx forgets the key, a 5xx releases it.
+    assert harness.post("/reject", key="k2").status == 422
+    assert harness.record("k2") is None
+    assert harness.post("/unavailable", key="k3").status == 503
+    assert harness.post("/unavailable", key="k3").status == 503
+    assert harness.effects.counts["/unavailable"] == 2
+
+
+@pytest.mark.parametrize("framework", ["starlette", "flask"])
+def test_p10_redis_wakes_the_waiting_twin_by_pub_sub_not_by_its_next_poll(
+    framework, redis_url, scope, monkeypatch
+):
+    """P10 on Redis: the finish script publishes on the store's channel, and the twin
+    waiting in the middleware replays at once. Its polling pause is made as long as
+    the whole wait, so polling alone would answer only after the 10 s."""
+    from idempotence.flows import handler
+
+    monkeypatch.setattr(handler, "FIRST_POLL", 60.0)
+    monkeypatch.setattr(handler, "MAX_POLL", 60.0)
+    with open_harness(
+        framework,
+        "redis",
+        redis_url,
+        scope,
+        endpoints=HANDLER_ONLY,
+        default_wait=timedelta(seconds=10),
+    ) as harness:
+        claim = harness.hold("p10-pubsub")
+        finisher = threading.Timer(0.3, harness.finish_twin, (claim.lease,))
+        started = time.monotonic()
+        finisher.start()
+        try:
+            response = harness.post(key="p10-pubsub")
+        finally:
+            finisher.join()
+        waited = time.monotonic() - started
+    assert (response.status, response.body) == (201, b"from-twin")
+    assert response.header("idempotent-replayed") == "true"
+    assert harness.effects.total() == 0
+    assert 0.3 <= waited < 5
+
+
+@pytest.mark.parametrize("framework", ["starlette", "flask"])
+def test_p11_a_closed_redis_store_is_503_and_runs_nothing(framework, redis_url, scope):
+    with open_harness(framework, "redis", redis_url, scope, endpoints=HANDLER_ONLY) as harness:
+        harness.break_store()
+        response = harness.post(key="p11")
+        assert response.status == 503
+        assert response.problem["code"] == "idempotency_store_unavailable"
+        assert harness.effects.total() == 0

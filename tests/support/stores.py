@@ -96,8 +96,11 @@ class Blocking:
         error: Any = None,
         at_commit: bool = False,
     ) -> None:
-        inner = None if tx is None else tx._tx
-        self._run(self.store.finish(lease, response, tx=inner, error=error, at_commit=at_commit))
+        # A key store (Redis) takes no transaction: pass what it knows only.
+        shared: dict[str, Any] = {}
+        if tx is not None or at_commit:
+            shared = {"tx": None if tx is None else tx._tx, "at_commit": at_commit}
+        self._run(self.store.finish(lease, response, error=error, **shared))
 
     def release(self, lease: Any) -> None:
         self._run(self.store.release(lease))
@@ -137,7 +140,7 @@ class Blocking:
 class StoreKind:
     """One store under test: its backend, its flavour, and how to open it."""
 
-    backend: str  # "postgres" | "sqlite"
+    backend: str  # "postgres" | "sqlite" | "redis"
     flavour: str  # "sync" | "async"
     open: Callable[[], Store | AsyncStore]
 

@@ -1,7 +1,11 @@
 """The ``idempotence`` command.
 
-Every command that reads the store takes ``--database URL`` (``postgresql://…`` or
-``sqlite:///path``), falling back to ``$IDEMPOTENCE_DATABASE_URL``. Tables are for
+Every command that reads the store takes ``--database URL`` (``postgresql://…``,
+``sqlite:///path`` or ``redis://host:port/db``), falling back to
+``$IDEMPOTENCE_DATABASE_URL``. On Redis, ``keys``, ``stats``, ``migrate`` and ``reap``
+work (the last two have nothing to do and say so); the commands that need SQL
+(``sweep``, ``complete``, ``enqueue``, ``run-jobs``, ``worker``, ``reconcile``) refuse
+the URL with the usage status. Tables are for
 people; ``--json`` prints JSON for machines.
 
 Exit statuses (:class:`~idempotence.cli._shared.ExitStatus`):
@@ -65,6 +69,7 @@ from ._shared import (
     jobs_option,
     json_option,
     open_cli_async_store,
+    open_cli_key_store,
     open_cli_store,
     require_schema,
 )
@@ -90,7 +95,12 @@ def main(ctx: click.Context, log_level: str | None, log_json: bool) -> None:
 @database_option
 @json_option
 def migrate(database: DatabaseUrl, as_json: bool) -> None:
-    """Create or upgrade the key store's tables."""
+    """Create or upgrade the key store's tables (a Redis store has none)."""
+    if not database.sql:
+        _redis_nothing_to_do(database, "nothing to migrate: a Redis key store has no schema")
+        if as_json:
+            click.echo(json.dumps({"applied": []}))
+        return
     with open_cli_store(database, create=True) as store:
         try:
             applied = store.migrate()
@@ -102,6 +112,17 @@ def migrate(database: DatabaseUrl, as_json: bool) -> None:
         click.echo(f"applied {len(applied)} migration(s): {', '.join(applied)}")
     else:
         click.echo("the schema is up to date")
+
+
+def _redis_nothing_to_do(database: DatabaseUrl, what: str) -> None:
+    """Say that a command has nothing to do on Redis, once the server answered (a
+    wrong URL still fails, with the unavailable status)."""
+    with open_cli_key_store(database) as store:
+        try:
+            store.get("idempotence", "ping")
+        except IdempotenceError as exc:
+            fail_on(exc)
+    click.echo(what, err=True)
 
 
 # -- one pass of one service -------------------------------------------------------------
@@ -241,6 +262,14 @@ def reap(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
     """Store a 408 on expired unfinished keys; delete expired finished ones (B3)."""
     from ..maintenance import Reaper, ReaperConfig
 
+    if not database.sql:
+        _redis_nothing_to_do(
+            database,
+            "nothing to reap: Redis expires every key itself at the end of its retention (its TTL)",
+        )
+        if as_json:
+            click.echo(json.dumps({"reaped": 0}))
+        return
     config = _config(ReaperConfig, batch_size)
     with open_cli_store(database) as store:
         _one_pass(store, lambda s: Reaper(s, config), as_json)

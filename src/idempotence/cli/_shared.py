@@ -11,11 +11,11 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from enum import IntEnum
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from ..database import ENV_VAR, DatabaseUrl, open_async_store, open_store
+from ..database import ENV_VAR, DatabaseUrl, open_async_sql_store, open_sql_store, open_store
 from ..errors import (
     ConfigurationError,
     IdempotenceError,
@@ -28,6 +28,9 @@ from ..maintenance._jobs import JobRegistry
 from ..maintenance.logs import StructuredFormatter
 from ..observability import Instrumentation
 from ..stores import AsyncStore, Store
+
+if TYPE_CHECKING:
+    from ..stores.redis import RedisStore
 
 
 class ExitStatus(IntEnum):
@@ -92,7 +95,8 @@ database_option = click.option(
     type=DatabaseUrlType(),
     envvar=ENV_VAR,
     required=True,
-    help=f"postgresql://USER@HOST/DB or sqlite:///PATH (default: ${ENV_VAR}).",
+    help=f"postgresql://USER@HOST/DB, sqlite:///PATH or redis://HOST:PORT/DB (default: "
+    f"${ENV_VAR}).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 batch_option = click.option(
@@ -186,10 +190,12 @@ def open_cli_store(
     database: DatabaseUrl, *, instrumentation: Instrumentation | None = None, create: bool = False
 ) -> Iterator[Store]:
     """The store, with the library's errors turned into exit statuses; a SQLite file
-    that does not exist is refused unless ``create`` (migrate)."""
+    that does not exist is refused unless ``create`` (migrate), a Redis URL with the
+    usage status (the command needs SQL)."""
+    refuse_redis(database)
     try:
         _reachable(database, create)
-        with open_store(database, instrumentation=instrumentation) as store:
+        with open_sql_store(database, instrumentation=instrumentation) as store:
             yield store
     except IdempotenceError as exc:
         fail_on(exc)
@@ -200,9 +206,37 @@ async def open_cli_async_store(
     database: DatabaseUrl, *, instrumentation: Instrumentation | None = None, create: bool = False
 ) -> AsyncIterator[AsyncStore]:
     """The async store (F7), with the library's errors turned into exit statuses."""
+    refuse_redis(database)
     try:
         _reachable(database, create)
-        async with open_async_store(database, instrumentation=instrumentation) as store:
+        async with open_async_sql_store(database, instrumentation=instrumentation) as store:
+            yield store
+    except IdempotenceError as exc:
+        fail_on(exc)
+
+
+def refuse_redis(database: DatabaseUrl | None) -> None:
+    """A command that needs SQL (the maintenance services, reconcile) refuses a
+    Redis URL in one line, with the usage status."""
+    if database is not None and not database.sql:
+        ctx = click.get_current_context(silent=True)
+        command = f"`{ctx.command_path}`" if ctx is not None else "this command"
+        fail(
+            f"{command} needs a SQL database (postgresql:// or sqlite:///): a Redis key "
+            "store has no flows, staged jobs or tables for it to work on",
+            ExitStatus.USAGE,
+        )
+
+
+@contextmanager
+def open_cli_key_store(database: DatabaseUrl) -> Iterator[Store | RedisStore]:
+    """Any store, SQL or Redis, for the commands that only read and evict keys."""
+    if database.sql:
+        with open_cli_store(database) as store:
+            yield store
+        return
+    try:
+        with open_store(database) as store:
             yield store
     except IdempotenceError as exc:
         fail_on(exc)

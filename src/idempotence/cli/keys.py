@@ -21,6 +21,7 @@ from ..maintenance.reconcile import (
     reconcilers,
 )
 from ..states import KeyState
+from ..stores import Store
 from ._shared import (
     DatabaseUrlType,
     ExitStatus,
@@ -31,7 +32,8 @@ from ._shared import (
     flow_registry,
     flows_option,
     json_option,
-    open_cli_store,
+    open_cli_key_store,
+    refuse_redis,
 )
 
 #: ``reconcile``'s exit status when the two sides differ (0: they agree; 1: the store or
@@ -59,7 +61,7 @@ def list_command(
     database: DatabaseUrl, state: str | None, scope: str | None, limit: int, as_json: bool
 ) -> None:
     """Keys, newest first (errored keys wait for a human: --state errored)."""
-    with open_cli_store(database) as store:
+    with open_cli_key_store(database) as store:
         rows = admin.list_keys(
             store, state=KeyState(state) if state else None, scope=scope, limit=limit
         )
@@ -78,7 +80,7 @@ def list_command(
 @json_option
 def show_command(database: DatabaseUrl, scope: str, key: str, as_json: bool) -> None:
     """Every field of one key, its stored response included."""
-    with open_cli_store(database) as store:
+    with open_cli_key_store(database) as store:
         row = _found(lambda: admin.show_key(store, scope, key))
     if as_json:
         click.echo(json.dumps(_format.key_json(row, full=True)))
@@ -123,10 +125,12 @@ def evict_command(
     right now (a live lock) needs --force, and that worker's writes are refused.
     If a CachedStore serves replays from Redis, pass its --cache: without it the
     cached response would still be replayed until it expires."""
-    with open_cli_store(database) as store, contextlib.ExitStack() as stack:
+    with open_cli_key_store(database) as store, contextlib.ExitStack() as stack:
         if cache is not None:
             from ..stores.cached import CachedStore
 
+            if not isinstance(store, Store):
+                raise click.UsageError("--cache is for a SQL database behind a CachedStore")
             store = stack.enter_context(CachedStore(store, cache, prefix=cache_prefix))
         row = _found(lambda: admin.evict_key(store, scope, key, force=force))
     if as_json:
@@ -147,7 +151,7 @@ def _found(get: Any) -> Any:
 @json_option
 def stats(database: DatabaseUrl, as_json: bool) -> None:
     """Keys per state, the oldest pending key's age, and lock takeovers."""
-    with open_cli_store(database) as store:
+    with open_cli_key_store(database) as store:
         result = admin.stats(store)
     click.echo(json.dumps(_format.stats_json(result)) if as_json else _format.stats_text(result))
 
@@ -187,6 +191,7 @@ def reconcile_command(
     foreign records without a local one, and local ones without a foreign one.
 
     Exit status 3 when there are differences, 0 when the two sides agree."""
+    refuse_redis(database)
     try:
         start, end = parse_since(since), parse_since(until) if until else None
     except ConfigurationError as exc:

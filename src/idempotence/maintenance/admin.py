@@ -2,7 +2,9 @@
 
 The state of every key is computed in SQL exactly as :func:`idempotence.key_state`
 computes it (the test suite holds the two together), so that ``--state`` filters
-before ``--limit`` and a listing never disagrees with the state machine.
+before ``--limit`` and a listing never disagrees with the state machine. On a
+:class:`~idempotence.RedisStore` the records are found by SCAN (never KEYS) and
+classified by :func:`idempotence.key_state` itself, on the server's clock.
 
 >>> rows = list_keys(store, state=KeyState.ERRORED, limit=20)   # doctest: +SKIP
 >>> stats(store).states[KeyState.PENDING]                       # doctest: +SKIP
@@ -14,12 +16,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from ..errors import KeyIsLocked, KeyNotFound
-from ..states import KeyState
+from ..states import KeyRecord, KeyState, key_state
 from ..stores import Store
 from . import _ops
-from ._ops import KeyRow
+from ._ops import KeyRow, StateCount
+
+if TYPE_CHECKING:
+    from ..stores.redis import RedisStore
 
 __all__ = ["KeyIsLocked", "KeyRow", "Stats", "evict_key", "list_keys", "show_key", "stats"]
 
@@ -28,7 +34,7 @@ MAX_LIMIT = 10_000
 
 
 def list_keys(
-    store: Store,
+    store: Store | RedisStore,
     *,
     state: KeyState | None = None,
     scope: str | None = None,
@@ -37,24 +43,37 @@ def list_keys(
     """Up to ``limit`` keys, newest first, of one ``state`` and ``scope`` if given."""
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+    if not isinstance(store, Store):
+        rows = _redis_rows(store, store.records(scope))
+        rows = [row for row in rows if state is None or row.state is state]
+        return sorted(rows, key=lambda r: (r.record.created_at, r.record.id), reverse=True)[:limit]
     return store._perform(
         lambda d: _ops.list_keys(d, state=state, scope=scope, key=None, limit=limit),
         write=False,
     )
 
 
-def show_key(store: Store, scope: str, key: str) -> KeyRow:
+def _redis_rows(store: RedisStore, records: list[KeyRecord]) -> list[KeyRow]:
+    now = store.server_time()
+    return [KeyRow(record, key_state(record, now), now, 0) for record in records]
+
+
+def show_key(store: Store | RedisStore, scope: str, key: str) -> KeyRow:
     """One key with its state; :class:`~idempotence.KeyNotFound` if there is none."""
-    rows = store._perform(
-        lambda d: _ops.list_keys(d, state=None, scope=scope, key=key, limit=1),
-        write=False,
-    )
+    if isinstance(store, Store):
+        rows = store._perform(
+            lambda d: _ops.list_keys(d, state=None, scope=scope, key=key, limit=1),
+            write=False,
+        )
+    else:
+        found = store.get(scope, key)
+        rows = [] if found is None else _redis_rows(store, [found])
     if not rows:
         raise KeyNotFound(f"no key {key!r} in scope {scope!r}", scope=scope, key=key)
     return rows[0]
 
 
-def evict_key(store: Store, scope: str, key: str, *, force: bool = False) -> KeyRow:
+def evict_key(store: Store | RedisStore, scope: str, key: str, *, force: bool = False) -> KeyRow:
     """Delete one key, so that its next request runs afresh; return it as it was.
 
     A live lock means a worker is running the key right now: that raises
@@ -62,11 +81,15 @@ def evict_key(store: Store, scope: str, key: str, *, force: bool = False) -> Key
     fenced writes find no row and roll back (F1).
     """
     row = show_key(store, scope, key)
-    # A cache in front of the store (CachedStore) refuses the row's cached response
-    # before the row goes, so no replay of it outlives it; a cache that cannot be
-    # reached raises StoreUnavailable here, with nothing evicted.
-    store._invalidate(scope, key, row.record.id)
-    if store._perform(lambda d: _ops.evict(d, scope, key, force)):
+    if isinstance(store, Store):
+        # A cache in front of the store (CachedStore) refuses the row's cached response
+        # before the row goes, so no replay of it outlives it; a cache that cannot be
+        # reached raises StoreUnavailable here, with nothing evicted.
+        store._invalidate(scope, key, row.record.id)
+        evicted = bool(store._perform(lambda d: _ops.evict(d, scope, key, force)))
+    else:
+        evicted = bool(store.evict(scope, key, force=force))
+    if evicted:
         return row
     # The conditional delete refused: the key is locked now (or is gone already).
     locked_at = show_key(store, scope, key).record.locked_at
@@ -104,16 +127,39 @@ class Stats:
         return None if oldest is None else self.now - oldest
 
 
-def stats(store: Store) -> Stats:
-    """Count keys per state, find the oldest of each, and sum the takeovers."""
-    now, counts = store._perform(lambda d: _ops.key_stats(d), write=False)
-    jobs = store._perform(lambda d: _ops.job_stats(d), write=False)
+def stats(store: Store | RedisStore) -> Stats:
+    """Count keys per state, find the oldest of each, and sum the takeovers (a Redis
+    store has no jobs: they count 0)."""
+    if isinstance(store, Store):
+        clock, counts = store._perform(lambda d: _ops.key_stats(d), write=False)
+        now = clock.at
+        jobs = store._perform(lambda d: _ops.job_stats(d), write=False)
+    else:
+        rows = _redis_rows(store, store.records())
+        now = rows[0].now if rows else store.server_time()
+        counts = _counts(rows)
+        jobs = {}
     states = {state: 0 for state in KeyState}
     states.update({c.state: c.keys for c in counts})
     return Stats(
-        now=now.at,
+        now=now,
         states=states,
         oldest={c.state: c.oldest for c in counts},
         takeovers=sum(c.takeovers for c in counts),
         jobs={status: jobs.get(status, 0) for status in ("staged", "ready", "done", "dead")},
     )
+
+
+def _counts(rows: list[KeyRow]) -> list[StateCount]:
+    by_state: dict[KeyState, list[KeyRow]] = {}
+    for row in rows:
+        by_state.setdefault(row.state, []).append(row)
+    return [
+        StateCount(
+            state=state,
+            keys=len(found),
+            oldest=min(row.record.created_at for row in found),
+            takeovers=sum(row.record.lock_token - 1 for row in found),
+        )
+        for state, found in by_state.items()
+    ]

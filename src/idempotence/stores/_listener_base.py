@@ -56,6 +56,9 @@ def mark_waiter(d: Dialect, scope: str, key: str) -> Op[bool]:
 class ListenerBase:
     """What the sync and the async listener share: where to connect, and the log."""
 
+    #: The server named in the log (the Redis store's listener shares the waiting).
+    backend = "PostgreSQL"
+
     def __init__(
         self, dialect: Dialect, conninfo: str, kwargs: Mapping[str, Any], connect_timeout: float
     ) -> None:
@@ -77,14 +80,15 @@ class ListenerBase:
         self._healthy = False
         logger.log(
             level,
-            "the PostgreSQL listener connection failed (%s): duplicates waiting for their "
+            "the %s listener connection failed (%s): duplicates waiting for their "
             "twin poll until the next wait reconnects it (P10)",
+            self.backend,
             exc,
         )
 
     def _connected(self) -> None:
         if not self._healthy:
-            logger.info("the PostgreSQL listener connection is back (P10)")
+            logger.info("the %s listener connection is back (P10)", self.backend)
         self._healthy = True
 
 

@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from datetime import timedelta
 from typing import Any, TypeAlias
 
-from ..database import open_async_store, open_store
+from ..database import open_async_sql_store, open_sql_store
 from ..fingerprint import fingerprint
 from ..flows import (
     Advance,
@@ -362,8 +362,8 @@ def crash_target(config: Mapping[str, Any]) -> Target:
 
     return Target(
         flow=flow,
-        open_store=lambda: open_store(config["database"]),
-        open_async_store=lambda: open_async_store(config["database"]),
+        open_store=lambda: open_sql_store(config["database"]),
+        open_async_store=lambda: open_async_sql_store(config["database"]),
         request=request,
         census=census,
         instrument=instrument,

@@ -1,0 +1,280 @@
+"""What the sync and the async Redis store share: the scripts, the key names, the
+record's encoding and the translation of redis-py's errors (DESIGN 8).
+
+No I/O here. The scripts live in ``redis.lua`` beside this module; the store itself is
+written once in :mod:`._redis_async` (:mod:`._redis` is generated from it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from typing import Any
+
+from .. import _queries
+from ..errors import ConfigurationError, StoreError, StoreUnavailable
+from ..states import Claim, ClaimRequest, KeyRecord, StoredResponse, claim_from
+
+try:
+    import redis
+    import redis.asyncio
+    import redis.asyncio.cluster
+    import redis.asyncio.retry
+    import redis.backoff
+    import redis.cluster
+    import redis.exceptions
+    import redis.retry
+except ImportError as exc:  # pragma: no cover - the extra is installed in the tests
+    raise ImportError("the Redis store needs redis-py: pip install 'idempotence[redis]'") from exc
+
+#: The clients, in both spellings (``scripts/unasync.py`` turns ``AsyncRedis`` into
+#: ``Redis``): a plain server, or a Redis Cluster.
+AsyncRedis = redis.asyncio.Redis
+Redis = redis.Redis
+AsyncRedisCluster = redis.asyncio.cluster.RedisCluster
+RedisCluster = redis.cluster.RedisCluster
+
+#: Any error of redis-py's.
+RedisError = redis.exceptions.RedisError
+
+#: Connect and read timeouts of a store that opens its own client, in seconds: a Redis
+#: that does not answer is a 503 quickly (P11), not a request hanging on a socket.
+DEFAULT_TIMEOUT = 1.0
+
+#: What every Redis key of the store starts with (``RedisStore(prefix=)``).
+DEFAULT_PREFIX = "idempotence"
+
+#: Redis errors that mean "not now": the server is unreachable, loading, read-only
+#: after a failover, or the cluster is reconfiguring. The store answers them with
+#: StoreUnavailable (503 + Retry-After); any other Redis error is a StoreError.
+_DOWN = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.MasterDownError,
+)
+
+_TEXT = "surrogatepass"  # any Python str survives the trip, even a lone surrogate
+
+
+def _scripts() -> dict[str, str]:
+    text = resources.files("idempotence").joinpath("stores", "redis.lua").read_text()
+    parsed = _queries.parse(text)
+    prelude = parsed.pop("prelude")
+    return {name: prelude + "\n" + body for name, body in parsed.items()}
+
+
+#: The scripts by name, each with the prelude in front (``redis.lua``).
+SCRIPTS = _scripts()
+
+
+def check_prefix(prefix: str) -> str:
+    """Refuse a prefix that would move the hash tag (a brace) or is empty."""
+    if not prefix or "{" in prefix or "}" in prefix:
+        raise ConfigurationError(
+            f"invalid Redis key prefix {prefix!r}: use a non-empty name without braces"
+        )
+    return prefix
+
+
+def encode(text: str) -> bytes:
+    return text.encode("utf-8", _TEXT)
+
+
+def decode(raw: bytes) -> str:
+    return raw.decode("utf-8", _TEXT)
+
+
+def record_key(prefix: str, scope: str, key: str) -> bytes:
+    """The Redis key of one record: the scope and the key are both in it (no global
+    namespace), length-prefixed so no two (scope, key) pairs share a name, behind a
+    hash tag that is the digest of both: the tag holds no brace whatever the key
+    holds, so the record stays in one cluster slot and records spread over all.
+
+    >>> record_key("idem", "acct_1", "k{1}")
+    b'idem:{57f36082ffaff2a771c98954}:6:acct_1:k{1}'
+    """
+    s, k = encode(scope), encode(key)
+    tag = hashlib.blake2b(b"%d:%s:%s" % (len(s), s, k), digest_size=12).hexdigest()
+    return b"%s:{%s}:%d:%s:%s" % (encode(prefix), tag.encode(), len(s), s, k)
+
+
+def record_pattern(prefix: str, scope: str | None) -> bytes:
+    """The SCAN pattern of the records of ``scope`` (every scope when None)."""
+    if scope is None:
+        return encode(prefix) + b":{*}:*"
+    s = encode(scope)
+    return b"%s:{*}:%d:%s:*" % (_glob(encode(prefix)), len(s), _glob(s))
+
+
+def _glob(raw: bytes) -> bytes:
+    out = bytearray()
+    for byte in raw:
+        if byte in b"*?[]\\":
+            out += b"\\"
+        out.append(byte)
+    return bytes(out)
+
+
+def channel(prefix: str) -> bytes:
+    """The pub/sub channel on which the settle scripts wake waiting twins (P10)."""
+    return encode(prefix) + b":settled"
+
+
+def claim_args(request: ClaimRequest) -> list[Any]:
+    retention = request.retention
+    return [
+        encode(request.scope),
+        encode(request.key),
+        encode(request.fingerprint),
+        encode(request.method),
+        encode(request.path),
+        encode(request.flow),
+        json.dumps(request.params, separators=(",", ":")),
+        _us(request.lock_timeout),
+        "" if retention is None else _us(retention),
+        # The record's id: random, so a lease names one incarnation of the key (F1).
+        secrets.randbits(62) + 1,
+    ]
+
+
+def finish_args(response: StoredResponse, error: str | None, settled_channel: bytes) -> list[Any]:
+    return [
+        response.status,
+        json.dumps([list(pair) for pair in response.headers]),
+        response.body,
+        "0" if error is None else "1",
+        b"" if error is None else encode(error),
+        settled_channel,
+    ]
+
+
+def _us(value: timedelta) -> int:
+    return value // timedelta(microseconds=1)
+
+
+def timestamp(raw: bytes | int | str) -> datetime:
+    """A time as the scripts store it (microseconds since the epoch, server clock)."""
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(raw))
+
+
+def _optional_time(fields: Mapping[Any, Any], name: bytes) -> datetime | None:
+    raw = fields.get(name)
+    return None if raw is None else timestamp(raw)
+
+
+def _optional_text(fields: Mapping[Any, Any], name: bytes) -> str | None:
+    raw = fields.get(name)
+    return None if raw is None else decode(raw)
+
+
+def fields_of(flat: Sequence[bytes]) -> dict[bytes, bytes]:
+    """A hash's fields from the flat list that HGETALL returns inside a script."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def record(fields: Mapping[Any, Any]) -> KeyRecord:
+    """The :class:`KeyRecord` of a record hash (see the field list in ``redis.lua``)."""
+    status = fields.get(b"status")
+    response = None
+    if status is not None:
+        headers = tuple((str(k), str(v)) for k, v in json.loads(fields[b"headers"]))
+        response = StoredResponse(int(status), headers, fields.get(b"body", b""))
+    return KeyRecord(
+        id=int(fields[b"id"]),
+        scope=decode(fields[b"scope"]),
+        key=decode(fields[b"key"]),
+        method=decode(fields[b"method"]),
+        path=decode(fields[b"path"]),
+        fingerprint=decode(fields[b"fp"]),
+        params=json.loads(fields[b"params"]),
+        flow=decode(fields[b"flow"]),
+        recovery_point=decode(fields[b"rp"]),
+        lock_token=int(fields[b"token"]),
+        locked_at=_optional_time(fields, b"locked"),
+        lock_timeout=timedelta(microseconds=int(fields[b"lto"])),
+        response=response,
+        error=_optional_text(fields, b"error"),
+        created_at=timestamp(fields[b"created"]),
+        last_run_at=_optional_time(fields, b"last_run"),
+        finished_at=_optional_time(fields, b"finished"),
+        expires_at=_optional_time(fields, b"expires"),
+        calling=_optional_text(fields, b"calling"),
+    )
+
+
+def claim_result(request: ClaimRequest, reply: Sequence[Any]) -> Claim:
+    """The claim script's reply as a :class:`Claim`: the outcome is named by
+    :func:`~idempotence.states.claim_from`, which refuses a reply that disagrees with
+    :func:`~idempotence.states.arbitrate` (P1-P5 are decided once, in ``states``)."""
+    claimed, now, flat = reply
+    return claim_from(
+        record(fields_of(flat)), request.fingerprint, timestamp(now), claimed=bool(claimed)
+    )
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """redis-py's errors as the library's: unreachable is StoreUnavailable (P11)."""
+    try:
+        yield
+    except _DOWN as exc:
+        raise StoreUnavailable(f"the Redis key store is unavailable: {exc}") from exc
+    except redis.exceptions.RedisError as exc:
+        raise StoreError(f"the Redis key store failed: {exc}") from exc
+
+
+def cluster_url(url: str) -> str | None:
+    """``redis+cluster://...`` (or ``rediss+cluster://``) as the URL redis-py's cluster
+    client takes; None for a plain server's URL."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("redis+cluster", "rediss+cluster"):
+        return scheme.lower().partition("+")[0] + "://" + rest
+    return None
+
+
+def client_options(timeout: float) -> dict[str, Any]:
+    return {
+        "socket_connect_timeout": timeout,
+        "socket_timeout": timeout,
+        "decode_responses": False,
+    }
+
+
+# -- the few calls whose sync and async spellings differ (scripts/unasync.py) ---------
+
+
+def no_retry_async() -> Any:
+    """No retry of a command that failed: a script is not idempotent (a finish sent
+    twice would report its own first write as a lost lock), so a failure is reported
+    (503) and the client retries the request instead."""
+    return redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0)
+
+
+def no_retry() -> Any:
+    """:func:`no_retry_async` for the sync client."""
+    return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
+
+
+def pubsub(client: Any) -> Any:
+    """A pub/sub of ``client`` (sync and async spell it alike; redis-py leaves it
+    untyped)."""
+    return client.pubsub()
+
+
+async def close_async(closable: Any) -> None:
+    """Close an async client or pub/sub (``aclose``)."""
+    await closable.aclose()
+
+
+def close(closable: Any) -> None:
+    """Close a sync client or pub/sub."""
+    closable.close()

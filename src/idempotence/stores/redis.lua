@@ -1,0 +1,190 @@
+-- The Redis key store's scripts (DESIGN 4, 6, 8): one Lua script per operation, so
+-- each operation is atomic on the server. Read by stores/_redis_base.py: every block
+-- opened by a `-- name --` line is one script, with the `prelude` block put in front
+-- of each (comment lines are stripped, as in the SQL query files). redis-py loads a
+-- script once (SCRIPT LOAD) and runs it by EVALSHA, loading it again on NOSCRIPT.
+--
+-- One record is one hash, KEYS[1], whose name carries the scope and the key behind a
+-- hash tag of their digest (stores/_redis_base.py: record_key), so a record never
+-- spans two cluster slots. Its fields:
+--   id        a random number chosen by the first claim: a lease names the record's
+--             incarnation, so a zombie of a forgotten or expired key cannot write to
+--             the key's next incarnation, whose token starts at 1 again (F1)
+--   scope key method path fp params flow   the request, as claimed (DESIGN 3)
+--   rp        the recovery point (`started`, `finished`)
+--   token     the fencing token: 1 at the first claim, + 1 at every takeover (F1)
+--   locked    when the lock was taken or last extended, in microseconds since the
+--             epoch; absent when unlocked
+--   lto       the lock timeout, in microseconds
+--   ret       the retention, in microseconds; absent: kept forever
+--   created last_run finished expires   times, microseconds (absent: none)
+--   status headers body error calling   the stored response (R6: error, calling)
+--   waiting   present while a twin waits for the key to settle (P10)
+--
+-- Every time comes from the server's clock (TIME), never the client's. The hash's
+-- TTL follows DESIGN B3 as far as Redis can: it is `expires` (the retention counted
+-- from the claim, and again from the finish), but never earlier than the end of a
+-- live lock, so a locked key never vanishes under its worker.
+
+-- prelude --
+-- Now, in microseconds since the epoch, by the server's clock. 1.7e15 is well inside
+-- the 2^53 that a Lua number holds exactly.
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- A number as Redis stores it: digits, never an exponent (tostring gives 1.7e+15).
+local function int(n)
+  return string.format('%.0f', n)
+end
+
+-- The record's TTL: until `expires`, or until the lock ends if that is later; no TTL
+-- when the record is kept forever (`ret` absent).
+local function set_expiry(k, locked_until)
+  local expires = redis.call('HGET', k, 'expires')
+  if not expires then
+    redis.call('PERSIST', k)
+    return
+  end
+  local at = tonumber(expires)
+  if locked_until and locked_until > at then
+    at = locked_until
+  end
+  redis.call('PEXPIREAT', k, int(math.ceil(at / 1000)))
+end
+
+-- The lock check of every fenced write (F1): the record is the incarnation the lease
+-- was given (id), nobody took it over since (token), and it is not finished.
+local function holds(k, id, token)
+  local cur = redis.call('HMGET', k, 'id', 'token', 'finished')
+  return cur[1] == id and cur[2] == token and not cur[3]
+end
+
+-- P10: wake the twins waiting for this key, if any marked it (mark_waiter), on the
+-- store's channel; the payload is the JSON array [scope, key], as on PostgreSQL.
+local function settled(k, channel)
+  if redis.call('HDEL', k, 'waiting') == 1 then
+    local named = redis.call('HMGET', k, 'scope', 'key')
+    redis.call('PUBLISH', channel, cjson.encode(named))
+  end
+end
+
+-- claim --
+-- P1-P6 in one atomic step. ARGV: scope, key, fingerprint, method, path, flow, params
+-- (JSON), lock timeout (us), retention (us, or '' for forever), a new id.
+-- Returns {1 if this claim took the lock else 0, now, the record's fields}; the
+-- caller names the outcome with states.claim_from, which checks that this script and
+-- states.arbitrate agree.
+local k = KEYS[1]
+local now = now_us()
+local cur = redis.call('HMGET', k, 'fp', 'finished', 'locked', 'lto')
+if not cur[1] then
+  -- P1: a new key, locked with token 1.
+  redis.call('HSET', k,
+    'id', ARGV[10], 'scope', ARGV[1], 'key', ARGV[2], 'fp', ARGV[3],
+    'method', ARGV[4], 'path', ARGV[5], 'flow', ARGV[6], 'params', ARGV[7],
+    'rp', 'started', 'token', 1, 'locked', int(now), 'lto', ARGV[8],
+    'created', int(now), 'last_run', int(now))
+  if ARGV[9] ~= '' then
+    redis.call('HSET', k, 'ret', ARGV[9], 'expires', int(now + tonumber(ARGV[9])))
+  end
+  set_expiry(k, now + tonumber(ARGV[8]))
+  return {1, int(now), redis.call('HGETALL', k)}
+end
+-- P2 (another request's key) before P3 (finished) before P4 (a live lock): the key is
+-- only read, and the caller says which of the three it is.
+if cur[1] ~= ARGV[3] or cur[2]
+    or (cur[3] and tonumber(cur[3]) + tonumber(cur[4]) > now) then
+  return {0, int(now), redis.call('HGETALL', k)}
+end
+-- P5: unlocked, or its holder's lock expired: take over with a new token (F1).
+redis.call('HINCRBY', k, 'token', 1)
+redis.call('HSET', k, 'locked', int(now), 'lto', ARGV[8], 'last_run', int(now))
+set_expiry(k, now + tonumber(ARGV[8]))
+return {1, int(now), redis.call('HGETALL', k)}
+
+-- finish --
+-- Store the response and unlock, fenced (P3, F1). ARGV: id, token, status, headers
+-- (JSON), body, '1' if errored (R6) else '0', the error, the channel (P10).
+-- The retention window restarts at the finish, as on the SQL stores.
+local k = KEYS[1]
+if not holds(k, ARGV[1], ARGV[2]) then
+  return 0
+end
+local now = now_us()
+redis.call('HSET', k, 'rp', 'finished', 'status', ARGV[3], 'headers', ARGV[4],
+  'body', ARGV[5], 'finished', int(now))
+redis.call('HDEL', k, 'locked', 'calling', 'error')
+if ARGV[6] == '1' then
+  redis.call('HSET', k, 'error', ARGV[7])
+end
+local ret = redis.call('HGET', k, 'ret')
+if ret then
+  redis.call('HSET', k, 'expires', int(now + tonumber(ret)))
+end
+set_expiry(k, nil)
+settled(k, ARGV[8])
+return 1
+
+-- release --
+-- Unlock without finishing, fenced (R5): the next claim resumes. ARGV: id, token,
+-- the channel. An unlocked record keeps its `expires`: past it, Redis drops it (the
+-- SQL reaper would store a 408 failure first; see the README's Redis section).
+local k = KEYS[1]
+if not holds(k, ARGV[1], ARGV[2]) then
+  return 0
+end
+redis.call('HDEL', k, 'locked')
+set_expiry(k, nil)
+settled(k, ARGV[3])
+return 1
+
+-- heartbeat --
+-- Extend a held lock by its timeout from now, fenced (F2); returns the new `locked`.
+-- ARGV: id, token.
+local k = KEYS[1]
+if not holds(k, ARGV[1], ARGV[2]) or not redis.call('HGET', k, 'locked') then
+  return false
+end
+local now = now_us()
+redis.call('HSET', k, 'locked', int(now))
+set_expiry(k, now + tonumber(redis.call('HGET', k, 'lto')))
+return int(now)
+
+-- forget --
+-- Delete a key still at `started`, fenced (R5: a rejected request stores nothing).
+-- ARGV: id, token, the channel.
+local k = KEYS[1]
+if not holds(k, ARGV[1], ARGV[2]) or redis.call('HGET', k, 'rp') ~= 'started' then
+  return 0
+end
+settled(k, ARGV[3])
+redis.call('DEL', k)
+return 1
+
+-- mark_waiter --
+-- P10: ask for a message on the channel when the key settles. Returns 0 when there
+-- is nothing to wait for (no record, finished, or unlocked): the caller claims again.
+local k = KEYS[1]
+local cur = redis.call('HMGET', k, 'finished', 'locked')
+if cur[1] or not cur[2] then
+  return 0
+end
+redis.call('HSET', k, 'waiting', '1')
+return 1
+
+-- evict --
+-- The operator's `keys evict` (F5): delete the record unless a live lock holds it
+-- (ARGV[1] = '1' forces). Returns 1 deleted, 0 refused (locked), -1 no such key.
+local k = KEYS[1]
+local cur = redis.call('HMGET', k, 'fp', 'locked', 'lto', 'finished')
+if not cur[1] then
+  return -1
+end
+local live = cur[2] and not cur[4] and tonumber(cur[2]) + tonumber(cur[3]) > now_us()
+if live and ARGV[1] ~= '1' then
+  return 0
+end
+redis.call('DEL', k)
+return 1

@@ -1,0 +1,177 @@
+"""Real Redis servers for the tests: the machine's shared one, and throwaway ones.
+
+* :data:`SHARED_URL` is the machine's Redis (``IDEMPOTENCE_TEST_REDIS`` overrides it).
+  Other test runs share it: a test never flushes it, and works under a key prefix of
+  its own (:func:`unique_prefix`), deleted by SCAN afterwards (:func:`delete_prefix`).
+  It must answer: :func:`require` fails loudly, never skips.
+* :class:`RedisServer` is a ``redis-server`` of the test's own on a free port, with no
+  persistence (``--save '' --appendonly no``): the one a test may stop and restart.
+* :func:`redis_cluster` starts three such servers in cluster mode and joins them with
+  ``redis-cli --cluster create``; all three are stopped and deleted at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+
+SHARED_URL = os.environ.get("IDEMPOTENCE_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def require(url: str = SHARED_URL) -> str:
+    """``url`` if its server answers a PING; a loud failure otherwise."""
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=2) as client:
+            client.ping()
+    except redis.RedisError as exc:
+        raise RuntimeError(
+            f"the tests need a Redis server at {url} (set IDEMPOTENCE_TEST_REDIS): {exc}"
+        ) from exc
+    return url
+
+
+def unique_prefix() -> str:
+    return f"idemtest-{uuid.uuid4().hex[:12]}"
+
+
+def delete_prefix(client: redis.Redis | redis.RedisCluster, prefix: str) -> int:
+    """Delete every key under ``prefix`` (SCAN, never KEYS); how many."""
+    names = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    for name in names:
+        client.delete(name)
+    return len(names)
+
+
+def free_port() -> int:
+    """A free port whose cluster bus port (+ 10000) is free too and below 65536."""
+    for _ in range(1000):
+        port = random.randrange(20000, 50000)
+        if _free(port) and _free(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a test redis-server")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+class RedisServer:
+    """A ``redis-server`` process of the test's own, with no persistence."""
+
+    def __init__(self, port: int | None = None, *extra: str) -> None:
+        self.port = port or free_port()
+        self.extra = extra
+        self.directory = Path(tempfile.mkdtemp(prefix="idemtest-redis-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("the tests need redis-server on PATH")
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.directory),
+                *self.extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with redis.Redis(
+                    host="127.0.0.1", port=self.port, socket_connect_timeout=0.5
+                ) as client:
+                    client.ping()
+                return self
+            except redis.RedisError as exc:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"redis-server did not start on port {self.port}") from exc
+                time.sleep(0.05)
+
+    def freeze(self, frozen: bool = True) -> None:
+        """SIGSTOP the server (it accepts connections and never answers), or resume it."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Kill the server (SIGKILL: a crash, nothing saved) and wait for it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def redis_server(*extra: str) -> Iterator[RedisServer]:
+    server = RedisServer(None, *extra).start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@contextlib.contextmanager
+def redis_cluster(size: int = 3) -> Iterator[list[RedisServer]]:
+    """``size`` primaries in cluster mode on free ports, joined into one cluster
+    covering all 16384 slots; yields them once the cluster says ``ok``."""
+    servers: list[RedisServer] = []
+    try:
+        for _ in range(size):
+            server = RedisServer(None, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
+            server.extra += ("--cluster-config-file", str(server.directory / "nodes.conf"))
+            servers.append(server.start())
+        nodes = [f"127.0.0.1:{server.port}" for server in servers]
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *nodes, "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            states = []
+            for server in servers:
+                with redis.Redis(host="127.0.0.1", port=server.port) as client:
+                    states.append(client.execute_command("CLUSTER INFO").get("cluster_state"))
+            if all(state == "ok" for state in states):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the test cluster did not come up: {states}")
+            time.sleep(0.1)
+        yield servers
+    finally:
+        for server in servers:
+            server.close()

@@ -1,0 +1,565 @@
+"""The Redis key store (DESIGN 8): what the conformance suite cannot say about it.
+
+Against the machine's real Redis under a key prefix of each test's own (deleted
+afterwards), or a ``redis-server`` of the test's own where a test stops one, and a
+real three-node Redis Cluster for the hash tags. The P1-P5 and F1/F2 basics run in
+tests/test_store_conformance.py (the ``keystore`` tests), sync and async.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+import redis.cluster
+
+from idempotence import (
+    ClaimRequest,
+    ConfigurationError,
+    DatabaseUrl,
+    LockLost,
+    Outcome,
+    StoredResponse,
+    StoreUnavailable,
+    open_async_store,
+    open_store,
+)
+from idempotence.database import open_sql_store
+from idempotence.flows import Flow
+from idempotence.http import Endpoint, Idempotency, Policy, single_tenant
+from idempotence.stores.redis import AsyncRedisStore, RedisStore, record_key
+from tests.support.redis import SHARED_URL, delete_prefix, redis_cluster, redis_server, require
+from tests.support.stores import Blocking, EventLoopThread
+
+FP = "f" * 64
+SHORT = timedelta(milliseconds=300)
+
+
+def request(scope: str, key: str = "k1", **kw: Any) -> ClaimRequest:
+    kw.setdefault("fingerprint", FP)
+    return ClaimRequest(scope=scope, key=key, **kw)
+
+
+def response(n: int = 1) -> StoredResponse:
+    return StoredResponse.of(201, {"content-type": "application/json"}, f'{{"n": {n}}}')
+
+
+@pytest.fixture(params=["sync", "async"])
+def redis_store(
+    request: pytest.FixtureRequest, redis_prefix: str, loop_thread: EventLoopThread
+) -> Iterator[Any]:
+    """A Redis store on the shared server, with a sync face whatever its flavour."""
+    url = require(SHARED_URL)
+    if request.param == "sync":
+        face: Any = RedisStore(url, prefix=redis_prefix)
+    else:
+        face = Blocking(AsyncRedisStore(url, prefix=redis_prefix), loop_thread)  # type: ignore[arg-type]
+    try:
+        yield face
+    finally:
+        face.close()
+
+
+def raw(store: Any) -> Any:
+    """The store itself behind a :class:`Blocking` face."""
+    return store.store if isinstance(store, Blocking) else store
+
+
+def sync_client(store: Any) -> redis.Redis:
+    return redis.Redis.from_url(SHARED_URL)
+
+
+# -- P6: one execution per key, however many claim it at once ----------------------------
+
+
+def test_p6_32_concurrent_claims_of_200_keys_execute_each_once(
+    redis_prefix: str, scope: str
+) -> None:
+    keys = [f"key-{n}" for n in range(200)]
+    store = RedisStore(require(SHARED_URL), prefix=redis_prefix)
+    executions: Counter[str] = Counter()
+    barrier = threading.Barrier(32)
+
+    def worker() -> list[Outcome]:
+        barrier.wait()
+        outcomes = []
+        for key in keys:
+            claim = store.claim(request(scope, key))
+            outcomes.append(claim.outcome)
+            if claim.outcome is Outcome.EXECUTE:
+                executions[key] += 1
+        return outcomes
+
+    try:
+        with ThreadPoolExecutor(32) as pool:
+            results = [f.result() for f in [pool.submit(worker) for _ in range(32)]]
+    finally:
+        store.close()
+    assert executions == Counter({key: 1 for key in keys})
+    seen = Counter(outcome for outcomes in results for outcome in outcomes)
+    assert seen == {Outcome.EXECUTE: 200, Outcome.IN_PROGRESS: 31 * 200}
+
+
+def test_p6_32_concurrent_async_claims_of_200_keys_execute_each_once(
+    redis_prefix: str, scope: str
+) -> None:
+    async def main() -> Counter[Outcome]:
+        store = AsyncRedisStore(require(SHARED_URL), prefix=redis_prefix)
+        seen: Counter[Outcome] = Counter()
+        try:
+            for n in range(200):
+                claims = await asyncio.gather(
+                    *(store.claim(request(scope, f"key-{n}")) for _ in range(32))
+                )
+                outcomes = Counter(claim.outcome for claim in claims)
+                assert outcomes[Outcome.EXECUTE] == 1, (n, outcomes)
+                seen.update(outcomes)
+        finally:
+            await store.close()
+        return seen
+
+    assert asyncio.run(main()) == {Outcome.EXECUTE: 200, Outcome.IN_PROGRESS: 31 * 200}
+
+
+# -- F1: fencing ---------------------------------------------------------------------------
+
+
+def test_f1_a_zombie_can_neither_finish_release_heartbeat_nor_forget(
+    redis_store: Any, scope: str
+) -> None:
+    zombie = redis_store.claim(request(scope, lock_timeout=SHORT)).lease
+    time.sleep(SHORT.total_seconds() + 0.1)  # a GC pause: the lock expires
+    taker = redis_store.claim(request(scope)).lease
+    assert taker.token == zombie.token + 1
+    with pytest.raises(LockLost):
+        redis_store.finish(zombie, response(666))
+    for fenced in (redis_store.release, redis_store.heartbeat, redis_store.forget):
+        with pytest.raises(LockLost):
+            fenced(zombie)
+    record = redis_store.get(scope, "k1")
+    assert (record.lock_token, record.finished_at, record.response) == (2, None, None)
+    assert record.locked_at is not None  # the taker still holds it
+    redis_store.finish(taker, response(2))
+    replay = redis_store.claim(request(scope))
+    assert (replay.outcome, replay.response) == (Outcome.REPLAY, response(2))
+
+
+def test_f1_a_lease_of_a_forgotten_key_cannot_write_to_its_next_incarnation(
+    redis_store: Any, scope: str
+) -> None:
+    """The next claim of a forgotten (or expired, or evicted) key starts at token 1
+    again: the record's random id tells the incarnations apart."""
+    old = redis_store.claim(request(scope)).lease
+    redis_store.forget(old)
+    new = redis_store.claim(request(scope)).lease
+    assert (new.token, old.token) == (1, 1) and new.id != old.id
+    with pytest.raises(LockLost):
+        redis_store.finish(old, response(666))
+    with pytest.raises(LockLost):
+        redis_store.release(old)
+    assert redis_store.get(scope, "k1").locked_at is not None
+    redis_store.finish(new, response(1))
+    assert redis_store.claim(request(scope)).response == response(1)
+
+
+def test_forget_refuses_a_key_past_started(redis_store: Any, scope: str) -> None:
+    lease = redis_store.claim(request(scope)).lease
+    redis_store.finish(lease, response())
+    with pytest.raises(LockLost):
+        redis_store.forget(lease)
+    assert redis_store.claim(request(scope)).outcome is Outcome.REPLAY
+
+
+def test_p5_a_released_key_is_taken_over_with_the_next_token(redis_store: Any, scope: str) -> None:
+    first = redis_store.claim(request(scope)).lease
+    redis_store.release(first)
+    claim = redis_store.claim(request(scope, lock_timeout=timedelta(seconds=7)))
+    assert claim.outcome is Outcome.EXECUTE and claim.took_over
+    assert claim.lease.token == 2 and claim.lease.id == first.id
+    assert claim.record.lock_timeout == timedelta(seconds=7)  # the new claim's own
+    with pytest.raises(LockLost):
+        redis_store.finish(first, response(666))
+
+
+# -- times, expiry ---------------------------------------------------------------------------
+
+
+def test_times_are_the_servers_clock(redis_store: Any, scope: str) -> None:
+    before = raw_time()
+    record = redis_store.claim(request(scope)).record
+    after = raw_time()
+    assert before <= record.created_at <= after
+    assert record.locked_at == record.created_at == record.last_run_at
+    assert record.expires_at - record.created_at == timedelta(hours=24)
+
+
+def raw_time() -> Any:
+    from datetime import UTC, datetime
+
+    with redis.Redis.from_url(SHARED_URL) as client:
+        seconds, micros = client.time()
+    return datetime.fromtimestamp(seconds, UTC) + timedelta(microseconds=micros)
+
+
+def ttl_ms(store: Any, scope: str, key: str = "k1") -> int:
+    with redis.Redis.from_url(SHARED_URL) as client:
+        return int(client.pttl(raw(store).record_key(scope, key)))
+
+
+def test_a_finished_key_expires_with_its_retention(redis_store: Any, scope: str) -> None:
+    lease = redis_store.claim(request(scope, retention=timedelta(milliseconds=700))).lease
+    redis_store.finish(lease, response())
+    assert 0 < ttl_ms(redis_store, scope) <= 700
+    assert redis_store.claim(request(scope)).outcome is Outcome.REPLAY
+    time.sleep(0.9)
+    assert redis_store.get(scope, "k1") is None
+    # Expired: the key is new again (the SQL stores' reaper deletes it likewise).
+    claim = redis_store.claim(request(scope))
+    assert (claim.outcome, claim.lease.token) == (Outcome.EXECUTE, 1)
+
+
+def test_a_locked_key_never_expires_while_its_lock_is_live(redis_store: Any, scope: str) -> None:
+    lease = redis_store.claim(
+        request(scope, retention=timedelta(milliseconds=200), lock_timeout=timedelta(seconds=1))
+    ).lease
+    assert ttl_ms(redis_store, scope) > 900  # the lock's end, not the retention's
+    for _ in range(3):  # beaten past the retention and the first lock timeout
+        time.sleep(0.5)
+        redis_store.heartbeat(lease)
+        assert ttl_ms(redis_store, scope) > 900
+    assert redis_store.claim(request(scope)).outcome is Outcome.IN_PROGRESS
+    redis_store.finish(lease, response())
+    assert redis_store.claim(request(scope)).outcome is Outcome.REPLAY
+    assert 0 < ttl_ms(redis_store, scope) <= 200
+
+
+def test_retention_none_sets_no_ttl(redis_store: Any, scope: str) -> None:
+    lease = redis_store.claim(request(scope, retention=None)).lease
+    assert ttl_ms(redis_store, scope) == -1  # kept forever (a ledger), locked or not
+    redis_store.finish(lease, response())
+    assert ttl_ms(redis_store, scope) == -1
+
+
+# -- tenants and hostile keys --------------------------------------------------------------
+
+
+def test_scope_is_part_of_every_redis_key(redis_store: Any, redis_prefix: str, scope: str) -> None:
+    # A scope that ends where another's key begins must not meet it.
+    pairs = [(scope, "1:x"), (scope + ":1", "x"), (scope + ":1:x", ""), (scope + "{", "}")]
+    for n, (s, k) in enumerate(pairs):
+        claim = redis_store.claim(request(s, k or "-", params={"n": n}))
+        assert claim.outcome is Outcome.EXECUTE
+        name = raw(redis_store).record_key(s, k or "-")
+        assert s.encode() in name and name.startswith(redis_prefix.encode() + b":{")
+    for n, (s, k) in enumerate(pairs):
+        assert redis_store.get(s, k or "-").params == {"n": n}
+    assert [r.key for r in raw_records(redis_store, scope)] == ["1:x"]
+    assert raw_records(redis_store, scope + "{")[0].key == "}"
+
+
+def raw_records(store: Any, scope: str) -> list[Any]:
+    found = raw(store).records(scope)
+    return store._run(found) if isinstance(store, Blocking) else found
+
+
+HOSTILE = [
+    "{",
+    "}",
+    "{}",
+    "}{",
+    "{a}{b}",
+    "x" * 10_000,
+    "{" * 5_000 + "}" * 5_000,
+    "".join(chr(n) for n in range(1, 256)),
+    "\x00nul\x00",
+    "caf\u00e9 \u2603 \U0001f600",
+    "*?[]\\ glob",
+    "\ud800 lone surrogate",
+]
+
+
+@pytest.mark.parametrize("key", HOSTILE, ids=lambda k: repr(k[:12]) + f"/{len(k)}")
+def test_hostile_keys_round_trip_in_one_slot(redis_store: Any, scope: str, key: str) -> None:
+    hostile_scope = "{" + scope + "}"
+    claim = redis_store.claim(request(hostile_scope, key))
+    assert claim.outcome is Outcome.EXECUTE
+    assert (claim.record.scope, claim.record.key) == (hostile_scope, key)
+    redis_store.finish(claim.lease, response())
+    assert redis_store.claim(request(hostile_scope, key)).response == response()
+    assert redis_store.get(hostile_scope, key).key == key
+    assert redis_store.get(hostile_scope, key + "x") is None
+    # The hash tag is the digest, whatever braces the scope and key hold.
+    name = raw(redis_store).record_key(hostile_scope, key)
+    tag = name[name.index(b"{") + 1 : name.index(b"}")]
+    assert len(tag) == 24 and tag.isalnum()
+    assert redis.cluster.key_slot(name) == redis.cluster.key_slot(b"{" + tag + b"}")
+
+
+def test_a_prefix_with_a_brace_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="brace"):
+        RedisStore(SHARED_URL, prefix="a{b")
+
+
+# -- P10: a twin is woken by pub/sub -------------------------------------------------------
+
+
+def test_p10_a_waiting_twin_is_woken_when_the_key_settles(redis_store: Any, scope: str) -> None:
+    lease = redis_store.claim(request(scope)).lease
+    woken: list[float] = []
+
+    def twin() -> None:
+        started = time.monotonic()
+        redis_store.wait_for_settle(scope, "k1", 10)
+        woken.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=twin)
+    thread.start()
+    time.sleep(0.5)
+    redis_store.finish(lease, response())
+    thread.join(timeout=15)
+    assert woken and 0.4 < woken[0] < 2.0, woken  # by the message, not the 10 s bound
+    assert redis_store.claim(request(scope)).outcome is Outcome.REPLAY
+
+
+def test_p10_a_wait_on_a_settled_key_returns_at_once(redis_store: Any, scope: str) -> None:
+    lease = redis_store.claim(request(scope)).lease
+    redis_store.release(lease)
+    started = time.monotonic()
+    redis_store.wait_for_settle(scope, "k1", 10)
+    redis_store.wait_for_settle(scope, "unknown", 10)
+    assert time.monotonic() - started < 2
+
+
+# -- failure: fail closed, quickly ----------------------------------------------------------
+
+
+def test_p11_an_unreachable_redis_raises_store_unavailable_quickly() -> None:
+    with redis_server() as server:
+        url = server.url
+    for store in (RedisStore(url), Blocking(AsyncRedisStore(url), EventLoopThread())):
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="Redis"):
+            store.claim(request("s"))
+        assert time.monotonic() - started < 2
+
+
+def test_p11_a_redis_that_stops_answering_times_out_as_unavailable() -> None:
+    with redis_server() as server:
+        store = RedisStore(server.url, timeout=0.5)
+        assert store.claim(request("s")).outcome is Outcome.EXECUTE
+        os.kill(server.process.pid, signal.SIGSTOP)  # alive, accepting, silent
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                store.claim(request("s", "k2"))
+            assert time.monotonic() - started < 2
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        store.close()
+
+
+def test_a_closed_store_is_unavailable(redis_prefix: str) -> None:
+    store = RedisStore(SHARED_URL, prefix=redis_prefix)
+    store.close()
+    with pytest.raises(StoreUnavailable):
+        store.claim(request("s"))
+
+
+# -- URLs, configuration -------------------------------------------------------------------
+
+
+def test_open_store_takes_a_redis_url() -> None:
+    assert DatabaseUrl.parse("rediss://h:6380/1").backend == "redis"
+    assert DatabaseUrl.parse("redis+cluster://h:7000").target == "redis+cluster://h:7000"
+    with pytest.raises(ConfigurationError, match="invalid port"):
+        DatabaseUrl.parse("redis://h:99999/0")
+    store = open_store(SHARED_URL)
+    assert isinstance(store, RedisStore)
+    assert store.migrate() == []
+    store.close()
+    assert isinstance(open_async_store(SHARED_URL), AsyncRedisStore)
+    with pytest.raises(ConfigurationError, match="needs a SQL database"):
+        open_sql_store(SHARED_URL)
+
+
+def test_a_client_that_decodes_responses_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="decode_responses"):
+        RedisStore(redis.Redis.from_url(SHARED_URL, decode_responses=True))
+
+
+@pytest.mark.parametrize(
+    "policy", [Policy(transaction=True), Policy(flow=Flow("redis-refused"))], ids=["tx", "flow"]
+)
+def test_the_http_configuration_refuses_shared_transactions_on_redis(policy: Policy) -> None:
+    store = RedisStore(SHARED_URL)
+    with pytest.raises(ConfigurationError, match=r"RedisStore.*need a SQL store"):
+        Idempotency(store=store, scope=single_tenant(), endpoints=[Endpoint("POST /x", policy)])
+    Idempotency(store=store, scope=single_tenant(), endpoints=[Endpoint("POST /x")])
+    store.close()
+
+
+# -- Redis Cluster ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """Three primaries in cluster mode on ports of their own."""
+    with redis_cluster(3) as servers:
+        yield f"redis+cluster://127.0.0.1:{servers[0].port}"
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_cluster_keeps_each_record_in_one_slot_and_spreads_the_records(
+    cluster: str, flavour: str, loop_thread: EventLoopThread
+) -> None:
+    store: Any = (
+        RedisStore(cluster)
+        if flavour == "sync"
+        else Blocking(AsyncRedisStore(cluster), loop_thread)  # type: ignore[arg-type]
+    )
+    scope = "{tenant}" + uuid.uuid4().hex
+    keys = [f"k{{{n}}}" for n in range(30)] + HOSTILE[:7]
+    try:
+        for key in keys:
+            claim = store.claim(request(scope, key))
+            assert claim.outcome is Outcome.EXECUTE
+            assert store.claim(request(scope, key)).outcome is Outcome.IN_PROGRESS
+            store.finish(claim.lease, response())
+            assert store.claim(request(scope, key)).response == response()
+        zombie = store.claim(request(scope, "z", lock_timeout=SHORT)).lease
+        time.sleep(SHORT.total_seconds() + 0.1)
+        taker = store.claim(request(scope, "z")).lease
+        with pytest.raises(LockLost):
+            store.finish(zombie, response(666))
+        store.finish(taker, response(2))
+        with redis.cluster.RedisCluster.from_url(cluster.replace("+cluster", "")) as client:
+            names = [record_key("idempotence", scope, key) for key in keys]
+            nodes = {client.get_node_from_key(name).name for name in names}
+        assert len(nodes) == 3  # the records are spread over the three primaries
+    finally:
+        store.close()
+
+
+def test_cluster_wakes_a_waiting_twin(cluster: str) -> None:
+    store = RedisStore(cluster)
+    scope = uuid.uuid4().hex
+    lease = store.claim(request(scope)).lease
+    timer = threading.Timer(0.3, lambda: store.finish(lease, response()))
+    timer.start()
+    started = time.monotonic()
+    store.wait_for_settle(scope, "k1", 10)
+    assert time.monotonic() - started < 3
+    timer.join()
+    store.close()
+
+
+def test_cleanup_helper_deletes_only_its_prefix(redis_prefix: str) -> None:
+    with redis.Redis.from_url(SHARED_URL) as client:
+        client.set(f"{redis_prefix}:x", 1)
+        client.set(f"{redis_prefix}x:y", 1)
+        assert delete_prefix(client, redis_prefix) == 1
+        assert client.delete(f"{redis_prefix}x:y") == 1
+
+
+def test_the_cli_on_redis(tmp_path: Any) -> None:
+    cli = os.path.join(os.path.dirname(os.sys.executable), "idempotence")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [cli, *args, "--database", url], capture_output=True, text=True, timeout=60
+        )
+
+    with redis_server() as server:
+        url = server.url
+        store = RedisStore(url)
+        store.finish(store.claim(request("acct")).lease, response())
+        store.claim(request("acct", "busy"))
+        store.close()
+        migrate = run("migrate")
+        assert (migrate.returncode, migrate.stderr.strip()) == (
+            0,
+            "nothing to migrate: a Redis key store has no schema",
+        )
+        assert run("reap").returncode == 0 and "nothing to reap" in run("reap").stderr
+        listing = run("keys", "list", "--scope", "acct")
+        assert listing.returncode == 0, listing.stderr
+        assert "busy" in listing.stdout and "processing" in listing.stdout
+        assert "complete" in run("keys", "list", "--state", "complete").stdout
+        assert "response.status     201" in run("keys", "show", "acct", "k1").stdout
+        assert run("keys", "show", "acct", "nope").returncode == 4
+        assert run("keys", "evict", "acct", "busy").returncode == 1
+        assert run("keys", "evict", "acct", "busy", "--force").returncode == 0
+        stats = run("stats")
+        assert stats.returncode == 0 and "total keys       1" in stats.stdout
+        for command in (["sweep"], ["worker"], ["reconcile", "rides", "--since", "1h"]):
+            refused = run(*command)
+            assert refused.returncode == 2, refused.stderr
+            assert "needs a SQL database" in refused.stderr
+            assert len(refused.stderr.strip().splitlines()) == 1
+        server.stop()
+        assert run("keys", "list").returncode == 5  # unavailable
+
+
+def test_without_redis_py_the_package_imports_and_the_store_says_what_to_install() -> None:
+    script = (
+        "import sys; sys.modules['redis'] = None\n"
+        "import idempotence, idempotence.cli\n"
+        "assert idempotence.open_store('sqlite:///:memory:') is not None\n"
+        "try:\n"
+        "    idempotence.RedisStore\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [os.sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'idempotence[redis]'" in done.stdout
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_the_instrumentation_sees_claims_and_refused_writes(
+    flavour: str, redis_prefix: str, scope: str, loop_thread: EventLoopThread
+) -> None:
+    from idempotence import Instrumentation
+    from idempotence.observability import Watch
+
+    seen: list[Any] = []
+
+    class Recorder(Instrumentation):
+        def claim(self, request: ClaimRequest) -> Watch[Any]:
+            class Seen(Watch[Any]):
+                def done(self, result: Any) -> Any:
+                    seen.append(("claim", request.key, result.outcome))
+                    return result
+
+            return Seen()
+
+        def lock_lost(self, operation: str, error: LockLost) -> None:
+            seen.append(("lock_lost", operation, error.token))
+
+    url = require(SHARED_URL)
+    opened = (RedisStore if flavour == "sync" else AsyncRedisStore)(
+        url, prefix=redis_prefix, instrumentation=Recorder()
+    )
+    store: Any = opened if flavour == "sync" else Blocking(opened, loop_thread)  # type: ignore[arg-type]
+    try:
+        lease = store.claim(request(scope)).lease
+        store.finish(lease, response())
+        with pytest.raises(LockLost):
+            store.release(lease)
+    finally:
+        store.close()
+    assert seen == [("claim", "k1", Outcome.EXECUTE), ("lock_lost", "release", 1)]
