@@ -20,7 +20,11 @@ The metrics, all prefixed ``idempotence_``. The hot path, from a store given a
   bumped;
 * ``lock_lost_total{operation}``: fenced writes the store refused because another
   worker took the key over (F1), by operation: ``checkpoint``, ``finish``,
-  ``release``, ``heartbeat``, ``forget``.
+  ``release``, ``heartbeat``, ``forget``;
+* ``messages_total{consumer,outcome}``: deliveries a guarded consumer settled
+  (:mod:`idempotence.consumers`), by outcome: ``processed``, ``duplicate`` (a
+  redelivery absorbed), ``in_progress`` (requeued: its key was held elsewhere, M2),
+  ``retry`` (a failed attempt, requeued), ``dead_letter`` (M3, or a hostile message).
 
 The background services (:mod:`idempotence.maintenance`):
 
@@ -101,6 +105,12 @@ class Metrics:
         )
         self._lock_lost = {op: lock_lost.labels(operation=op) for op in FENCED_OPERATIONS}
         self._lock_lost_family = lock_lost
+        self._messages = counter(
+            "idempotence_messages",
+            "Deliveries settled by guarded consumers",
+            ["consumer", "outcome"],
+            **kw,
+        )
         # -- the background services -------------------------------------------------------
         self._swept = counter(
             "idempotence_keys_swept", "Expired locks released (crash signals)", **kw
@@ -153,6 +163,11 @@ class Metrics:
             if child is None:
                 child = self._lock_lost_family.labels(operation=operation)
             child.inc()
+
+    def message(self, consumer: str, outcome: str) -> None:
+        """Count one delivery a guarded consumer settled, by ``outcome``."""
+        if self._on:
+            self._messages.labels(consumer=consumer, outcome=outcome).inc()
 
     # -- the background services ----------------------------------------------------------
 
@@ -239,6 +254,9 @@ class PrometheusInstrumentation(Instrumentation):
 
     def lock_lost(self, operation: str, error: LockLost) -> None:
         self.metrics.lock_lost(operation)
+
+    def message(self, consumer: str, outcome: str) -> None:
+        self.metrics.message(consumer, outcome)
 
 
 class _ClaimTimer(Watch["Claim"]):

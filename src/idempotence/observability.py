@@ -103,6 +103,11 @@ class Instrumentation:
         """A fenced write was refused (F1): ``operation`` is ``checkpoint``,
         ``finish``, ``release``, ``heartbeat`` or ``forget``."""
 
+    def message(self, consumer: str, outcome: str) -> None:
+        """A guarded consumer settled a delivery (DESIGN 9): ``outcome`` is
+        ``processed``, ``duplicate`` (absorbed), ``in_progress`` (requeued, M2),
+        ``retry`` (a failed attempt, requeued) or ``dead_letter`` (M3, or hostile)."""
+
 
 class _Combined(Instrumentation):
     """Reports to each part in turn."""
@@ -130,6 +135,10 @@ class _Combined(Instrumentation):
     def lock_lost(self, operation: str, error: LockLost) -> None:
         for part in self.parts:
             part.lock_lost(operation, error)
+
+    def message(self, consumer: str, outcome: str) -> None:
+        for part in self.parts:
+            part.message(consumer, outcome)
 
 
 class _Watches(Watch[T]):
