@@ -24,7 +24,8 @@ The metrics, all prefixed ``idempotence_``. The hot path, from a store given a
 * ``messages_total{consumer,outcome}``: deliveries a guarded consumer settled
   (:mod:`idempotence.consumers`), by outcome: ``processed``, ``duplicate`` (a
   redelivery absorbed), ``in_progress`` (requeued: its key was held elsewhere, M2),
-  ``retry`` (a failed attempt, requeued), ``dead_letter`` (M3, or a hostile message).
+  ``retry`` (a failed attempt, requeued), ``unavailable`` (the key store failed:
+  requeued), ``dead_letter`` (M3, or a hostile message).
 
 The background services (:mod:`idempotence.maintenance`):
 

@@ -106,7 +106,8 @@ class Instrumentation:
     def message(self, consumer: str, outcome: str) -> None:
         """A guarded consumer settled a delivery (DESIGN 9): ``outcome`` is
         ``processed``, ``duplicate`` (absorbed), ``in_progress`` (requeued, M2),
-        ``retry`` (a failed attempt, requeued) or ``dead_letter`` (M3, or hostile)."""
+        ``retry`` (a failed attempt, requeued), ``unavailable`` (the key store failed:
+        requeued) or ``dead_letter`` (M3, or hostile)."""
 
 
 class _Combined(Instrumentation):

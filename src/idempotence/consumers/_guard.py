@@ -37,7 +37,7 @@ from ..flows import Flow, FlowResult, ResultKind
 from ..flows.effects import DoClaim, DoFinish, Effect
 from ..keys import validate_key
 from ..problems import Problem, ProblemDetails
-from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, ClaimRequest, Lease, Outcome
+from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, Claim, ClaimRequest, Lease, Outcome
 
 logger = logging.getLogger("idempotence.consumers")
 
@@ -118,7 +118,8 @@ class Disposition:
     """The guard's verdict on one delivery."""
 
     action: Action
-    #: For metrics and logs: processed, duplicate, in_progress, retry, dead_letter.
+    #: For metrics and logs: processed, duplicate, in_progress, retry, unavailable (the
+    #: key store failed), dead_letter.
     outcome: str
     #: Seconds to wait before the message is delivered again (REQUEUE).
     delay: float = 0.0
@@ -264,7 +265,7 @@ class Consumer:
     def backoff(self, attempt: int) -> float:
         """Seconds before failed attempt ``attempt`` is tried again."""
         delay = self.retry_delay * (2 ** min(attempt - 1, 30))
-        return min(delay, self.max_delay).total_seconds()
+        return float(min(delay, self.max_delay).total_seconds())
 
 
 def _params(payload: Any) -> Any:
@@ -320,9 +321,21 @@ def _decide(
     # IN_PROGRESS, LOST, PAUSED, or the store down: try again later, uncounted (M2).
     retry_after = result.claim.retry_after if result.claim is not None else None
     delay = min(max(retry_after or 0.0, consumer.retry_delay.total_seconds()), 60.0)
-    reason = kind.value if error is None else f"{kind.value}: {error}"
+    if isinstance(error, StoreError):
+        # Nothing ran, or everything rolled back (P11): the message waits for the store.
+        logger.warning(
+            "consumer %r: key store failed, requeueing %r: %s", consumer.name, key, error
+        )
+        return Disposition(
+            Action.REQUEUE, "unavailable", delay=delay, attempt=message.attempt, reason=str(error)
+        )
     return Disposition(
-        Action.REQUEUE, "in_progress", delay=delay, attempt=message.attempt, reason=reason, key=key
+        Action.REQUEUE,
+        "in_progress",
+        delay=delay,
+        attempt=message.attempt,
+        reason=kind.value,
+        key=key,
     )
 
 
@@ -346,9 +359,10 @@ def _failed(
         marked = yield from mark_errored(request, reason)
     except StoreError as store_exc:
         # Not marked: never dead-letter a message whose key is not errored; try again.
+        logger.warning("consumer %r: could not error key %r: %s", consumer.name, key, store_exc)
         delay = consumer.backoff(attempt)
         return Disposition(
-            Action.REQUEUE, "in_progress", delay=delay, attempt=attempt, reason=str(store_exc)
+            Action.REQUEUE, "unavailable", delay=delay, attempt=attempt, reason=str(store_exc)
         )
     if marked is Outcome.REPLAY:
         return Disposition(Action.ACK, "duplicate", key=key)
@@ -362,7 +376,7 @@ def mark_errored(request: ClaimRequest, reason: str) -> Generator[Effect, Any, O
     """R6 for a run that gave up: claim the key and finish it errored, so it is
     listed for a human (``idempotence keys list --state errored``) and every later
     delivery of it is absorbed. Returns the claim's outcome."""
-    claim = yield DoClaim(request)
+    claim: Claim = yield DoClaim(request)
     if claim.outcome is Outcome.EXECUTE:
         assert claim.lease is not None
         detail = f"This message was dead-lettered: {reason}"
