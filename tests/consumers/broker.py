@@ -96,7 +96,7 @@ class Broker:
 
 
 @contextmanager
-def test_queue(url: str) -> Iterator[tuple[Broker, str]]:
+def queue_for_test(url: str) -> Iterator[tuple[Broker, str]]:
     """A declared, unique queue (with its delay and dead-letter queues), deleted after."""
     broker = Broker(url)
     queue = unique_queue()

@@ -40,6 +40,11 @@ def maybe_die(boundary: str, key: str | None) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def ready() -> None:
+    """Tell the test that SIGTERM now stops this process gracefully."""
+    open(os.path.join(MARKERS, f"ready-{os.getpid()}"), "w").close()  # noqa: SIM115
+
+
 def message_id(message: Message) -> str | None:
     maybe_die("before_claim", message.message_id)
     return message.message_id
@@ -151,6 +156,7 @@ def main(adapter: str, mode: str, store_url: str, queue: str, amqp: str) -> None
             declare=False, reconnect_delay=0.2, on_settled=on_settled,
         )  # fmt: skip
         worker.install_signal_handlers()
+        ready()
         worker.run()
         return
 
@@ -162,6 +168,7 @@ def main(adapter: str, mode: str, store_url: str, queue: str, amqp: str) -> None
             declare=False, reconnect_delay=0.2, on_settled=on_settled,
         )  # fmt: skip
         aio.install_signal_handlers()
+        ready()
         await aio.run()
 
     asyncio.run(run())
