@@ -129,7 +129,15 @@ class OwnNode:
         self.node = f"idem-test-{os.getpid()}-{self.port}@localhost"
         plugins = self.base / "enabled_plugins"
         plugins.write_text("[].\n")
+        # The machine's rabbitmq.conf names the shared broker's listener: ours says its own.
+        config = self.base / "rabbitmq.conf"
+        config.write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
+        if os.geteuid() == 0:
+            # rabbitmq-server drops to the rabbitmq user when started as root.
+            for path in (self.base, plugins, config):
+                shutil.chown(path, "rabbitmq", "rabbitmq")
         self.env = {
+            "RABBITMQ_CONFIG_FILE": str(config),
             **os.environ,
             "RABBITMQ_NODENAME": self.node,
             "RABBITMQ_NODE_PORT": str(self.port),
@@ -143,7 +151,7 @@ class OwnNode:
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
 
     def start(self, timeout: float = 90.0) -> None:
-        subprocess.run(["rabbitmq-server", "-detached"], env=self.env, check=True)
+        subprocess.run(["rabbitmq-server", "-detached"], env=self.env, cwd=self.base, check=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:

@@ -102,7 +102,9 @@ async def _async_in_tx(ctx: MessageContext, write: Any) -> None:
     maybe_die("in_transaction", ctx.key)
 
 
-def _handler_effects(ctx: MessageContext, store_url: str, effect: str, derived: str, sync: bool) -> Any:
+def _handler_effects(
+    ctx: MessageContext, store_url: str, effect: str, derived: str, sync: bool
+) -> Any:
     run = _connection(store_url)
     try:
         run(effect, (ctx.key, os.getpid()))
