@@ -130,7 +130,9 @@ def test_m2_two_consumers_racing_one_message_make_one_effect(
             broker.publish(queue, b"{}", "the-message")
             time.sleep(0.3)  # A has it, and is in its handler
             broker.publish(queue, b"{}", "the-message")  # the redelivery
-            wait_for(lambda: {"processed", "duplicate"} <= {d.outcome for _, d in settled})
+            wait_for(
+                lambda: acked_early or {"processed", "duplicate"} <= {d.outcome for _, d in settled}
+            )
             wait_for(lambda: not broker.count(queue) and not broker.count(queue + ".delay"))
         outcomes = sorted(d.outcome for _, d in settled)
         assert _effects(url) == 1, outcomes
@@ -227,3 +229,91 @@ def test_hostile_messages_are_dead_lettered_and_the_consumer_keeps_running(
     logged = [r.getMessage() for r in caplog.records if "dead-lettering" in r.getMessage()]
     assert len(logged) == 3
     assert all("hostile message" in line for line in logged)
+
+
+# -- graceful shutdown ---------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("adapter", ["pika", "aio"])
+def test_sigterm_finishes_the_current_message_and_stops(
+    amqp_url: str, consumer_pg_url: str, adapter: str, tmp_path: Path
+) -> None:
+    """SIGTERM while a message is in its handler: that message is finished and acked,
+    the consumer stops consuming and exits 0, and the prefetched ones go back."""
+    env = {
+        **os.environ,
+        "IDEM_SLOW": "1.5",
+        "IDEM_MARKERS": str(tmp_path),
+        "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",
+    }
+    with queue_for_test(amqp_url) as (broker, queue):
+        for i in range(3):
+            broker.publish(queue, b"{}", f"m-{i}")
+        args = [adapter, "transaction", consumer_pg_url, queue, amqp_url]
+        proc = subprocess.Popen([sys.executable, "-m", "tests.consumers.worker", *args], env=env)
+        try:
+            wait_for(lambda: (tmp_path / "started-m-0").exists(), what="the first message")
+            assert (tmp_path / f"ready-{proc.pid}").exists()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert _effects(consumer_pg_url) == 1
+        assert _effects(consumer_pg_url, "m-0") == 1
+        assert broker.count(queue) == 2  # not consumed, not lost
+        assert broker.count(queue + ".dead") == 0
+
+
+# -- the broker restarted mid-run ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_broker_restarted_mid_run_consumers_reconnect(
+    consumer_pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A RabbitMQ node of the test's own is stopped and started again while both
+    adapters consume from it: they reconnect; nothing is lost, nothing doubled."""
+    url, total = consumer_pg_url, 200
+    caplog.set_level(logging.WARNING, logger="idempotence.consumers")
+    node = OwnNode()
+    try:
+        node.start()
+        settled: Settled = []
+        slow = {f"m-{i}": 0.1 for i in range(total)}
+
+        def consumer(on_loop: bool) -> Consumer:
+            handler = _writer(url, slow=slow, on_loop=on_loop)
+            return Consumer(name="restart", handler=handler, transactional=True)
+
+        broker = Broker(node.url)
+        broker.declare("restart")
+        for i in range(total):
+            broker.publish("restart", b"{}", f"m-{i}")
+        broker.close()
+        options = {"reconnect_delay": 0.5}
+        with (
+            running("pika", consumer(False), url, node.url, "restart", settled, **options),
+            running("aio", consumer(True), url, node.url, "restart", settled, **options),
+        ):
+            wait_for(lambda: _effects(url) >= 10, what="the first messages")
+            node.stop()
+            assert _effects(url) < total, "too late: every message was processed already"
+            time.sleep(1)
+            node.start()
+            wait_for(lambda: _distinct(url) == total, timeout=120, what="every message")
+            broker = Broker(node.url)
+            wait_for(lambda: not broker.count("restart") and not broker.count("restart.delay"))
+        assert broker.count("restart") == 0  # the consumers stopped: nothing was unacked
+        broker.close()
+    finally:
+        node.remove()
+    assert _effects(url) == total
+    lost = [r for r in caplog.records if "connection lost, reconnecting" in r.getMessage()]
+    assert len(lost) >= 2, "both consumers must have lost their connection"
+
+
+def _distinct(url: str) -> int:
+    with sync_store(url) as store, store.transaction() as tx:
+        return int(dict(tx.execute("SELECT count(DISTINCT message_id) AS n FROM effects")[0])["n"])

@@ -69,6 +69,7 @@ def make_consumer(mode: str, queue: str, store_url: str, sync: bool) -> Consumer
         if SLOW:
             import time
 
+            open(os.path.join(MARKERS, f"started-{ctx.key}"), "w").close()  # noqa: SIM115
             time.sleep(SLOW)
         return tx.execute(effect, (ctx.key, os.getpid()))
 

@@ -37,7 +37,13 @@ logger = logging.getLogger("idempotence.consumers")
 __all__ = ["DEFAULT_URL", "AioPikaConsumer"]
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
-_LOST = (aiormq.exceptions.AMQPError, aio_pika.exceptions.AMQPException, ConnectionError, OSError)
+#: What a lost connection raises, from the connect to the ack.
+_LOST = (
+    aiormq.exceptions.AMQPError,
+    aiormq.exceptions.ChannelInvalidStateError,
+    ConnectionError,
+    OSError,
+)
 
 
 class AioPikaConsumer:
