@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -173,7 +172,7 @@ def test_m3_poison_message_is_dead_lettered_with_its_key_errored(
                 broker.publish(queue, b"{}", f"good-{i}")
             wait_for(lambda: broker.count(queue + ".dead") == 1, what="the dead letter")
             wait_for(lambda: _effects(url) == 20, what="the other messages")
-        ((properties, body),) = broker.drain(queue + ".dead")
+        ((properties, _body),) = broker.drain(queue + ".dead")
         assert properties.message_id == "bad"
         assert properties.headers[ATTEMPT_HEADER] == 3
         assert "3 failed attempts" in properties.headers[REASON_HEADER]

@@ -42,7 +42,7 @@ def maybe_die(boundary: str, key: str | None) -> None:
 
 def ready() -> None:
     """Tell the test that SIGTERM now stops this process gracefully."""
-    open(os.path.join(MARKERS, f"ready-{os.getpid()}"), "w").close()  # noqa: SIM115
+    open(os.path.join(MARKERS, f"ready-{os.getpid()}"), "w").close()
 
 
 def message_id(message: Message) -> str | None:
@@ -69,7 +69,7 @@ def make_consumer(mode: str, queue: str, store_url: str, sync: bool) -> Consumer
         if SLOW:
             import time
 
-            open(os.path.join(MARKERS, f"started-{ctx.key}"), "w").close()  # noqa: SIM115
+            open(os.path.join(MARKERS, f"started-{ctx.key}"), "w").close()
             time.sleep(SLOW)
         return tx.execute(effect, (ctx.key, os.getpid()))
 

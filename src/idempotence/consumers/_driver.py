@@ -50,6 +50,8 @@ def process(consumer: Consumer, store: KeyStore, message: Message) -> Dispositio
     Handler mode needs only a key store; transactional and flow consumers need a SQL
     store (:class:`~idempotence.Store`)."""
 
+    consumer.check_store(store)
+
     def make_app(key: str, payload: Any) -> _HandlerApp:
         return _HandlerApp(consumer, message, key, payload)
 

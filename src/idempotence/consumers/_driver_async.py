@@ -48,6 +48,8 @@ async def process_async(consumer: Consumer, store: AsyncKeyStore, message: Messa
     Handler mode needs only a key store; transactional and flow consumers need a SQL
     store (:class:`~idempotence.AsyncStore`)."""
 
+    consumer.check_store(store)
+
     def make_app(key: str, payload: Any) -> _AsyncHandlerApp:
         return _AsyncHandlerApp(consumer, message, key, payload)
 

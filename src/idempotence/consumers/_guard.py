@@ -208,6 +208,16 @@ class Consumer:
             return "flow"
         return "transaction" if self.transactional else "handler"
 
+    def check_store(self, store: object) -> None:
+        """Refuse a store this consumer cannot run on: transactional and flow consumers
+        write in the store's transaction, which only a SQL store has (F3, R2)."""
+        if self.mode != "handler" and not callable(getattr(store, "transaction", None)):
+            raise ConfigurationError(
+                f"Consumer {self.name!r} runs in {self.mode} mode and needs a SQL store "
+                f"(PostgreSQL or SQLite), not {type(store).__name__}: only handler mode "
+                "runs on any key store"
+            )
+
     @property
     def key_scope(self) -> str:
         return self.scope or self.name

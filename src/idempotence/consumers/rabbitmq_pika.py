@@ -58,6 +58,7 @@ class PikaConsumer:
         name: str | None = None,
         on_settled: Callable[[Message, Disposition], None] | None = None,
     ) -> None:
+        consumer.check_store(store)
         self.consumer, self.store, self.url = consumer, store, url
         self.topology = Topology(queue or consumer.name)
         self.prefetch, self.declare = prefetch, declare

@@ -77,7 +77,7 @@ def evict_key(store: Store, scope: str, key: str, *, force: bool = False) -> Key
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """Counts over the whole key store, on the database clock."""
+    """Counts over the key store (or one scope's keys), on the database clock."""
 
     now: datetime
     #: Keys per state; every state is present.
@@ -100,9 +100,11 @@ class Stats:
         return None if oldest is None else self.now - oldest
 
 
-def stats(store: Store) -> Stats:
-    """Count keys per state, find the oldest of each, and sum the takeovers."""
-    now, counts = store._perform(lambda d: _ops.key_stats(d), write=False)
+def stats(store: Store, *, scope: str | None = None) -> Stats:
+    """Count keys per state, find the oldest of each, and sum the takeovers; of one
+    ``scope`` if given (a consumer's keys are in its scope, by default its name). The
+    staged jobs are counted across scopes."""
+    now, counts = store._perform(lambda d: _ops.key_stats(d, scope), write=False)
     jobs = store._perform(lambda d: _ops.job_stats(d), write=False)
     states = {state: 0 for state in KeyState}
     states.update({c.state: c.keys for c in counts})
