@@ -21,11 +21,16 @@ The attempt count rides in the ``x-idempotence-attempt`` header.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypedDict, TypeVar
 
-from ._guard import Action, Disposition, Message
+from ._guard import Action, Consumer, Disposition, Message
+
+S = TypeVar("S")
+
+#: The shared broker of a development machine, guest/guest, the default vhost.
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 #: The header that carries the attempt number of a requeued delivery.
 ATTEMPT_HEADER = "x-idempotence-attempt"
@@ -128,3 +133,46 @@ def described(disposition: Disposition) -> str:
     if disposition.reason:
         text += f": {disposition.reason}"
     return text
+
+
+class Options(TypedDict, total=False):
+    """The adapters' keyword arguments (see :class:`Settings`)."""
+
+    url: str
+    queue: str | None
+    prefetch: int
+    declare: bool
+    reconnect_delay: float
+    name: str | None
+    on_settled: Callable[[Message, Disposition], None] | None
+
+
+class Settings(Generic[S]):
+    """What both adapters are given; see :class:`~.rabbitmq_pika.PikaConsumer`.
+
+    ``queue`` defaults to the consumer's name; ``prefetch`` is the broker's
+    ``basic.qos``; ``declare`` declares the three queues (durable); ``name`` is the
+    connection's name on the broker; ``on_settled(message, disposition)`` is called
+    after the guard settled a delivery (committed, for a processed one) and before
+    the ack."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        store: S,
+        *,
+        url: str = DEFAULT_URL,
+        queue: str | None = None,
+        prefetch: int = 16,
+        declare: bool = True,
+        reconnect_delay: float = 1.0,
+        name: str | None = None,
+        on_settled: Callable[[Message, Disposition], None] | None = None,
+    ) -> None:
+        consumer.check_store(store)
+        self.consumer, self.store, self.url = consumer, store, url
+        self.topology = Topology(queue or consumer.name)
+        self.prefetch, self.declare = prefetch, declare
+        self.reconnect_delay = reconnect_delay
+        self.name = connection_name(self.topology.queue, name)
+        self.on_settled = on_settled

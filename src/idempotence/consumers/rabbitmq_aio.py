@@ -20,8 +20,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 import aio_pika
 import aiormq
@@ -29,14 +28,13 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from ..stores import AsyncKeyStore
 from ._driver_async import process_async
-from ._guard import Consumer, Disposition, Message
-from ._rabbitmq import KEPT_PROPERTIES, Topology, connection_name, described, forward, incoming
+from ._guard import Consumer
+from ._rabbitmq import DEFAULT_URL, KEPT_PROPERTIES, Options, Settings, described, forward, incoming
 
 logger = logging.getLogger("idempotence.consumers")
 
 __all__ = ["DEFAULT_URL", "AioPikaConsumer"]
 
-DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 #: What a lost connection raises, from the connect to the ack.
 _LOST = (
     aiormq.exceptions.AMQPError,
@@ -46,30 +44,14 @@ _LOST = (
 )
 
 
-class AioPikaConsumer:
+class AioPikaConsumer(Settings[AsyncKeyStore]):
     """Consume ``queue`` (default: the consumer's name) through ``consumer``'s guard
     on ``store``; see :class:`~.rabbitmq_pika.PikaConsumer` for the arguments."""
 
     def __init__(
-        self,
-        consumer: Consumer,
-        store: AsyncKeyStore,
-        *,
-        url: str = DEFAULT_URL,
-        queue: str | None = None,
-        prefetch: int = 16,
-        declare: bool = True,
-        reconnect_delay: float = 1.0,
-        name: str | None = None,
-        on_settled: Callable[[Message, Disposition], None] | None = None,
+        self, consumer: Consumer, store: AsyncKeyStore, **options: Unpack[Options]
     ) -> None:
-        consumer.check_store(store)
-        self.consumer, self.store, self.url = consumer, store, url
-        self.topology = Topology(queue or consumer.name)
-        self.prefetch, self.declare = prefetch, declare
-        self.reconnect_delay = reconnect_delay
-        self.name = connection_name(self.topology.queue, name)
-        self.on_settled = on_settled
+        super().__init__(consumer, store, **options)
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:

@@ -20,8 +20,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 import pika
 import pika.exceptions
@@ -29,42 +28,23 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from ..stores import KeyStore
 from ._driver import process
-from ._guard import Consumer, Disposition, Message
-from ._rabbitmq import KEPT_PROPERTIES, Topology, connection_name, described, forward, incoming
+from ._guard import Consumer
+from ._rabbitmq import DEFAULT_URL, KEPT_PROPERTIES, Options, Settings, described, forward, incoming
 
 logger = logging.getLogger("idempotence.consumers")
 
 __all__ = ["DEFAULT_URL", "PikaConsumer"]
 
-DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 _LOST = (pika.exceptions.AMQPError, ConnectionError, OSError)
 
 
-class PikaConsumer:
+class PikaConsumer(Settings[KeyStore]):
     """Consume ``queue`` (default: the consumer's name) through ``consumer``'s guard
     on ``store``. ``on_settled(message, disposition)`` is called after the guard
     settled a delivery (committed, for a processed one) and before it is acked."""
 
-    def __init__(
-        self,
-        consumer: Consumer,
-        store: KeyStore,
-        *,
-        url: str = DEFAULT_URL,
-        queue: str | None = None,
-        prefetch: int = 16,
-        declare: bool = True,
-        reconnect_delay: float = 1.0,
-        name: str | None = None,
-        on_settled: Callable[[Message, Disposition], None] | None = None,
-    ) -> None:
-        consumer.check_store(store)
-        self.consumer, self.store, self.url = consumer, store, url
-        self.topology = Topology(queue or consumer.name)
-        self.prefetch, self.declare = prefetch, declare
-        self.reconnect_delay = reconnect_delay
-        self.name = connection_name(self.topology.queue, name)
-        self.on_settled = on_settled
+    def __init__(self, consumer: Consumer, store: KeyStore, **options: Unpack[Options]) -> None:
+        super().__init__(consumer, store, **options)
         self._stopping = threading.Event()
 
     def stop(self) -> None:
