@@ -251,9 +251,21 @@ def test_operator_view_and_metrics_by_consumer(consumer_sqlite_path: str) -> Non
     assert sample("b", "processed") == 1
 
 
-def test_the_store_down_requeues_and_runs_nothing(consumer_sqlite_path: str) -> None:
+@pytest.mark.parametrize("mode", ["handler", "transaction", "flow"])
+def test_the_store_down_requeues_and_runs_nothing(mode: str) -> None:
     ran: list[str] = []
-    consumer = Consumer(name="down", handler=lambda ctx: ran.append(ctx.key))
+    flow = Flow("down-flow")
+
+    @flow.phase("started")
+    def phase(ctx: Any) -> Finish:
+        ran.append(ctx.record.key)
+        return Finish(StoredResponse.of(200))
+
+    if mode == "flow":
+        consumer = Consumer(name="down", flow=flow)
+    else:
+        handler = lambda ctx: ran.append(ctx.key)  # noqa: E731
+        consumer = Consumer(name="down", handler=handler, transactional=mode == "transaction")
     store = PostgresStore("postgresql://postgres@127.0.0.1:1/nowhere", connect_timeout=1)
     try:
         verdict = process(consumer, store, Message(b"x", message_id="k"))

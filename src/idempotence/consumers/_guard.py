@@ -305,6 +305,8 @@ def lifecycle(consumer: Consumer, message: Message, make_app: Callable[[str, Any
     engine = consumer.engine.engine(request, app=make_app(key, payload))
     try:
         result = yield from engine
+    except StoreError as exc:  # a flow's claim or checkpoint: the store, not the message
+        return _unavailable(consumer, message, request.key, exc)
     except Exception as exc:  # the handler's: it rolled back, or its key was released
         return (yield from _failed(consumer, message, request, exc))
     return (yield from _decide(consumer, message, request, result))
@@ -332,13 +334,7 @@ def _decide(
     retry_after = result.claim.retry_after if result.claim is not None else None
     delay = min(max(retry_after or 0.0, consumer.retry_delay.total_seconds()), 60.0)
     if isinstance(error, StoreError):
-        # Nothing ran, or everything rolled back (P11): the message waits for the store.
-        logger.warning(
-            "consumer %r: key store failed, requeueing %r: %s", consumer.name, key, error
-        )
-        return Disposition(
-            Action.REQUEUE, "unavailable", delay=delay, attempt=message.attempt, reason=str(error)
-        )
+        return _unavailable(consumer, message, key, error)
     return Disposition(
         Action.REQUEUE,
         "in_progress",
@@ -346,6 +342,16 @@ def _decide(
         attempt=message.attempt,
         reason=kind.value,
         key=key,
+    )
+
+
+def _unavailable(consumer: Consumer, message: Message, key: str, error: StoreError) -> Disposition:
+    """The key store failed: nothing ran, or everything rolled back (P11). The message
+    waits for the store, its attempt uncounted."""
+    logger.warning("consumer %r: key store failed, requeueing %r: %s", consumer.name, key, error)
+    delay = consumer.retry_delay.total_seconds()
+    return Disposition(
+        Action.REQUEUE, "unavailable", delay=delay, attempt=message.attempt, reason=str(error)
     )
 
 
