@@ -37,6 +37,7 @@ SOURCES = [
     "stores/_redis_async.py",
     "flows/_driver_async.py",
     "http/_driver_async.py",
+    "consumers/_driver_async.py",
     "maintenance/_service_async.py",
     "maintenance/sweeper_async.py",
     "maintenance/reaper_async.py",

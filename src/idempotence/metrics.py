@@ -20,10 +20,15 @@ The metrics, all prefixed ``idempotence_``. The hot path, from a store given a
   bumped;
 * ``lock_lost_total{operation}``: fenced writes the store refused because another
   worker took the key over (F1), by operation: ``checkpoint``, ``finish``,
-  ``release``, ``heartbeat``, ``forget``.
+  ``release``, ``heartbeat``, ``forget``;
 * ``cache_total{event}``: what the Redis cache in front of a ``CachedStore`` did:
   ``hit`` (a replay served from Redis), ``miss`` (the primary answered), ``error``
-  (Redis failed or timed out, and the primary answered alone: degraded, never a 5xx).
+  (Redis failed or timed out, and the primary answered alone: degraded, never a 5xx);
+* ``messages_total{consumer,outcome}``: deliveries a guarded consumer settled
+  (:mod:`idempotence.consumers`), by outcome: ``processed``, ``duplicate`` (a
+  redelivery absorbed), ``in_progress`` (requeued: its key was held elsewhere, M2),
+  ``retry`` (a failed attempt, requeued), ``unavailable`` (the key store failed:
+  requeued), ``dead_letter`` (M3, or a hostile message).
 
 The background services (:mod:`idempotence.maintenance`):
 
@@ -111,6 +116,12 @@ class Metrics:
             "idempotence_cache", "CachedStore: Redis hits, misses, errors", ["event"], **kw
         )
         self._cache = {event: cache.labels(event=event) for event in CACHE_EVENTS}
+        self._messages = counter(
+            "idempotence_messages",
+            "Deliveries settled by guarded consumers",
+            ["consumer", "outcome"],
+            **kw,
+        )
         # -- the background services -------------------------------------------------------
         self._swept = counter(
             "idempotence_keys_swept", "Expired locks released (crash signals)", **kw
@@ -168,6 +179,11 @@ class Metrics:
         """Count what the Redis cache of a ``CachedStore`` did (``CACHE_EVENTS``)."""
         if self._on:
             self._cache[event].inc()
+
+    def message(self, consumer: str, outcome: str) -> None:
+        """Count one delivery a guarded consumer settled, by ``outcome``."""
+        if self._on:
+            self._messages.labels(consumer=consumer, outcome=outcome).inc()
 
     # -- the background services ----------------------------------------------------------
 
@@ -257,6 +273,9 @@ class PrometheusInstrumentation(Instrumentation):
 
     def cache(self, event: str) -> None:
         self.metrics.cache(event)
+
+    def message(self, consumer: str, outcome: str) -> None:
+        self.metrics.message(consumer, outcome)
 
 
 class _ClaimTimer(Watch["Claim"]):

@@ -108,6 +108,12 @@ class Instrumentation:
         operation: ``hit`` (a replay served from the cache), ``miss`` (the primary
         answered), ``error`` (Redis failed or timed out: the primary answered alone)."""
 
+    def message(self, consumer: str, outcome: str) -> None:
+        """A guarded consumer settled a delivery (DESIGN 9): ``outcome`` is
+        ``processed``, ``duplicate`` (absorbed), ``in_progress`` (requeued, M2),
+        ``retry`` (a failed attempt, requeued), ``unavailable`` (the key store failed:
+        requeued) or ``dead_letter`` (M3, or hostile)."""
+
 
 class _Combined(Instrumentation):
     """Reports to each part in turn."""
@@ -139,6 +145,10 @@ class _Combined(Instrumentation):
     def cache(self, event: str) -> None:
         for part in self.parts:
             part.cache(event)
+
+    def message(self, consumer: str, outcome: str) -> None:
+        for part in self.parts:
+            part.message(consumer, outcome)
 
 
 class _Watches(Watch[T]):

@@ -54,7 +54,7 @@ def keys() -> None:
     default=None,
     help="Only keys in this state.",
 )
-@click.option("--scope", default=None, help="Only keys of this scope.")
+@click.option("--scope", default=None, help="Only keys of this scope (a consumer's name).")
 @click.option("--limit", type=click.IntRange(1, admin.MAX_LIMIT), default=50, show_default=True)
 @json_option
 def list_command(
@@ -148,11 +148,12 @@ def _found(get: Any) -> Any:
 
 @click.command()
 @database_option
+@click.option("--scope", default=None, help="Only keys of this scope (a consumer's name).")
 @json_option
-def stats(database: DatabaseUrl, as_json: bool) -> None:
+def stats(database: DatabaseUrl, scope: str | None, as_json: bool) -> None:
     """Keys per state, the oldest pending key's age, and lock takeovers."""
     with open_cli_key_store(database) as store:
-        result = admin.stats(store)
+        result = admin.stats(store, scope=scope)
     click.echo(json.dumps(_format.stats_json(result)) if as_json else _format.stats_text(result))
 
 

@@ -18,8 +18,8 @@ for before the key is settled.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar, cast
 
 from .._awaitables import settle
 from .._concurrency import Periodic, sleep
@@ -40,28 +40,31 @@ from .effects import (
     DoRelease,
     DoWait,
     Effect,
-    Engine,
     HandlerBody,
 )
-from .results import FlowResult
 
 logger = logging.getLogger("idempotence.flows")
+
+R = TypeVar("R")
 
 
 class _Rollback(Exception):
     """Raised in a store transaction to make it roll back."""
 
 
-def drive(engine: Engine, store: KeyStore, observer: Observer | None = None) -> FlowResult:
+def drive(
+    engine: Generator[Effect, Any, R], store: KeyStore, observer: Observer | None = None
+) -> R:
     """Run ``engine`` to its result on ``store``, telling ``observer`` of each
-    boundary it crosses."""
+    boundary it crosses. ``engine`` is a flow's run (a :class:`~.results.FlowResult`)
+    or an entry point's generator of the engine's effects (a consumer's delivery)."""
     value: Any = None
     error: BaseException | None = None
     while True:
         try:
             effect = engine.send(value) if error is None else engine.throw(error)
         except StopIteration as done:
-            result: FlowResult = done.value
+            result: R = done.value
             return result
         value, error = None, None
         try:

@@ -16,8 +16,8 @@ for before the key is settled.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, TypeVar, cast
 
 from .._awaitables import settle_async
 from .._concurrency import AsyncPeriodic, sleep_async
@@ -38,12 +38,12 @@ from .effects import (
     DoRelease,
     DoWait,
     Effect,
-    Engine,
     HandlerBody,
 )
-from .results import FlowResult
 
 logger = logging.getLogger("idempotence.flows")
+
+R = TypeVar("R")
 
 
 class _Rollback(Exception):
@@ -51,17 +51,18 @@ class _Rollback(Exception):
 
 
 async def drive_async(
-    engine: Engine, store: AsyncKeyStore, observer: Observer | None = None
-) -> FlowResult:
+    engine: Generator[Effect, Any, R], store: AsyncKeyStore, observer: Observer | None = None
+) -> R:
     """Run ``engine`` to its result on ``store``, telling ``observer`` of each
-    boundary it crosses."""
+    boundary it crosses. ``engine`` is a flow's run (a :class:`~.results.FlowResult`)
+    or an entry point's generator of the engine's effects (a consumer's delivery)."""
     value: Any = None
     error: BaseException | None = None
     while True:
         try:
             effect = engine.send(value) if error is None else engine.throw(error)
         except StopIteration as done:
-            result: FlowResult = done.value
+            result: R = done.value
             return result
         value, error = None, None
         try:

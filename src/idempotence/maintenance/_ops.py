@@ -293,10 +293,11 @@ def list_keys(
     ]
 
 
-def key_stats(d: Dialect) -> Op[tuple[DbTime, list[StateCount]]]:
-    """Keys per state, the oldest of each, and the lock takeovers (F5)."""
+def key_stats(d: Dialect, scope: str | None = None) -> Op[tuple[DbTime, list[StateCount]]]:
+    """Keys per state, the oldest of each, and the lock takeovers (F5), of one
+    ``scope`` if given (a consumer's)."""
     now = yield from db_now(d)
-    rows = yield d.query("key_stats")
+    rows = yield d.query("key_stats", scope=scope)
     counts = [
         StateCount(
             state=KeyState(row["state"]),

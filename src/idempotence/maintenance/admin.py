@@ -104,7 +104,7 @@ def evict_key(store: Store | RedisStore, scope: str, key: str, *, force: bool = 
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """Counts over the whole key store, on the database clock."""
+    """Counts over the key store (or one scope's keys), on the database clock."""
 
     now: datetime
     #: Keys per state; every state is present.
@@ -127,15 +127,16 @@ class Stats:
         return None if oldest is None else self.now - oldest
 
 
-def stats(store: Store | RedisStore) -> Stats:
-    """Count keys per state, find the oldest of each, and sum the takeovers (a Redis
-    store has no jobs: they count 0)."""
+def stats(store: Store | RedisStore, *, scope: str | None = None) -> Stats:
+    """Count keys per state, find the oldest of each, and sum the takeovers; of one
+    ``scope`` if given (a consumer's keys are in its scope, by default its name). The
+    staged jobs are counted across scopes (a Redis store has none: they count 0)."""
     if isinstance(store, Store):
-        clock, counts = store._perform(lambda d: _ops.key_stats(d), write=False)
+        clock, counts = store._perform(lambda d: _ops.key_stats(d, scope), write=False)
         now = clock.at
         jobs = store._perform(lambda d: _ops.job_stats(d), write=False)
     else:
-        rows = _redis_rows(store, store.records())
+        rows = _redis_rows(store, store.records(scope))
         now = rows[0].now if rows else store.server_time()
         counts = _counts(rows)
         jobs = {}

@@ -435,7 +435,7 @@ ORDER BY keyed.created_at DESC, keyed.id DESC
 LIMIT %(limit)s;
 
 -- key_stats --
--- cross-scope: the operator's counts cover every scope (F5).
+-- cross-scope: the operator's counts cover every scope unless given one (F5).
 -- Keys per state (as in list_keys), the oldest key of each state, and how often
 -- locks changed hands: every takeover and every sweep bumps lock_token from 1.
 SELECT now() AS db_now, state, count(*) AS keys, min(created_at) AS oldest,
@@ -457,6 +457,7 @@ FROM (
         k.created_at,
         k.lock_token
     FROM idempotency_keys AS k
+    WHERE %(scope)s::text IS NULL OR k.scope = %(scope)s::text
 ) AS keyed
 GROUP BY state;
 

@@ -296,7 +296,7 @@ ORDER BY keyed.created_at DESC, keyed.id DESC
 LIMIT :limit;
 
 -- key_stats --
--- cross-scope: the operator's counts cover every scope (F5).
+-- cross-scope: the operator's counts cover every scope unless given one (F5).
 WITH clock AS (SELECT (julianday('now') - 2440587.5) * 86400.0 AS db_now)
 SELECT min(db_now) AS db_now, state, count(*) AS keys, min(created_at) AS oldest,
     sum(lock_token - 1) AS takeovers
@@ -317,6 +317,7 @@ FROM (
         k.created_at,
         k.lock_token
     FROM idempotency_keys AS k, clock
+    WHERE :scope IS NULL OR k.scope = :scope
 ) AS keyed
 GROUP BY state;
 

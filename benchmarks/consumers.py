@@ -1,0 +1,196 @@
+"""Messages per second through RabbitMQ, guarded vs unguarded (DESIGN 9, 11).
+
+Run it from the repository root::
+
+    .venv/bin/python benchmarks/consumers.py             # 3,000 messages per run
+    .venv/bin/python benchmarks/consumers.py --quick     # 500 messages per run
+    .venv/bin/python benchmarks/consumers.py --messages 10000 --json
+
+It needs RabbitMQ (``--amqp``, default ``amqp://guest:guest@127.0.0.1:5672/%2F``) and,
+for the PostgreSQL rows, PostgreSQL (``--postgres``, default
+``$IDEMPOTENCE_TEST_POSTGRES``, else ``postgresql://postgres@127.0.0.1:5432/postgres``;
+the script creates ``idempotence_bench_consumers_<pid>`` and drops it at the end).
+
+For each store (PostgreSQL, SQLite), the same handler writes one row per message:
+
+* **unguarded**: a plain pika consumer (prefetch 16) that writes the row in a
+  transaction of the store and acks;
+* **guarded**: :class:`~idempotence.consumers.rabbitmq_pika.PikaConsumer` with a
+  transactional :class:`~idempotence.consumers.Consumer` (prefetch 16): the claim, the
+  row and the processed mark commit in one transaction, then the ack.
+
+The messages are published first, then consumed by one consumer; the rate is messages
+acked per second of consuming. Each variant runs ``--rounds`` times, alternating; the
+best round counts. It prints the rates and the ratio guarded / unguarded per store
+(target: >= 0.7). It measures; it does not judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pika
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from idempotence import SqliteStore
+from idempotence.consumers import Consumer, Disposition, Message, MessageContext
+from idempotence.consumers.rabbitmq_pika import PikaConsumer
+from idempotence.stores.postgres import PostgresStore
+
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
+PREFETCH = 16
+
+
+def publish(amqp: str, queue: str, count: int) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(amqp))
+    channel = connection.channel()
+    channel.queue_declare(queue, durable=True)
+    channel.queue_declare(f"{queue}.delay", durable=True, arguments={
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": queue})  # fmt: skip
+    channel.queue_declare(f"{queue}.dead", durable=True)
+    channel.confirm_delivery()
+    for i in range(count):
+        properties = pika.BasicProperties(message_id=f"m-{i}", delivery_mode=2)
+        channel.basic_publish("", queue, b'{"n": 1}', properties)
+    connection.close()
+
+
+def delete(amqp: str, queue: str) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(amqp))
+    channel = connection.channel()
+    for name in (queue, f"{queue}.delay", f"{queue}.dead"):
+        channel.queue_delete(name)
+    connection.close()
+
+
+def unguarded(amqp: str, queue: str, count: int, store: Any, insert: str) -> float:
+    connection = pika.BlockingConnection(pika.URLParameters(amqp))
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=PREFETCH)
+    started = time.perf_counter()
+    for done, (method, properties, _body) in enumerate(channel.consume(queue), 1):
+        with store.transaction() as tx:
+            tx.execute(insert, (properties.message_id,))
+        channel.basic_ack(method.delivery_tag)
+        if done == count:
+            break
+    elapsed = time.perf_counter() - started
+    channel.cancel()
+    connection.close()
+    return count / elapsed
+
+
+def guarded(amqp: str, queue: str, count: int, store: Any, insert: str) -> float:
+    def handle(ctx: MessageContext) -> None:
+        ctx.tx.execute(insert, (ctx.key,))
+
+    consumer = Consumer(name=queue, handler=handle, transactional=True)
+    settled = 0
+    finished = threading.Event()
+
+    def on_settled(message: Message, disposition: Disposition) -> None:
+        nonlocal settled
+        settled += 1
+        if settled == count:
+            worker.stop()
+            finished.set()
+
+    worker = PikaConsumer(
+        consumer, store, url=amqp, queue=queue, prefetch=PREFETCH, on_settled=on_settled
+    )
+    thread = threading.Thread(target=worker.run)
+    started = time.perf_counter()
+    thread.start()
+    finished.wait()
+    elapsed = time.perf_counter() - started
+    thread.join()
+    return count / elapsed
+
+
+def measure(
+    name: str, amqp: str, store: Any, insert: str, count: int, rounds: int
+) -> dict[str, Any]:
+    rates: dict[str, list[float]] = {"unguarded": [], "guarded": []}
+    runs: dict[str, Callable[..., float]] = {"unguarded": unguarded, "guarded": guarded}
+    for _ in range(rounds):
+        for variant, run in runs.items():
+            queue = f"idem-bench-{variant}-{uuid.uuid4().hex[:8]}"
+            publish(amqp, queue, count)
+            try:
+                rates[variant].append(run(amqp, queue, count, store, insert))
+            finally:
+                delete(amqp, queue)
+    best = {variant: max(values) for variant, values in rates.items()}
+    return {
+        "store": name,
+        "unguarded_per_s": round(best["unguarded"], 1),
+        "guarded_per_s": round(best["guarded"], 1),
+        "ratio": round(best["guarded"] / best["unguarded"], 3),
+        "rounds": {variant: [round(v, 1) for v in values] for variant, values in rates.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=3000)
+    parser.add_argument("--quick", action="store_true", help="500 messages per run")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--amqp", default=DEFAULT_AMQP)
+    parser.add_argument(
+        "--postgres", default=os.environ.get("IDEMPOTENCE_TEST_POSTGRES", DEFAULT_POSTGRES)
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    count = 500 if args.quick else args.messages
+    table = "CREATE TABLE effects (message_id TEXT NOT NULL)"
+    results = []
+    name = f"idempotence_bench_consumers_{os.getpid()}"
+    with psycopg.connect(args.postgres, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        url = make_conninfo(args.postgres, dbname=name)
+        with PostgresStore(url) as store:
+            store.migrate()
+            with store.transaction() as tx:
+                tx.execute(table)
+            insert = "INSERT INTO effects (message_id) VALUES (%s)"
+            results.append(measure("postgres", args.amqp, store, insert, count, args.rounds))
+    finally:
+        with psycopg.connect(args.postgres, autocommit=True) as admin:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            admin.execute(drop.format(sql.Identifier(name)))
+    with tempfile.TemporaryDirectory() as tmp, SqliteStore(f"{tmp}/bench.sqlite3") as store:
+        store.migrate()
+        with store.transaction() as tx:
+            tx.execute(table)
+        insert = "INSERT INTO effects (message_id) VALUES (?)"
+        results.append(measure("sqlite", args.amqp, store, insert, count, args.rounds))
+    if args.json:
+        print(json.dumps({"messages": count, "results": results}))
+        return
+    host = conninfo_to_dict(args.postgres).get("host", "?")
+    print(f"{count} messages per run, best of {args.rounds}, one consumer, prefetch {PREFETCH}")
+    print(f"(PostgreSQL at {host}, RabbitMQ at {args.amqp.split('@')[-1]})\n")
+    print(f"{'store':<10}{'unguarded msg/s':>18}{'guarded msg/s':>16}{'ratio':>8}")
+    for row in results:
+        print(
+            f"{row['store']:<10}{row['unguarded_per_s']:>18}{row['guarded_per_s']:>16}"
+            f"{row['ratio']:>8}"
+        )
+    print("\ntarget: ratio >= 0.7 (transactional mode)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The guard on RabbitMQ with pika (sync): ``pip install 'idempotence[rabbitmq]'``.
+
+A thin adapter: it turns each delivery into a :class:`~idempotence.consumers.Message`,
+asks the guard (:func:`~idempotence.consumers.process`) what to do, forwards the copy
+the guard's answer needs (delay or dead-letter queue, see
+:mod:`idempotence.consumers._rabbitmq`), and acks only then (M1). It declares the
+queues, sets the prefetch, reconnects when the connection is lost (unacked deliveries
+come back and the guard absorbs what was done), and stops gracefully: :meth:`stop`
+(SIGTERM, with :meth:`PikaConsumer.install_signal_handlers`) lets the current message
+finish, cancels the consumer (prefetched deliveries go back to the queue) and returns.
+
+>>> worker = PikaConsumer(Consumer(name="receipts", handler=write, transactional=True),
+...                       store, url="amqp://guest:guest@127.0.0.1:5672/%2F",
+...                       queue="receipts")                     # doctest: +SKIP
+>>> worker.install_signal_handlers(); worker.run()                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any, Unpack
+
+import pika
+import pika.exceptions
+from pika.adapters.blocking_connection import BlockingChannel
+
+from ..stores import KeyStore
+from ._driver import process
+from ._guard import Consumer
+from ._rabbitmq import DEFAULT_URL, KEPT_PROPERTIES, Options, Settings, described, forward, incoming
+
+logger = logging.getLogger("idempotence.consumers")
+
+__all__ = ["DEFAULT_URL", "PikaConsumer"]
+
+_LOST = (pika.exceptions.AMQPError, ConnectionError, OSError)
+
+
+class PikaConsumer(Settings[KeyStore]):
+    """Consume ``queue`` (default: the consumer's name) through ``consumer``'s guard
+    on ``store``. ``on_settled(message, disposition)`` is called after the guard
+    settled a delivery (committed, for a processed one) and before it is acked."""
+
+    def __init__(self, consumer: Consumer, store: KeyStore, **options: Unpack[Options]) -> None:
+        super().__init__(consumer, store, **options)
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """Finish the current message, stop consuming, and make :meth:`run` return."""
+        self._stopping.set()
+
+    def install_signal_handlers(self) -> None:
+        """Stop gracefully on SIGTERM and SIGINT (call it from the main thread)."""
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, lambda *_: self.stop())
+
+    def run(self) -> None:
+        """Consume until :meth:`stop`, reconnecting whenever the connection is lost."""
+        while not self._stopping.is_set():
+            try:
+                self._session()
+            except _LOST as exc:
+                logger.warning("consumer %r: connection lost, reconnecting: %r", self.name, exc)
+                self._stopping.wait(self.reconnect_delay)
+
+    def _session(self) -> None:
+        parameters = pika.URLParameters(self.url)
+        parameters.client_properties = {"connection_name": self.name}
+        connection = pika.BlockingConnection(parameters)
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.basic_qos(prefetch_count=self.prefetch)
+            if self.declare:
+                self._declare(channel)
+            logger.info("consumer %r: consuming %r", self.name, self.topology.queue)
+            for method, properties, body in channel.consume(
+                self.topology.queue, inactivity_timeout=0.25
+            ):
+                if method is not None:
+                    self._handle(channel, method, properties, body)
+                if self._stopping.is_set():
+                    break
+            channel.cancel()  # prefetched, unacked deliveries go back to the queue
+        finally:
+            if connection.is_open:
+                connection.close()
+
+    def _declare(self, channel: BlockingChannel) -> None:
+        topology = self.topology
+        channel.queue_declare(topology.queue, durable=True)
+        channel.queue_declare(
+            topology.delay_queue, durable=True, arguments=topology.delay_arguments()
+        )
+        channel.queue_declare(topology.dead_letter_queue, durable=True)
+
+    def _handle(self, channel: BlockingChannel, method: Any, properties: Any, body: bytes) -> None:
+        message = incoming(body, properties.message_id, properties.headers, method.redelivered)
+        try:
+            disposition = process(self.consumer, self.store, message)
+        except Exception as exc:
+            # The guard itself failed (not the handler, which it answers): nothing was
+            # acked; the delivery goes back to the queue.
+            logger.error("consumer %r: the guard failed: %r", self.name, exc, exc_info=exc)
+            channel.basic_nack(method.delivery_tag, requeue=True)
+            self._stopping.wait(self.reconnect_delay)
+            return
+        if self.on_settled is not None:
+            self.on_settled(message, disposition)
+        copy = forward(self.topology, disposition, properties.headers)
+        if copy is not None:
+            kept = {name: getattr(properties, name) for name in KEPT_PROPERTIES}
+            props = pika.BasicProperties(
+                headers=copy.headers,
+                delivery_mode=pika.DeliveryMode.Persistent,
+                expiration=None if copy.delay_ms is None else str(copy.delay_ms),
+                **kept,
+            )
+            channel.basic_publish("", copy.routing_key, body, props, mandatory=True)
+        channel.basic_ack(method.delivery_tag)
+        logger.debug("consumer %r: %s", self.name, described(disposition))
