@@ -1,0 +1,34 @@
+"""The example shop's settings (examples/django_shop) with the suite's knobs, read
+from the environment of the subprocess that runs them:
+
+* ``DJANGO_ORM_CRASH=1``: the process kills itself (SIGKILL) right after the ORM
+  writes an order, before anything commits (see :mod:`.hooks`);
+* ``DJANGO_ORM_ATOMIC_REQUESTS=1``: Django's ``ATOMIC_REQUESTS``;
+* ``DJANGO_ORM_OWN_STORE=1``: the guarantee broken on purpose, the store on a
+  connection of its own instead of Django's (the tests must then fail).
+"""
+
+import os
+
+from shop.settings import *  # noqa: F403
+from shop.settings import DATABASES, IDEMPOTENCE, INSTALLED_APPS
+
+from idempotence import SqliteStore
+from idempotence.http import Idempotency
+from idempotence.stores.postgres import PostgresStore
+
+ROOT_URLCONF = "tests.django_orm.urls"
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.django_orm.hooks.CrashHooks"]
+LOGGING_CONFIG = None
+
+if os.environ.get("DJANGO_ORM_ATOMIC_REQUESTS") == "1":
+    DATABASES["default"]["ATOMIC_REQUESTS"] = True
+
+if os.environ.get("DJANGO_ORM_OWN_STORE") == "1":
+    _db = DATABASES["default"]
+    _own = (
+        PostgresStore(f"postgresql://{_db['USER']}@{_db['HOST']}:{_db['PORT']}/{_db['NAME']}")
+        if "postgresql" in _db["ENGINE"]
+        else SqliteStore(_db["NAME"])
+    )
+    IDEMPOTENCE = Idempotency(store=_own, scope=IDEMPOTENCE.scope, default=IDEMPOTENCE.default)
