@@ -4,6 +4,7 @@ from the environment of the subprocess that runs them:
 * ``DJANGO_ORM_CRASH=1``: the process kills itself (SIGKILL) right after the ORM
   writes an order, before anything commits (see :mod:`.hooks`);
 * ``DJANGO_ORM_ATOMIC_REQUESTS=1``: Django's ``ATOMIC_REQUESTS``;
+* ``DJANGO_ORM_UNGUARDED=1``: the middleware left out (the tests must then fail);
 * ``DJANGO_ORM_OWN_STORE=1``: the guarantee broken on purpose, the store on a
   connection of its own instead of Django's (the tests must then fail).
 """
@@ -32,3 +33,6 @@ if os.environ.get("DJANGO_ORM_OWN_STORE") == "1":
         else SqliteStore(_db["NAME"])
     )
     IDEMPOTENCE = Idempotency(store=_own, scope=IDEMPOTENCE.scope, default=IDEMPOTENCE.default)
+
+if os.environ.get("DJANGO_ORM_UNGUARDED") == "1":  # the middleware left out: no guarantee
+    MIDDLEWARE = [m for m in MIDDLEWARE if "idempotence" not in m]  # noqa: F405

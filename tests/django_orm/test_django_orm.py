@@ -47,7 +47,9 @@ class Shop:
 
     def counts(self) -> tuple[int, int]:
         """(orders, keys) as committed, read on a connection of the test's own."""
-        query = "SELECT (SELECT count(*) FROM orders_order), (SELECT count(*) FROM idempotency_keys)"
+        query = (
+            "SELECT (SELECT count(*) FROM orders_order), (SELECT count(*) FROM idempotency_keys)"
+        )
         if self.backend == "postgresql":
             with psycopg.connect(self.url) as conn:
                 row = conn.execute(query).fetchone()
@@ -103,8 +105,14 @@ def shop(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Shop]:
 def server(shop: Shop, **extra: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """The shop's WSGI application under waitress, in a subprocess; yields its URL."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "waitress", "--listen=127.0.0.1:0", "--threads=40",
-         "shop.wsgi:application"],
+        [
+            sys.executable,
+            "-m",
+            "waitress",
+            "--listen=127.0.0.1:0",
+            "--threads=40",
+            "shop.wsgi:application",
+        ],
         cwd=SHOP,
         env={**shop.env, **extra},
         stdout=subprocess.PIPE,
@@ -117,7 +125,7 @@ def server(shop: Shop, **extra: str) -> Iterator[tuple[str, subprocess.Popen[str
         url = None
         while url is None:
             line = process.stdout.readline()
-            if not line and process.poll() is not None or time.monotonic() > deadline:
+            if (not line and process.poll() is not None) or time.monotonic() > deadline:
                 raise RuntimeError(f"waitress did not start: {line}")
             found = re.search(r"Serving on (http://\S+)", line)
             url = found.group(1) if found else None

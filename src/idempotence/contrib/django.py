@@ -107,7 +107,7 @@ class IdempotencyMiddleware:
         """Note the view's exception: Django answers it with a 500 of its own before
         the response reaches us, and in a request's transaction it must roll back
         (the exception is raised again once it has, see ``_Exchange.run_app``)."""
-        request._idempotence_exception = exception  # noqa: SLF001
+        request._idempotence_exception = exception
 
 
 class _Exchange:

@@ -34,8 +34,8 @@ T = TypeVar("T")
 
 _IMMEDIATE = (
     "DjangoStore on SQLite needs write transactions that take the write lock at BEGIN, "
-    "or two requests' claims can deadlock: add \"OPTIONS\": {{\"transaction_mode\": "
-    "\"IMMEDIATE\"}} to DATABASES[{alias!r}] (Django 5.1+)"
+    'or two requests\' claims can deadlock: add "OPTIONS": {{"transaction_mode": '
+    '"IMMEDIATE"}} to DATABASES[{alias!r}] (Django 5.1+)'
 )
 
 
@@ -195,7 +195,7 @@ class DjangoStore(Store):
 
     # The dialect is the connection's, known once Django's settings are: read at the
     # store's first statement, not when settings.py builds the store.
-    @property  # type: ignore[override]
+    @property
     def _dialect(self) -> Dialect:
         return self._django.vendor().dialect
 
