@@ -39,6 +39,50 @@ def post(client: Client, path: str, key: str, body: dict) -> dict:
     }
 
 
+def flow_steps() -> dict:
+    """A two-phase flow on DjangoStore: each phase's ORM write commits with its
+    checkpoint in Django's atomic(); a phase that raises leaves neither."""
+    from idempotence import Advance, Finish, Flow, StoredResponse
+    from idempotence.contrib.django_app import DjangoStore
+
+    store = DjangoStore()
+    flow = Flow("django-orm-order")
+    failing = Flow("django-orm-failing")
+
+    @flow.phase("started")
+    def reserve(ctx):
+        Order.objects.create(item="reserved", quantity=1)
+        return Advance("reserved")
+
+    @flow.phase("reserved")
+    def confirm(ctx):
+        Order.objects.create(item="confirmed", quantity=1)
+        return Finish(StoredResponse.of(201, body=b"done"))
+
+    @failing.phase("started")
+    def fail(ctx):
+        Order.objects.create(item="failing", quantity=1)
+        raise RuntimeError("the phase failed after its ORM write")
+
+    def run(which, key):
+        result = which.run(store, which.request(scope="acct_1", key=key, fingerprint="f"))
+        items = sorted(
+            Order.objects.filter(item__in=["reserved", "confirmed", "failing"]).values_list(
+                "item", flat=True
+            )
+        )
+        with connection.cursor() as cur:
+            cur.execute("SELECT recovery_point FROM idempotency_keys WHERE key = %s", [key])
+            row = cur.fetchone()
+        return {"kind": result.kind.name, "items": items, "point": row and row[0]}
+
+    return {
+        "flow": run(flow, "k-flow"),
+        "flow_retry": run(flow, "k-flow"),
+        "failing": run(failing, "k-failing"),
+    }
+
+
 def main() -> None:
     client = Client(raise_request_exception=False)
     order = {"item": "tea", "quantity": 2}
@@ -48,6 +92,7 @@ def main() -> None:
         "boom": post(client, "/boom", "k-boom", {}),
         "boom_retry": post(client, "/boom", "k-boom", {}),
     }
+    steps |= flow_steps()
     json.dump(steps, sys.stdout)
 
 

@@ -172,6 +172,19 @@ def test_test_client_view_writes_commit_with_the_key(shop: Shop, atomic_requests
     # so a retry runs the view again (R5) and leaves nothing either.
     for step in (steps["boom"], steps["boom_retry"]):
         assert (step["status"], step["orders"], step["keys"]) == (500, 1, 1)
+    # A flow on DjangoStore: each phase's ORM write commits with its checkpoint; the
+    # retry replays; a phase that raises leaves no row and its key at its point.
+    assert steps["flow"] == {
+        "kind": "EXECUTED",
+        "items": ["confirmed", "reserved"],
+        "point": "finished",
+    }
+    assert steps["flow_retry"]["kind"] == "REPLAYED"
+    assert steps["failing"] == {
+        "kind": "FAILED",
+        "items": ["confirmed", "reserved"],
+        "point": "started",
+    }
 
 
 def test_crash_after_the_orm_write_leaves_nothing_and_the_retry_runs_once(shop: Shop) -> None:
