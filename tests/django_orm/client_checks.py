@@ -91,6 +91,7 @@ def main() -> None:
         "retry": post(client, "/orders", "k-order", order),
         "boom": post(client, "/boom", "k-boom", {}),
         "boom_retry": post(client, "/boom", "k-boom", {}),
+        "marked": post(client, "/marked", "k-marked", {}),
     }
     steps |= flow_steps()
     json.dump(steps, sys.stdout)

@@ -137,9 +137,11 @@ def server(shop: Shop, **extra: str) -> Iterator[tuple[str, subprocess.Popen[str
         process.wait(timeout=30)
 
 
-def post(url: str, key: str, body: dict[str, object] = ORDER) -> httpx.Response:
+def post(
+    url: str, key: str, body: dict[str, object] = ORDER, path: str = "/orders"
+) -> httpx.Response:
     return httpx.post(
-        f"{url}/orders",
+        f"{url}{path}",
         json=body,
         headers={"Idempotency-Key": key, "X-Account-Id": "acct_1"},
         timeout=30,
@@ -172,6 +174,16 @@ def test_test_client_view_writes_commit_with_the_key(shop: Shop, atomic_requests
     # so a retry runs the view again (R5) and leaves nothing either.
     for step in (steps["boom"], steps["boom_retry"]):
         assert (step["status"], step["orders"], step["keys"]) == (500, 1, 1)
+    # A view that marks the request's transaction for rollback: nothing is stored, and
+    # the client is told so (not the view's 201 for work that was rolled back).
+    # Under ATOMIC_REQUESTS the mark rolls back only Django's per-view savepoint: the
+    # order goes, and the view's own answer is stored with the key, as it chose.
+    marked = steps["marked"]
+    if atomic_requests == "1":
+        assert (marked["status"], marked["orders"], marked["keys"]) == (201, 1, 2)
+    else:
+        assert (marked["status"], marked["orders"], marked["keys"]) == (500, 1, 1)
+        assert "rolled back" in marked["body"]
     # A flow on DjangoStore: each phase's ORM write commits with its checkpoint; the
     # retry replays; a phase that raises leaves no row and its key at its point.
     assert steps["flow"] == {
@@ -226,3 +238,26 @@ def test_32_concurrent_duplicates_commit_once(shop: Shop) -> None:
     # The others replayed it, or were told it was in progress (409, F8).
     assert set(statuses) <= {201, 409}, statuses
     print(f"{shop.backend}: statuses {statuses}")
+
+
+def test_a_twin_of_a_running_view(shop: Shop) -> None:
+    """F8 on Django's connection: on PostgreSQL a twin that arrives while the first
+    request's transaction is open waits for its row lock only briefly, and is answered
+    409; on SQLite it waits for the one write lock, then replays. One order either way."""
+    shop.migrate()
+    with server(shop) as (url, _):
+        first: list[httpx.Response] = []
+        thread = threading.Thread(target=lambda: first.append(post(url, "k-slow", path="/slow")))
+        thread.start()
+        time.sleep(0.4)  # the first request is inside its view, its transaction open
+        started = time.monotonic()
+        twin = post(url, "k-slow", path="/slow")
+        waited = time.monotonic() - started
+        thread.join(timeout=30)
+    assert first[0].status_code == 201
+    if shop.backend == "postgresql":
+        assert twin.status_code == 409 and waited < 0.5, (twin.status_code, waited)
+    else:
+        assert (twin.status_code, twin.text) == (201, first[0].text)
+        assert twin.headers.get("idempotent-replayed") == "true"
+    assert shop.counts() == (1, 1)

@@ -1,4 +1,11 @@
-"""The shop's URLs and one the suite adds: ``/boom`` writes an order, then raises."""
+"""The shop's URLs and the suite's: ``/boom`` writes an order, then raises;
+``/marked`` writes one and marks the transaction for rollback; ``/slow`` writes one
+and takes a second to answer."""
+
+import time
+
+from django.db import transaction
+from django.http import JsonResponse
 
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
@@ -12,4 +19,18 @@ def boom(request):
     raise RuntimeError("the view failed after its ORM write")
 
 
-urlpatterns = [*shop_urls, path("boom", boom)]
+@csrf_exempt
+def marked(request):
+    Order.objects.create(item="marked", quantity=1)
+    transaction.set_rollback(True)  # the view rolls its own request back
+    return JsonResponse({"ok": True}, status=201)
+
+
+@csrf_exempt
+def slow(request):
+    order = Order.objects.create(item="slow", quantity=1)
+    time.sleep(1.0)  # holds the key's transaction open while a twin arrives
+    return JsonResponse({"id": order.pk}, status=201)
+
+
+urlpatterns = [*shop_urls, path("boom", boom), path("marked", marked), path("slow", slow)]

@@ -39,6 +39,13 @@ _IMMEDIATE = (
 )
 
 
+_MARKED = (
+    "the application marked the transaction for rollback (transaction.set_rollback(True), "
+    "or a database error caught inside atomic() without a savepoint of its own): the "
+    "claim and every write in it were rolled back, and nothing is stored"
+)
+
+
 class _Vendor:
     """What differs between Django's backends: the store's dialect, the connection
     that runs one statement on the driver's connection, the claim's own runner (on
@@ -105,6 +112,8 @@ class _DjangoConnection:
         try:
             with self._blocks.block() as deferred:
                 yield None if first is None else run(first, self._vendor.claimer(self._statement))
+                if self._wrapper.needs_rollback:
+                    raise StoreError(_MARKED)
                 self._blocks.seal(deferred)
                 while deferred:
                     run(deferred.pop(0), self)
