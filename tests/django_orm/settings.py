@@ -5,6 +5,7 @@ from the environment of the subprocess that runs them:
   writes an order, before anything commits (see :mod:`.hooks`);
 * ``DJANGO_ORM_ATOMIC_REQUESTS=1``: Django's ``ATOMIC_REQUESTS``;
 * ``DJANGO_ORM_UNGUARDED=1``: the middleware left out (the tests must then fail);
+* ``DJANGO_ORM_DEFERRED=1``: SQLite without ``transaction_mode`` IMMEDIATE;
 * ``DJANGO_ORM_OWN_STORE=1``: the guarantee broken on purpose, the store on a
   connection of its own instead of Django's (the tests must then fail).
 """
@@ -36,3 +37,6 @@ if os.environ.get("DJANGO_ORM_OWN_STORE") == "1":
 
 if os.environ.get("DJANGO_ORM_UNGUARDED") == "1":  # the middleware left out: no guarantee
     MIDDLEWARE = [m for m in MIDDLEWARE if "idempotence" not in m]  # noqa: F405
+
+if os.environ.get("DJANGO_ORM_DEFERRED") == "1":  # SQLite's default deferred BEGIN
+    DATABASES["default"].pop("OPTIONS", None)

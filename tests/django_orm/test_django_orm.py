@@ -261,3 +261,24 @@ def test_a_twin_of_a_running_view(shop: Shop) -> None:
         assert (twin.status_code, twin.text) == (201, first[0].text)
         assert twin.headers.get("idempotent-replayed") == "true"
     assert shop.counts() == (1, 1)
+
+
+def test_sqlite_without_immediate_transactions_refuses_to_start(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), str(SHOP)]),
+        "DJANGO_SETTINGS_MODULE": "tests.django_orm.settings",
+        "SHOP_DB_NAME": str(tmp_path / "shop.sqlite3"),
+        "DJANGO_ORM_DEFERRED": "1",
+    }
+    env.pop("SHOP_DB_HOST", None)
+    done = subprocess.run(
+        [sys.executable, "-c", "import shop.wsgi"],
+        cwd=SHOP,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "ConfigurationError" in done.stderr and '"transaction_mode": "IMMEDIATE"' in done.stderr

@@ -33,8 +33,10 @@ T = TypeVar("T")
 
 
 _IMMEDIATE = (
-    "DjangoStore on SQLite needs write transactions that take the write lock at BEGIN, "
-    'or two requests\' claims can deadlock: add "OPTIONS": {{"transaction_mode": '
+    "DjangoStore on SQLite needs write transactions that take the write lock at BEGIN "
+    "(a claim reads, then writes: after a deferred BEGIN a concurrent claim fails with "
+    "'database is locked' instead of waiting): add "
+    '"OPTIONS": {{"transaction_mode": '
     '"IMMEDIATE"}} to DATABASES[{alias!r}] (Django 5.1+)'
 )
 
