@@ -92,6 +92,8 @@ def main() -> None:
         "boom": post(client, "/boom", "k-boom", {}),
         "boom_retry": post(client, "/boom", "k-boom", {}),
         "marked": post(client, "/marked", "k-marked", {}),
+        "plain": post(client, "/plain-orders", "k-plain", order),
+        "plain_retry": post(client, "/plain-orders", "k-plain", order),
     }
     steps |= flow_steps()
     json.dump(steps, sys.stdout)

@@ -16,10 +16,17 @@ from shop.settings import *  # noqa: F403
 from shop.settings import DATABASES, IDEMPOTENCE, INSTALLED_APPS
 
 from idempotence import SqliteStore
-from idempotence.http import Idempotency
+from idempotence.http import Endpoint, Idempotency, Policy
 from idempotence.stores.postgres import PostgresStore
 
 ROOT_URLCONF = "tests.django_orm.urls"
+# One endpoint in handler mode (claim, view, finish: three commits), the rest F3.
+IDEMPOTENCE = Idempotency(
+    store=IDEMPOTENCE.store,
+    scope=IDEMPOTENCE.scope,
+    endpoints=[Endpoint("POST /plain-orders", Policy())],
+    default=IDEMPOTENCE.default,
+)
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.django_orm.hooks.CrashHooks"]
 LOGGING_CONFIG = None
 
@@ -33,7 +40,12 @@ if os.environ.get("DJANGO_ORM_OWN_STORE") == "1":
         if "postgresql" in _db["ENGINE"]
         else SqliteStore(_db["NAME"])
     )
-    IDEMPOTENCE = Idempotency(store=_own, scope=IDEMPOTENCE.scope, default=IDEMPOTENCE.default)
+    IDEMPOTENCE = Idempotency(
+        store=_own,
+        scope=IDEMPOTENCE.scope,
+        endpoints=IDEMPOTENCE.endpoints,
+        default=IDEMPOTENCE.default,
+    )
 
 if os.environ.get("DJANGO_ORM_UNGUARDED") == "1":  # the middleware left out: no guarantee
     MIDDLEWARE = [m for m in MIDDLEWARE if "idempotence" not in m]  # noqa: F405

@@ -184,6 +184,11 @@ def test_test_client_view_writes_commit_with_the_key(shop: Shop, atomic_requests
     else:
         assert (marked["status"], marked["orders"], marked["keys"]) == (500, 1, 1)
         assert "rolled back" in marked["body"]
+    # Handler mode on DjangoStore (no transaction=True): claimed, run, stored, replayed.
+    plain, plain_retry = steps["plain"], steps["plain_retry"]
+    assert (plain["status"], plain_retry["status"], plain_retry["replayed"]) == (201, 201, "true")
+    assert plain_retry["body"] == plain["body"]
+    assert plain_retry["orders"] - steps["marked"]["orders"] == 1
     # A flow on DjangoStore: each phase's ORM write commits with its checkpoint; the
     # retry replays; a phase that raises leaves no row and its key at its point.
     assert steps["flow"] == {

@@ -1,15 +1,15 @@
-"""The shop's URLs and the suite's: ``/boom`` writes an order, then raises;
-``/marked`` writes one and marks the transaction for rollback; ``/slow`` writes one
-and takes a second to answer."""
+"""The shop's URLs and the suite's: ``/plain-orders`` is the shop's order view in
+handler mode; ``/boom`` writes an order, then raises; ``/marked`` writes one and marks
+the transaction for rollback; ``/slow`` writes one and takes a second to answer."""
 
 import time
 
 from django.db import transaction
 from django.http import JsonResponse
-
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from orders.models import Order
+from orders.views import create_order
 from shop.urls import urlpatterns as shop_urls
 
 
@@ -33,4 +33,10 @@ def slow(request):
     return JsonResponse({"id": order.pk}, status=201)
 
 
-urlpatterns = [*shop_urls, path("boom", boom), path("marked", marked), path("slow", slow)]
+urlpatterns = [
+    *shop_urls,
+    path("plain-orders", create_order),
+    path("boom", boom),
+    path("marked", marked),
+    path("slow", slow),
+]

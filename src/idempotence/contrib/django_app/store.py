@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any, TypeVar, cast
 
-from ...errors import ConfigurationError, StoreError
+from ...errors import ConfigurationError, StoreError, StoreUnavailable
 from ...observability import Instrumentation
 from ...stores._connection import Fetcher, run
 from ...stores._driver import Blocks
@@ -177,7 +177,15 @@ class _DjangoSource:
         wrapper = connections[self.alias]
         with _translated(vendor):
             wrapper.ensure_connection()
-        yield _DjangoConnection(self.alias, vendor, wrapper)
+        try:
+            yield _DjangoConnection(self.alias, vendor, wrapper)
+        except StoreUnavailable:
+            # Django replaces a broken connection only between requests, and knows
+            # nothing of errors on the driver's connection: a thread that is not
+            # serving requests (the heartbeats') would keep a dead one for good.
+            if not wrapper.in_atomic_block:
+                wrapper.close()
+            raise
 
     def close(self) -> None:
         pass  # Django owns its connections
