@@ -2,6 +2,7 @@
 own (Django's settings are process-wide): the shop through Django's test client.
 Prints one JSON object: what each request got and what the database held after it."""
 
+import contextlib
 import json
 import os
 import sys
@@ -83,6 +84,28 @@ def flow_steps() -> dict:
     }
 
 
+def reconnect_steps() -> dict:
+    """Outside a request (a heartbeat's thread), a store operation that finds Django's
+    connection dead fails (503), and the next one gets a new connection."""
+    from idempotence.contrib.django_app import DjangoStore
+    from idempotence.errors import StoreUnavailable
+    from idempotence.stores._ops import pending_migrations
+
+    if connection.vendor != "postgresql":
+        return {}
+    store = DjangoStore()
+    store._perform(pending_migrations, write=False)
+    # The server ends the connection, as it does on a restart.
+    with contextlib.suppress(Exception):
+        connection.connection.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    try:
+        store._perform(pending_migrations, write=False)
+        first = "worked"
+    except StoreUnavailable:
+        first = "unavailable"
+    return {"reconnect": [first, store._perform(pending_migrations, write=False)]}
+
+
 def main() -> None:
     client = Client(raise_request_exception=False)
     order = {"item": "tea", "quantity": 2}
@@ -96,6 +119,7 @@ def main() -> None:
         "plain_retry": post(client, "/plain-orders", "k-plain", order),
     }
     steps |= flow_steps()
+    steps |= reconnect_steps()
     json.dump(steps, sys.stdout)
 
 

@@ -189,6 +189,8 @@ def test_test_client_view_writes_commit_with_the_key(shop: Shop, atomic_requests
     assert (plain["status"], plain_retry["status"], plain_retry["replayed"]) == (201, 201, "true")
     assert plain_retry["body"] == plain["body"]
     assert plain_retry["orders"] - steps["marked"]["orders"] == 1
+    if shop.backend == "postgresql":
+        assert steps["reconnect"] == ["unavailable", []]
     # A flow on DjangoStore: each phase's ORM write commits with its checkpoint; the
     # retry replays; a phase that raises leaves no row and its key at its point.
     assert steps["flow"] == {
