@@ -266,13 +266,15 @@ def heartbeat(d: Dialect, lease: Lease) -> Op[datetime]:
     return d.timestamp(rows[0]["locked_at"])
 
 
-def migrate(d: Dialect) -> Op[list[str]]:
-    """Apply the dialect's pending migrations in one transaction; return their versions."""
+def migrate(d: Dialect, *, upto: str | None = None) -> Op[list[str]]:
+    """Apply the dialect's pending migrations in one transaction; return their versions.
+    Given ``upto``, only those up to that version (a Django migration's, see
+    :mod:`idempotence.contrib.django_app`)."""
     yield d.query("migrations_prepare")
     applied = {row["version"] for row in (yield d.query("migrations_applied"))}
     done = []
     for version, script in _queries.migrations(d.name):
-        if version in applied:
+        if version in applied or (upto is not None and version > upto):
             continue
         for statement in d.script_statements(script):
             yield Query(f"migration {version}", statement, {})
