@@ -49,6 +49,10 @@ class Query:
     params: Mapping[str, Any]
 
 
+#: The name of the application's own statements (``tx.execute``): their errors are
+#: the application's (a missing table is not the key store's schema).
+APPLICATION = "application"
+
 Op = Generator[Query, list[Row], T]
 """An operation: yields queries, is sent each query's rows, returns its result."""
 

@@ -51,7 +51,7 @@ class Transaction:
 
     def execute(self, sql: str, params: Any = None) -> list[Row]:
         """Run one statement of the application's in this transaction; return its rows."""
-        return self._conn.fetch(Query("application", sql, params or {}))
+        return self._conn.fetch(Query(_ops.APPLICATION, sql, params or {}))
 
 
 def _no_commit(at_commit: bool) -> None:

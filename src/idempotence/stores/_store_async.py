@@ -49,7 +49,7 @@ class AsyncTransaction:
 
     async def execute(self, sql: str, params: Any = None) -> list[Row]:
         """Run one statement of the application's in this transaction; return its rows."""
-        return await self._conn.fetch(Query("application", sql, params or {}))
+        return await self._conn.fetch(Query(_ops.APPLICATION, sql, params or {}))
 
 
 def _no_commit(at_commit: bool) -> None:
