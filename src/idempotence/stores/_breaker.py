@@ -38,6 +38,10 @@ PROBE_INTERVAL = 0.5
 
 _HEALTHY, _SUSPECT, _DOWN = 0, 1, 2
 
+#: The last reason each of the store's pools failed to connect, by pool name (the
+#: pool's own log tells it; its ``reconnect_failed`` callback does not).
+connect_errors: dict[str, str] = {}
+
 
 class Breaker:
     """The health of one pool's server (see the module docstring)."""
@@ -91,7 +95,7 @@ class Breaker:
 
     def reconnect_failed(self, pool: Any) -> None:
         """The pool's ``reconnect_failed`` callback."""
-        self.down("cannot connect")
+        self.down(connect_errors.get(getattr(pool, "name", ""), "cannot connect"))
 
     def healthy(self) -> None:
         """A checkout got a live connection (call only when :attr:`troubled`)."""

@@ -25,6 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..states import ClaimRequest
+from ._breaker import connect_errors
 from ._driver import KeyHeld, TransientError
 from ._listener import Listener
 from ._listener_async import AsyncListener
@@ -82,7 +83,11 @@ def _ours(thing: object) -> bool:
 
 def _loud(record: logging.LogRecord) -> bool:
     args = record.args
-    return not (record.msg in _QUIET and isinstance(args, tuple) and bool(args) and _ours(args[0]))
+    if record.msg in _QUIET and isinstance(args, tuple) and args and _ours(args[0]):
+        if record.msg == "error connecting in %r: %s":
+            connect_errors[str(args[0])] = str(args[1])  # the breaker's reason
+        return False
+    return True
 
 
 logging.getLogger("psycopg.pool").addFilter(_loud)
