@@ -305,3 +305,29 @@ def test_the_demo_worker_completes_rides_with_the_apis_async_flow_b2_f7(tmp_path
             assert [flow.name for flow in completer.flows] == [FLOW_NAME]
 
     asyncio.run(build())
+
+
+def test_the_keys_by_state_agree_with_the_terminal_check():
+    """#16: a report said ``keys by state complete 173, failed 26, missing 1`` just
+    above "every key terminal". The "missing" key was one whose client walked away
+    before the service claimed it: no row, rightly. It is shown as such, and a key
+    that is truly missing (no row, its client did not walk away) fails the check."""
+    evidence = good_evidence()
+    key = evidence["requested"][0].key
+    evidence["clients"].abandoned.append(key)
+    del evidence["clients"].outcomes[key]
+    del evidence["key_states"][key]
+    evidence["rides"], evidence["charges"] = evidence["rides"][1:], evidence["charges"][1:]
+    evidence["receipts"] = evidence["receipts"][1:]
+    report = assess(Evidence(**evidence))
+    assert report.ok, report.violations
+    states = report.numbers["keys_by_state"]
+    assert states == {"complete": 2, "never claimed": 1}
+    assert "missing" not in next(line for line in render(report).splitlines() if "keys by" in line)
+    assert "every claimed key terminal" in render(report).splitlines()[-1]
+
+    lost = good_evidence()
+    del lost["key_states"][lost["requested"][0].key]
+    report = assess(Evidence(**lost))
+    assert report.numbers["keys_by_state"] == {"complete": 2, "missing": 1}
+    assert list(report.violations) == ["1 key(s) not terminal"]
