@@ -136,23 +136,23 @@ def demo(ctx: click.Context, /, **options: Any) -> None:
     if ctx.invoked_subcommand is not None:
         return
     _require_dependencies()
+    from .progress import Progress
     from .report import render
     from .run import DemoError, DemoOptions, run_demo
 
     as_json = options.pop("as_json")
     data_dir = options.pop("data_dir")
     settings = DemoOptions(**options, data_dir=None if data_dir is None else str(data_dir))
+    # The progress goes to stderr, so that --json output stays one object on stdout.
+    progress = Progress(
+        settings.rides, tty=sys.stderr.isatty(), write=lambda line: click.echo(line, err=True)
+    )
     try:
-        # The bar goes to stderr, so that --json output stays one object on stdout.
-        if sys.stderr.isatty():
-            with click.progressbar(
-                length=settings.rides, label="booking rides", file=sys.stderr
-            ) as bar:
-                report = run_demo(settings, progress=lambda: bar.update(1))
-        else:
-            report = run_demo(settings)
+        report = run_demo(settings, progress=progress, begin=progress.begin)
     except DemoError as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        progress.end()
     if as_json:
         click.echo(json.dumps(report.to_json(), sort_keys=True))
     else:

@@ -108,6 +108,9 @@ def test_the_table_report_and_the_exit_status(tmp_path):
     assert process.returncode == 0, process.stdout + process.stderr
     assert "rides requested" in process.stdout and "double charges" in process.stdout
     assert process.stdout.rstrip().splitlines()[-1].startswith("OK:")
+    # stderr is no terminal here: the progress is lines, the last one the total.
+    assert "booking 10 rides" in process.stderr
+    assert "booked 10/10 rides in" in process.stderr
     # The data directory was asked for, so it is kept: the databases and the log.
     kept = {path.name for path in (tmp_path / "data").iterdir()}
     assert {"rides.sqlite3", "provider.sqlite3", "mailer.sqlite3", "processes.log"} <= kept
