@@ -8,6 +8,7 @@ of the time left was far too high.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,8 +45,7 @@ class Progress:
         """The services are up and the clients start booking."""
         self._began = self._said = self._clock()
         if self._tty:
-            stderr = click.get_text_stream("stderr")
-            self._bar = click.progressbar(length=self.total, label="booking rides", file=stderr)
+            self._bar = click.progressbar(length=self.total, label="booking rides", file=sys.stderr)
             self._bar.__enter__()
         else:
             self._write(f"booking {self.total} rides")
