@@ -29,7 +29,7 @@ from psycopg.rows import dict_row
 from .._concurrency import Lock
 from ..errors import StoreUnavailable
 from ..observability import Instrumentation
-from ._breaker import FAIL_FAST, Breaker, closed_by_server
+from ._breaker import Breaker, closed_by_server
 from ._connection import body, run
 from ._driver import Blocks
 from ._listener import Listener
@@ -251,16 +251,16 @@ class _PoolSource:
     ) -> tuple[AbstractContextManager[psycopg.Connection[Any]], Any]:
         """Wait for a connection in short slices, up to the pool's timeout while the
         server is healthy (a busy pool), but no longer once it is known to be gone."""
-        give_up = None
+        give_up = time.monotonic() + self.pool.timeout
         while True:
-            cm = self.pool.connection(self.breaker.timeout(deadline))
+            left = give_up - time.monotonic()
+            cm = self.pool.connection(min(self.breaker.timeout(deadline), max(left, 0.001)))
             try:
                 return cm, cm.__enter__()
             except psycopg_pool.PoolTimeout as exc:
                 if self.breaker.troubled or deadline is not None:
                     self.breaker.timed_out(exc)
                     raise translate(exc) from exc
-                give_up = give_up or time.monotonic() + self.pool.timeout - FAIL_FAST
                 if time.monotonic() >= give_up:
                     raise translate(exc) from exc
             except DRIVER_ERRORS as exc:  # the pool is closed
