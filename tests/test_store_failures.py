@@ -371,3 +371,25 @@ def test_a_missing_application_table_is_the_applications_error_async(
             assert "migrate" not in str(raised.value)
 
     asyncio.run(main())
+
+
+def test_p11_a_pooled_connection_with_a_notification_waiting_is_kept(
+    pg_url: str, scope: str
+) -> None:
+    """The restart check drops a pooled connection whose socket has something to
+    read while idle (the server closed it); one of an application's pool that LISTENs
+    has a notification to read, and is alive: a round trip tells, and it stays."""
+    import psycopg_pool
+
+    with psycopg_pool.ConnectionPool(pg_url, min_size=1, max_size=1, open=True) as pool:
+        with pool.connection() as conn:
+            conn.execute("LISTEN idempotence_test_channel")
+            conn.commit()
+            backend = conn.info.backend_pid
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            other.execute("NOTIFY idempotence_test_channel")
+        time.sleep(0.2)  # the notification reaches the idle connection's socket
+        store = PostgresStore(pool)
+        assert store.claim(req(scope)).outcome is Outcome.EXECUTE
+        with pool.connection() as conn:
+            assert conn.info.backend_pid == backend

@@ -235,7 +235,7 @@ class _PoolSource:
         deadline = None
         for _ in range(self.pool.max_size + 1):
             cm, raw = self._wait(deadline)
-            if not raw.closed and not closed_by_server(raw.fileno()):
+            if not raw.closed and not (closed_by_server(raw.fileno()) and self._dead(raw)):
                 if self.breaker.troubled:
                     self.breaker.healthy()
                 return cm, raw
@@ -245,6 +245,16 @@ class _PoolSource:
             raw.close()  # the pool replaces it
             cm.__exit__(None, None, None)
         raise StoreUnavailable("PostgreSQL is unavailable: every pooled connection was closed")
+
+    def _dead(self, raw: psycopg.Connection[Any]) -> bool:
+        """A connection with something to read while idle is almost surely closed by
+        the server; a round trip tells (an application's pool may hold a connection
+        that LISTENs, and a notification is no reason to drop it)."""
+        try:
+            self.pool.check_connection(raw)
+        except psycopg.Error:
+            return True
+        return False
 
     def _wait(
         self, deadline: float | None

@@ -236,7 +236,7 @@ class _AsyncPoolSource:
         deadline = None
         for _ in range(self.pool.max_size + 1):
             cm, raw = await self._wait(deadline)
-            if not raw.closed and not closed_by_server(raw.fileno()):
+            if not raw.closed and not (closed_by_server(raw.fileno()) and await self._dead(raw)):
                 if self.breaker.troubled:
                     self.breaker.healthy()
                 return cm, raw
@@ -246,6 +246,16 @@ class _AsyncPoolSource:
             await raw.close()  # the pool replaces it
             await cm.__aexit__(None, None, None)
         raise StoreUnavailable("PostgreSQL is unavailable: every pooled connection was closed")
+
+    async def _dead(self, raw: psycopg.AsyncConnection[Any]) -> bool:
+        """A connection with something to read while idle is almost surely closed by
+        the server; a round trip tells (an application's pool may hold a connection
+        that LISTENs, and a notification is no reason to drop it)."""
+        try:
+            await self.pool.check_connection(raw)
+        except psycopg.Error:
+            return True
+        return False
 
     async def _wait(
         self, deadline: float | None
