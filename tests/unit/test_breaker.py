@@ -25,13 +25,12 @@ def test_an_outage_fails_fast_probes_and_ends(
 ) -> None:
     breaker = Breaker()
     assert breaker.timeout() == FAIL_FAST and not breaker.troubled  # a slice
-    breaker.timed_out("busy")  # a busy pool is not a dead server
-    assert not breaker.troubled
 
     breaker.broken("server closed the connection")
     assert breaker.troubled and breaker.timeout() == FAIL_FAST
     with caplog.at_level(logging.INFO, logger="idempotence.stores"):
-        breaker.timed_out("no connection in 0.5 s")
+        error = breaker.timed_out("no connection in 0.5 s")
+        assert isinstance(error, StoreUnavailable) and "no connection" in str(error)
         breaker.down("Connection refused")  # the pool's attempts fail too: still one line
         with pytest.raises(StoreUnavailable, match="Connection refused"):
             breaker.timeout()
@@ -55,3 +54,13 @@ def test_a_deadline_bounds_the_wait(clock: list[float]) -> None:
     assert breaker.timeout(deadline) == pytest.approx(FAIL_FAST - 0.3)
     clock[0] += 1.0
     assert breaker.timeout(deadline) > 0
+
+
+def test_the_pools_own_reason_is_the_outages(clock: list[float]) -> None:
+    breaker = Breaker("idempotence-test")
+    _breaker.connect_errors["idempotence-test"] = "Connection refused"
+    breaker.broken("closed")
+    error = breaker.timed_out("couldn't get a connection after 0.50 sec")
+    assert "Connection refused" in str(error)
+    breaker.healthy()
+    assert "idempotence-test" not in _breaker.connect_errors

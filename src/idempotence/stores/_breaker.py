@@ -46,7 +46,8 @@ connect_errors: dict[str, str] = {}
 class Breaker:
     """The health of one pool's server (see the module docstring)."""
 
-    def __init__(self, what: str = "PostgreSQL") -> None:
+    def __init__(self, pool: str = "", what: str = "PostgreSQL") -> None:
+        self._pool = pool  # its name, for the reason it last failed to connect
         self._what = what
         self._state = _HEALTHY
         self._reason = ""
@@ -76,32 +77,35 @@ class Breaker:
         if self._state == _HEALTHY:
             self._state, self._reason = _SUSPECT, _line(reason)
 
-    def timed_out(self, reason: object) -> None:
-        """A checkout ran out of time: if the server was suspect, it is down."""
-        if self._state != _HEALTHY:
-            self.down(reason)
+    def timed_out(self, reason: object) -> StoreUnavailable:
+        """A checkout of a troubled server ran out of time: it is down. Returns the
+        error to raise, with the pool's own reason when it has one."""
+        self.down(reason)
+        return StoreUnavailable(f"{self._what} is unavailable: {self._reason}")
 
     def down(self, reason: object = "cannot connect") -> None:
         """The server cannot be reached (the pool's connection attempts failed)."""
+        reason = _line(connect_errors.get(self._pool) or reason)
         if self._state != _DOWN:
             logger.warning(
                 "%s is unavailable (%s): operations fail at once until it is back",
                 self._what,
-                _line(reason),
+                reason,
                 extra={"unavailable": True},
             )
-        self._state, self._reason = _DOWN, _line(reason)
+        self._state, self._reason = _DOWN, reason
         self._probe_at = time.monotonic() + PROBE_INTERVAL
 
     def reconnect_failed(self, pool: Any) -> None:
         """The pool's ``reconnect_failed`` callback."""
-        self.down(connect_errors.get(getattr(pool, "name", ""), "cannot connect"))
+        self.down("cannot connect")
 
     def healthy(self) -> None:
         """A checkout got a live connection (call only when :attr:`troubled`)."""
         if self._state == _DOWN:
             logger.info("%s is available again", self._what, extra={"unavailable": False})
         self._state = _HEALTHY
+        connect_errors.pop(self._pool, None)
 
     @property
     def troubled(self) -> bool:

@@ -208,7 +208,7 @@ class _PoolSource:
         self.pool = pool
         self._owned = owned
         self._opened = not owned
-        self.breaker = breaker or Breaker()
+        self.breaker = breaker or Breaker(pool.name)
 
     @contextmanager
     def connection(self) -> Iterator[_Connection]:
@@ -268,9 +268,8 @@ class _PoolSource:
             try:
                 return cm, cm.__enter__()
             except psycopg_pool.PoolTimeout as exc:
-                if self.breaker.troubled or deadline is not None:
-                    self.breaker.timed_out(exc)
-                    raise translate(exc) from exc
+                if self.breaker.troubled:
+                    raise self.breaker.timed_out(exc) from exc
                 if time.monotonic() >= give_up:
                     raise translate(exc) from exc
             except DRIVER_ERRORS as exc:  # the pool is closed
@@ -321,7 +320,8 @@ class PostgresStore(Store):
     ) -> None:
         source: _PoolSource | _SingleSource
         if isinstance(target, str):
-            breaker = Breaker()
+            name = pool_name()
+            breaker = Breaker(name)
             pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
                 target,
                 min_size=1,
@@ -330,7 +330,7 @@ class PostgresStore(Store):
                 kwargs={"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)},
                 configure=_configure,
                 open=False,
-                name=pool_name(),
+                name=name,
                 # Give up at once on a failed connection attempt (the breaker then
                 # fails requests fast and probes): the pool's own backoff would
                 # leave it short of connections long after the server is back.

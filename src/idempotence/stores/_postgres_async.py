@@ -209,7 +209,7 @@ class _AsyncPoolSource:
         self.pool = pool
         self._owned = owned
         self._opened = not owned
-        self.breaker = breaker or Breaker()
+        self.breaker = breaker or Breaker(pool.name)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[_AsyncConnection]:
@@ -269,9 +269,8 @@ class _AsyncPoolSource:
             try:
                 return cm, await cm.__aenter__()
             except psycopg_pool.PoolTimeout as exc:
-                if self.breaker.troubled or deadline is not None:
-                    self.breaker.timed_out(exc)
-                    raise translate(exc) from exc
+                if self.breaker.troubled:
+                    raise self.breaker.timed_out(exc) from exc
                 if time.monotonic() >= give_up:
                     raise translate(exc) from exc
             except DRIVER_ERRORS as exc:  # the pool is closed
@@ -322,7 +321,8 @@ class AsyncPostgresStore(AsyncStore):
     ) -> None:
         source: _AsyncPoolSource | _AsyncSingleSource
         if isinstance(target, str):
-            breaker = Breaker()
+            name = pool_name()
+            breaker = Breaker(name)
             pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
                 target,
                 min_size=1,
@@ -331,7 +331,7 @@ class AsyncPostgresStore(AsyncStore):
                 kwargs={"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)},
                 configure=_configure_async,
                 open=False,
-                name=pool_name(),
+                name=name,
                 # Give up at once on a failed connection attempt (the breaker then
                 # fails requests fast and probes): the pool's own backoff would
                 # leave it short of connections long after the server is back.
