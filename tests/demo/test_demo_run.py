@@ -233,3 +233,33 @@ def test_serve_on_a_port_in_use_says_so_on_one_line(tmp_path):
     lines = log.read_text().strip().splitlines()
     assert code == 1, lines
     assert len(lines) == 1 and f"port {port}" in lines[0] and "in use" in lines[0], lines
+
+
+def test_serve_on_an_unreachable_database_says_why_without_a_traceback(tmp_path):
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [
+                os.path.join(os.path.dirname(sys.executable), "idempotence"),
+                "demo",
+                "serve",
+                *("--port", str(free_port()), "--provider-port", str(free_port())),
+                *("--database", "postgresql://postgres@127.0.0.1:1/nothing"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
+    try:
+        code = process.wait(60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    text = log.read_text()
+    assert code == 1, text
+    assert "Traceback" not in text, text
+    assert "Rocket Rides API" not in text, text  # no banner: nothing came up
+    errors = [line for line in text.splitlines() if line.startswith("StoreUnavailable")]
+    assert len(errors) == 1 and "Connection refused" in errors[0], text
+    assert text.rstrip().endswith("setup failed to start: see the line above"), text
