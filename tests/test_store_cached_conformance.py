@@ -19,7 +19,6 @@ from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from tests.support.stores import StoreKind
 from tests.test_store_conformance import *  # noqa: F403 - the same tests, collected here
 
-
 #: The conftest's hook parametrizes ``store_kind`` with these, and no Redis store.
 STORE_KINDS = ["postgres-sync", "postgres-async", "sqlite-sync", "sqlite-async"]
 

@@ -50,6 +50,10 @@ class Query:
     params: Mapping[str, Any]
 
 
+#: The name of the application's own statements (``tx.execute``): their errors are
+#: the application's (a missing table is not the key store's schema).
+APPLICATION = "application"
+
 Op = Generator[Query, list[Row], T]
 """An operation: yields queries, is sent each query's rows, returns its result."""
 
@@ -75,7 +79,7 @@ class Dialect(abc.ABC):
     def application(self, sql: str, params: Any) -> Query:
         """The application's own statement (``tx.execute``), its ``:name``
         placeholders written the way the driver takes them."""
-        return Query("application", sql, params or {})
+        return Query(APPLICATION, sql, params or {})
 
     # -- value conversions ------------------------------------------------------------
 
