@@ -33,12 +33,11 @@ from ._listener import Listener
 from ._listener_base import mark_waiter
 from ._ops import Op, Query, Row
 from ._postgres_base import (
-    BOUND_LOCK_WAIT,
     CUSTOM_PLANS,
     DEFAULT_CONNECT_TIMEOUT,
     DRIVER_ERRORS,
-    RESTORE_LOCK_WAIT,
     PostgresDialect,
+    bounded_claim,
     deferred_sql,
     has_rows,
     held,
@@ -120,11 +119,7 @@ class _Connection:
             query = next(first)
             with self.raw.pipeline():
                 self.raw.execute("BEGIN")
-                # Never prepared: a statement behind the claim is skipped when the
-                # claim fails, and psycopg would count it prepared all the same.
-                self.raw.execute(BOUND_LOCK_WAIT, prepare=False)
-                cur.execute(query.sql, query.params)
-                self.raw.execute(RESTORE_LOCK_WAIT, prepare=False)
+                cur.execute(bounded_claim(query), query.params)
             rows = cur.fetchall() if has_rows(cur) else []
         return run(first, _Bounded(self), rows)
 
@@ -181,10 +176,7 @@ class _Bounded:
     def fetch(self, query: Query) -> list[Row]:
         raw = self._conn.raw
         with translated(), held(), raw.cursor(row_factory=dict_row) as cur:
-            with raw.pipeline():
-                raw.execute(BOUND_LOCK_WAIT, prepare=False)
-                cur.execute(query.sql, query.params)
-                raw.execute(RESTORE_LOCK_WAIT, prepare=False)
+            cur.execute(bounded_claim(query), query.params)
             return cur.fetchall() if has_rows(cur) else []
 
 

@@ -31,12 +31,11 @@ from ._listener_async import AsyncListener
 from ._listener_base import mark_waiter
 from ._ops import Op, Query, Row
 from ._postgres_base import (
-    BOUND_LOCK_WAIT,
     CUSTOM_PLANS,
     DEFAULT_CONNECT_TIMEOUT,
     DRIVER_ERRORS,
-    RESTORE_LOCK_WAIT,
     PostgresDialect,
+    bounded_claim,
     deferred_sql,
     has_rows,
     held,
@@ -120,11 +119,7 @@ class _AsyncConnection:
                 query = next(first)
                 async with self.raw.pipeline():
                     await self.raw.execute("BEGIN")
-                    # Never prepared: a statement behind the claim is skipped when the
-                    # claim fails, and psycopg would count it prepared all the same.
-                    await self.raw.execute(BOUND_LOCK_WAIT, prepare=False)
-                    await cur.execute(query.sql, query.params)
-                    await self.raw.execute(RESTORE_LOCK_WAIT, prepare=False)
+                    await cur.execute(bounded_claim(query), query.params)
                 rows = await cur.fetchall() if has_rows(cur) else []
         return await run_async(first, _Bounded(self), rows)
 
@@ -182,10 +177,7 @@ class _Bounded:
         raw = self._conn.raw
         with translated(), held():
             async with raw.cursor(row_factory=dict_row) as cur:
-                async with raw.pipeline():
-                    await raw.execute(BOUND_LOCK_WAIT, prepare=False)
-                    await cur.execute(query.sql, query.params)
-                    await raw.execute(RESTORE_LOCK_WAIT, prepare=False)
+                await cur.execute(bounded_claim(query), query.params)
                 return await cur.fetchall() if has_rows(cur) else []
 
 

@@ -128,18 +128,48 @@ FAIL_UNLESS_APPLIED = "WITH applied AS ({statement}) SELECT 1 / count(*) AS appl
 # every other key. So the claim waits for a lock at most CLAIM_LOCK_WAIT (lock_timeout
 # covers both waits; NOWAIT does not exist for an INSERT's conflict), then rolls back
 # and answers from a read (KeyHeld, _ops.claim_held): 409, or with `wait` a poll
-# outside any transaction (F8). Long enough for a twin that is committing already; the
-# statements around the claim keep the transaction's own setting (the application's
-# writes must not inherit the bound) and travel in the claim's pipeline: no trip added.
+# outside any transaction (F8). Long enough for a twin that is committing already.
+# The statements around the claim keep the transaction's own setting (the
+# application's writes must not inherit the bound), and the claim statement sets and
+# restores it itself (bounded_claim): no statement added, no trip added. The INSERT's
+# row source sets the bound (saving the setting first) before the INSERT looks for a
+# conflict; each branch of the final SELECT restores it once the INSERT is done. A
+# claim whose INSERT gave up rolls back, setting and all.
 CLAIM_LOCK_WAIT = "50ms"
-BOUND_LOCK_WAIT = (
-    f"SELECT set_config('lock_timeout', '{CLAIM_LOCK_WAIT}', true) FROM ("
-    "SELECT set_config('idempotence.lock_timeout', current_setting('lock_timeout'), true)"
-    ") AS saved"
+_INSERT_SOURCE = "WHERE NOT EXISTS (SELECT FROM settled)"
+_BOUND = (
+    f"(SELECT set_config('lock_timeout', '{CLAIM_LOCK_WAIT}', true) FROM (SELECT set_config("
+    "'idempotence.lock_timeout', current_setting('lock_timeout'), true)) AS saved) IS NOT NULL"
 )
-RESTORE_LOCK_WAIT = (
-    "SELECT set_config('lock_timeout', current_setting('idempotence.lock_timeout'), true)"
+# The bound may not have run (a settled key skips the INSERT's source): then the saved
+# setting is missing, or empty (a placeholder left by an earlier transaction), and the
+# setting is the transaction's own still.
+_RESTORE = (
+    "set_config('lock_timeout', coalesce(nullif(current_setting("
+    "'idempotence.lock_timeout', true), ''), current_setting('lock_timeout')), true)"
+    " AS lock_wait_restored"
 )
+_BRANCHES = (
+    "SELECT true AS claimed, now() AS db_now,",
+    "SELECT false AS claimed, now() AS db_now,",
+)
+_bounded: dict[str, str] = {}
+
+
+def bounded_claim(query: Query) -> str:
+    """The text of ``query`` (the ``claim``) that bounds its own lock wait (F8)."""
+    sql = _bounded.get(query.sql)
+    if sql is None:
+        sql = query.sql
+        if query.name != "claim" or any(
+            sql.count(part) != 1 for part in (_INSERT_SOURCE, *_BRANCHES)
+        ):
+            raise StoreError(f"cannot bound the lock wait of the statement {query.name!r}")
+        sql = sql.replace(_INSERT_SOURCE, f"{_INSERT_SOURCE} AND {_BOUND}")
+        for branch in _BRANCHES:
+            sql = sql.replace(branch, f"{branch} {_RESTORE},")
+        _bounded[query.sql] = sql
+    return sql
 
 
 def pipelines(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
