@@ -11,6 +11,7 @@ transactions, which is what request-as-transaction mode wants).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import (
     AbstractContextManager,
@@ -68,9 +69,15 @@ class _Connection:
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
         self._blocks = Blocks()
+        self._cursor: psycopg.Cursor[Row] | None = None
 
     def fetch(self, query: Query) -> list[Row]:
-        with translated(), self.raw.cursor(row_factory=dict_row) as cur:
+        with translated():
+            # One cursor for the connection's life: a cursor per statement was a
+            # measurable share of a request (its creation, its row maker, its close).
+            cur = self._cursor
+            if cur is None or cur.closed:
+                cur = self._cursor = self.raw.cursor(row_factory=dict_row)
             # No parameters: a script of several statements (migrations) is allowed.
             cur.execute(query.sql, query.params or None)
             # pgresult.status is what cur.description would tell, without building
@@ -190,23 +197,12 @@ class _PoolSource:
         self.pool = pool
         self._owned = owned
         self._opened = not owned
+        #: The store's view of each of the pool's connections, made once per connection.
+        self.views: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Connection]
+        self.views = weakref.WeakKeyDictionary()
 
-    @contextmanager
-    def connection(self) -> Iterator[_Connection]:
-        if not self._opened:
-            # The first use opens the pool (an async pool cannot open in __init__).
-            # Opening an open pool again does nothing, so a race here is harmless.
-            self.pool.open(wait=False)
-            self._opened = True
-        with translated():
-            cm = self.pool.connection()
-            raw = cm.__enter__()
-        try:
-            yield _Connection(raw)
-        except BaseException as exc:
-            cm.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        cm.__exit__(None, None, None)
+    def connection(self) -> _Checkout:
+        return _Checkout(self)
 
     def close(self) -> None:
         # Final: a store closed before its first use never opens its pool, and a
@@ -214,6 +210,46 @@ class _PoolSource:
         opened, self._opened = self._opened, True
         if self._owned and opened:
             self.pool.close()
+
+
+class _Checkout:
+    """One of the pool's connections for one operation, by ``getconn`` and ``putconn``:
+    the pool's ``connection()`` wraps them in two context managers and a lock, every
+    operation, to do what :meth:`__exit__` does here only when there is something to
+    do (a transaction left open commits, or rolls back after an error)."""
+
+    __slots__ = ("_raw", "_source")
+
+    def __init__(self, source: _PoolSource) -> None:
+        self._source = source
+        self._raw: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> _Connection:
+        source = self._source
+        if not source._opened:
+            # The first use opens the pool (an async pool cannot open in __init__).
+            # Opening an open pool again does nothing, so a race here is harmless.
+            source.pool.open(wait=False)
+            source._opened = True
+        with translated():
+            raw = self._raw = source.pool.getconn()
+        conn = source.views.get(raw)
+        if conn is None:
+            conn = source.views[raw] = _Connection(raw)
+        return conn
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        raw = self._raw
+        assert raw is not None
+        try:
+            if not raw.closed and raw.info.transaction_status != pq.TransactionStatus.IDLE:
+                if exc is None:
+                    raw.commit()
+                else:
+                    with suppress(psycopg.Error):
+                        raw.rollback()
+        finally:
+            self._source.pool.putconn(raw)
 
 
 class _SingleSource:

@@ -9,6 +9,7 @@ transactions, which is what request-as-transaction mode wants).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import (
     AbstractAsyncContextManager,
@@ -66,15 +67,20 @@ class _AsyncConnection:
     def __init__(self, raw: psycopg.AsyncConnection[Any]) -> None:
         self.raw = raw
         self._blocks = Blocks()
+        self._cursor: psycopg.AsyncCursor[Row] | None = None
 
     async def fetch(self, query: Query) -> list[Row]:
         with translated():
-            async with self.raw.cursor(row_factory=dict_row) as cur:
-                # No parameters: a script of several statements (migrations) is allowed.
-                await cur.execute(query.sql, query.params or None)
-                # pgresult.status is what cur.description would tell, without building
-                # a column description per statement (measurable on the hot path).
-                return await cur.fetchall() if has_rows(cur) else []
+            # One cursor for the connection's life: a cursor per statement was a
+            # measurable share of a request (its creation, its row maker, its close).
+            cur = self._cursor
+            if cur is None or cur.closed:
+                cur = self._cursor = self.raw.cursor(row_factory=dict_row)
+            # No parameters: a script of several statements (migrations) is allowed.
+            await cur.execute(query.sql, query.params or None)
+            # pgresult.status is what cur.description would tell, without building
+            # a column description per statement (measurable on the hot path).
+            return await cur.fetchall() if has_rows(cur) else []
 
     @asynccontextmanager
     async def atomic(self, first: Op[T] | None = None) -> AsyncIterator[T | None]:
@@ -191,23 +197,12 @@ class _AsyncPoolSource:
         self.pool = pool
         self._owned = owned
         self._opened = not owned
+        #: The store's view of each of the pool's connections, made once per connection.
+        self.views: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _AsyncConnection]
+        self.views = weakref.WeakKeyDictionary()
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[_AsyncConnection]:
-        if not self._opened:
-            # The first use opens the pool (an async pool cannot open in __init__).
-            # Opening an open pool again does nothing, so a race here is harmless.
-            await self.pool.open(wait=False)
-            self._opened = True
-        with translated():
-            cm = self.pool.connection()
-            raw = await cm.__aenter__()
-        try:
-            yield _AsyncConnection(raw)
-        except BaseException as exc:
-            await cm.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        await cm.__aexit__(None, None, None)
+    def connection(self) -> _AsyncCheckout:
+        return _AsyncCheckout(self)
 
     async def close(self) -> None:
         # Final: a store closed before its first use never opens its pool, and a
@@ -215,6 +210,46 @@ class _AsyncPoolSource:
         opened, self._opened = self._opened, True
         if self._owned and opened:
             await self.pool.close()
+
+
+class _AsyncCheckout:
+    """One of the pool's connections for one operation, by ``getconn`` and ``putconn``:
+    the pool's ``connection()`` wraps them in two context managers and a lock, every
+    operation, to do what :meth:`__aexit__` does here only when there is something to
+    do (a transaction left open commits, or rolls back after an error)."""
+
+    __slots__ = ("_raw", "_source")
+
+    def __init__(self, source: _AsyncPoolSource) -> None:
+        self._source = source
+        self._raw: psycopg.AsyncConnection[Any] | None = None
+
+    async def __aenter__(self) -> _AsyncConnection:
+        source = self._source
+        if not source._opened:
+            # The first use opens the pool (an async pool cannot open in __init__).
+            # Opening an open pool again does nothing, so a race here is harmless.
+            await source.pool.open(wait=False)
+            source._opened = True
+        with translated():
+            raw = self._raw = await source.pool.getconn()
+        conn = source.views.get(raw)
+        if conn is None:
+            conn = source.views[raw] = _AsyncConnection(raw)
+        return conn
+
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        raw = self._raw
+        assert raw is not None
+        try:
+            if not raw.closed and raw.info.transaction_status != pq.TransactionStatus.IDLE:
+                if exc is None:
+                    await raw.commit()
+                else:
+                    with suppress(psycopg.Error):
+                        await raw.rollback()
+        finally:
+            await self._source.pool.putconn(raw)
 
 
 class _AsyncSingleSource:

@@ -7,8 +7,6 @@ The stores themselves are in :mod:`._postgres_async` (the source) and
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -81,21 +79,43 @@ def translate(exc: BaseException) -> StoreError:
 DRIVER_ERRORS = (psycopg.Error, psycopg_pool.PoolTimeout)
 
 
-@contextmanager
-def translated() -> Iterator[None]:
-    try:
-        yield
-    except DRIVER_ERRORS as exc:
-        raise translate(exc) from exc
+class _Translated:
+    """``with TRANSLATED:`` raises the library's error for a psycopg or pool error
+    (:func:`translate`). A class, not a generator: it is entered for every statement."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, DRIVER_ERRORS):
+            raise translate(exc) from exc
 
 
-@contextmanager
-def held() -> Iterator[None]:
-    """Inside :func:`translated`: a claim's lock wait that ran out (F8) is KeyHeld."""
-    try:
-        yield
-    except psycopg.errors.LockNotAvailable as exc:
-        raise KeyHeld(str(exc)) from exc
+class _Held:
+    """Inside :data:`TRANSLATED`: a claim's lock wait that ran out (F8) is KeyHeld."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            raise KeyHeld(str(exc)) from exc
+
+
+TRANSLATED = _Translated()
+HELD = _Held()
+
+
+def translated() -> _Translated:
+    return TRANSLATED
+
+
+def held() -> _Held:
+    return HELD
 
 
 def has_rows(cur: Any) -> bool:
