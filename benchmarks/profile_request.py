@@ -2,9 +2,9 @@
 
 Run it from the repository root::
 
-    .venv/bin/python benchmarks/profile_request.py              # instructions per request (valgrind)
-    .venv/bin/python benchmarks/profile_request.py --quick      # a smoke run: a few requests, no valgrind
-    .venv/bin/python benchmarks/profile_request.py --profile pg-handler   # cProfile's top functions
+    .venv/bin/python benchmarks/profile_request.py           # instructions/request (valgrind)
+    .venv/bin/python benchmarks/profile_request.py --quick   # a smoke run, no valgrind
+    .venv/bin/python benchmarks/profile_request.py --profile pg-handler   # cProfile's top
     .venv/bin/python benchmarks/profile_request.py --concurrency 16 --cpu pg-handler
 
 The requests go in process, through ``httpx.AsyncClient`` on an ``ASGITransport``, to a
@@ -19,7 +19,9 @@ counts over 2N is the instructions per request, free of the start-up's. A row's
 ``added`` subtracts its baseline's instructions per request (measured the same way in
 the same run): the same endpoint without the middleware (``trivial``), or, for
 request-as-transaction, the endpoint doing its one INSERT in a transaction of its own
-(``insert``). Instruction counts are the same however busy the machine is, so two
+(``insert``). ``pg-floor`` is the handler-mode floor: the trivial endpoint running the
+store's own claim and finish statements by hand on a psycopg pool, no library code.
+Instruction counts are the same however busy the machine is, so two
 runs on a shared machine compare. ``--cpu`` reports CPU microseconds per request
 instead (process time, noisier), with ``--concurrency`` clients at once.
 
@@ -46,6 +48,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 #: row -> (backend, endpoint path, baseline row or None, replay)
@@ -55,6 +58,7 @@ ROWS: dict[str, tuple[str, str, str | None, bool]] = {
     "pg-handler": ("postgres", "/handler", "pg-trivial", False),
     "pg-transaction": ("postgres", "/tx", "pg-insert", False),
     "pg-replay": ("postgres", "/handler", "pg-trivial", True),
+    "pg-floor": ("postgres", "/floor", "pg-trivial", False),
     "sqlite-trivial": ("sqlite", "/trivial", None, False),
     "sqlite-handler": ("sqlite", "/handler", "sqlite-trivial", False),
     "sqlite-replay": ("sqlite", "/handler", "sqlite-trivial", True),
@@ -69,8 +73,8 @@ INSERT = {
 # -- the app ----------------------------------------------------------------------------------
 
 
-def build_app(backend: str, target: str) -> tuple[Any, Any]:
-    """The Starlette app, guarded, and its store."""
+def build_app(backend: str, target: str) -> tuple[Any, Any, Any]:
+    """The Starlette app, guarded, its store, and the floor's statements."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -110,8 +114,16 @@ def build_app(backend: str, target: str) -> tuple[Any, Any]:
         await tx.execute(insert, {"amount": data["amount"], "note": "x"})
         return JSONResponse({"ok": True, "amount": data["amount"]}, status_code=201)
 
+    floor = _floor(backend, target)
+
+    async def by_hand(request: Request) -> JSONResponse:
+        data = await request.json()
+        await floor(request.headers["idempotency-key"])
+        return JSONResponse({"ok": True, "amount": data["amount"]}, status_code=201)
+
     app = Starlette(
         routes=[
+            Route("/floor", by_hand, methods=["POST"]),
             Route("/trivial", trivial, methods=["POST"]),
             Route("/insert", own_transaction, methods=["POST"]),
             Route("/handler", trivial, methods=["POST"]),
@@ -124,10 +136,56 @@ def build_app(backend: str, target: str) -> tuple[Any, Any]:
         endpoints=[
             Endpoint("POST /trivial", None),
             Endpoint("POST /insert", None),
+            Endpoint("POST /floor", None),
             Endpoint("POST /tx", Policy(transaction=True)),
         ],
     )
-    return IdempotencyMiddleware(app, config), store
+    return IdempotencyMiddleware(app, config), store, floor
+
+
+def _floor(backend: str, target: str) -> Any:
+    """The handler-mode floor: the store's own claim and finish statements (from the
+    package's queries.sql), by hand on a psycopg pool, no library code around them."""
+    if backend != "postgres":
+        return None
+    import psycopg_pool
+    from psycopg.rows import dict_row
+
+    from idempotence._queries import load
+
+    queries = load("postgres")
+    pool: Any = psycopg_pool.AsyncConnectionPool(
+        target, min_size=1, max_size=20, kwargs={"autocommit": True}, open=False
+    )
+    finish = {"status": 201, "headers": "[]", "body": b"{}", "error": None, "scope": "profile"}
+
+    async def statements(key: str) -> None:
+        if pool.closed:
+            await pool.open()
+        claim = {
+            "scope": "profile",
+            "key": key,
+            "method": "POST",
+            "path": "/floor",
+            "fingerprint": key,
+            "params": "{}",
+            "flow": "http",
+            "lock_timeout": timedelta(seconds=30),
+            "retention": timedelta(days=1),
+        }
+        async with pool.connection() as conn:
+            cur = await conn.cursor(row_factory=dict_row).execute(queries["claim"], claim)
+            row = await cur.fetchone()
+        async with pool.connection() as conn:
+            params = {**finish, "id": row["id"], "token": row["lock_token"]}
+            await (await conn.execute(queries["finish"], params)).fetchall()
+
+    async def close() -> None:
+        if not pool.closed:
+            await pool.close()
+
+    statements.close = close  # type: ignore[attr-defined]
+    return statements
 
 
 async def _requests(app: Any, path: str, replay: bool, counts: list[int], concurrency: int) -> Any:
@@ -163,7 +221,7 @@ async def _requests(app: Any, path: str, replay: bool, counts: list[int], concur
 
 async def _child(args: argparse.Namespace) -> None:
     backend, path, _, replay = ROWS[args.row]
-    app, store = build_app(backend, args.target)
+    app, store, floor = build_app(backend, args.target)
     try:
         steps = _requests(app, path, replay, [args.warmup, args.requests], args.concurrency)
         await anext(steps)  # the warm-up
@@ -183,6 +241,8 @@ async def _child(args: argparse.Namespace) -> None:
         print(json.dumps({"row": args.row, "cpu_us": cpu / max(args.requests, 1) * 1e6}))
     finally:
         await store.close()
+        if floor is not None:
+            await floor.close()
 
 
 # -- the databases ----------------------------------------------------------------------------
