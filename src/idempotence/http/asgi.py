@@ -86,7 +86,9 @@ class IdempotencyMiddleware:
             method=scope["method"],
             path=scope["path"],
             query=scope.get("query_string", b"").decode("latin-1"),
-            headers=tuple([(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]),
+            headers=tuple(
+                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+            ),
             raw=scope,
             path_params=params,
         )
