@@ -11,7 +11,6 @@ transactions, which is what request-as-transaction mode wants).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator
 from contextlib import (
     AbstractContextManager,
@@ -197,9 +196,19 @@ class _PoolSource:
         self.pool = pool
         self._owned = owned
         self._opened = not owned
-        #: The store's view of each of the pool's connections, made once per connection.
-        self.views: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Connection]
-        self.views = weakref.WeakKeyDictionary()
+        #: The store's view of each of the pool's connections, made once per connection
+        #: (a view holds its connection: see :meth:`view` for how the map stays small).
+        self._views: dict[psycopg.Connection[Any], _Connection] = {}
+
+    def view(self, raw: psycopg.Connection[Any]) -> _Connection:
+        conn = self._views.get(raw)
+        if conn is None:
+            # A connection the map has not seen replaces one the pool closed (or adds
+            # one): forget the closed, so the map holds no more than the pool.
+            for closed in [known for known in self._views if known.closed]:
+                del self._views[closed]
+            conn = self._views[raw] = _Connection(raw)
+        return conn
 
     def connection(self) -> _Checkout:
         return _Checkout(self)
@@ -233,10 +242,7 @@ class _Checkout:
             source._opened = True
         with translated():
             raw = self._raw = source.pool.getconn()
-        conn = source.views.get(raw)
-        if conn is None:
-            conn = source.views[raw] = _Connection(raw)
-        return conn
+        return source.view(raw)
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         raw = self._raw
