@@ -134,3 +134,26 @@ def test_f8_the_application_statements_after_the_claim_keep_their_lock_timeout(
         tx.execute("SET LOCAL lock_timeout = '7s'")  # the application's own setting
     with store.transaction() as tx:
         assert tx.execute("SHOW lock_timeout")[0]["lock_timeout"] == "0"
+
+
+def test_f8_the_claim_restores_the_lock_timeout_whatever_its_outcome(
+    pg_url: str, scope: str
+) -> None:
+    """The claim bounds its own lock wait and restores the setting in the same statement:
+    on every branch (claimed, replayed: its INSERT skipped, mismatched), and on a
+    session that has the bound's saved setting from an earlier transaction."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn, PostgresStore(conn) as store:
+        with store.transaction(claim=req(scope)) as tx:
+            assert tx.claim is not None and tx.claim.lease is not None
+            assert tx.execute("SHOW lock_timeout")[0]["lock_timeout"] == "0"
+            store.finish(tx.claim.lease, RESPONSE, tx=tx, at_commit=True)
+        for fingerprint, outcome in ((FP, Outcome.REPLAY), (OTHER_FP, Outcome.MISMATCH)):
+            with store.transaction(claim=req(scope, fingerprint)) as tx:
+                assert tx.claim is not None and tx.claim.outcome is outcome
+                assert tx.execute("SHOW lock_timeout")[0]["lock_timeout"] == "0"
+        conn.execute("SET lock_timeout = '9s'")  # the session's own setting
+        with store.transaction(claim=req(f"{scope}-2")) as tx:
+            assert tx.claim is not None and tx.claim.outcome is Outcome.EXECUTE
+            assert tx.execute("SHOW lock_timeout")[0]["lock_timeout"] == "9s"

@@ -46,6 +46,8 @@ def validate_key(key: str) -> str:
         raise InvalidKey(
             f"The Idempotency-Key is too long: {len(key)} characters, max {MAX_KEY_LENGTH}."
         )
+    if key.isascii() and key.isprintable():
+        return key  # printable ASCII is exactly 0x20-0x7E: the loop below, in C
     for position, char in enumerate(key):
         if not " " <= char <= "~":
             raise InvalidKey(

@@ -86,7 +86,9 @@ class IdempotencyMiddleware:
             method=scope["method"],
             path=scope["path"],
             query=scope.get("query_string", b"").decode("latin-1"),
-            headers=tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]),
+            headers=tuple(
+                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+            ),
             raw=scope,
             path_params=params,
         )
@@ -203,9 +205,11 @@ class _Exchange:
             else:
                 await self.send(message)  # informational (e.g. the test client's debug)
 
-        extensions = self.scope.get("extensions") or {}
-        scope = dict(self.scope)
-        scope["extensions"] = {k: v for k, v in extensions.items() if k not in _UNBUFFERABLE}
+        scope = self.scope
+        extensions = scope.get("extensions") or {}
+        if any(name in extensions for name in _UNBUFFERABLE):
+            scope = dict(scope)
+            scope["extensions"] = {k: v for k, v in extensions.items() if k not in _UNBUFFERABLE}
         try:
             await self.app(scope, self.replay_receive(complete), send)
         except Exception as exc:

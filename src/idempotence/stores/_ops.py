@@ -150,7 +150,11 @@ class Dialect(abc.ABC):
             "method": request.method,
             "path": request.path,
             "fingerprint": request.fingerprint,
-            "params": json.dumps(request.params, separators=(",", ":")),
+            # An empty dict is most claims' (an HTTP handler's): json.dumps with
+            # separators builds an encoder per call.
+            "params": "{}"
+            if request.params == {}
+            else json.dumps(request.params, separators=(",", ":")),
             "flow": request.flow,
             "lock_timeout": self.duration_in(request.lock_timeout),
             "retention": self.duration_in(request.retention),

@@ -36,12 +36,11 @@ from ._listener import Listener
 from ._listener_base import mark_waiter
 from ._ops import Op, Query, Row
 from ._postgres_base import (
-    BOUND_LOCK_WAIT,
     CUSTOM_PLANS,
     DEFAULT_CONNECT_TIMEOUT,
     DRIVER_ERRORS,
-    RESTORE_LOCK_WAIT,
     PostgresDialect,
+    bounded_claim,
     deferred_sql,
     has_rows,
     held,
@@ -73,9 +72,15 @@ class _Connection:
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
         self._blocks = Blocks()
+        self._cursor: psycopg.Cursor[Row] | None = None
 
     def fetch(self, query: Query) -> list[Row]:
-        with translated(query.name), self.raw.cursor(row_factory=dict_row) as cur:
+        with translated(query.name):
+            # One cursor for the connection's life: a cursor per statement was a
+            # measurable share of a request (its creation, its row maker, its close).
+            cur = self._cursor
+            if cur is None or cur.closed:
+                cur = self._cursor = self.raw.cursor(row_factory=dict_row)
             # No parameters: a script of several statements (migrations) is allowed.
             cur.execute(query.sql, query.params or None)
             # pgresult.status is what cur.description would tell, without building
@@ -124,11 +129,7 @@ class _Connection:
             query = next(first)
             with self.raw.pipeline():
                 self.raw.execute("BEGIN")
-                # Never prepared: a statement behind the claim is skipped when the
-                # claim fails, and psycopg would count it prepared all the same.
-                self.raw.execute(BOUND_LOCK_WAIT, prepare=False)
-                cur.execute(query.sql, query.params)
-                self.raw.execute(RESTORE_LOCK_WAIT, prepare=False)
+                cur.execute(bounded_claim(query), query.params)
             rows = cur.fetchall() if has_rows(cur) else []
         return run(first, _Bounded(self), rows)
 
@@ -185,10 +186,7 @@ class _Bounded:
     def fetch(self, query: Query) -> list[Row]:
         raw = self._conn.raw
         with translated(), held(), raw.cursor(row_factory=dict_row) as cur:
-            with raw.pipeline():
-                raw.execute(BOUND_LOCK_WAIT, prepare=False)
-                cur.execute(query.sql, query.params)
-                raw.execute(RESTORE_LOCK_WAIT, prepare=False)
+            cur.execute(bounded_claim(query), query.params)
             return cur.fetchall() if has_rows(cur) else []
 
 
@@ -209,41 +207,43 @@ class _PoolSource:
         self._owned = owned
         self._opened = not owned
         self.breaker = breaker or Breaker(pool.name)
+        #: The store's view of each of the pool's connections, made once per connection
+        #: (a view holds its connection: see :meth:`view` for how the map stays small).
+        self._views: dict[psycopg.Connection[Any], _Connection] = {}
 
-    @contextmanager
-    def connection(self) -> Iterator[_Connection]:
+    def view(self, raw: psycopg.Connection[Any]) -> _Connection:
+        conn = self._views.get(raw)
+        if conn is None:
+            # A connection the map has not seen replaces one the pool closed (or adds
+            # one): forget the closed, so the map holds no more than the pool.
+            for closed in [known for known in self._views if known.closed]:
+                del self._views[closed]
+            conn = self._views[raw] = _Connection(raw)
+        return conn
+
+    def connection(self) -> _Checkout:
+        return _Checkout(self)
+
+    def checkout(self) -> psycopg.Connection[Any]:
+        """A pooled connection the server has not closed (P11): one that has is
+        discarded (after a restart, every idle one has), and the next is taken."""
         if not self._opened:
             # The first use opens the pool (an async pool cannot open in __init__).
             # Opening an open pool again does nothing, so a race here is harmless.
             self.pool.open(wait=False)
             self._opened = True
-        cm, raw = self._checkout()
-        try:
-            yield _Connection(raw)
-        except BaseException as exc:
-            if raw.broken:
-                self.breaker.broken(exc)
-            cm.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        cm.__exit__(None, None, None)
-
-    def _checkout(
-        self,
-    ) -> tuple[AbstractContextManager[psycopg.Connection[Any]], Any]:
-        """A pooled connection the server has not closed (P11): one that has is
-        discarded (after a restart, every idle one has), and the next is taken."""
         deadline = None
         for _ in range(self.pool.max_size + 1):
-            cm, raw = self._wait(deadline)
+            raw = self._wait(deadline)
             if not raw.closed and not (closed_by_server(raw.fileno()) and self._dead(raw)):
                 if self.breaker.troubled:
                     self.breaker.healthy()
-                return cm, raw
+                return raw
             self.breaker.broken("the server closed a pooled connection")
             # After a dead connection, the next ones share one short wait.
             deadline = deadline or self.breaker.deadline()
             raw.close()  # the pool replaces it
-            cm.__exit__(None, None, None)
+            self.pool.putconn(raw)
         raise StoreUnavailable("PostgreSQL is unavailable: every pooled connection was closed")
 
     def _dead(self, raw: psycopg.Connection[Any]) -> bool:
@@ -256,17 +256,17 @@ class _PoolSource:
             return True
         return False
 
-    def _wait(
-        self, deadline: float | None
-    ) -> tuple[AbstractContextManager[psycopg.Connection[Any]], Any]:
+    def _wait(self, deadline: float | None) -> psycopg.Connection[Any]:
         """Wait for a connection in short slices, up to the pool's timeout while the
         server is healthy (a busy pool), but no longer once it is known to be gone."""
         give_up = time.monotonic() + self.pool.timeout
         while True:
             left = give_up - time.monotonic()
-            cm = self.pool.connection(min(self.breaker.timeout(deadline), max(left, 0.001)))
             try:
-                return cm, cm.__enter__()
+                raw: psycopg.Connection[Any] = self.pool.getconn(
+                    min(self.breaker.timeout(deadline), max(left, 0.001))
+                )
+                return raw
             except psycopg_pool.PoolTimeout as exc:
                 if self.breaker.troubled:
                     raise self.breaker.timed_out(exc) from exc
@@ -281,6 +281,38 @@ class _PoolSource:
         opened, self._opened = self._opened, True
         if self._owned and opened:
             self.pool.close()
+
+
+class _Checkout:
+    """One of the pool's connections for one operation, by ``getconn`` and ``putconn``:
+    the pool's ``connection()`` wraps them in two context managers and a lock, every
+    operation, to do what :meth:`__exit__` does here only when there is something to
+    do (a transaction left open commits, or rolls back after an error)."""
+
+    __slots__ = ("_raw", "_source")
+
+    def __init__(self, source: _PoolSource) -> None:
+        self._source = source
+        self._raw: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> _Connection:
+        raw = self._raw = self._source.checkout()
+        return self._source.view(raw)
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        raw = self._raw
+        assert raw is not None
+        try:
+            if exc is not None and raw.broken:
+                self._source.breaker.broken(exc)
+            if not raw.closed and raw.info.transaction_status != pq.TransactionStatus.IDLE:
+                if exc is None:
+                    raw.commit()
+                else:
+                    with suppress(psycopg.Error):
+                        raw.rollback()
+        finally:
+            self._source.pool.putconn(raw)
 
 
 class _SingleSource:

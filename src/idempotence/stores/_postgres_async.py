@@ -34,12 +34,11 @@ from ._listener_async import AsyncListener
 from ._listener_base import mark_waiter
 from ._ops import Op, Query, Row
 from ._postgres_base import (
-    BOUND_LOCK_WAIT,
     CUSTOM_PLANS,
     DEFAULT_CONNECT_TIMEOUT,
     DRIVER_ERRORS,
-    RESTORE_LOCK_WAIT,
     PostgresDialect,
+    bounded_claim,
     deferred_sql,
     has_rows,
     held,
@@ -71,15 +70,20 @@ class _AsyncConnection:
     def __init__(self, raw: psycopg.AsyncConnection[Any]) -> None:
         self.raw = raw
         self._blocks = Blocks()
+        self._cursor: psycopg.AsyncCursor[Row] | None = None
 
     async def fetch(self, query: Query) -> list[Row]:
         with translated(query.name):
-            async with self.raw.cursor(row_factory=dict_row) as cur:
-                # No parameters: a script of several statements (migrations) is allowed.
-                await cur.execute(query.sql, query.params or None)
-                # pgresult.status is what cur.description would tell, without building
-                # a column description per statement (measurable on the hot path).
-                return await cur.fetchall() if has_rows(cur) else []
+            # One cursor for the connection's life: a cursor per statement was a
+            # measurable share of a request (its creation, its row maker, its close).
+            cur = self._cursor
+            if cur is None or cur.closed:
+                cur = self._cursor = self.raw.cursor(row_factory=dict_row)
+            # No parameters: a script of several statements (migrations) is allowed.
+            await cur.execute(query.sql, query.params or None)
+            # pgresult.status is what cur.description would tell, without building
+            # a column description per statement (measurable on the hot path).
+            return await cur.fetchall() if has_rows(cur) else []
 
     @asynccontextmanager
     async def atomic(self, first: Op[T] | None = None) -> AsyncIterator[T | None]:
@@ -124,11 +128,7 @@ class _AsyncConnection:
                 query = next(first)
                 async with self.raw.pipeline():
                     await self.raw.execute("BEGIN")
-                    # Never prepared: a statement behind the claim is skipped when the
-                    # claim fails, and psycopg would count it prepared all the same.
-                    await self.raw.execute(BOUND_LOCK_WAIT, prepare=False)
-                    await cur.execute(query.sql, query.params)
-                    await self.raw.execute(RESTORE_LOCK_WAIT, prepare=False)
+                    await cur.execute(bounded_claim(query), query.params)
                 rows = await cur.fetchall() if has_rows(cur) else []
         return await run_async(first, _Bounded(self), rows)
 
@@ -186,10 +186,7 @@ class _Bounded:
         raw = self._conn.raw
         with translated(), held():
             async with raw.cursor(row_factory=dict_row) as cur:
-                async with raw.pipeline():
-                    await raw.execute(BOUND_LOCK_WAIT, prepare=False)
-                    await cur.execute(query.sql, query.params)
-                    await raw.execute(RESTORE_LOCK_WAIT, prepare=False)
+                await cur.execute(bounded_claim(query), query.params)
                 return await cur.fetchall() if has_rows(cur) else []
 
 
@@ -210,41 +207,43 @@ class _AsyncPoolSource:
         self._owned = owned
         self._opened = not owned
         self.breaker = breaker or Breaker(pool.name)
+        #: The store's view of each of the pool's connections, made once per connection
+        #: (a view holds its connection: see :meth:`view` for how the map stays small).
+        self._views: dict[psycopg.AsyncConnection[Any], _AsyncConnection] = {}
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[_AsyncConnection]:
+    def view(self, raw: psycopg.AsyncConnection[Any]) -> _AsyncConnection:
+        conn = self._views.get(raw)
+        if conn is None:
+            # A connection the map has not seen replaces one the pool closed (or adds
+            # one): forget the closed, so the map holds no more than the pool.
+            for closed in [known for known in self._views if known.closed]:
+                del self._views[closed]
+            conn = self._views[raw] = _AsyncConnection(raw)
+        return conn
+
+    def connection(self) -> _AsyncCheckout:
+        return _AsyncCheckout(self)
+
+    async def checkout(self) -> psycopg.AsyncConnection[Any]:
+        """A pooled connection the server has not closed (P11): one that has is
+        discarded (after a restart, every idle one has), and the next is taken."""
         if not self._opened:
             # The first use opens the pool (an async pool cannot open in __init__).
             # Opening an open pool again does nothing, so a race here is harmless.
             await self.pool.open(wait=False)
             self._opened = True
-        cm, raw = await self._checkout()
-        try:
-            yield _AsyncConnection(raw)
-        except BaseException as exc:
-            if raw.broken:
-                self.breaker.broken(exc)
-            await cm.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        await cm.__aexit__(None, None, None)
-
-    async def _checkout(
-        self,
-    ) -> tuple[AbstractAsyncContextManager[psycopg.AsyncConnection[Any]], Any]:
-        """A pooled connection the server has not closed (P11): one that has is
-        discarded (after a restart, every idle one has), and the next is taken."""
         deadline = None
         for _ in range(self.pool.max_size + 1):
-            cm, raw = await self._wait(deadline)
+            raw = await self._wait(deadline)
             if not raw.closed and not (closed_by_server(raw.fileno()) and await self._dead(raw)):
                 if self.breaker.troubled:
                     self.breaker.healthy()
-                return cm, raw
+                return raw
             self.breaker.broken("the server closed a pooled connection")
             # After a dead connection, the next ones share one short wait.
             deadline = deadline or self.breaker.deadline()
             await raw.close()  # the pool replaces it
-            await cm.__aexit__(None, None, None)
+            await self.pool.putconn(raw)
         raise StoreUnavailable("PostgreSQL is unavailable: every pooled connection was closed")
 
     async def _dead(self, raw: psycopg.AsyncConnection[Any]) -> bool:
@@ -257,17 +256,17 @@ class _AsyncPoolSource:
             return True
         return False
 
-    async def _wait(
-        self, deadline: float | None
-    ) -> tuple[AbstractAsyncContextManager[psycopg.AsyncConnection[Any]], Any]:
+    async def _wait(self, deadline: float | None) -> psycopg.AsyncConnection[Any]:
         """Wait for a connection in short slices, up to the pool's timeout while the
         server is healthy (a busy pool), but no longer once it is known to be gone."""
         give_up = time.monotonic() + self.pool.timeout
         while True:
             left = give_up - time.monotonic()
-            cm = self.pool.connection(min(self.breaker.timeout(deadline), max(left, 0.001)))
             try:
-                return cm, await cm.__aenter__()
+                raw: psycopg.AsyncConnection[Any] = await self.pool.getconn(
+                    min(self.breaker.timeout(deadline), max(left, 0.001))
+                )
+                return raw
             except psycopg_pool.PoolTimeout as exc:
                 if self.breaker.troubled:
                     raise self.breaker.timed_out(exc) from exc
@@ -282,6 +281,38 @@ class _AsyncPoolSource:
         opened, self._opened = self._opened, True
         if self._owned and opened:
             await self.pool.close()
+
+
+class _AsyncCheckout:
+    """One of the pool's connections for one operation, by ``getconn`` and ``putconn``:
+    the pool's ``connection()`` wraps them in two context managers and a lock, every
+    operation, to do what :meth:`__aexit__` does here only when there is something to
+    do (a transaction left open commits, or rolls back after an error)."""
+
+    __slots__ = ("_raw", "_source")
+
+    def __init__(self, source: _AsyncPoolSource) -> None:
+        self._source = source
+        self._raw: psycopg.AsyncConnection[Any] | None = None
+
+    async def __aenter__(self) -> _AsyncConnection:
+        raw = self._raw = await self._source.checkout()
+        return self._source.view(raw)
+
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        raw = self._raw
+        assert raw is not None
+        try:
+            if exc is not None and raw.broken:
+                self._source.breaker.broken(exc)
+            if not raw.closed and raw.info.transaction_status != pq.TransactionStatus.IDLE:
+                if exc is None:
+                    await raw.commit()
+                else:
+                    with suppress(psycopg.Error):
+                        await raw.rollback()
+        finally:
+            await self._source.pool.putconn(raw)
 
 
 class _AsyncSingleSource:

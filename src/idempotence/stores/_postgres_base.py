@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -129,23 +127,49 @@ def translate(exc: BaseException, *, own: bool = True) -> StoreError:
 DRIVER_ERRORS = (psycopg.Error, psycopg_pool.PoolTimeout)
 
 
-@contextmanager
-def translated(statement: str = "") -> Iterator[None]:
-    """Translate the driver's errors; ``statement`` is the name of the query run
-    (:data:`~._ops.APPLICATION`: the application's)."""
-    try:
-        yield
-    except DRIVER_ERRORS as exc:
-        raise translate(exc, own=statement != APPLICATION) from exc
+class _Translated:
+    """``with translated():`` raises the library's error for a psycopg or pool error
+    (:func:`translate`). A class, not a generator: it is entered for every statement."""
+
+    __slots__ = ("_own",)
+
+    def __init__(self, *, own: bool) -> None:
+        self._own = own
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, DRIVER_ERRORS):
+            raise translate(exc, own=self._own) from exc
 
 
-@contextmanager
-def held() -> Iterator[None]:
+class _Held:
     """Inside :func:`translated`: a claim's lock wait that ran out (F8) is KeyHeld."""
-    try:
-        yield
-    except psycopg.errors.LockNotAvailable as exc:
-        raise KeyHeld(str(exc)) from exc
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            raise KeyHeld(str(exc)) from exc
+
+
+_TRANSLATED = _Translated(own=True)
+_TRANSLATED_APPLICATION = _Translated(own=False)
+_HELD = _Held()
+
+
+def translated(statement: str = "") -> _Translated:
+    """Translate the driver's errors; ``statement`` is the name of the query run
+    (:data:`~._ops.APPLICATION`: the application's, whose errors are its own)."""
+    return _TRANSLATED_APPLICATION if statement == APPLICATION else _TRANSLATED
+
+
+def held() -> _Held:
+    return _HELD
 
 
 def has_rows(cur: Any) -> bool:
@@ -178,18 +202,48 @@ FAIL_UNLESS_APPLIED = "WITH applied AS ({statement}) SELECT 1 / count(*) AS appl
 # every other key. So the claim waits for a lock at most CLAIM_LOCK_WAIT (lock_timeout
 # covers both waits; NOWAIT does not exist for an INSERT's conflict), then rolls back
 # and answers from a read (KeyHeld, _ops.claim_held): 409, or with `wait` a poll
-# outside any transaction (F8). Long enough for a twin that is committing already; the
-# statements around the claim keep the transaction's own setting (the application's
-# writes must not inherit the bound) and travel in the claim's pipeline: no trip added.
+# outside any transaction (F8). Long enough for a twin that is committing already.
+# The statements around the claim keep the transaction's own setting (the
+# application's writes must not inherit the bound), and the claim statement sets and
+# restores it itself (bounded_claim): no statement added, no trip added. The INSERT's
+# row source sets the bound (saving the setting first) before the INSERT looks for a
+# conflict; each branch of the final SELECT restores it once the INSERT is done. A
+# claim whose INSERT gave up rolls back, setting and all.
 CLAIM_LOCK_WAIT = "50ms"
-BOUND_LOCK_WAIT = (
-    f"SELECT set_config('lock_timeout', '{CLAIM_LOCK_WAIT}', true) FROM ("
-    "SELECT set_config('idempotence.lock_timeout', current_setting('lock_timeout'), true)"
-    ") AS saved"
+_INSERT_SOURCE = "WHERE NOT EXISTS (SELECT FROM settled)"
+_BOUND = (
+    f"(SELECT set_config('lock_timeout', '{CLAIM_LOCK_WAIT}', true) FROM (SELECT set_config("
+    "'idempotence.lock_timeout', current_setting('lock_timeout'), true)) AS saved) IS NOT NULL"
 )
-RESTORE_LOCK_WAIT = (
-    "SELECT set_config('lock_timeout', current_setting('idempotence.lock_timeout'), true)"
+# The bound may not have run (a settled key skips the INSERT's source): then the saved
+# setting is missing, or empty (a placeholder left by an earlier transaction), and the
+# setting is the transaction's own still.
+_RESTORE = (
+    "set_config('lock_timeout', coalesce(nullif(current_setting("
+    "'idempotence.lock_timeout', true), ''), current_setting('lock_timeout')), true)"
+    " AS lock_wait_restored"
 )
+_BRANCHES = (
+    "SELECT true AS claimed, now() AS db_now,",
+    "SELECT false AS claimed, now() AS db_now,",
+)
+_bounded: dict[str, str] = {}
+
+
+def bounded_claim(query: Query) -> str:
+    """The text of ``query`` (the ``claim``) that bounds its own lock wait (F8)."""
+    sql = _bounded.get(query.sql)
+    if sql is None:
+        sql = query.sql
+        if query.name != "claim" or any(
+            sql.count(part) != 1 for part in (_INSERT_SOURCE, *_BRANCHES)
+        ):
+            raise StoreError(f"cannot bound the lock wait of the statement {query.name!r}")
+        sql = sql.replace(_INSERT_SOURCE, f"{_INSERT_SOURCE} AND {_BOUND}")
+        for branch in _BRANCHES:
+            sql = sql.replace(branch, f"{branch} {_RESTORE},")
+        _bounded[query.sql] = sql
+    return sql
 
 
 def pipelines(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
