@@ -22,6 +22,7 @@ from rocket_rides.mailer import FakeMailer, Receipt
 from rocket_rides.provider import Faults
 from rocket_rides.report import Evidence, MessageCounts, RideRow, assess, render
 from rocket_rides.rides import ride_params, validate
+from rocket_rides.run import free_port
 from rocket_rides.stack import StackConfig
 
 RIDE = {"origin_lat": 48.88, "origin_lon": 2.35, "target_lat": 48.72, "target_lon": 2.38}
@@ -300,6 +301,21 @@ def test_the_idempotence_command_has_the_demo():
     assert serve.exit_code == 0 and "--provider-port" in serve.output
     assert "stack" not in overview.output.split("Commands:")[1]  # internal, hidden
     assert wrong.exit_code == 2 and "unsupported database" in wrong.output
+
+
+def test_a_bad_or_silent_broker_is_a_clear_error(tmp_path):
+    runner = CliRunner()
+    nobody = f"amqp://guest:secret@127.0.0.1:{free_port()}/"
+
+    wrong = runner.invoke(main, ["demo", "--broker", "http://127.0.0.1:5672/"])
+    silent = runner.invoke(
+        main, ["demo", "--rides", "1", "--broker", nobody, "--data-dir", str(tmp_path)]
+    )
+
+    assert wrong.exit_code == 2 and "give an AMQP URL" in wrong.output
+    assert silent.exit_code == 1 and "no RabbitMQ broker answers at 127.0.0.1" in silent.output
+    assert "secret" not in silent.output
+    assert not (tmp_path / "processes.log").exists()  # nothing was started
 
 
 def test_registering_the_group_imports_no_web_stack():
