@@ -6,6 +6,7 @@ is unavailable; every error says what to do about it.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -160,3 +161,34 @@ def test_an_invalid_port_is_a_usage_error(port: str) -> None:
     result = idempotence("stats", "--database", f"postgresql://postgres@127.0.0.1:{port}/x")
     assert result.returncode == 2, result.stderr
     assert f"invalid port '{port}'" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_log_json_works_before_and_after_the_subcommand(tmp_path: Path, where: str) -> None:
+    """#16: ``--log-json`` (and ``--log-level``) are the group's options, yet an
+    operator writes them after the command too; every log line is then JSON."""
+    url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    assert idempotence("migrate", "--database", url).returncode == 0
+    logging_options = ["--log-json", "--log-level", "info"]
+    command = ["worker", "--database", url, "--interval", "0.1"]
+    args = [*logging_options, *command] if where == "before" else [*command, *logging_options]
+    env = {name: value for name, value in os.environ.items() if name != ENV_VAR}
+    log = tmp_path / "worker.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen([str(CLI), *args], env=env, stderr=stderr, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while "worker running" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        proc.terminate()
+        proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    for line in text.strip().splitlines():
+        assert isinstance(json.loads(line), dict), line

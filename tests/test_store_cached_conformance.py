@@ -19,8 +19,11 @@ from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from tests.support.stores import StoreKind
 from tests.test_store_conformance import *  # noqa: F403 - the same tests, collected here
 
+#: The conftest's hook parametrizes ``store_kind`` with these, and no Redis store.
+STORE_KINDS = ["postgres-sync", "postgres-async", "sqlite-sync", "sqlite-async"]
 
-@pytest.fixture(params=["postgres-sync", "postgres-async", "sqlite-sync", "sqlite-async"])
+
+@pytest.fixture
 def store_kind(request: pytest.FixtureRequest, redis_url: str, redis_prefix: str) -> StoreKind:
     """A cached store over each primary, in each flavour."""
     backend, flavour = request.param.split("-")

@@ -18,13 +18,16 @@ from idempotence import (
     AsyncSqliteStore,
     ClaimRequest,
     Outcome,
+    SchemaMissing,
     SqliteStore,
     StoredResponse,
+    StoreError,
     StoreUnavailable,
     TransientError,
 )
 from idempotence.stores import _postgres as postgres
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from idempotence.stores.postgres import translate as translate_pg
 from tests.support.postgres import ProvidedServer, throwaway_cluster
 
 FP = "c" * 64
@@ -331,3 +334,62 @@ def test_sqlite_replays_are_served_while_a_writer_holds_the_lock(
     assert time.monotonic() - began < 0.5
     holder.join()
     store.close()
+
+
+# -- the application's own statements ------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_a_missing_application_table_is_the_applications_error_not_the_schema(
+    backend: str, pg_url: str, sqlite_path: str, scope: str
+) -> None:
+    """#16: the application's INSERT into a table of its own that does not exist, in a
+    request-as-transaction phase, is its error: not the key store's schema missing,
+    with advice to run ``idempotence migrate`` that would not help."""
+    store: Any = PostgresStore(pg_url) if backend == "postgres" else SqliteStore(sqlite_path)
+    if backend == "sqlite":
+        store.migrate()
+    with store, pytest.raises(StoreError) as raised, store.transaction(claim=req(scope)) as tx:
+        assert tx.claim is not None and tx.claim.outcome is Outcome.EXECUTE
+        tx.execute("INSERT INTO app_rides_that_do_not_exist (id) VALUES (1)")
+    assert not isinstance(raised.value, SchemaMissing)
+    assert "migrate" not in str(raised.value)
+    assert "app_rides_that_do_not_exist" in str(raised.value)
+    # The key store's own schema missing still says to migrate.
+    assert "migrate" in str(translate_pg(psycopg.errors.UndefinedTable("no relation")))
+
+
+def test_a_missing_application_table_is_the_applications_error_async(
+    pg_url: str, scope: str
+) -> None:
+    async def main() -> None:
+        async with AsyncPostgresStore(pg_url) as store:
+            with pytest.raises(StoreError) as raised:
+                async with store.transaction(claim=req(scope)) as tx:
+                    await tx.execute("SELECT no_such_column FROM idempotency_keys")
+            assert not isinstance(raised.value, SchemaMissing)
+            assert "migrate" not in str(raised.value)
+
+    asyncio.run(main())
+
+
+def test_p11_a_pooled_connection_with_a_notification_waiting_is_kept(
+    pg_url: str, scope: str
+) -> None:
+    """The restart check drops a pooled connection whose socket has something to
+    read while idle (the server closed it); one of an application's pool that LISTENs
+    has a notification to read, and is alive: a round trip tells, and it stays."""
+    import psycopg_pool
+
+    with psycopg_pool.ConnectionPool(pg_url, min_size=1, max_size=1, open=True) as pool:
+        with pool.connection() as conn:
+            conn.execute("LISTEN idempotence_test_channel")
+            conn.commit()
+            backend = conn.info.backend_pid
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            other.execute("NOTIFY idempotence_test_channel")
+        time.sleep(0.2)  # the notification reaches the idle connection's socket
+        store = PostgresStore(pool)
+        assert store.claim(req(scope)).outcome is Outcome.EXECUTE
+        with pool.connection() as conn:
+            assert conn.info.backend_pid == backend

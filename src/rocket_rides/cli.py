@@ -11,8 +11,10 @@ the ``idempotence`` command nothing, and a missing one is a message, not a trace
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -165,23 +167,23 @@ def demo(ctx: click.Context, /, **options: Any) -> None:
     if ctx.invoked_subcommand is not None:
         return
     _require_dependencies(broker=options["broker"] is not None)
+    from .progress import Progress
     from .report import render
     from .run import DemoError, DemoOptions, run_demo
 
     as_json = options.pop("as_json")
     data_dir = options.pop("data_dir")
     settings = DemoOptions(**options, data_dir=None if data_dir is None else str(data_dir))
+    # The progress goes to stderr, so that --json output stays one object on stdout.
+    progress = Progress(
+        settings.rides, tty=sys.stderr.isatty(), write=lambda line: click.echo(line, err=True)
+    )
     try:
-        # The bar goes to stderr, so that --json output stays one object on stdout.
-        if sys.stderr.isatty():
-            with click.progressbar(
-                length=settings.rides, label="booking rides", file=sys.stderr
-            ) as bar:
-                report = run_demo(settings, progress=lambda: bar.update(1))
-        else:
-            report = run_demo(settings)
+        report = run_demo(settings, progress=progress, begin=progress.begin)
     except DemoError as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        progress.end()
     if as_json:
         click.echo(json.dumps(report.to_json(), sort_keys=True))
     else:
@@ -259,21 +261,32 @@ def serve(
         ),
         log_level="info",
     )
-    click.echo(
-        f"Rocket Rides API   http://{host}:{port}   (docs: http://{host}:{port}/docs)", err=True
-    )
-    click.echo(f"FakePay provider   http://{host}:{provider_port}/v1/charges", err=True)
-    click.echo(f"database           {url}", err=True)
-    click.echo(f"provider, mailer   {directory}", err=True)
-    click.echo("API keys           user-1 … user-100 (user-N-declined: a declined card)", err=True)
+    for option, number in (("--port", port), ("--provider-port", provider_port)):
+        if not _free(host, number):
+            raise click.ClickException(
+                f"port {number} on {host} is in use: choose another {option}"
+            )
+
+    def banner() -> None:
+        echo = functools.partial(click.echo, err=True)
+        echo(f"Rocket Rides API   http://{host}:{port}   (docs: http://{host}:{port}/docs)")
+        echo(f"FakePay provider   http://{host}:{provider_port}/v1/charges")
+        echo(f"database           {url}")
+        echo(f"provider, mailer   {directory}")
+        echo("API keys           user-1 … user-100 (user-N-declined: a declined card)")
+        echo("Stop with Ctrl-C.")
 
     def announce(event: Event) -> None:
-        if event["event"] == "exited" and event.get("signal") is not None:
+        # The banner once the servers accept connections; a process that dies while
+        # the stack stops (Ctrl-C, SIGTERM) was told to.
+        if event["event"] == "ready":
+            banner()
+        elif event["event"] == "exited" and event.get("signal") and not event.get("stopping"):
             click.echo(
                 f"{event['role']} (pid {event['pid']}) died: signal {event['signal']}", err=True
             )
         elif event["event"] == "failed":
-            click.echo(f"{event['role']} failed to start: see the log above", err=True)
+            click.echo(f"{event['role']} failed to start: see the line above", err=True)
 
     try:
         status = run_stack(config, announce)
@@ -281,6 +294,18 @@ def serve(
         if own:
             shutil.rmtree(directory, ignore_errors=True)
     sys.exit(status)
+
+
+def _free(host: str, port: int) -> bool:
+    """Whether ``port`` can be listened on (a server already there would make the
+    stack's process fail to start, again and again)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 @demo.command(hidden=True)

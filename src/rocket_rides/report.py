@@ -8,7 +8,9 @@ own file). Exactly-once holds when:
 * every paid ride has exactly one successful charge, and that charge is the one the
   ride records; no charge exists without its ride (double charges);
 * every paid ride got exactly one receipt, and no unpaid ride got one;
-* every key is terminal (``complete`` or ``failed``: a stored answer);
+* every key is terminal (``complete`` or ``failed``: a stored answer), but for a
+  key whose client walked away before the service claimed it, which has no row
+  (counted as ``never claimed``; any other key without a row is ``missing``);
 * every client that got a final answer got the ride the database holds, and every
   replay it asked for was the same response;
 * with a broker (``--broker``), every message published was settled by a consumer.
@@ -33,6 +35,10 @@ __all__ = ["Evidence", "MessageCounts", "Report", "RideRow", "assess", "render"]
 
 #: Key states that are a final, stored answer.
 TERMINAL = frozenset({"complete", "failed"})
+#: The "state" of a requested key that has no row because its client gave up
+#: before the service claimed it (nothing was booked, as it should be).
+NEVER_CLAIMED = "never claimed"
+ACCEPTED = TERMINAL | {NEVER_CLAIMED}
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,10 +247,14 @@ def _check_receipts(evidence: Evidence, paid: Mapping[int, RideRow]) -> _Check:
 
 
 def _check_keys(evidence: Evidence, requested: set[str], unclaimed: set[str]) -> _Check:
-    # Every key the service claimed holds a stored answer.
-    states = Counter(evidence.key_states.get(key, "missing") for key in requested)
-    not_terminal = sum(n for state, n in states.items() if state not in TERMINAL)
-    not_terminal -= len(unclaimed)
+    # Every key the service claimed holds a stored answer. A key whose client walked
+    # away before the claim has no row, rightly: it is counted as never claimed, not
+    # as missing, so that the states shown are the ones the check accepts.
+    states = Counter(
+        NEVER_CLAIMED if key in unclaimed else evidence.key_states.get(key, "missing")
+        for key in requested
+    )
+    not_terminal = sum(n for state, n in states.items() if state not in ACCEPTED)
     return _Check(
         {"keys_by_state": dict(sorted(states.items()))},
         _failed((not_terminal, "key(s) not terminal")),
@@ -363,8 +373,8 @@ def render(report: Report) -> str:
     lines = [head, ""] + [f"  {label:<{width}}  {value}" for label, value in rows] + [""]
     if report.ok:
         lines.append(
-            "OK: no double charge, one receipt per paid ride, every key terminal, every replay"
-            " identical."
+            "OK: no double charge, one receipt per paid ride, every claimed key terminal,"
+            " every replay identical."
         )
     else:
         lines.append("FAILED:")

@@ -188,8 +188,13 @@ def start_stack(config: StackConfig, log: IO[bytes]) -> Iterator[StackProcess]:
 # -- the run ----------------------------------------------------------------------------------
 
 
-def run_demo(options: DemoOptions, progress: Callable[[], None] | None = None) -> Report:
-    """Run the demo and return its report; ``progress()`` is called as each ride ends."""
+def run_demo(
+    options: DemoOptions,
+    progress: Callable[[], None] | None = None,
+    begin: Callable[[], None] | None = None,
+) -> Report:
+    """Run the demo and return its report; ``begin()`` is called once the services
+    are up and the clients start, ``progress()`` as each ride ends."""
     started = time.monotonic()
     seed = options.seed if options.seed is not None else secrets.randbelow(2**31)
     own_dir = options.data_dir is None
@@ -213,6 +218,8 @@ def run_demo(options: DemoOptions, progress: Callable[[], None] | None = None) -
             log = cleanup.enter_context(open(Path(data_dir) / "processes.log", "wb"))
             stack = cleanup.enter_context(start_stack(config, log))
             urls = [f"http://127.0.0.1:{port}" for port in config.api_ports]
+            if begin is not None:
+                begin()
             clients = asyncio.run(run_clients(workload, urls, progress))
             _settle(database, workload, config, clients)
             evidence = _gather(database, workload, config, clients)

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ from typing import Any
 import httpx
 
 from idempotence.database import open_async_sql_store
+from idempotence.errors import IdempotenceError
 from idempotence.flows import FlowRegistry
 from idempotence.http import Profile
 from idempotence.maintenance import (
@@ -251,6 +253,10 @@ def _fork(target: Callable[[], None], log_level: str) -> int:
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
+    except (IdempotenceError, OSError) as exc:
+        # A fault of the environment (the database unreachable, a port taken): one
+        # line that says it, not a traceback.
+        print(" ".join(f"{type(exc).__name__}: {exc}".split()), file=sys.stderr)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -329,6 +335,15 @@ def _start(
     )
 
 
+def _accepts(host: str, port: int) -> bool:
+    """Whether a server listens on ``host:port`` yet."""
+    try:
+        socket.create_connection((host, port), timeout=0.2).close()
+    except OSError:
+        return False
+    return True
+
+
 def _supervise(
     children: dict[int, _Child],
     config: StackConfig,
@@ -338,7 +353,12 @@ def _supervise(
     quick_deaths = 0
     status_code = 0
     deadline: float | None = None
+    waiting = {(config.host, child.port) for child in children.values() if child.port}
     while children:
+        if waiting and not stopping.is_set():
+            waiting = {address for address in waiting if not _accepts(*address)}
+            if not waiting:
+                announce({"event": "ready"})
         if stopping.is_set() and deadline is None:
             deadline = time.monotonic() + _STOP_GRACE
         if deadline is not None and time.monotonic() > deadline:
@@ -362,6 +382,7 @@ def _supervise(
                 "pid": pid,
                 "signal": -code if code < 0 else None,
                 "code": code if code >= 0 else None,
+                "stopping": stopping.is_set(),
             }
         )
         if stopping.is_set():

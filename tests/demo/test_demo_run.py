@@ -76,8 +76,9 @@ def test_the_demo_proves_exactly_once(database: list[str], crash_rate: str | Non
     assert report["charges"] == report["rides_created"]  # declined ones included
     assert report["receipts"] == report["rides_paid"] > 0
     states = report["keys_by_state"]
-    assert set(states) <= {"complete", "failed", "missing"}
-    assert states.get("missing", 0) == unclaimed
+    # A key whose client walked away before the claim has no row: "never claimed".
+    assert set(states) <= {"complete", "failed", "never claimed"}
+    assert states.get("never claimed", 0) == unclaimed
     assert sum(states.values()) == RIDES
     assert report["backend"] == ("postgres" if database else "sqlite")
     assert "messages_published" not in report  # no broker: receipts by the mailer
@@ -143,6 +144,9 @@ def test_the_table_report_and_the_exit_status(tmp_path):
     assert process.returncode == 0, process.stdout + process.stderr
     assert "rides requested" in process.stdout and "double charges" in process.stdout
     assert process.stdout.rstrip().splitlines()[-1].startswith("OK:")
+    # stderr is no terminal here: the progress is lines, the last one the total.
+    assert "booking 10 rides" in process.stderr
+    assert "booked 10/10 rides in" in process.stderr
     # The data directory was asked for, so it is kept: the databases and the log.
     kept = {path.name for path in (tmp_path / "data").iterdir()}
     assert {"rides.sqlite3", "provider.sqlite3", "mailer.sqlite3", "processes.log"} <= kept
@@ -195,3 +199,102 @@ def test_serve_runs_until_stopped_and_leaves_nothing_behind(tmp_path):
             process.wait()
         assert process.stderr is not None
         process.stderr.close()
+
+
+def _serve(tmp_path, port: int, provider_port: int, log) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            os.path.join(os.path.dirname(sys.executable), "idempotence"),
+            "demo",
+            "serve",
+            *("--port", str(port), "--provider-port", str(provider_port)),
+            *("--data-dir", str(tmp_path / "data")),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_prints_its_banner_once_up_and_stops_quietly(tmp_path, sig):
+    """#16: the banner came before the processes were up, and stopping the stack
+    reported each of them as ``died: signal 15``."""
+    port, provider_port = free_port(), free_port()
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        process = _serve(tmp_path, port, provider_port, stderr)
+    try:
+        deadline = time.monotonic() + 30
+        while "Rocket Rides API" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.02)
+        # Announced: both servers answer at once.
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        provider = httpx.get(f"http://127.0.0.1:{provider_port}/v1/charges/ch_none")
+        assert provider.status_code < 500
+        if sig == signal.SIGINT:
+            os.killpg(process.pid, sig)  # Ctrl-C: the terminal signals the whole group
+        else:
+            process.send_signal(sig)
+        assert process.wait(30) == 0, log.read_text()
+        assert_group_gone(process.pid)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    text = log.read_text()
+    assert text.count("Rocket Rides API") == 1, text
+    assert "died" not in text, text
+    assert "Traceback" not in text, text
+
+
+def test_serve_on_a_port_in_use_says_so_on_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        log = tmp_path / "serve.log"
+        with log.open("w") as stderr:
+            process = _serve(tmp_path, port, free_port(), stderr)
+        try:
+            code = process.wait(30)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    lines = log.read_text().strip().splitlines()
+    assert code == 1, lines
+    assert len(lines) == 1 and f"port {port}" in lines[0] and "in use" in lines[0], lines
+
+
+def test_serve_on_an_unreachable_database_says_why_without_a_traceback(tmp_path):
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [
+                os.path.join(os.path.dirname(sys.executable), "idempotence"),
+                "demo",
+                "serve",
+                *("--port", str(free_port()), "--provider-port", str(free_port())),
+                *("--database", "postgresql://postgres@127.0.0.1:1/nothing"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
+    try:
+        code = process.wait(60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    text = log.read_text()
+    assert code == 1, text
+    assert "Traceback" not in text, text
+    assert "Rocket Rides API" not in text, text  # no banner: nothing came up
+    errors = [line for line in text.splitlines() if line.startswith("StoreUnavailable")]
+    assert len(errors) == 1 and "Connection refused" in errors[0], text
+    assert text.rstrip().endswith("setup failed to start: see the line above"), text

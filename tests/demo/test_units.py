@@ -360,3 +360,52 @@ def test_the_demo_worker_completes_rides_with_the_apis_async_flow_b2_f7(tmp_path
             assert [flow.name for flow in completer.flows] == [FLOW_NAME]
 
     asyncio.run(build())
+
+
+def test_the_keys_by_state_agree_with_the_terminal_check():
+    """#16: a report said ``keys by state complete 173, failed 26, missing 1`` just
+    above "every key terminal". The "missing" key was one whose client walked away
+    before the service claimed it: no row, rightly. It is shown as such, and a key
+    that is truly missing (no row, its client did not walk away) fails the check."""
+    evidence = good_evidence()
+    key = evidence["requested"][0].key
+    evidence["clients"].abandoned.append(key)
+    del evidence["clients"].outcomes[key]
+    del evidence["key_states"][key]
+    evidence["rides"], evidence["charges"] = evidence["rides"][1:], evidence["charges"][1:]
+    evidence["receipts"] = evidence["receipts"][1:]
+    report = assess(Evidence(**evidence))
+    assert report.ok, report.violations
+    states = report.numbers["keys_by_state"]
+    assert states == {"complete": 2, "never claimed": 1}
+    assert "missing" not in next(line for line in render(report).splitlines() if "keys by" in line)
+    assert "every claimed key terminal" in render(report).splitlines()[-1]
+
+    lost = good_evidence()
+    del lost["key_states"][lost["requested"][0].key]
+    report = assess(Evidence(**lost))
+    assert report.numbers["keys_by_state"] == {"complete": 2, "missing": 1}
+    assert list(report.violations) == ["1 key(s) not terminal"]
+
+
+def test_the_progress_says_a_line_every_few_seconds_off_a_terminal_and_estimates_sanely():
+    """#16: off a terminal the demo said nothing until its report; on one, its first
+    estimate counted the services' start-up as the first ride's time."""
+    from rocket_rides.progress import Progress
+
+    now = [100.0]
+    lines: list[str] = []
+    progress = Progress(20, tty=False, write=lines.append, every=5.0, clock=lambda: now[0])
+    now[0] += 30.0  # the services start: no ride's time
+    progress.begin()
+    assert lines == ["booking 20 rides"]
+    for _ in range(10):  # a ride every 0.5 s
+        now[0] += 0.5
+        progress()
+    assert progress.left(now[0]) == pytest.approx(5.0)  # not 30 s of start-up per ride
+    assert lines[1:] == ["booked 10/20 rides in 5 s, about 5 s left"]
+    for _ in range(10):
+        now[0] += 0.5
+        progress()
+    assert lines[-1] == "booked 20/20 rides in 10 s"
+    assert len(lines) == 3  # begin, every 5 s (the last one is the end)

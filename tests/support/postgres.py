@@ -130,6 +130,10 @@ class ProvidedServer:
     base_dir: Path | None = None
     # Throwaway clusters only: crash-restart the server (immediate stop, same port).
     restart: Callable[[], None] | None = dataclasses.field(default=None, compare=False)
+    # Throwaway clusters only: stop the server (pg_ctl stop -m MODE: "fast" ends the
+    # sessions cleanly, "immediate" crashes), and start it again on the same port.
+    halt: Callable[[str], None] | None = dataclasses.field(default=None, compare=False)
+    resume: Callable[[], None] | None = dataclasses.field(default=None, compare=False)
 
 
 # --- the chain -----------------------------------------------------------------------
@@ -316,7 +320,14 @@ def throwaway_cluster(
             f" on 127.0.0.1:{port}{runs_as}, data in {cluster.base}"
         )
         yield ProvidedServer(
-            url, source, description, port=port, base_dir=cluster.base, restart=cluster.restart
+            url,
+            source,
+            description,
+            port=port,
+            base_dir=cluster.base,
+            restart=cluster.restart,
+            halt=cluster.halt,
+            resume=cluster.resume,
         )
     finally:
         cluster.stop()
@@ -329,6 +340,7 @@ class _Cluster:
     bindir: Path
     user: str | None  # None: run the binaries as ourselves
     version: str = "PostgreSQL"
+    port: int | None = None
 
     @property
     def data(self) -> Path:
@@ -417,6 +429,7 @@ class _Cluster:
                 timeout=45,
             )
             if result.returncode == 0:
+                self.port = port
                 return port
             server_log = _read_tail(self.logfile)
             # Another process took the port between our probe and the server's bind.
@@ -448,6 +461,26 @@ class _Cluster:
         )
         if result.returncode != 0:
             raise PostgresUnavailable(f"pg_ctl restart failed{self._as()}: {_tail(result)}")
+
+    def halt(self, mode: str) -> None:
+        """Stop the server (``pg_ctl stop -m mode``); :meth:`resume` starts it again."""
+        result = self.run(
+            self.bindir / "pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "30", "stop"
+        )
+        if result.returncode != 0:
+            raise PostgresUnavailable(f"pg_ctl stop failed{self._as()}: {_tail(result)}")
+
+    def resume(self) -> None:
+        """Start a halted server on its port (pg_ctl keeps the options it started with)."""
+        assert self.port is not None
+        result = self.run(
+            self.bindir / "pg_ctl",
+            *("-D", self.data, "-l", self.logfile, "-w", "-t", "30"),
+            *("-o", f"-p {self.port}", "start"),
+            timeout=45,
+        )
+        if result.returncode != 0:
+            raise PostgresUnavailable(f"pg_ctl start failed{self._as()}: {_tail(result)}")
 
     def stop(self) -> None:
         pidfile = self.data / "postmaster.pid"

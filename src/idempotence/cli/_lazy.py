@@ -12,9 +12,39 @@ import click
 #: Command name -> "module:attribute" of its click command.
 LAZY = {"demo": "rocket_rides.cli:demo"}
 
+#: The group's own options that may also come after the subcommand
+#: (``idempotence worker --log-json``), and whether each takes a value.
+ANYWHERE = {"--log-json": False, "--log-level": True}
+
+
+def hoist(args: list[str]) -> list[str]:
+    """``args`` with :data:`ANYWHERE`'s options moved in front of the subcommand
+    (click reads a group's options only there); ``--`` ends the search."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.split("=", 1)[0]
+        if arg == "--":
+            rest.extend(args[i:])
+            break
+        if name in ANYWHERE:
+            takes = ANYWHERE[name] and "=" not in arg
+            front.extend(args[i : i + 1 + takes])
+            i += 1 + takes
+            continue
+        rest.append(arg)
+        i += 1
+    return front + rest
+
 
 class LazyGroup(click.Group):
-    """A group whose commands in :data:`LAZY` are imported on first use."""
+    """A group whose commands in :data:`LAZY` are imported on first use, and whose
+    logging options are accepted after the subcommand too."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, hoist(args))
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *LAZY])

@@ -1,5 +1,11 @@
 """Django: a middleware configured by ``settings.IDEMPOTENCE``.
 
+With :class:`~idempotence.contrib.django_app.DjangoStore` (the store on Django's own
+connection) and ``Policy(transaction=True)``, a guarded view runs inside
+``transaction.atomic()`` with the key's claim: its ORM writes, the claim and the
+stored response commit together, or, if the view raises or answers an error that is
+not stored, all roll back (F3). The README's "Django" section shows a whole app.
+
 >>> # settings.py                                               # doctest: +SKIP
 >>> def account(request: RequestInfo) -> str | None:
 ...     user = request.raw.user                   # the HttpRequest's user
@@ -10,6 +16,9 @@
 ...     "django.contrib.auth.middleware.AuthenticationMiddleware",
 ...     "idempotence.contrib.django.IdempotencyMiddleware",   # after authentication
 ... ]
+
+The middleware is sync only (``async_capable = False``): Django runs it in a thread
+under ASGI, and an async view's ORM calls would not run on its connection.
 
 The scope callable gets a :class:`~idempotence.http.RequestInfo` whose ``raw`` is the
 ``HttpRequest``, so it can use ``request.user``. Django runs it sync with a sync store
@@ -43,6 +52,7 @@ from ..http._request import RequestInfo
 from ..http.wsgi import environ_headers
 from ..stores import KeyStore, Transaction
 from ..stores._interface import is_sync
+from .django_app.store import DjangoStore
 
 __all__ = ["IdempotencyMiddleware"]
 
@@ -68,6 +78,8 @@ class IdempotencyMiddleware:
                 "the Django middleware needs a sync store: PostgresStore, SqliteStore or "
                 f"another KeyStore, not {type(store).__name__}"
             )
+        if isinstance(store, DjangoStore):
+            store.check()  # a backend it cannot run on fails here, at startup
         self.get_response = get_response
         self.config = config
         self.store: KeyStore = store
@@ -90,6 +102,12 @@ class IdempotencyMiddleware:
         return exchange.reply(
             drive(lifecycle(self.config, policy, info, exchange), self.store, exchange)
         )
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> None:
+        """Note the view's exception: Django answers it with a 500 of its own before
+        the response reaches us, and in a request's transaction it must roll back
+        (the exception is raised again once it has, see ``_Exchange.run_app``)."""
+        request._idempotence_exception = exception
 
 
 class _Exchange:
@@ -115,7 +133,13 @@ class _Exchange:
         """Run the app for the engine (:class:`~idempotence.flows.effects.DoHandle`),
         with ``tx`` and the lease bound for the handler."""
         with bound(tx, run.lease):
-            return self._run_app(run, overflow)
+            captured = self._run_app(run, overflow)
+        raised = getattr(self.request, "_idempotence_exception", None)
+        if tx is not None and raised is not None:
+            # The view raised in the request's transaction: everything rolls back with
+            # the claim, and the exception goes on to Django (its 500, its logging).
+            raise raised
+        return captured
 
     def _run_app(self, run: RunApp, overflow: Callable[[int], None] | None) -> Captured:
         response = self.get_response(self.request)

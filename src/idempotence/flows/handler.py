@@ -34,7 +34,7 @@ from collections.abc import Generator
 from datetime import timedelta
 from typing import Any, Protocol
 
-from ..errors import LockLost, StoreError
+from ..errors import LockLost, StoreError, StoreUnavailable
 from ..problems import Problem, ProblemDetails
 from ..states import Claim, ClaimRequest, Lease, Outcome
 from .contexts import FlowInfo
@@ -230,6 +230,11 @@ def run_handler_in_transaction(
         return FlowResult(ResultKind.FAILED, None, SERVER_ERROR, error=exc)
     if claim.outcome is not Outcome.EXECUTE:
         return from_claim(claim)
+    if isinstance(outcome, StoreUnavailable):
+        # The database went away under the handler's own statement: its transaction,
+        # the claim with it, is gone. A store failure like any other (503), not the
+        # application's bug.
+        return FlowResult(ResultKind.FAILED, None, SERVER_ERROR, error=outcome)
     if isinstance(outcome, BaseException):
         raise outcome  # the handler's, after everything rolled back with its claim
     assert isinstance(outcome, Captured)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Generic
 
 from .._concurrency import Event, wait_until_set
+from ..errors import StoreUnavailable
 from ..stores import Store
 from ._base import MAX_NAP, ConfigT, Progress, ResultT, Signals, jittered, log_pass
 from .metrics import Metrics, default_metrics
@@ -79,6 +80,10 @@ class Service(abc.ABC, Generic[ConfigT, ResultT]):
         while not stop.is_set():
             try:
                 self.run_once(stop)
+            except StoreUnavailable as exc:
+                # The store logs an outage once, as it begins and as it ends: a
+                # line (or a traceback) per pass of every service would be noise.
+                self.log.debug("%s pass failed: %s", self.name, exc, extra={"service": self.name})
             except Exception:
                 # Assume a failing database stays failing for a while: wait the full
                 # interval rather than hammering it.

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Generic
 
 from .._concurrency import AsyncEvent, wait_until_set_async
+from ..errors import StoreUnavailable
 from ..stores import AsyncStore
 from ._base import MAX_NAP, ConfigT, Progress, ResultT, Signals, jittered, log_pass
 from .metrics import Metrics, default_metrics
@@ -79,6 +80,10 @@ class AsyncService(abc.ABC, Generic[ConfigT, ResultT]):
         while not stop.is_set():
             try:
                 await self.run_once(stop)
+            except StoreUnavailable as exc:
+                # The store logs an outage once, as it begins and as it ends: a
+                # line (or a traceback) per pass of every service would be noise.
+                self.log.debug("%s pass failed: %s", self.name, exc, extra={"service": self.name})
             except Exception:
                 # Assume a failing database stays failing for a while: wait the full
                 # interval rather than hammering it.

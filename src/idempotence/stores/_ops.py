@@ -50,6 +50,10 @@ class Query:
     params: Mapping[str, Any]
 
 
+#: The name of the application's own statements (``tx.execute``): their errors are
+#: the application's (a missing table is not the key store's schema).
+APPLICATION = "application"
+
 Op = Generator[Query, list[Row], T]
 """An operation: yields queries, is sent each query's rows, returns its result."""
 
@@ -75,7 +79,7 @@ class Dialect(abc.ABC):
     def application(self, sql: str, params: Any) -> Query:
         """The application's own statement (``tx.execute``), its ``:name``
         placeholders written the way the driver takes them."""
-        return Query("application", sql, params or {})
+        return Query(APPLICATION, sql, params or {})
 
     # -- value conversions ------------------------------------------------------------
 
@@ -266,13 +270,15 @@ def heartbeat(d: Dialect, lease: Lease) -> Op[datetime]:
     return d.timestamp(rows[0]["locked_at"])
 
 
-def migrate(d: Dialect) -> Op[list[str]]:
-    """Apply the dialect's pending migrations in one transaction; return their versions."""
+def migrate(d: Dialect, *, upto: str | None = None) -> Op[list[str]]:
+    """Apply the dialect's pending migrations in one transaction; return their versions.
+    Given ``upto``, only those up to that version (a Django migration's, see
+    :mod:`idempotence.contrib.django_app`)."""
     yield d.query("migrations_prepare")
     applied = {row["version"] for row in (yield d.query("migrations_applied"))}
     done = []
     for version, script in _queries.migrations(d.name):
-        if version in applied:
+        if version in applied or (upto is not None and version > upto):
             continue
         for statement in d.script_statements(script):
             yield Query(f"migration {version}", statement, {})

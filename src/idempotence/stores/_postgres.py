@@ -11,6 +11,7 @@ transactions, which is what request-as-transaction mode wants).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import (
     AbstractContextManager,
@@ -26,7 +27,9 @@ from psycopg import pq
 from psycopg.rows import dict_row
 
 from .._concurrency import Lock
+from ..errors import StoreUnavailable
 from ..observability import Instrumentation
+from ._breaker import Breaker, closed_by_server
 from ._connection import body, run
 from ._driver import Blocks
 from ._listener import Listener
@@ -44,6 +47,7 @@ from ._postgres_base import (
     held,
     listener,
     pipelines,
+    pool_name,
     settle_deferred,
     translate,
     translated,
@@ -71,7 +75,7 @@ class _Connection:
         self._blocks = Blocks()
 
     def fetch(self, query: Query) -> list[Row]:
-        with translated(), self.raw.cursor(row_factory=dict_row) as cur:
+        with translated(query.name), self.raw.cursor(row_factory=dict_row) as cur:
             # No parameters: a script of several statements (migrations) is allowed.
             cur.execute(query.sql, query.params or None)
             # pgresult.status is what cur.description would tell, without building
@@ -194,10 +198,17 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
 
 
 class _PoolSource:
-    def __init__(self, pool: psycopg_pool.ConnectionPool[Any], *, owned: bool) -> None:
+    def __init__(
+        self,
+        pool: psycopg_pool.ConnectionPool[Any],
+        *,
+        owned: bool,
+        breaker: Breaker | None = None,
+    ) -> None:
         self.pool = pool
         self._owned = owned
         self._opened = not owned
+        self.breaker = breaker or Breaker(pool.name)
 
     @contextmanager
     def connection(self) -> Iterator[_Connection]:
@@ -206,15 +217,63 @@ class _PoolSource:
             # Opening an open pool again does nothing, so a race here is harmless.
             self.pool.open(wait=False)
             self._opened = True
-        with translated():
-            cm = self.pool.connection()
-            raw = cm.__enter__()
+        cm, raw = self._checkout()
         try:
             yield _Connection(raw)
         except BaseException as exc:
+            if raw.broken:
+                self.breaker.broken(exc)
             cm.__exit__(type(exc), exc, exc.__traceback__)
             raise
         cm.__exit__(None, None, None)
+
+    def _checkout(
+        self,
+    ) -> tuple[AbstractContextManager[psycopg.Connection[Any]], Any]:
+        """A pooled connection the server has not closed (P11): one that has is
+        discarded (after a restart, every idle one has), and the next is taken."""
+        deadline = None
+        for _ in range(self.pool.max_size + 1):
+            cm, raw = self._wait(deadline)
+            if not raw.closed and not (closed_by_server(raw.fileno()) and self._dead(raw)):
+                if self.breaker.troubled:
+                    self.breaker.healthy()
+                return cm, raw
+            self.breaker.broken("the server closed a pooled connection")
+            # After a dead connection, the next ones share one short wait.
+            deadline = deadline or self.breaker.deadline()
+            raw.close()  # the pool replaces it
+            cm.__exit__(None, None, None)
+        raise StoreUnavailable("PostgreSQL is unavailable: every pooled connection was closed")
+
+    def _dead(self, raw: psycopg.Connection[Any]) -> bool:
+        """A connection with something to read while idle is almost surely closed by
+        the server; a round trip tells (an application's pool may hold a connection
+        that LISTENs, and a notification is no reason to drop it)."""
+        try:
+            self.pool.check_connection(raw)
+        except psycopg.Error:
+            return True
+        return False
+
+    def _wait(
+        self, deadline: float | None
+    ) -> tuple[AbstractContextManager[psycopg.Connection[Any]], Any]:
+        """Wait for a connection in short slices, up to the pool's timeout while the
+        server is healthy (a busy pool), but no longer once it is known to be gone."""
+        give_up = time.monotonic() + self.pool.timeout
+        while True:
+            left = give_up - time.monotonic()
+            cm = self.pool.connection(min(self.breaker.timeout(deadline), max(left, 0.001)))
+            try:
+                return cm, cm.__enter__()
+            except psycopg_pool.PoolTimeout as exc:
+                if self.breaker.troubled:
+                    raise self.breaker.timed_out(exc) from exc
+                if time.monotonic() >= give_up:
+                    raise translate(exc) from exc
+            except DRIVER_ERRORS as exc:  # the pool is closed
+                raise translate(exc) from exc
 
     def close(self) -> None:
         # Final: a store closed before its first use never opens its pool, and a
@@ -261,6 +320,8 @@ class PostgresStore(Store):
     ) -> None:
         source: _PoolSource | _SingleSource
         if isinstance(target, str):
+            name = pool_name()
+            breaker = Breaker(name)
             pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
                 target,
                 min_size=1,
@@ -269,8 +330,14 @@ class PostgresStore(Store):
                 kwargs={"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)},
                 configure=_configure,
                 open=False,
+                name=name,
+                # Give up at once on a failed connection attempt (the breaker then
+                # fails requests fast and probes): the pool's own backoff would
+                # leave it short of connections long after the server is back.
+                reconnect_timeout=0,
+                reconnect_failed=breaker.reconnect_failed,
             )
-            source = _PoolSource(pool, owned=True)
+            source = _PoolSource(pool, owned=True, breaker=breaker)
         elif isinstance(target, psycopg_pool.ConnectionPool):
             source = _PoolSource(target, owned=False)
         else:

@@ -9,6 +9,7 @@ transactions, which is what request-as-transaction mode wants).
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import (
     AbstractAsyncContextManager,
@@ -24,7 +25,9 @@ from psycopg import pq
 from psycopg.rows import dict_row
 
 from .._concurrency import AsyncLock
+from ..errors import StoreUnavailable
 from ..observability import Instrumentation
+from ._breaker import Breaker, closed_by_server
 from ._connection_async import body_async, run_async
 from ._driver import Blocks
 from ._listener_async import AsyncListener
@@ -42,6 +45,7 @@ from ._postgres_base import (
     held,
     listener,
     pipelines,
+    pool_name,
     settle_deferred,
     translate,
     translated,
@@ -69,7 +73,7 @@ class _AsyncConnection:
         self._blocks = Blocks()
 
     async def fetch(self, query: Query) -> list[Row]:
-        with translated():
+        with translated(query.name):
             async with self.raw.cursor(row_factory=dict_row) as cur:
                 # No parameters: a script of several statements (migrations) is allowed.
                 await cur.execute(query.sql, query.params or None)
@@ -195,10 +199,17 @@ async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 class _AsyncPoolSource:
-    def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any], *, owned: bool) -> None:
+    def __init__(
+        self,
+        pool: psycopg_pool.AsyncConnectionPool[Any],
+        *,
+        owned: bool,
+        breaker: Breaker | None = None,
+    ) -> None:
         self.pool = pool
         self._owned = owned
         self._opened = not owned
+        self.breaker = breaker or Breaker(pool.name)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[_AsyncConnection]:
@@ -207,15 +218,63 @@ class _AsyncPoolSource:
             # Opening an open pool again does nothing, so a race here is harmless.
             await self.pool.open(wait=False)
             self._opened = True
-        with translated():
-            cm = self.pool.connection()
-            raw = await cm.__aenter__()
+        cm, raw = await self._checkout()
         try:
             yield _AsyncConnection(raw)
         except BaseException as exc:
+            if raw.broken:
+                self.breaker.broken(exc)
             await cm.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         await cm.__aexit__(None, None, None)
+
+    async def _checkout(
+        self,
+    ) -> tuple[AbstractAsyncContextManager[psycopg.AsyncConnection[Any]], Any]:
+        """A pooled connection the server has not closed (P11): one that has is
+        discarded (after a restart, every idle one has), and the next is taken."""
+        deadline = None
+        for _ in range(self.pool.max_size + 1):
+            cm, raw = await self._wait(deadline)
+            if not raw.closed and not (closed_by_server(raw.fileno()) and await self._dead(raw)):
+                if self.breaker.troubled:
+                    self.breaker.healthy()
+                return cm, raw
+            self.breaker.broken("the server closed a pooled connection")
+            # After a dead connection, the next ones share one short wait.
+            deadline = deadline or self.breaker.deadline()
+            await raw.close()  # the pool replaces it
+            await cm.__aexit__(None, None, None)
+        raise StoreUnavailable("PostgreSQL is unavailable: every pooled connection was closed")
+
+    async def _dead(self, raw: psycopg.AsyncConnection[Any]) -> bool:
+        """A connection with something to read while idle is almost surely closed by
+        the server; a round trip tells (an application's pool may hold a connection
+        that LISTENs, and a notification is no reason to drop it)."""
+        try:
+            await self.pool.check_connection(raw)
+        except psycopg.Error:
+            return True
+        return False
+
+    async def _wait(
+        self, deadline: float | None
+    ) -> tuple[AbstractAsyncContextManager[psycopg.AsyncConnection[Any]], Any]:
+        """Wait for a connection in short slices, up to the pool's timeout while the
+        server is healthy (a busy pool), but no longer once it is known to be gone."""
+        give_up = time.monotonic() + self.pool.timeout
+        while True:
+            left = give_up - time.monotonic()
+            cm = self.pool.connection(min(self.breaker.timeout(deadline), max(left, 0.001)))
+            try:
+                return cm, await cm.__aenter__()
+            except psycopg_pool.PoolTimeout as exc:
+                if self.breaker.troubled:
+                    raise self.breaker.timed_out(exc) from exc
+                if time.monotonic() >= give_up:
+                    raise translate(exc) from exc
+            except DRIVER_ERRORS as exc:  # the pool is closed
+                raise translate(exc) from exc
 
     async def close(self) -> None:
         # Final: a store closed before its first use never opens its pool, and a
@@ -262,6 +321,8 @@ class AsyncPostgresStore(AsyncStore):
     ) -> None:
         source: _AsyncPoolSource | _AsyncSingleSource
         if isinstance(target, str):
+            name = pool_name()
+            breaker = Breaker(name)
             pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
                 target,
                 min_size=1,
@@ -270,8 +331,14 @@ class AsyncPostgresStore(AsyncStore):
                 kwargs={"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)},
                 configure=_configure_async,
                 open=False,
+                name=name,
+                # Give up at once on a failed connection attempt (the breaker then
+                # fails requests fast and probes): the pool's own backoff would
+                # leave it short of connections long after the server is back.
+                reconnect_timeout=0,
+                reconnect_failed=breaker.reconnect_failed,
             )
-            source = _AsyncPoolSource(pool, owned=True)
+            source = _AsyncPoolSource(pool, owned=True, breaker=breaker)
         elif isinstance(target, psycopg_pool.AsyncConnectionPool):
             source = _AsyncPoolSource(target, owned=False)
         else:

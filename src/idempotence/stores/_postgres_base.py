@@ -7,6 +7,8 @@ The stores themselves are in :mod:`._postgres_async` (the source) and
 
 from __future__ import annotations
 
+import itertools
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -23,10 +25,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..states import ClaimRequest
+from ._breaker import connect_errors
 from ._driver import KeyHeld, TransientError
 from ._listener import Listener
 from ._listener_async import AsyncListener
-from ._ops import Dialect, Op, Query, Row, claim_in_one_statement
+from ._ops import APPLICATION, Dialect, Op, Query, Row, claim_in_one_statement
 from ._placeholders import to_pyformat
 
 #: Seconds to wait for a connection before the store reports itself unavailable
@@ -54,16 +57,56 @@ class PostgresDialect(Dialect):
 
     def application(self, sql: str, params: Any) -> Query:
         # psycopg takes %(name)s, not the :name every store takes (cached per text).
-        return Query("application", to_pyformat(sql), params or {})
+        return Query(APPLICATION, to_pyformat(sql), params or {})
 
 
-def translate(exc: BaseException) -> StoreError:
-    """The library's error for a psycopg or pool error (the caller raises it ``from``)."""
+# -- the pools the store opens (P11) ---------------------------------------------------
+#
+# While the server is down, each connection attempt of a pool logs a warning
+# (psycopg.pool), and so does each dead connection it discards: a line per request.
+# The store's own pools report an outage once instead (see ._breaker); the pools of
+# an application keep their log.
+POOL_PREFIX = "idempotence-"
+_pools = itertools.count(1)
+_QUIET = frozenset(
+    {
+        "error connecting in %r: %s",
+        "reconnection attempt in pool %r failed after %s sec",
+        "discarding closed connection: %s",
+    }
+)
+
+
+def pool_name() -> str:
+    return f"{POOL_PREFIX}{next(_pools)}"
+
+
+def _ours(thing: object) -> bool:
+    name = thing if isinstance(thing, str) else getattr(getattr(thing, "_pool", None), "name", "")
+    return isinstance(name, str) and name.startswith(POOL_PREFIX)
+
+
+def _loud(record: logging.LogRecord) -> bool:
+    args = record.args
+    if record.msg in _QUIET and isinstance(args, tuple) and args and _ours(args[0]):
+        if record.msg == "error connecting in %r: %s":
+            connect_errors[str(args[0])] = str(args[1])  # the breaker's reason
+        return False
+    return True
+
+
+logging.getLogger("psycopg.pool").addFilter(_loud)
+
+
+def translate(exc: BaseException, *, own: bool = True) -> StoreError:
+    """The library's error for a psycopg or pool error (the caller raises it ``from``);
+    ``own`` is False for the application's statement (a table missing is then not
+    the key store's)."""
     sqlstate = getattr(exc, "sqlstate", None) or ""
     # Class 40 is "transaction rollback": serialization failure, deadlock.
     if sqlstate.startswith("40"):
         return TransientError(f"PostgreSQL aborted the transaction: {exc}")
-    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
+    if own and isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
         # No table, or one from an older release: the migrations have not run.
         # The primary message alone: the full one quotes the statement over lines.
         return SchemaMissing(
@@ -87,11 +130,13 @@ DRIVER_ERRORS = (psycopg.Error, psycopg_pool.PoolTimeout)
 
 
 @contextmanager
-def translated() -> Iterator[None]:
+def translated(statement: str = "") -> Iterator[None]:
+    """Translate the driver's errors; ``statement`` is the name of the query run
+    (:data:`~._ops.APPLICATION`: the application's)."""
     try:
         yield
     except DRIVER_ERRORS as exc:
-        raise translate(exc) from exc
+        raise translate(exc, own=statement != APPLICATION) from exc
 
 
 @contextmanager

@@ -35,7 +35,7 @@ from ..observability import Instrumentation
 from ..states import ClaimRequest
 from ._connection import body, run
 from ._driver import Blocks, TransientError
-from ._ops import Dialect, Op, Query, Row, claim_in_transaction
+from ._ops import APPLICATION, Dialect, Op, Query, Row, claim_in_transaction
 from ._store import Store
 from ._store_async import AsyncStore
 
@@ -88,13 +88,15 @@ class SqliteDialect(Dialect):
         return statements
 
 
-def translate(exc: sqlite3.Error) -> StoreError:
-    """The library's error for a sqlite3 error (the caller raises it ``from``)."""
+def translate(exc: sqlite3.Error, *, own: bool = True) -> StoreError:
+    """The library's error for a sqlite3 error (the caller raises it ``from``);
+    ``own`` is False for the application's statement (a table missing is then not
+    the key store's)."""
     text = str(exc)
     if isinstance(exc, sqlite3.OperationalError):
         if "locked" in text or "busy" in text:
             return TransientError(f"SQLite is busy: {text}")
-        if "no such table" in text or "no such column" in text:
+        if own and ("no such table" in text or "no such column" in text):
             # No table, or one from an older release: the migrations have not run.
             return SchemaMissing(
                 f"The key store's schema is missing or older than this release ({text}): "
@@ -106,11 +108,11 @@ def translate(exc: sqlite3.Error) -> StoreError:
 
 
 @contextmanager
-def _translated() -> Iterator[None]:
+def _translated(statement: str = "") -> Iterator[None]:
     try:
         yield
     except sqlite3.Error as exc:
-        raise translate(exc) from exc
+        raise translate(exc, own=statement != APPLICATION) from exc
 
 
 class _Connection:
@@ -127,7 +129,7 @@ class _Connection:
         self._blocks = Blocks()
 
     def fetch(self, query: Query) -> list[Row]:
-        with _translated():
+        with _translated(query.name):
             cur = self.raw.execute(query.sql, query.params)
             try:
                 rows = cur.fetchall()

@@ -1,0 +1,7 @@
+from django.db import models
+
+
+class Order(models.Model):
+    item = models.CharField(max_length=100)
+    quantity = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
