@@ -34,10 +34,15 @@ __all__ = ["demo"]
 _NEEDS = (("starlette", "starlette"), ("uvicorn", "uvicorn"), ("httpx", "httpx"))
 
 
-def _require_dependencies() -> None:
+#: What ``--broker`` needs on top.
+_NEEDS_BROKER = (("pika", "pika"), ("aio_pika", "aio-pika"))
+
+
+def _require_dependencies(broker: bool = False) -> None:
     import importlib.util
 
-    missing = [dist for module, dist in _NEEDS if importlib.util.find_spec(module) is None]
+    needs = _NEEDS + _NEEDS_BROKER if broker else _NEEDS
+    missing = [dist for module, dist in needs if importlib.util.find_spec(module) is None]
     if missing:
         raise click.ClickException(
             f"the demo needs {', '.join(missing)}: pip install {' '.join(missing)}"
@@ -51,6 +56,12 @@ def _database(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         DatabaseUrl.parse(value)
     except ConfigurationError as exc:
         raise click.BadParameter(exc.message) from exc
+    return value
+
+
+def _broker(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.startswith(("amqp://", "amqps://")):
+        raise click.BadParameter("give an AMQP URL: amqp://user:password@host:5672/")
     return value
 
 
@@ -85,7 +96,8 @@ database_option = click.option(
     default=0.1,
     show_default=True,
     type=click.FloatRange(0.0, 0.9),
-    help="Probability per request that the API worker handling it is SIGKILLed.",
+    help="Probability per request that the API worker handling it is SIGKILLed (and, with"
+    " --broker, per message that the consumer handling it is).",
 )
 @click.option(
     "--provider-faults",
@@ -117,6 +129,21 @@ database_option = click.option(
     type=click.FloatRange(0.5, 60.0),
     help="Seconds a killed worker keeps its key locked before a retry may take it over.",
 )
+@click.option(
+    "--broker",
+    default=None,
+    callback=_broker,
+    metavar="URL",
+    help="amqp://…: send the receipts through RabbitMQ to guarded consumers, which are"
+    " killed mid-message at the crash rate (default: no broker, receipts by the mailer).",
+)
+@click.option(
+    "--duplicate-rate",
+    default=0.3,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="With --broker: share of receipts published twice on purpose.",
+)
 @click.option("--seed", type=int, default=None, help="Make the workload reproducible.")
 @click.option(
     "--data-dir",
@@ -132,12 +159,14 @@ def demo(ctx: click.Context, /, **options: Any) -> None:
 
     Starts a fake payment provider, several API workers and the background worker;
     simulated clients book rides and retry through dropped connections, 409s and 5xx,
-    while API workers are SIGKILLed mid-request and restarted. Then rides, charges and
-    receipts are reconciled. Exit status 0 only if every invariant holds.
+    while API workers are SIGKILLed mid-request and restarted. With --broker, receipts
+    go through RabbitMQ to guarded consumers, killed mid-message, some published twice.
+    Then rides, charges and receipts are reconciled. Exit status 0 only if every
+    invariant holds.
     """
     if ctx.invoked_subcommand is not None:
         return
-    _require_dependencies()
+    _require_dependencies(broker=options["broker"] is not None)
     from .progress import Progress
     from .report import render
     from .run import DemoError, DemoOptions, run_demo

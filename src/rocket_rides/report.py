@@ -12,7 +12,8 @@ own file). Exactly-once holds when:
   key whose client walked away before the service claimed it, which has no row
   (counted as ``never claimed``; any other key without a row is ``missing``);
 * every client that got a final answer got the ride the database holds, and every
-  replay it asked for was the same response.
+  replay it asked for was the same response;
+* with a broker (``--broker``), every message published was settled by a consumer.
 
 :func:`assess` is pure, so the rules are tested without starting anything.
 """
@@ -30,7 +31,7 @@ from idempotence.testing.provider import Charge
 from .clients import ClientStats, Ride
 from .mailer import Receipt
 
-__all__ = ["Evidence", "Report", "RideRow", "assess", "render"]
+__all__ = ["Evidence", "MessageCounts", "Report", "RideRow", "assess", "render"]
 
 #: Key states that are a final, stored answer.
 TERMINAL = frozenset({"complete", "failed"})
@@ -48,6 +49,26 @@ class RideRow:
     request_key: str
     status: str
     charge_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageCounts:
+    """What went over the broker (:func:`rocket_rides.broker.tally`)."""
+
+    #: Copies the broker confirmed, duplicates included.
+    published: int
+    #: Copies published twice on purpose (the chaos run).
+    duplicates_published: int
+    #: Deliveries the broker flagged as redelivered (their consumer died holding them).
+    redelivered: int
+    #: Deliveries the guard absorbed: acked, nothing committed.
+    absorbed: int
+    #: Copies published and never settled by a consumer (lost, or still queued).
+    unsettled: int
+    #: The rides whose receipt was published.
+    rides_published: frozenset[int] = frozenset()
+    #: Consumer processes SIGKILLed.
+    consumers_killed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +92,8 @@ class Evidence:
     restarts: int = 0
     wall_time: float = 0.0
     settings: Mapping[str, Any] = field(default_factory=dict)
+    #: With a broker: what went over it (None: receipts went to the mailer).
+    messages: MessageCounts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +148,7 @@ def assess(evidence: Evidence) -> Report:
     receipts = _check_receipts(evidence, paid)
     keys = _check_keys(evidence, requested, unclaimed)
     answers = _check_answers(clients, rides_by_key)
+    messages = _check_messages(evidence.messages)
     numbers: dict[str, Any] = {
         **evidence.settings,
         **rides.numbers,
@@ -135,11 +159,12 @@ def assess(evidence: Evidence) -> Report:
         "worker_crashes": evidence.crashes,
         "restarts": evidence.restarts,
         **answers.numbers,
+        **messages.numbers,
         "completer_resumed": evidence.completer_resumed,
         "unexpected_answers": [list(u) for u in clients.unexpected[:10]],
         "wall_time_seconds": round(evidence.wall_time, 2),
     }
-    checks = (rides, charges, receipts, keys, answers)
+    checks = (rides, charges, receipts, keys, answers, messages)
     return Report(numbers, tuple(v for check in checks for v in check.violations))
 
 
@@ -262,6 +287,22 @@ def _check_answers(clients: ClientStats, rides_by_key: Mapping[str, list[RideRow
     )
 
 
+def _check_messages(messages: MessageCounts | None) -> _Check:
+    # Every copy published, duplicates included, was settled: processed or absorbed.
+    if messages is None:
+        return _Check({}, [])
+    numbers = {
+        "messages_published": messages.published,
+        "duplicates_published": messages.duplicates_published,
+        "messages_redelivered": messages.redelivered,
+        "duplicates_absorbed": messages.absorbed,
+        "consumers_killed": messages.consumers_killed,
+    }
+    return _Check(
+        numbers, _failed((messages.unsettled, "published message(s) never settled by a consumer"))
+    )
+
+
 def _answers_disagreeing(clients: ClientStats, rides_by_key: Mapping[str, list[RideRow]]) -> int:
     wrong = 0
     for key, outcome in clients.outcomes.items():
@@ -300,12 +341,10 @@ def render(report: Report) -> str:
         ),
         ("double charges", f"{n['double_charges']}"),
         ("paid rides without a charge", f"{n['rides_without_charge']}"),
-        (
-            "receipts sent",
-            f"{n['receipts']}  (repeated deliveries absorbed: {n['receipt_deliveries_absorbed']})",
-        ),
+        ("receipts sent", f"{n['receipts']}  ({_receipts_by(n)})"),
         ("duplicate receipts", f"{n['duplicate_receipts']}"),
         ("missing receipts", f"{n['missing_receipts']}"),
+        *_message_rows(n),
         ("keys by state", states or "-"),
         ("API workers killed", f"{n['worker_crashes']}  (restarts: {n['restarts']})"),
         ("lock takeovers", f"{n['lock_takeovers']}  (each fenced by a new lock token)"),
@@ -329,6 +368,8 @@ def render(report: Report) -> str:
         f" {n.get('workers', '?')} API workers, crash rate {n.get('crash_rate', 0):.2f},"
         f" seed {n.get('seed', '?')}"
     )
+    if "broker_queue" in n:
+        head += f"; receipts through RabbitMQ ({n['broker_queue']})"
     lines = [head, ""] + [f"  {label:<{width}}  {value}" for label, value in rows] + [""]
     if report.ok:
         lines.append(
@@ -339,3 +380,26 @@ def render(report: Report) -> str:
         lines.append("FAILED:")
         lines += [f"  - {violation}" for violation in report.violations]
     return "\n".join(lines)
+
+
+def _receipts_by(n: Mapping[str, Any]) -> str:
+    if "messages_published" in n:
+        return "written by the guarded consumers"
+    return f"repeated deliveries absorbed: {n['receipt_deliveries_absorbed']}"
+
+
+def _message_rows(n: Mapping[str, Any]) -> list[tuple[str, str]]:
+    if "messages_published" not in n:
+        return []
+    return [
+        (
+            "messages published",
+            f"{n['messages_published']}  (published twice on purpose: {n['duplicates_published']})",
+        ),
+        (
+            "messages redelivered",
+            f"{n['messages_redelivered']}  (their consumer died holding them)",
+        ),
+        ("duplicates absorbed", f"{n['duplicates_absorbed']}  (acked, nothing committed)"),
+        ("consumers killed", f"{n['consumers_killed']}"),
+    ]

@@ -1,12 +1,15 @@
 """The demo's main job: start the service, hammer it through crashes, reconcile.
 
 1. Start the stack (:mod:`.stack`) in a process of its own: the provider, the API
-   workers (chaos enabled) and the background worker, on free ports of 127.0.0.1.
+   workers (chaos enabled) and the background worker, on free ports of 127.0.0.1;
+   with ``--broker``, the receipt consumers too, on a queue of the run's own
+   (:mod:`.broker`).
 2. Run the simulated clients (:mod:`.clients`): every ride retried until it has an
    answer, some requests ordering the worker that handles them to die.
-3. Wait for the dust to settle: every key terminal, every receipt sent.
-4. Gather the evidence from our database, the provider's API and the mailer, and
-   check it (:mod:`.report`).
+3. Wait for the dust to settle: every key terminal, every receipt sent (and, with a
+   broker, every message published settled by a consumer).
+4. Gather the evidence from our database, the provider's API and the mailer (or the
+   consumers' receipts and the broker ledger), and check it (:mod:`.report`).
 
 Everything started here is stopped here, whatever happens: the stack runs in a
 process group of its own, which is killed whole at the end.
@@ -42,7 +45,7 @@ from idempotence.testing.provider import Charge
 from .clients import ClientStats, Workload, make_workload, run_clients
 from .mailer import FakeMailer, Receipt
 from .provider import Faults
-from .report import TERMINAL, Evidence, Report, RideRow, assess
+from .report import TERMINAL, Evidence, MessageCounts, Report, RideRow, assess
 from .schema import fetch
 from .stack import StackConfig
 
@@ -70,6 +73,10 @@ class DemoOptions:
     #: None: a temporary directory, removed at the end.
     data_dir: str | None = None
     lock_timeout: float = 1.0
+    #: amqp://…: send the receipts through RabbitMQ to guarded consumers.
+    broker: str | None = None
+    #: With a broker: the share of receipts published twice on purpose.
+    duplicate_rate: float = 0.3
 
 
 def free_port() -> int:
@@ -86,9 +93,9 @@ class StackProcess:
     def __init__(self, config: StackConfig, log: IO[bytes]) -> None:
         self.config = config
         self.crashes = 0
+        self.consumer_crashes = 0
         self.restarts = 0
         self.failed: str | None = None
-        self._seen: set[tuple[str, int | None]] = set()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rocket_rides", "stack", "--config", config.to_json()],
             stdout=subprocess.PIPE,
@@ -111,12 +118,10 @@ class StackProcess:
             if event["event"] == "exited" and event.get("signal") == signal.SIGKILL:
                 if event["role"] == "api":
                     self.crashes += 1
-            elif event["event"] == "started":
-                # A second start of the same role on the same port is a restart.
-                process = (event["role"], event["port"])
-                if process in self._seen:
-                    self.restarts += 1
-                self._seen.add(process)
+                elif event["role"] == "consumer":
+                    self.consumer_crashes += 1
+            elif event["event"] == "started" and event.get("restart"):
+                self.restarts += 1
             elif event["event"] == "failed":
                 self.failed = event["role"]
 
@@ -197,27 +202,6 @@ def run_demo(
     try:
         Path(data_dir).mkdir(parents=True, exist_ok=True)
         database = options.database or f"sqlite:///{Path(data_dir).resolve()}/rides.sqlite3"
-        backend = DatabaseUrl.parse(database).backend
-        config = StackConfig(
-            database=database,
-            data_dir=data_dir,
-            api_ports=tuple(free_port() for _ in range(options.workers)),
-            provider_port=free_port(),
-            chaos=True,
-            lock_timeout=options.lock_timeout,
-            # The completer is for keys whose client walked away; the grace keeps it
-            # from racing the clients that are still retrying (it would be safe, only
-            # wasteful).
-            completer_grace=options.lock_timeout + 1.0,
-            service_interval=0.5,
-            faults=Faults(
-                latency=0.01,
-                fail_before_commit=options.provider_faults,
-                drop_after_commit=options.provider_faults,
-                server_error=options.provider_faults,
-            ),
-            seed=seed,
-        )
         # A run id in every key keeps runs apart on a database that outlives them.
         workload = make_workload(
             run=secrets.token_hex(3),
@@ -228,21 +212,28 @@ def run_demo(
             seed=seed,
             abandon_rate=options.abandon_rate,
         )
-        with open(Path(data_dir) / "processes.log", "wb") as log, start_stack(config, log) as stack:
+        with contextlib.ExitStack() as cleanup:
+            queue = _queue(options, cleanup)
+            config = _stack_config(options, database, data_dir, seed, queue)
+            log = cleanup.enter_context(open(Path(data_dir) / "processes.log", "wb"))
+            stack = cleanup.enter_context(start_stack(config, log))
             urls = [f"http://127.0.0.1:{port}" for port in config.api_ports]
             if begin is not None:
                 begin()
             clients = asyncio.run(run_clients(workload, urls, progress))
             _settle(database, workload, config, clients)
             evidence = _gather(database, workload, config, clients)
+            messages = _messages(config, stack)
             crashes, restarts = stack.crashes, stack.restarts
-        settings = {
-            "backend": backend,
+        settings: dict[str, Any] = {
+            "backend": DatabaseUrl.parse(database).backend,
             "clients": options.clients,
             "workers": options.workers,
             "crash_rate": options.crash_rate,
             "seed": seed,
         }
+        if queue is not None:
+            settings["broker_queue"] = queue
         return assess(
             Evidence(
                 **evidence,
@@ -250,11 +241,68 @@ def run_demo(
                 restarts=restarts,
                 wall_time=time.monotonic() - started,
                 settings=settings,
+                messages=messages,
             )
         )
     finally:
         if own_dir:
             shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _queue(options: DemoOptions, cleanup: contextlib.ExitStack) -> str | None:
+    """With a broker: the run's own queue on it, deleted at the end by ``cleanup``."""
+    if options.broker is None:
+        return None
+    from .broker import BrokerUnavailable, run_queue
+
+    try:
+        return cleanup.enter_context(run_queue(options.broker))
+    except BrokerUnavailable as exc:
+        raise DemoError(str(exc)) from exc
+
+
+def _stack_config(
+    options: DemoOptions, database: str, data_dir: str, seed: int, queue: str | None
+) -> StackConfig:
+    broker = None
+    if options.broker is not None and queue is not None:
+        from .broker import BrokerConfig
+
+        broker = BrokerConfig(
+            url=options.broker,
+            queue=queue,
+            crash_rate=options.crash_rate,
+            duplicate_rate=options.duplicate_rate,
+        )
+    return StackConfig(
+        database=database,
+        data_dir=data_dir,
+        api_ports=tuple(free_port() for _ in range(options.workers)),
+        provider_port=free_port(),
+        chaos=True,
+        lock_timeout=options.lock_timeout,
+        # The completer is for keys whose client walked away; the grace keeps it
+        # from racing the clients that are still retrying (it would be safe, only
+        # wasteful).
+        completer_grace=options.lock_timeout + 1.0,
+        service_interval=0.5,
+        faults=Faults(
+            latency=0.01,
+            fail_before_commit=options.provider_faults,
+            drop_after_commit=options.provider_faults,
+            server_error=options.provider_faults,
+        ),
+        seed=seed,
+        broker=broker,
+    )
+
+
+def _messages(config: StackConfig, stack: StackProcess) -> MessageCounts | None:
+    if config.broker is None:
+        return None
+    from .broker import Ledger, tally
+
+    return tally(Ledger(config.data_dir).events(), consumers_killed=stack.consumer_crashes)
 
 
 def _keys(database: str, workload: Workload) -> dict[str, KeyRow | None]:
@@ -285,6 +333,10 @@ def _rides(database: str, workload: Workload) -> list[RideRow]:
 
 def _receipts(config: StackConfig, rides: list[RideRow]) -> list[Receipt]:
     ride_ids = {ride.id for ride in rides}
+    if config.broker is not None:
+        from .broker import receipts
+
+        return receipts(config.database, ride_ids)
     return [r for r in FakeMailer(config.mailer_path).receipts() if r.ride_id in ride_ids]
 
 
@@ -304,9 +356,21 @@ def _settle(database: str, workload: Workload, config: StackConfig, clients: Cli
         if all(settled):
             rides = _rides(database, workload)
             paid = {ride.id for ride in rides if ride.status == "charged"}
-            if paid <= {receipt.ride_id for receipt in _receipts(config, rides)}:
+            receipts = {receipt.ride_id for receipt in _receipts(config, rides)}
+            if paid <= receipts and _messages_settled(config, paid):
                 return
         time.sleep(0.25)
+
+
+def _messages_settled(config: StackConfig, paid: set[int]) -> bool:
+    """With a broker: every paid ride's receipt was published, and every copy
+    published (duplicates included) was settled by a consumer."""
+    if config.broker is None:
+        return True
+    from .broker import Ledger, tally
+
+    counts = tally(Ledger(config.data_dir).events())
+    return paid <= counts.rides_published and counts.unsettled == 0
 
 
 def _gather(

@@ -1,4 +1,5 @@
-"""Rocket Rides' own tables: users (API keys), rides and audit records.
+"""Rocket Rides' own tables: users (API keys), rides, audit records and the receipts
+that the guarded message consumer writes (``--broker``).
 
 They live in the key store's database, so a phase's writes commit with its checkpoint
 (R2), and rides and audit records reference the key row that created them (DESIGN 3),
@@ -114,6 +115,17 @@ _TABLES: dict[Dialect, list[str]] = {
                 ON DELETE SET NULL (key_id)
         )""",
         "CREATE INDEX IF NOT EXISTS rocket_audit_ride_idx ON rocket_audit_records (ride_id)",
+        # Receipts the guarded consumer writes (--broker). No UNIQUE, as on rides: a
+        # second receipt must show in the report, not fail quietly.
+        """CREATE TABLE IF NOT EXISTS rocket_receipts (
+            id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            message_id text   NOT NULL,
+            ride_id    bigint NOT NULL REFERENCES rocket_rides (id),
+            user_id    text   NOT NULL,
+            charge_id  text,
+            sent_at    double precision NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS rocket_receipts_ride_idx ON rocket_receipts (ride_id)",
     ],
     "sqlite": [
         """CREATE TABLE IF NOT EXISTS rocket_users (
@@ -147,6 +159,15 @@ _TABLES: dict[Dialect, list[str]] = {
             created_at TEXT    NOT NULL DEFAULT CURRENT_TIMESTAMP
         )""",
         "CREATE INDEX IF NOT EXISTS rocket_audit_ride_idx ON rocket_audit_records (ride_id)",
+        """CREATE TABLE IF NOT EXISTS rocket_receipts (
+            id         INTEGER PRIMARY KEY,
+            message_id TEXT    NOT NULL,
+            ride_id    INTEGER NOT NULL REFERENCES rocket_rides (id),
+            user_id    TEXT    NOT NULL,
+            charge_id  TEXT,
+            sent_at    REAL    NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS rocket_receipts_ride_idx ON rocket_receipts (ride_id)",
     ],
 }
 

@@ -1,5 +1,6 @@
-"""Run the whole service: the provider, API workers and the background worker, as
-processes forked from one supervisor that restarts whichever of them dies.
+"""Run the whole service: the provider, API workers, the background worker and, with a
+broker, the receipt consumers (:mod:`.broker`), as processes forked from one
+supervisor that restarts whichever of them dies.
 
 The supervisor imports everything once and then forks; a restart is a fork, a few
 milliseconds, so a demo that kills workers every few requests spends its time on
@@ -44,6 +45,7 @@ from idempotence.maintenance import (
     AsyncWorker,
     CompleterConfig,
     EnqueuerConfig,
+    JobRegistry,
     JobRunnerConfig,
     SweeperConfig,
     stop_on_signals,
@@ -51,6 +53,7 @@ from idempotence.maintenance import (
 from idempotence.stores import AsyncStore
 
 from .api import ApiSettings, create_app, tls_context
+from .broker import BrokerConfig, Ledger, Publisher, consume
 from .mailer import FakeMailer, receipt_jobs
 from .provider import Faults, provider_app
 from .rides import async_charger, rides_flow
@@ -90,6 +93,8 @@ class StackConfig:
     faults: Faults = field(default_factory=Faults)
     seed: int | None = None
     log_level: str = "warning"
+    #: Receipts through RabbitMQ to guarded consumers (None: to the mailer).
+    broker: BrokerConfig | None = None
 
     @property
     def provider_url(self) -> str:
@@ -111,6 +116,8 @@ class StackConfig:
         data = json.loads(text)
         data["api_ports"] = tuple(data["api_ports"])
         data["faults"] = Faults(**data["faults"])
+        if data.get("broker") is not None:
+            data["broker"] = BrokerConfig(**data["broker"])
         return cls(**data)
 
 
@@ -161,20 +168,32 @@ def _worker(config: StackConfig) -> None:
 
 
 async def _work(config: StackConfig) -> None:
+    publisher = None
+    if config.broker is not None:
+        publisher = Publisher(config.broker, Ledger(config.data_dir), seed=config.seed)
     async with (
         open_async_sql_store(config.database) as store,
         httpx.AsyncClient(base_url=config.provider_url, timeout=5.0) as client,
     ):
-        worker = background_worker(config, store, client)
+        jobs = None if publisher is None else publisher.jobs()
+        worker = background_worker(config, store, client, jobs)
         stop = asyncio.Event()
-        with stop_on_signals(stop):
-            await worker.run(stop)
+        try:
+            with stop_on_signals(stop):
+                await worker.run(stop)
+        finally:
+            if publisher is not None:
+                await publisher.close()
 
 
 def background_worker(
-    config: StackConfig, store: AsyncStore, client: httpx.AsyncClient
+    config: StackConfig,
+    store: AsyncStore,
+    client: httpx.AsyncClient,
+    jobs: JobRegistry | None = None,
 ) -> AsyncWorker:
-    """The demo's worker: its completer resumes rides through the API's own flow."""
+    """The demo's worker: its completer resumes rides through the API's own flow;
+    ``jobs`` sends the receipts (default: through the mailer)."""
     interval = config.service_interval
     flows = FlowRegistry()
     flows.register(
@@ -187,7 +206,7 @@ def background_worker(
     return AsyncWorker(
         store,
         flows=flows,
-        jobs=receipt_jobs(FakeMailer(config.mailer_path)),
+        jobs=jobs or receipt_jobs(FakeMailer(config.mailer_path)),
         sweeper=SweeperConfig(interval=interval),
         completer=CompleterConfig(
             interval=interval, grace=timedelta(seconds=config.completer_grace)
@@ -205,6 +224,8 @@ def _warm_up() -> None:
     import uvicorn.protocols.websockets.auto  # noqa: F401
 
     tls_context()
+    with contextlib.suppress(ImportError):
+        import pika  # noqa: F401  (the receipt consumers')
 
 
 def _die_with_parent() -> None:
@@ -282,6 +303,9 @@ def run_stack(config: StackConfig, announce: Callable[[Event], None]) -> int:
             _Child("api", port, functools.partial(_api, config, port)) for port in config.api_ports
         ]
         plan.append(_Child("worker", None, functools.partial(_worker, config)))
+        if config.broker is not None:
+            consumer = functools.partial(consume, config)
+            plan += [_Child("consumer", None, consumer) for _ in range(config.broker.consumers)]
         for child in plan:
             _start(child, children, config, announce)
         return _supervise(children, config, announce, stopping)
@@ -295,11 +319,20 @@ def _start(
     children: dict[int, _Child],
     config: StackConfig,
     announce: Callable[[Event], None],
+    restart: bool = False,
 ) -> None:
     child.pid = _fork(child.start, config.log_level)
     child.started = time.monotonic()
     children[child.pid] = child
-    announce({"event": "started", "role": child.role, "port": child.port, "pid": child.pid})
+    announce(
+        {
+            "event": "started",
+            "role": child.role,
+            "port": child.port,
+            "pid": child.pid,
+            "restart": restart,
+        }
+    )
 
 
 def _accepts(host: str, port: int) -> bool:
@@ -366,6 +399,6 @@ def _supervise(
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(other, signal.SIGTERM)
                 continue
-        _start(child, children, config, announce)
+        _start(child, children, config, announce, restart=True)
     announce({"event": "stopped"})
     return status_code

@@ -15,9 +15,12 @@ import sys
 import time
 
 import httpx
+import pika
+import pika.exceptions
 import pytest
 
 from rocket_rides.run import free_port
+from tests.consumers.broker import broker_url
 from tests.demo.conftest import assert_group_gone
 
 RIDES, CLIENTS = 60, 4
@@ -78,12 +81,44 @@ def test_the_demo_proves_exactly_once(database: list[str], crash_rate: str | Non
     assert states.get("never claimed", 0) == unclaimed
     assert sum(states.values()) == RIDES
     assert report["backend"] == ("postgres" if database else "sqlite")
+    assert "messages_published" not in report  # no broker: receipts by the mailer
     if crash_rate:
         # The crashes happened, and the retries took the keys of dead workers over.
         assert report["worker_crashes"] > 5
         assert report["restarts"] >= report["worker_crashes"]
         assert report["lock_takeovers"] > 0
         assert report["rides_abandoned"] > 0 and report["completer_resumed"] > 0
+
+
+def test_receipts_through_rabbitmq_are_sent_once_through_consumer_kills_and_duplicates(
+    database: list[str],
+):
+    # DESIGN 9 (M1, M2) in the demo: receipts published to the real broker, some twice
+    # on purpose, consumed by guarded consumers that are SIGKILLed before the claim,
+    # inside the transaction and after the commit before the ack.
+    url = broker_url()
+    chaos = ["--crash-rate", "0.3", "--duplicate-rate", "0.5", "--abandon-rate", "0"]
+
+    status, report = run_demo(*database, "--broker", url, *chaos)
+
+    assert status == 0, report["violations"]
+    paid = report["rides_paid"]
+    assert paid > 0 and report["receipts"] == paid
+    assert report["duplicate_receipts"] == 0 and report["missing_receipts"] == 0
+    # Every receipt went over the broker, some twice; the consumers died, their
+    # deliveries came back, and every second copy was absorbed, not sent again.
+    assert report["messages_published"] >= paid + report["duplicates_published"]
+    assert report["duplicates_published"] > 0
+    assert report["duplicates_absorbed"] >= report["duplicates_published"]
+    assert report["consumers_killed"] > 0 and report["messages_redelivered"] > 0
+    # The run's queues were its own, and are gone.
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        for suffix in ("", ".delay", ".dead"):
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="NOT_FOUND"):
+                connection.channel().queue_declare(report["broker_queue"] + suffix, passive=True)
+    finally:
+        connection.close()
 
 
 def test_the_table_report_and_the_exit_status(tmp_path):

@@ -3,6 +3,7 @@ rules (it must be able to fail, or it proves nothing), and the small plumbing.""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import subprocess
 import sys
@@ -15,11 +16,13 @@ from idempotence.cli import main
 from idempotence.testing import Charge, Fault
 from rocket_rides import chaos
 from rocket_rides.api import bearer
+from rocket_rides.broker import BrokerConfig, Ledger, tally
 from rocket_rides.clients import ClientStats, Outcome, make_workload
 from rocket_rides.mailer import FakeMailer, Receipt
 from rocket_rides.provider import Faults
-from rocket_rides.report import Evidence, RideRow, assess, render
+from rocket_rides.report import Evidence, MessageCounts, RideRow, assess, render
 from rocket_rides.rides import ride_params, validate
+from rocket_rides.run import free_port
 from rocket_rides.stack import StackConfig
 
 RIDE = {"origin_lat": 48.88, "origin_lon": 2.35, "target_lat": 48.72, "target_lon": 2.38}
@@ -192,6 +195,41 @@ def test_the_double_charge_count_adds_extra_and_orphan_charges():
     assert assess(Evidence(**evidence)).numbers["double_charges"] == 2
 
 
+def test_with_a_broker_the_report_counts_the_messages_and_fails_on_an_unsettled_one():
+    counts = dict(published=4, duplicates_published=1, redelivered=2, absorbed=1, unsettled=0)
+    report = assess(Evidence(**good_evidence(), messages=MessageCounts(**counts)))
+
+    assert report.ok, report.violations
+    numbers = report.to_json()
+    assert numbers["messages_published"] == 4 and numbers["duplicates_absorbed"] == 1
+    assert numbers["messages_redelivered"] == 2 and numbers["duplicates_published"] == 1
+    assert "messages published" in render(report)
+    lost = assess(Evidence(**good_evidence(), messages=MessageCounts(**{**counts, "unsettled": 1})))
+    assert list(lost.violations) == ["1 published message(s) never settled by a consumer"]
+    # Without a broker, the report is as it always was.
+    assert "messages_published" not in assess(Evidence(**good_evidence())).to_json()
+
+
+def test_the_ledger_tally_follows_every_copy(tmp_path):
+    ledger = Ledger(tmp_path)
+    ledger.write(event="published", ride=1, copies=["a", "b"], duplicates=1)
+    ledger.write(event="published", ride=2, copies=["c"], duplicates=0)
+    ledger.write(event="settled", id="r1", copy="a", outcome="processed", redelivered=False)
+    ledger.write(event="settled", id="r1", copy="b", outcome="in_progress", redelivered=False)
+    ledger.write(event="settled", id="r2", copy="c", outcome="processed", redelivered=False)
+    # A consumer killed after the commit, before the ack: "c" comes back, absorbed.
+    ledger.write(event="settled", id="r2", copy="c", outcome="duplicate", redelivered=True)
+
+    counts = tally(ledger.events(), consumers_killed=1)
+
+    # "b" was requeued, not settled: the run must wait for it.
+    assert (counts.published, counts.duplicates_published, counts.unsettled) == (3, 1, 1)
+    assert (counts.redelivered, counts.absorbed, counts.consumers_killed) == (1, 1, 1)
+    assert counts.rides_published == {1, 2}
+    ledger.write(event="settled", id="r1", copy="b", outcome="duplicate", redelivered=False)
+    assert tally(ledger.events()).unsettled == 0
+
+
 # -- plumbing --------------------------------------------------------------------------------
 
 
@@ -225,6 +263,8 @@ def test_the_stack_config_travels_as_json():
     )
 
     assert StackConfig.from_json(config.to_json()) == config
+    with_broker = dataclasses.replace(config, broker=BrokerConfig("amqp://h/", "q", crash_rate=0.2))
+    assert StackConfig.from_json(with_broker.to_json()) == with_broker
 
 
 def test_chaos_headers():
@@ -261,6 +301,21 @@ def test_the_idempotence_command_has_the_demo():
     assert serve.exit_code == 0 and "--provider-port" in serve.output
     assert "stack" not in overview.output.split("Commands:")[1]  # internal, hidden
     assert wrong.exit_code == 2 and "unsupported database" in wrong.output
+
+
+def test_a_bad_or_silent_broker_is_a_clear_error(tmp_path):
+    runner = CliRunner()
+    nobody = f"amqp://guest:secret@127.0.0.1:{free_port()}/"
+
+    wrong = runner.invoke(main, ["demo", "--broker", "http://127.0.0.1:5672/"])
+    silent = runner.invoke(
+        main, ["demo", "--rides", "1", "--broker", nobody, "--data-dir", str(tmp_path)]
+    )
+
+    assert wrong.exit_code == 2 and "give an AMQP URL" in wrong.output
+    assert silent.exit_code == 1 and "no RabbitMQ broker answers at 127.0.0.1" in silent.output
+    assert "secret" not in silent.output
+    assert not (tmp_path / "processes.log").exists()  # nothing was started
 
 
 def test_registering_the_group_imports_no_web_stack():
