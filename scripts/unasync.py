@@ -42,6 +42,7 @@ SOURCES = [
     "maintenance/enqueuer_async.py",
     "maintenance/jobs_async.py",
     "maintenance/worker_async.py",
+    "contrib/_sqlalchemy_async.py",
 ]
 
 # Applied in order, to every line (code, comments and docstrings alike, so that the

@@ -79,6 +79,9 @@ class AsyncStore:
     operation raises :class:`~idempotence.errors.StoreUnavailable`.
     """
 
+    #: What :meth:`transaction` yields (a store on an ORM's connections adds its session).
+    _transaction_type: type[AsyncTransaction] = AsyncTransaction
+
     def __init__(
         self,
         source: AsyncSource,
@@ -136,14 +139,14 @@ class AsyncStore:
         async with self._gate.transaction_async(), self._source.connection() as conn:
             if claim is None:
                 async with conn.atomic():
-                    yield AsyncTransaction(conn)
+                    yield self._transaction_type(conn)
                 return
             op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim))
             entered = False
             try:
                 async with conn.atomic(op) as got:
                     entered = True
-                    yield AsyncTransaction(conn, got)
+                    yield self._transaction_type(conn, got)
                 return
             except KeyHeld:
                 if entered:
@@ -151,7 +154,7 @@ class AsyncStore:
             held = await conn.perform(
                 _ops.claim_held(self._dialect, claim), atomic=False, write=False
             )
-            yield AsyncTransaction(conn, held)
+            yield self._transaction_type(conn, held)
 
     async def checkpoint(
         self,
