@@ -6,7 +6,7 @@ commit in one transaction, so a crash anywhere leaves all of them or none.
     DATABASE_URL=postgresql+psycopg://app@db/app uvicorn fastapi_sqlalchemy:app
     # default: sqlite+aiosqlite:///transfers.sqlite3 in the working directory
 
-Run by tests/sqlalchemy/test_fastapi_example.py under a real uvicorn.
+Run by tests/sqla/test_fastapi_example.py under a real uvicorn.
 """
 
 from __future__ import annotations

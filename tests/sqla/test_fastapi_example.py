@@ -14,7 +14,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.sqlalchemy.conftest import EXAMPLES, Database, uvicorn_process
+from tests.sqla.conftest import EXAMPLES, Database, uvicorn_process
 
 HERE = Path(__file__).resolve().parent
 
