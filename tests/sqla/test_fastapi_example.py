@@ -90,3 +90,12 @@ def test_f3_32_concurrent_duplicates_commit_one_row(database: Database, tmp_path
     assert bodies == {fresh[0].content}  # every replay is the one response
     assert (retry.status_code, retry.content) == (201, fresh[0].content)
     assert _census(database, key) == (1, 1)
+
+
+def test_the_readme_shows_the_example_as_it_runs() -> None:
+    """The README's FastAPI + SQLAlchemy block is this example, byte for byte (its
+    docstring aside), so what the reader copies is what these tests run."""
+    example = (EXAMPLES / "fastapi_sqlalchemy.py").read_text()
+    body = example.split('"""', 2)[2].lstrip("\n")
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    assert f"```python\n{body}```" in readme
