@@ -88,7 +88,10 @@ def uvicorn_process(
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
             try:
-                process.communicate(timeout=20)
+                output = process.communicate(timeout=20)[0]
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.communicate()
+                output = process.communicate()[0]
+            # A clean shutdown (the lifespan closes the store and the engine); a
+            # failure of the test itself is the one to report.
+            assert sys.exc_info()[0] is not None or "Traceback" not in output, output
