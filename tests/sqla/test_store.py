@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from idempotence import ClaimRequest, Outcome, StoredResponse
 from idempotence.contrib.sqlalchemy import (
@@ -24,6 +24,7 @@ from idempotence.contrib.sqlalchemy import (
     current_async_session,
 )
 from idempotence.errors import ConfigurationError
+from idempotence.flows import Finish, Flow, ResultKind
 from tests.sqla.conftest import Database
 
 
@@ -187,3 +188,59 @@ def test_the_store_refuses_an_engine_it_cannot_drive(database: Database) -> None
     with pytest.raises(ConfigurationError, match="AsyncSQLAlchemyStore takes an AsyncEngine"):
         AsyncSQLAlchemyStore(engine)  # type: ignore[arg-type]
     engine.dispose()
+
+
+def _bound_flow(expected_session: Any) -> Flow:
+    flow = Flow(f"bound-{uuid.uuid4().hex[:8]}", request_as_transaction=True)
+
+    @flow.phase("started")
+    def write(ctx: Any) -> Finish:
+        assert ctx.tx.session is expected_session  # the application's own session
+        ctx.tx.session.add(Row(key=ctx.record.key))
+        return Finish(RESPONSE)
+
+    return flow
+
+
+@pytest.mark.parametrize("ending", ["commit", "rollback"])
+def test_f3_a_store_bound_to_the_applications_session_commits_with_it(
+    store: SQLAlchemyStore, ending: str
+) -> None:
+    claim = request()
+    with Session(store.engine) as session:
+        flow = _bound_flow(session)
+        result = flow.run(
+            SQLAlchemyStore(session),
+            flow.request(scope=claim.scope, key=claim.key, fingerprint=claim.fingerprint),
+        )
+        assert result.kind is ResultKind.EXECUTED
+        # The claim, the row and the response are in the application's transaction,
+        # which the store did not commit (its block was a savepoint of it).
+        assert _outside(store, claim.key) == (0, None)
+        getattr(session, ending)()
+    expected = (1, Outcome.REPLAY) if ending == "commit" else (0, None)
+    assert census(store, claim.key) == expected
+
+
+def test_f3_async_a_store_bound_to_the_applications_session(database: Database) -> None:
+    async def scenario() -> tuple[int, Outcome]:
+        engine = create_async_engine(database.async_url)
+        try:
+            store = AsyncSQLAlchemyStore(engine)
+            await store.migrate()
+            async with engine.begin() as conn:
+                await conn.run_sync(Base.metadata.create_all)
+            key = str(uuid.uuid4())
+            async with AsyncSession(engine) as session:
+                flow = _bound_flow(session)
+                request = flow.request(scope="acct_1", key=key, fingerprint="f" * 64)
+                result = await flow.run_async(AsyncSQLAlchemyStore(session), request)
+                assert result.kind is ResultKind.EXECUTED
+                await session.commit()
+            async with engine.connect() as conn:
+                rows = await conn.scalar(sa.select(sa.func.count()).where(Row.key == key))
+            return rows or 0, (await store.claim(request)).outcome
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(scenario()) == (1, Outcome.REPLAY)

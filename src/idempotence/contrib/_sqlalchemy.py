@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
+from .._concurrency import Lock
 from ..errors import StoreUnavailable
 from ..observability import Instrumentation
 from ..stores._connection import run
@@ -63,11 +64,15 @@ class _SqlConnection:
         raw: Connection,
         dialect: Dialect,
         sessions: Callable[..., Session],
+        *,
+        own_session: bool = True,
     ) -> None:
         #: The SQLAlchemy connection: the application's Core statements run on it.
         self.raw = raw
         self._dialect = dialect
         self._sessions = sessions
+        # False: the session is the application's (a store bound to it): never closed.
+        self._own_session = own_session
         self._session: Session | None = None
         self._blocks = Blocks()
         # The SQLAlchemy transactions of the open blocks, outermost first.
@@ -113,17 +118,22 @@ class _SqlConnection:
 
     def _enter(self, *, write: bool) -> None:
         with translated(self._dialect):
-            if self._open:
+            # Inside a transaction (ours, or the application's on a bound store), a
+            # block is a savepoint: the outer transaction commits with its owner.
+            nested = bool(self._open) or self.raw.in_transaction()
+            if nested:
                 self._flush()
-                self._open.append(self.raw.begin_nested())
-                return
-            self._open.append(self.raw.begin())
+            else:
+                self._open.append(self.raw.begin())
             sqlite = self._dialect.name == "sqlite"
-            if write and sqlite and not driver_of(self.raw).in_transaction:
+            if (write or nested) and sqlite and not driver_of(self.raw).in_transaction:
                 # The write lock now: the claim's read and write are one unit (P6), and
                 # a phase never deadlocks upgrading a read lock. SQLAlchemy commits and
-                # rolls back through the driver, which sees the transaction.
+                # rolls back through the driver, which sees the transaction. (A first
+                # SAVEPOINT would open a transaction whose RELEASE commits it.)
                 self.raw.exec_driver_sql("BEGIN IMMEDIATE")
+            if nested:
+                self._open.append(self.raw.begin_nested())
 
     def _exit(self, *, commit: bool) -> None:
         transaction = self._open.pop()
@@ -137,7 +147,8 @@ class _SqlConnection:
         finally:
             if not self._open and self._session is not None:
                 session, self._session = self._session, None
-                session.close()
+                if self._own_session:
+                    session.close()
 
     def _flush(self) -> None:
         if self._session is not None:
@@ -204,6 +215,36 @@ class _EngineSource:
         pass  # the application's engine
 
 
+class _BoundSource:
+    """The application's one session or connection: the store's blocks are
+    savepoints of the application's transaction when it has one open (a session
+    always has: asking it for its connection begins it), which commits with the
+    application; turns are taken."""
+
+    def __init__(self, target: Session | Connection, dialect: Dialect) -> None:
+        self._target = target
+        self._dialect = dialect
+        self._lock = Lock()
+
+    @contextmanager
+    def connection(self) -> Iterator[_SqlConnection]:
+        with self._lock:
+            target = self._target
+            if isinstance(target, Session):
+                with translated(self._dialect):
+                    raw = target.connection()
+                yield _SqlConnection(raw, self._dialect, lambda **_: target, own_session=False)
+            else:
+                yield _SqlConnection(target, self._dialect, _default_sessions)
+
+    def close(self) -> None:
+        pass  # the application's
+
+
+def _default_sessions(**kw: Any) -> Session:
+    return Session(expire_on_commit=False, **kw)
+
+
 class SQLAlchemyTransaction(Transaction):
     """The store's transaction on a SQLAlchemy connection: :attr:`connection` is the
     SQLAlchemy ``Connection`` and :attr:`session` an ``Session`` on it."""
@@ -222,7 +263,7 @@ def _resolve(
     target: Engine | SessionMaker[Any],
 ) -> tuple[Engine, Callable[..., Session]]:
     if isinstance(target, Engine):
-        return target, lambda **kw: Session(expire_on_commit=False, **kw)
+        return target, _default_sessions
     if isinstance(target, SessionMaker):
         bind = target.kw.get("bind")
         if isinstance(bind, Engine):
@@ -251,19 +292,23 @@ class SQLAlchemyStore(Store):
 
     def __init__(
         self,
-        target: Engine | SessionMaker[Any],
+        target: Engine | SessionMaker[Any] | Session | Connection,
         *,
         instrumentation: Instrumentation | None = None,
     ) -> None:
-        engine, sessions = _resolve(target)
-        dialect = dialect_for(_sync_engine(engine))
-        super().__init__(
-            _EngineSource(engine, dialect, sessions), dialect, instrumentation=instrumentation
-        )
+        source: _EngineSource | _BoundSource
+        if isinstance(target, Session | Connection):
+            dialect = dialect_for(_bound_engine(target))
+            source = _BoundSource(target, dialect)
+        else:
+            engine, sessions = _resolve(target)
+            dialect = dialect_for(_sync_engine(engine))
+            source = _EngineSource(engine, dialect, sessions)
+        super().__init__(source, dialect, instrumentation=instrumentation)
 
     @property
     def engine(self) -> Engine:
-        """The application's engine the store runs on."""
+        """The application's engine the store runs on (not on a bound store)."""
         source = self._source
         assert isinstance(source, _EngineSource)
         return source.engine
@@ -271,3 +316,14 @@ class SQLAlchemyStore(Store):
 
 def _sync_engine(engine: Engine) -> Any:
     return getattr(engine, "sync_engine", engine)
+
+
+def _bound_engine(target: Session | Connection) -> Any:
+    bind = target.bind if isinstance(target, Session) else target
+    if isinstance(bind, Connection):
+        bind = bind.engine
+    if not isinstance(bind, Engine):
+        from ..errors import ConfigurationError
+
+        raise ConfigurationError(f"bind the session to an engine or a connection: {target!r}")
+    return _sync_engine(bind)

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
+from .._concurrency import AsyncLock
 from ..errors import StoreUnavailable
 from ..observability import Instrumentation
 from ..stores._connection_async import run_async
@@ -61,11 +62,15 @@ class _AsyncSqlConnection:
         raw: AsyncConnection,
         dialect: Dialect,
         sessions: Callable[..., AsyncSession],
+        *,
+        own_session: bool = True,
     ) -> None:
         #: The SQLAlchemy connection: the application's Core statements run on it.
         self.raw = raw
         self._dialect = dialect
         self._sessions = sessions
+        # False: the session is the application's (a store bound to it): never closed.
+        self._own_session = own_session
         self._session: AsyncSession | None = None
         self._blocks = Blocks()
         # The SQLAlchemy transactions of the open blocks, outermost first.
@@ -111,17 +116,22 @@ class _AsyncSqlConnection:
 
     async def _enter(self, *, write: bool) -> None:
         with translated(self._dialect):
-            if self._open:
+            # Inside a transaction (ours, or the application's on a bound store), a
+            # block is a savepoint: the outer transaction commits with its owner.
+            nested = bool(self._open) or self.raw.in_transaction()
+            if nested:
                 await self._flush()
-                self._open.append(await self.raw.begin_nested())
-                return
-            self._open.append(await self.raw.begin())
+            else:
+                self._open.append(await self.raw.begin())
             sqlite = self._dialect.name == "sqlite"
-            if write and sqlite and not driver_of(self.raw).in_transaction:
+            if (write or nested) and sqlite and not driver_of(self.raw).in_transaction:
                 # The write lock now: the claim's read and write are one unit (P6), and
                 # a phase never deadlocks upgrading a read lock. SQLAlchemy commits and
-                # rolls back through the driver, which sees the transaction.
+                # rolls back through the driver, which sees the transaction. (A first
+                # SAVEPOINT would open a transaction whose RELEASE commits it.)
                 await self.raw.exec_driver_sql("BEGIN IMMEDIATE")
+            if nested:
+                self._open.append(await self.raw.begin_nested())
 
     async def _exit(self, *, commit: bool) -> None:
         transaction = self._open.pop()
@@ -135,7 +145,8 @@ class _AsyncSqlConnection:
         finally:
             if not self._open and self._session is not None:
                 session, self._session = self._session, None
-                await session.close()
+                if self._own_session:
+                    await session.close()
 
     async def _flush(self) -> None:
         if self._session is not None:
@@ -204,6 +215,36 @@ class _AsyncEngineSource:
         pass  # the application's engine
 
 
+class _AsyncBoundSource:
+    """The application's one session or connection: the store's blocks are
+    savepoints of the application's transaction when it has one open (a session
+    always has: asking it for its connection begins it), which commits with the
+    application; turns are taken."""
+
+    def __init__(self, target: AsyncSession | AsyncConnection, dialect: Dialect) -> None:
+        self._target = target
+        self._dialect = dialect
+        self._lock = AsyncLock()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[_AsyncSqlConnection]:
+        async with self._lock:
+            target = self._target
+            if isinstance(target, AsyncSession):
+                with translated(self._dialect):
+                    raw = await target.connection()
+                yield _AsyncSqlConnection(raw, self._dialect, lambda **_: target, own_session=False)
+            else:
+                yield _AsyncSqlConnection(target, self._dialect, _default_sessions)
+
+    async def close(self) -> None:
+        pass  # the application's
+
+
+def _default_sessions(**kw: Any) -> AsyncSession:
+    return AsyncSession(expire_on_commit=False, **kw)
+
+
 class AsyncSQLAlchemyTransaction(AsyncTransaction):
     """The store's transaction on a SQLAlchemy connection: :attr:`connection` is the
     SQLAlchemy ``AsyncConnection`` and :attr:`session` an ``AsyncSession`` on it."""
@@ -222,7 +263,7 @@ def _resolve_async(
     target: AsyncEngine | AsyncSessionMaker[Any],
 ) -> tuple[AsyncEngine, Callable[..., AsyncSession]]:
     if isinstance(target, AsyncEngine):
-        return target, lambda **kw: AsyncSession(expire_on_commit=False, **kw)
+        return target, _default_sessions
     if isinstance(target, AsyncSessionMaker):
         bind = target.kw.get("bind")
         if isinstance(bind, AsyncEngine):
@@ -251,19 +292,23 @@ class AsyncSQLAlchemyStore(AsyncStore):
 
     def __init__(
         self,
-        target: AsyncEngine | AsyncSessionMaker[Any],
+        target: AsyncEngine | AsyncSessionMaker[Any] | AsyncSession | AsyncConnection,
         *,
         instrumentation: Instrumentation | None = None,
     ) -> None:
-        engine, sessions = _resolve_async(target)
-        dialect = dialect_for(_sync_engine(engine))
-        super().__init__(
-            _AsyncEngineSource(engine, dialect, sessions), dialect, instrumentation=instrumentation
-        )
+        source: _AsyncEngineSource | _AsyncBoundSource
+        if isinstance(target, AsyncSession | AsyncConnection):
+            dialect = dialect_for(_bound_engine(target))
+            source = _AsyncBoundSource(target, dialect)
+        else:
+            engine, sessions = _resolve_async(target)
+            dialect = dialect_for(_sync_engine(engine))
+            source = _AsyncEngineSource(engine, dialect, sessions)
+        super().__init__(source, dialect, instrumentation=instrumentation)
 
     @property
     def engine(self) -> AsyncEngine:
-        """The application's engine the store runs on."""
+        """The application's engine the store runs on (not on a bound store)."""
         source = self._source
         assert isinstance(source, _AsyncEngineSource)
         return source.engine
@@ -271,3 +316,14 @@ class AsyncSQLAlchemyStore(AsyncStore):
 
 def _sync_engine(engine: AsyncEngine) -> Any:
     return getattr(engine, "sync_engine", engine)
+
+
+def _bound_engine(target: AsyncSession | AsyncConnection) -> Any:
+    bind = target.bind if isinstance(target, AsyncSession) else target
+    if isinstance(bind, AsyncConnection):
+        bind = bind.engine
+    if not isinstance(bind, AsyncEngine):
+        from ..errors import ConfigurationError
+
+        raise ConfigurationError(f"bind the session to an engine or a connection: {target!r}")
+    return _sync_engine(bind)
