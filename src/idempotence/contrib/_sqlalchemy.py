@@ -25,7 +25,9 @@ endpoint):
   exception it rolls back. Either way it closes the session and returns the connection.
 
 A block opened while the connection's transaction is open is a savepoint
-(``begin_nested()``).
+(``begin_nested()``). So is every block of a store bound to the application's own
+session or connection (:class:`_BoundSource`): the application's transaction
+commits the claim, its writes and the stored response, or rolls them back.
 """
 
 from __future__ import annotations
@@ -280,6 +282,11 @@ class SQLAlchemyStore(Store):
     """The key store on the application's SQLAlchemy engine (PostgreSQL with psycopg 3,
     or SQLite). ``target`` is the ``Engine``, or the application's
     ``async_sessionmaker`` bound to it (then ``tx.session`` is one of its sessions).
+
+    Or ``target`` is one ``Session`` (or ``Connection``) of the application's:
+    then the store runs in the application's transaction, its blocks are savepoints,
+    and what it claims and stores commits when the application commits (``tx.session``
+    is the application's session). Such a store serves one task at a time.
 
     >>> engine = create_async_engine("postgresql+psycopg://app@db/app")  # doctest: +SKIP
     >>> store = SQLAlchemyStore(async_sessionmaker(engine))        # doctest: +SKIP
