@@ -46,6 +46,7 @@ SOURCES = [
     "maintenance/jobs_async.py",
     "maintenance/worker_async.py",
     "client/_client_async.py",
+    "contrib/_sqlalchemy_async.py",
 ]
 
 # Applied in order, to every line (code, comments and docstrings alike, so that the

@@ -97,6 +97,9 @@ class Store:
     operation raises :class:`~idempotence.errors.StoreUnavailable`.
     """
 
+    #: What :meth:`transaction` yields (a store on an ORM's connections adds its session).
+    _transaction_type: type[Transaction] = Transaction
+
     def __init__(
         self,
         source: Source,
@@ -150,20 +153,20 @@ class Store:
         with self._gate.transaction(), self._source.connection() as conn:
             if claim is None:
                 with conn.atomic():
-                    yield Transaction(conn, self._dialect)
+                    yield self._transaction_type(conn, self._dialect)
                 return
             op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim))
             entered = False
             try:
                 with conn.atomic(op) as got:
                     entered = True
-                    yield Transaction(conn, self._dialect, got)
+                    yield self._transaction_type(conn, self._dialect, got)
                 return
             except KeyHeld:
                 if entered:
                     raise
             held = conn.perform(_ops.claim_held(self._dialect, claim), atomic=False, write=False)
-            yield Transaction(conn, self._dialect, held)
+            yield self._transaction_type(conn, self._dialect, held)
 
     def checkpoint(
         self,

@@ -95,6 +95,9 @@ class AsyncStore:
     operation raises :class:`~idempotence.errors.StoreUnavailable`.
     """
 
+    #: What :meth:`transaction` yields (a store on an ORM's connections adds its session).
+    _transaction_type: type[AsyncTransaction] = AsyncTransaction
+
     def __init__(
         self,
         source: AsyncSource,
@@ -152,14 +155,14 @@ class AsyncStore:
         async with self._gate.transaction_async(), self._source.connection() as conn:
             if claim is None:
                 async with conn.atomic():
-                    yield AsyncTransaction(conn, self._dialect)
+                    yield self._transaction_type(conn, self._dialect)
                 return
             op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim))
             entered = False
             try:
                 async with conn.atomic(op) as got:
                     entered = True
-                    yield AsyncTransaction(conn, self._dialect, got)
+                    yield self._transaction_type(conn, self._dialect, got)
                 return
             except KeyHeld:
                 if entered:
@@ -167,7 +170,7 @@ class AsyncStore:
             held = await conn.perform(
                 _ops.claim_held(self._dialect, claim), atomic=False, write=False
             )
-            yield AsyncTransaction(conn, self._dialect, held)
+            yield self._transaction_type(conn, self._dialect, held)
 
     async def checkpoint(
         self,
