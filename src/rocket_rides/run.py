@@ -88,6 +88,9 @@ class StackProcess:
         self.crashes = 0
         self.restarts = 0
         self.failed: str | None = None
+        #: The current pid of each child, by name (``api:PORT``, ``provider:PORT``,
+        #: ``worker``), updated as the supervisor restarts them (the soak run reads it).
+        self.pids: dict[str, int] = {}
         self._seen: set[tuple[str, int | None]] = set()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rocket_rides", "stack", "--config", config.to_json()],
@@ -117,6 +120,8 @@ class StackProcess:
                 if process in self._seen:
                     self.restarts += 1
                 self._seen.add(process)
+                role, port = process
+                self.pids[role if port is None else f"{role}:{port}"] = event["pid"]
             elif event["event"] == "failed":
                 self.failed = event["role"]
 
