@@ -101,6 +101,8 @@ class Sample:
     key_rows: int
     key_bytes: int
     rides: int
+    #: PostgreSQL: the key table's heap and index bytes, dead rows, vacuums so far.
+    detail: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -151,6 +153,9 @@ class Limits:
     fd_per_hour: float
     #: The longest a key can live, seconds (see the module docstring).
     key_life: float
+    key_mb_per_hour: float = 20.0
+    #: False where nothing reclaims deleted rows' space (PostgreSQL's autovacuum off).
+    judge_key_bytes: bool = True
 
 
 # -- the verdict (pure) ---------------------------------------------------------------------
@@ -249,6 +254,11 @@ def failures(samples: Sequence[Sample], totals: Totals, limits: Limits) -> list[
         failed.append(
             f"database connections grow {slope(held) * 3600:.0f}/h (limit {limits.fd_per_hour:g})"
         )
+    grows = slope([(s.t, s.key_bytes / 1e6) for s in window]) * 3600
+    if limits.judge_key_bytes and span(window) >= MIN_WINDOW and grows > limits.key_mb_per_hour:
+        failed.append(
+            f"key table: its bytes grow {grows:.1f} MB/h (limit {limits.key_mb_per_hour:g})"
+        )
     for sample, bound in zip(samples, key_bounds(samples, limits.key_life), strict=True):
         if sample.key_rows > bound:
             failed.append(
@@ -312,6 +322,20 @@ def proc_stats(pid: int) -> tuple[int, int] | None:
         return None
 
 
+POSTGRES_PROBE = """
+SELECT (SELECT count(*) FROM pg_stat_activity
+        WHERE datname = current_database() AND pid <> pg_backend_pid()),
+    (SELECT count(*) FROM idempotency_keys),
+    pg_total_relation_size('idempotency_keys'),
+    (SELECT coalesce(max(id), 0) FROM rocket_rides),
+    pg_relation_size('idempotency_keys'),
+    pg_indexes_size('idempotency_keys'),
+    n_dead_tup,
+    vacuum_count + autovacuum_count
+FROM pg_stat_user_tables WHERE relname = 'idempotency_keys'
+"""
+
+
 def with_dbname(server: str, name: str) -> str:
     """The URL of database ``name`` on ``server`` (a URL or a key=value conninfo)."""
     if "://" in server:
@@ -331,6 +355,8 @@ class Database:
         self.backend = backend
         self.admin = postgres
         self.name = f"idempotence_soak_{os.getpid()}"
+        #: Whether PostgreSQL's autovacuum runs (None on SQLite, which needs none).
+        self.autovacuum: bool | None = None
         if backend == "postgres":
             self.url = with_dbname(postgres, self.name)
         else:
@@ -344,6 +370,8 @@ class Database:
             return
         with psycopg.connect(self.admin, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
+            shown = conn.execute("SHOW autovacuum").fetchone()
+            self.autovacuum = shown is not None and shown[0] == "on"
         try:
             yield self
         finally:
@@ -354,39 +382,39 @@ class Database:
                     )
                 )
 
-    def probe(self) -> Callable[[], tuple[int | None, int, int, int]]:
-        """A function returning (connections, key rows, key bytes, rides)."""
+    def probe(self) -> Callable[[], tuple[int | None, int, int, int, dict[str, int]]]:
+        """A function returning (connections, key rows, key bytes, rides, detail)."""
         if self.backend == "postgres":
             conn = psycopg.connect(self.url, autocommit=True)
 
-            def postgres() -> tuple[int | None, int, int, int]:
-                row = conn.execute(
-                    "SELECT (SELECT count(*) FROM pg_stat_activity"
-                    "        WHERE datname = current_database() AND pid <> pg_backend_pid()),"
-                    " (SELECT count(*) FROM idempotency_keys),"
-                    " pg_total_relation_size('idempotency_keys'),"
-                    " (SELECT coalesce(max(id), 0) FROM rocket_rides)"
-                ).fetchone()
+            def postgres() -> tuple[int | None, int, int, int, dict[str, int]]:
+                row = conn.execute(POSTGRES_PROBE).fetchone()
                 assert row is not None
-                return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+                connections, rows, size, rides, heap, indexes, dead, vacuums = map(int, row)
+                detail = {"heap": heap, "indexes": indexes, "dead": dead, "vacuums": vacuums}
+                return connections, rows, size, rides, detail
 
             return postgres
-        # Read-only, in WAL mode it never blocks a writer; made here, used by the sampler.
         lite = sqlite3.connect(
             f"file:{self.path}?mode=ro", uri=True, timeout=10, check_same_thread=False
         )
 
-        def sqlite() -> tuple[int | None, int, int, int]:
+        try:
+            dbstat = bool(lite.execute("SELECT count(*) FROM dbstat LIMIT 1").fetchone())
+        except sqlite3.OperationalError:
+            dbstat = False
+
+        def sqlite() -> tuple[int | None, int, int, int, dict[str, int]]:
             rows = lite.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0]
             rides = lite.execute("SELECT coalesce(max(id), 0) FROM rocket_rides").fetchone()[0]
-            try:
+            if dbstat:
                 size = lite.execute(
-                    "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name = 'idempotency_keys'"
-                    " OR tbl_name = 'idempotency_keys'"
+                    "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name IN"
+                    " (SELECT name FROM sqlite_master WHERE tbl_name = 'idempotency_keys')"
                 ).fetchone()[0]
-            except sqlite3.OperationalError:  # no dbstat in this build: the whole file
+            else:  # no dbstat in this build of SQLite: the whole file
                 size = self.path.stat().st_size
-            return None, int(rows), int(size), int(rides)
+            return None, int(rows), int(size), int(rides), {}
 
         return sqlite
 
@@ -423,8 +451,8 @@ class Sampler(threading.Thread):
             stats = proc_stats(pid)
             if stats is not None:
                 processes[name] = [pid, *stats]
-        connections, rows, size, rides = self.probe()
-        return Sample(round(t, 2), processes, connections, rows, size, rides)
+        connections, rows, size, rides, detail = self.probe()
+        return Sample(round(t, 2), processes, connections, rows, size, rides, detail)
 
 
 # -- the load -----------------------------------------------------------------------------
@@ -498,6 +526,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warm-up", type=float, help="s never judged (default 60)")
     parser.add_argument("--max-rss-growth", type=float, default=60.0, help="MB/h (default 60)")
     parser.add_argument("--max-fd-growth", type=float, default=60.0, help="per h (default 60)")
+    parser.add_argument(
+        "--max-key-growth", type=float, default=20.0, help="key table MB/h (default 20)"
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
@@ -535,14 +566,21 @@ def stack_config(args: argparse.Namespace, database: str, data_dir: str, seed: i
     )
 
 
-def limits_of(args: argparse.Namespace) -> Limits:
+def limits_of(args: argparse.Namespace, autovacuum: bool | None) -> Limits:
     key_life = (
         args.retention
         + max(args.retention, RIDE_LIFE)
         + args.reaper_interval * 1.25
         + 2 * args.sample
     )
-    return Limits(args.warm_up, args.max_rss_growth, args.max_fd_growth, key_life)
+    return Limits(
+        args.warm_up,
+        args.max_rss_growth,
+        args.max_fd_growth,
+        key_life,
+        args.max_key_growth,
+        judge_key_bytes=autovacuum is not False,
+    )
 
 
 def soak(args: argparse.Namespace) -> dict[str, Any]:
@@ -577,7 +615,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             stack_failed = stack.failed
             crashes, restarts = stack.crashes, stack.restarts
         log_tail = log_path.read_text(errors="replace").splitlines()[-20:]
-    limits = limits_of(args)
+    limits = limits_of(args, database.autovacuum)
     samples = sampler.samples
     window = judged(samples, limits.warm_up)
     failed = failures(samples, totals, limits)
@@ -595,6 +633,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             "retention": args.retention,
             "reaper_interval": args.reaper_interval,
             "seed": seed,
+            "autovacuum": database.autovacuum,
             **asdict(limits),
         },
         "crashes": crashes,
@@ -653,6 +692,11 @@ def report(result: dict[str, Any]) -> str:
     )
     if window[1] - window[0] < MIN_WINDOW:
         lines.append(f"growth not judged: the window is shorter than {MIN_WINDOW:.0f} s")
+    if s["autovacuum"] is False:
+        lines.append(
+            "autovacuum is off on this server: nothing reclaims the space of deleted keys,"
+            " so the key table's bytes are reported, not judged"
+        )
     lines.append("")
     if result["passed"]:
         lines.append("verdict: PASS")

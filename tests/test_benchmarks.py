@@ -17,7 +17,12 @@ BENCHMARKS = sorted((Path(__file__).parent.parent / "benchmarks").glob("*.py"))
 
 
 def test_there_are_benchmarks():
-    assert {path.name for path in BENCHMARKS} >= {"store.py", "reaper.py", "http_bench.py"}
+    assert {path.name for path in BENCHMARKS} >= {
+        "store.py",
+        "reaper.py",
+        "http_bench.py",
+        "soak.py",
+    }
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.name)

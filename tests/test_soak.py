@@ -187,3 +187,14 @@ def test_quick_soak_on_postgres(pg_server: ProvidedServer):
             (result["settings"]["database"],),
         ).fetchall()
     assert left == []
+
+
+def test_a_key_table_whose_bytes_grow_fails():
+    samples = run()
+    for sample in samples:
+        sample.key_bytes = int(2e6 + sample.t * 100e6 / 3600)  # dead rows never reclaimed
+    failed = verdict(samples)
+    assert len(failed) == 1 and failed[0].startswith("key table: its bytes grow"), failed
+    # Where nothing can reclaim them (autovacuum off), bytes are reported, not judged.
+    unjudged = soak.Limits(**{**LIMITS.__dict__, "judge_key_bytes": False})
+    assert soak.failures(samples, soak.Totals(), unjudged) == []
