@@ -37,7 +37,9 @@ def _load() -> ModuleType:
 
 
 soak = _load()
-LIMITS = soak.Limits(warm_up=60.0, rss_mb_per_hour=60.0, fd_per_hour=60.0, key_life=140.0)
+LIMITS = soak.Limits(
+    warm_up=60.0, rss_mb_per_hour=60.0, fd_per_hour=60.0, key_life=140.0, first_reap=90.0
+)
 RATE = 30  # rides per second
 
 
