@@ -28,7 +28,7 @@ BENCHMARKS = sorted(path for path in HERE.glob("*.py") if not path.name.startswi
 
 def test_there_are_benchmarks():
     names = {path.name for path in BENCHMARKS}
-    assert names >= {"store.py", "reaper.py", "http_bench.py", "peers.py", "drivers.py"}
+    assert names >= {"store.py", "reaper.py", "http_bench.py", "peers.py", "drivers.py", "soak.py"}
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.name)

@@ -40,6 +40,7 @@ from idempotence.http import (
     Profile,
     RequestInfo,
 )
+from idempotence.states import DEFAULT_RETENTION
 from idempotence.stores import AsyncStore, AsyncTransaction
 
 from . import openapi
@@ -74,6 +75,9 @@ class ApiSettings:
     lock_timeout: float = 10.0
     #: Honour the crash-injection headers (:mod:`.chaos`): the demo's run only.
     chaos: bool = False
+    #: How long a finished ride's key replays, in seconds (B3); the soak run
+    #: shortens it so that the reaper works while it watches.
+    retention: float = DEFAULT_RETENTION.total_seconds()
 
 
 def bearer(header: str | None) -> str | None:
@@ -163,6 +167,7 @@ def _idempotency(
         async_charger(client),
         profile=settings.profile,
         lock_timeout=timedelta(seconds=settings.lock_timeout),
+        retention=timedelta(seconds=settings.retention),
     )
     policy = Policy(
         flow=flow,

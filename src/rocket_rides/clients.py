@@ -25,7 +25,7 @@ import json
 import random
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -290,13 +290,20 @@ def _json(body: dict[str, Any]) -> bytes:
 
 
 async def run_clients(
-    workload: Workload, urls: Sequence[str], done: Callable[[], None] | None = None
+    workload: Workload,
+    urls: Sequence[str],
+    done: Callable[[], None] | None = None,
+    *,
+    event_hooks: Mapping[str, list[Callable[..., Any]]] | None = None,
 ) -> ClientStats:
     """Book every ride of ``workload`` through the API workers at ``urls``; call
-    ``done()`` as each ride ends."""
+    ``done()`` as each ride ends. ``event_hooks`` go to the HTTP client (the soak run
+    times every request with them)."""
     stats = ClientStats()
     limits = httpx.Limits(max_connections=workload.clients * 4)
-    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, limits=limits) as http:
+    async with httpx.AsyncClient(
+        timeout=REQUEST_TIMEOUT, limits=limits, event_hooks=event_hooks
+    ) as http:
         clients = [_Client(http, urls, workload, i, stats) for i in range(workload.clients)]
 
         async def drive(client: _Client, rides: Sequence[Ride]) -> None:

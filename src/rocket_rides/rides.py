@@ -36,7 +36,7 @@ import httpx
 
 from idempotence.flows import Advance, Finish, Flow, ForeignContext, PhaseContext, Reject
 from idempotence.http import Profile
-from idempotence.states import StoredResponse
+from idempotence.states import DEFAULT_RETENTION, StoredResponse
 from idempotence.testing.example import Statements, sql_phase
 from idempotence.testing.provider import Charge
 
@@ -345,13 +345,15 @@ def rides_flow(
     *,
     profile: Profile = Profile.IETF,
     lock_timeout: timedelta = timedelta(seconds=10),
+    retention: timedelta = DEFAULT_RETENTION,
 ) -> Flow:
     """The ride flow, charging with ``charger``; errors in ``profile``'s shape.
 
-    ``lock_timeout`` is how long a worker that died keeps the key from its retries.
+    ``lock_timeout`` is how long a worker that died keeps the key from its retries;
+    ``retention`` how long a finished key replays before the reaper deletes it (B3).
     """
     steps = _Steps(charger, profile)
-    flow = Flow(FLOW_NAME, lock_timeout=lock_timeout)
+    flow = Flow(FLOW_NAME, lock_timeout=lock_timeout, retention=retention)
     flow.phase("started")(sql_phase(steps.create_ride))
     flow.foreign(
         "ride_created", name="charge", call=steps.charge, record=sql_phase(steps.record_charge)

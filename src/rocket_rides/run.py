@@ -96,6 +96,9 @@ class StackProcess:
         self.consumer_crashes = 0
         self.restarts = 0
         self.failed: str | None = None
+        #: The current pid of each child, by name (``api:PORT``, ``provider:PORT``,
+        #: ``worker``), updated as the supervisor restarts them (the soak run reads it).
+        self.pids: dict[str, int] = {}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rocket_rides", "stack", "--config", config.to_json()],
             stdout=subprocess.PIPE,
@@ -120,8 +123,11 @@ class StackProcess:
                     self.crashes += 1
                 elif event["role"] == "consumer":
                     self.consumer_crashes += 1
-            elif event["event"] == "started" and event.get("restart"):
-                self.restarts += 1
+            elif event["event"] == "started":
+                if event.get("restart"):
+                    self.restarts += 1
+                role, port = event["role"], event["port"]
+                self.pids[role if port is None else f"{role}:{port}"] = event["pid"]
             elif event["event"] == "failed":
                 self.failed = event["role"]
 

@@ -47,9 +47,11 @@ from idempotence.maintenance import (
     EnqueuerConfig,
     JobRegistry,
     JobRunnerConfig,
+    ReaperConfig,
     SweeperConfig,
     stop_on_signals,
 )
+from idempotence.states import DEFAULT_RETENTION
 from idempotence.stores import AsyncStore
 
 from .api import ApiSettings, create_app, tls_context
@@ -90,6 +92,10 @@ class StackConfig:
     completer_grace: float = 10.0
     #: How often the background services look for work.
     service_interval: float = 0.5
+    #: How long a finished ride's key replays, in seconds (B3).
+    retention: float = DEFAULT_RETENTION.total_seconds()
+    #: How often the reaper deletes expired keys, in seconds.
+    reaper_interval: float = ReaperConfig().interval
     faults: Faults = field(default_factory=Faults)
     seed: int | None = None
     log_level: str = "warning"
@@ -148,6 +154,7 @@ def _api(config: StackConfig, port: int) -> None:
         profile=Profile(config.profile),
         lock_timeout=config.lock_timeout,
         chaos=config.chaos,
+        retention=config.retention,
     )
     _serve(create_app(settings), config, port)
 
@@ -201,6 +208,7 @@ def background_worker(
             async_charger(client),
             profile=Profile(config.profile),
             lock_timeout=timedelta(seconds=config.lock_timeout),
+            retention=timedelta(seconds=config.retention),
         )
     )
     return AsyncWorker(
@@ -211,6 +219,7 @@ def background_worker(
         completer=CompleterConfig(
             interval=interval, grace=timedelta(seconds=config.completer_grace)
         ),
+        reaper=ReaperConfig(interval=config.reaper_interval),
         enqueuer=EnqueuerConfig(interval=interval / 2),
         runner=JobRunnerConfig(interval=interval / 2, backoff=timedelta(seconds=1)),
     )
