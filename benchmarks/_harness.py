@@ -731,13 +731,23 @@ server, other tenants' load too); spread: (fastest - slowest round) / median; er
 socket errors + non-2xx answers (should be 0)"""
 
 
-def emit(table: list[dict[str, Any]], servers: dict[str, Server], args: Any, head: str) -> None:
+def emit(
+    table: list[dict[str, Any]],
+    servers: dict[str, Server],
+    args: Any,
+    head: str,
+    summary: Sequence[str] = (),
+) -> None:
+    """The table (and the ``summary`` lines) as text, or as JSON with ``--json``."""
     if args.json:
         meta = {name: server.description for name, server in servers.items()}
         options = {k: v for k, v in vars(args).items() if k not in ("func",)}
-        print(json.dumps({"servers": meta, "options": options, "rows": table}, indent=2))
+        found = {"servers": meta, "options": options, "rows": table, "summary": list(summary)}
+        print(json.dumps(found, indent=2))
         return
     print(head)
     print_table(table, servers)
     print()
     print(LEGEND)
+    if summary:
+        print("\n".join(["", *summary]))

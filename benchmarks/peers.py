@@ -188,9 +188,8 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         servers = start(guards, args, stack)
         table = harness.measure(servers, [r for g in guards for r in rows(g)], args)
-    harness.emit(table, servers, args, "peers: " + harness.head(args, "1 process per guard"))
-    if not args.json:
-        print("\n".join(["", *compare(table)]))
+    head = "peers: " + harness.head(args, "1 process per guard")
+    harness.emit(table, servers, args, head, compare(table))
 
 
 if __name__ == "__main__":
