@@ -238,6 +238,19 @@ class ProcessMeter(Meter):
         return {self.name: {} if seconds is None else {self.pid: seconds}}
 
 
+class Meters(Meter):
+    """Several meters as one (a cached store: the PostgreSQL backends and Redis)."""
+
+    def __init__(self, *meters: Meter) -> None:
+        self.meters = meters
+
+    def snapshot(self) -> dict[str, dict[int, float]]:
+        found: dict[str, dict[int, float]] = {}
+        for meter in self.meters:
+            found.update(meter.snapshot())
+        return found
+
+
 class PostgresMeter(Meter):
     """``db``: the backends connected to ``dbname``; ``cluster``: every process of the
     cluster, its background writers included (on the shared server, other tenants'
@@ -334,6 +347,28 @@ def throwaway_redis() -> Iterator[tuple[str, int]]:
         yield f"redis://127.0.0.1:{port}", process.pid
     finally:
         stop(process)
+
+
+class Throwaways:
+    """The throwaway servers of one run, each started on first use and shared by every
+    app server that asks (each in a database of its own), stopped with ``stack``."""
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self.stack = stack
+        self._cluster: str | None = None
+        self._redis: tuple[str, int] | None = None
+
+    def fast_cluster(self) -> str:
+        """The superuser URL of a cluster with fsync=off (:func:`fast_cluster`)."""
+        if self._cluster is None:
+            self._cluster = self.stack.enter_context(fast_cluster())
+        return self._cluster
+
+    def redis(self) -> tuple[str, int]:
+        """A redis-server's URL (add ``/DB``) and pid (:func:`throwaway_redis`)."""
+        if self._redis is None:
+            self._redis = self.stack.enter_context(throwaway_redis())
+        return self._redis
 
 
 def our_redis_missing() -> str | None:
@@ -447,6 +482,21 @@ def trivial_app(guard: Callable[[Any], None], extra: Callable[..., None] | None 
     return dispatch({"plain": plain, "guarded": guarded})
 
 
+def our_store(target: str, cache: str | None = None) -> Any:
+    """Our async store for ``target``: what ``open_async_store`` opens for a
+    ``redis://`` URL, else ``AsyncPostgresStore`` (a pool of up to 20, as the peers
+    get) for a PostgreSQL URL or libpq string;
+    with ``cache`` (a ``redis://`` URL), the PostgreSQL store behind
+    ``AsyncCachedStore``, which serves replays from Redis."""
+    from idempotence import AsyncCachedStore, open_async_store
+    from idempotence.stores.postgres import AsyncPostgresStore
+
+    if target.startswith("redis"):
+        return open_async_store(target)
+    primary = AsyncPostgresStore(target, max_size=20)
+    return primary if cache is None else AsyncCachedStore(primary, cache)
+
+
 def our_guard(store: Any, transaction_paths: Sequence[str] = ()) -> Callable[[Any], None]:
     """Adds idempotence's middleware: handler mode, request-as-transaction on the
     ``transaction_paths``, one tenant."""
@@ -529,12 +579,14 @@ def command_line(
     return args
 
 
-def without_missing_redis(wanted: list[str], name: str) -> list[str]:
-    """``wanted`` less ``name`` (with a printed line) when this checkout has no Redis
-    store: so its rows appear by themselves once the store exists."""
-    if name in wanted and (why := our_redis_missing()):
-        print(f"{name}: skipped, no Redis store in this checkout ({why})", file=sys.stderr)
-        return [each for each in wanted if each != name]
+def without_missing_redis(wanted: list[str], *names: str) -> list[str]:
+    """``wanted`` less ``names`` (with a printed line) when this checkout has no Redis
+    store: so their rows appear by themselves once the store exists."""
+    skipped = [name for name in names if name in wanted]
+    if skipped and (why := our_redis_missing()):
+        for name in skipped:
+            print(f"{name}: skipped, no Redis store in this checkout ({why})", file=sys.stderr)
+        return [each for each in wanted if each not in skipped]
     return wanted
 
 
@@ -653,7 +705,8 @@ def print_table(table: list[dict[str, Any]], servers: dict[str, Server]) -> None
         print(f"\n{name}: {server.description}")
         print(f"  {'row':<22} {columns}")
         for row in lines:
-            db = row["db_ms"] if row["db_ms"] is not None else row["redis_ms"]
+            known = [row[f] for f in ("db_ms", "redis_ms") if row[f] is not None]
+            db = sum(known) if known else None
             print(
                 f"  {row['row']:<22} {row['rps']:>5.0f} {number(row['ratio'], 6, 2)}"
                 f" {number(_ms(row['p50_us']), 7, 2)} {number(_ms(row['p99_us']), 7, 2)}"
@@ -672,18 +725,29 @@ LEGEND = """\
 req/s: median of the rounds; ratio: req/s over the baseline row's (same server, same run)
 p50/p99: wrk's latency percentiles; app ms: the app server's CPU (user+system) per request;
 +app ms: app ms minus the baseline's; db ms: CPU per request of the database backends
-serving this benchmark's database (Redis: the redis-server); all-db ms: every process of
-the PostgreSQL cluster (on the shared server, other tenants' load too); spread: (fastest -
-slowest round) / median; errs: socket errors + non-2xx answers (should be 0)"""
+serving this benchmark's database, plus the redis-server's where Redis serves it (Redis,
+a cached store); all-db ms: every process of the PostgreSQL cluster (on the shared
+server, other tenants' load too); spread: (fastest - slowest round) / median; errs:
+socket errors + non-2xx answers (should be 0)"""
 
 
-def emit(table: list[dict[str, Any]], servers: dict[str, Server], args: Any, head: str) -> None:
+def emit(
+    table: list[dict[str, Any]],
+    servers: dict[str, Server],
+    args: Any,
+    head: str,
+    summary: Sequence[str] = (),
+) -> None:
+    """The table (and the ``summary`` lines) as text, or as JSON with ``--json``."""
     if args.json:
         meta = {name: server.description for name, server in servers.items()}
         options = {k: v for k, v in vars(args).items() if k not in ("func",)}
-        print(json.dumps({"servers": meta, "options": options, "rows": table}, indent=2))
+        found = {"servers": meta, "options": options, "rows": table, "summary": list(summary)}
+        print(json.dumps(found, indent=2))
         return
     print(head)
     print_table(table, servers)
     print()
     print(LEGEND)
+    if summary:
+        print("\n".join(["", *summary]))

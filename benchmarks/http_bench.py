@@ -21,6 +21,8 @@ Servers (``--server``, repeatable; all by default):
 ``sqlite-normal``  the same with ``AsyncSqliteStore(..., synchronous="NORMAL")``
 ``redis``          a throwaway redis-server, when ``open_async_store("redis://...")``
                    works in this checkout (else skipped with a printed line)
+``pg-fast+cache``  ``AsyncCachedStore``: the ``pg-fast`` cluster (a database of its own)
+                   with the redis-server in front of it for replays (likewise skipped)
 
 Rows on each server (``ratio`` is req/s over the row named in ``vs``):
 
@@ -37,6 +39,11 @@ Rows on each server (``ratio`` is req/s over the row named in ``vs``):
 ``replay-floor``    the claim statement by hand on a finished key, answering the stored
                     response (vs trivial)
 ``... @c1``         trivial, handler, insert and transaction at one connection: latency
+
+On Redis and on the cached store only ``trivial``, ``handler``, ``replay`` and their
+``@c1`` rows run (no SQL to write by hand, no request-as-transaction on Redis). On the
+cached store ``handler`` pays the PostgreSQL claim and finish plus the write of the
+finished response to Redis, and ``replay`` is answered from Redis alone.
 
 CPU per request comes from /proc: ``app ms`` is the uvicorn process, ``db ms`` the
 PostgreSQL backends of the benchmark's database (``all-db ms``: the whole cluster, WAL
@@ -56,7 +63,9 @@ from typing import Any
 
 import _harness as harness
 
-SERVERS = ("pg", "pg-fast", "sqlite", "sqlite-normal", "redis")
+SERVERS = ("pg", "pg-fast", "sqlite", "sqlite-normal", "redis", "pg-fast+cache")
+#: The servers that need our Redis store (skipped, with a line, in a checkout without).
+ON_REDIS = ("redis", "pg-fast+cache")
 TABLE = "CREATE TABLE IF NOT EXISTS bench_items (amount INTEGER NOT NULL, note TEXT NOT NULL)"
 INSERT = {
     "postgres": "INSERT INTO bench_items (amount, note) VALUES (%(amount)s, %(note)s)",
@@ -93,25 +102,22 @@ def rows(server: str, backend: str) -> list[harness.Row]:
 # -- the server process ------------------------------------------------------------------------
 
 
-def build_app(backend: str, target: str, synchronous: str | None) -> Any:
-    """``/plain/...`` (no middleware) and ``/guarded/...`` (the middleware) in one process."""
+def build_app(backend: str, target: str, synchronous: str | None, cache: str | None) -> Any:
+    """``/plain/...`` (no middleware) and ``/guarded/...`` (the middleware) in one
+    process; ``cache``: the Redis URL of a cached store (backend ``cached``)."""
     from fastapi import Request
 
-    from idempotence import open_async_store
     from idempotence.http import current_async_transaction
 
-    if backend == "postgres":
-        from idempotence.stores.postgres import AsyncPostgresStore
-
-        store: Any = AsyncPostgresStore(target, max_size=20)
-        hand: Any = PgHand(target)
-    elif backend == "sqlite":
+    hand: Any = None
+    if backend == "sqlite":
         from idempotence import AsyncSqliteStore
 
-        store = AsyncSqliteStore(target, synchronous=synchronous)
+        store: Any = AsyncSqliteStore(target, synchronous=synchronous)
         hand = SqliteHand(target, synchronous)
-    else:
-        store = open_async_store(target)
+    else:  # postgres, redis, cached: PostgreSQL behind Redis
+        store = harness.our_store(target, cache)
+        hand = PgHand(target) if backend == "postgres" else None
     insert = INSERT.get(backend, "")
 
     def extra(plain: Any, guarded: Any, Item: Any) -> None:
@@ -360,20 +366,27 @@ class SqliteHand:
 
 
 def database(
-    name: str, args: argparse.Namespace, stack: contextlib.ExitStack
+    name: str, args: argparse.Namespace, throwaways: harness.Throwaways
 ) -> tuple[str, list[str], harness.Meter, str]:
     """The backend, the server's arguments, a CPU meter and a description; what must
-    be torn down goes on ``stack``."""
-    if name in ("pg", "pg-fast"):
+    be torn down goes on ``throwaways.stack``."""
+    stack = throwaways.stack
+    if name.startswith("pg"):
         if name == "pg":
             admin, what = args.postgres, "the machine's PostgreSQL as configured"
         else:
-            admin = stack.enter_context(harness.fast_cluster())
+            admin = throwaways.fast_cluster()
             what = "throwaway PostgreSQL cluster, fsync=off, synchronous_commit=off"
-        url, dbname = stack.enter_context(harness.postgres_database(admin, name.replace("-", "_")))
+        label = name.replace("-", "_").replace("+", "_")
+        url, dbname = stack.enter_context(harness.postgres_database(admin, label))
         migrate("postgres", url)
         meter = harness.PostgresMeter(admin, dbname)
         stack.callback(meter.close)
+        if name == "pg-fast+cache":
+            redis, pid = throwaways.redis()
+            meters = harness.Meters(meter, harness.ProcessMeter("redis", pid))
+            what += "; AsyncCachedStore: replays from a throwaway redis-server"
+            return "cached", ["--target", url, "--cache", f"{redis}/1"], meters, what
         return "postgres", ["--target", url], meter, what
     elif name.startswith("sqlite"):
         directory = stack.enter_context(tempfile.TemporaryDirectory())
@@ -382,7 +395,7 @@ def database(
         level = ["--synchronous", "NORMAL"] if name == "sqlite-normal" else []
         what = "SQLite file, " + ("synchronous=NORMAL" if level else "default (FULL)")
         return "sqlite", ["--target", path, *level], harness.Meter(), what
-    url, pid = stack.enter_context(harness.throwaway_redis())
+    url, pid = throwaways.redis()
     meter = harness.ProcessMeter("redis", pid)
     return "redis", ["--target", f"{url}/0"], meter, "throwaway redis-server"
 
@@ -404,22 +417,24 @@ def main() -> None:
         parser.add_argument("--backend", required=True)
         parser.add_argument("--target", required=True)
         parser.add_argument("--synchronous")
+        parser.add_argument("--cache", help="a cached store's Redis URL")
 
     def options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--server", action="append", choices=SERVERS, help="repeatable")
 
     def app(args: argparse.Namespace) -> Any:
-        return build_app(args.backend, args.target, args.synchronous)
+        return build_app(args.backend, args.target, args.synchronous, args.cache)
 
     args = harness.command_line(__doc__ or "", serve_options, options, app)
     if args is None:
         return
-    wanted = harness.without_missing_redis(args.server or list(SERVERS), "redis")
+    wanted = harness.without_missing_redis(args.server or list(SERVERS), *ON_REDIS)
     servers: dict[str, harness.Server] = {}
     table_rows: list[harness.Row] = []
     with contextlib.ExitStack() as stack:
+        throwaways = harness.Throwaways(stack)
         for name in wanted:
-            backend, arguments, meter, what = database(name, args, stack)
+            backend, arguments, meter, what = database(name, args, throwaways)
             port, pid = stack.enter_context(
                 harness.app_server(__file__, ["--backend", backend, *arguments])
             )

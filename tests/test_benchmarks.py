@@ -96,15 +96,45 @@ def test_http_bench_quick():
             assert row["db_ms"] is None  # SQLite runs in the app process
 
 
+def test_http_bench_quick_on_redis():
+    """Our Redis store and the cached store (PostgreSQL behind Redis) get their rows,
+    and the cached store's replays are answered by Redis: its PostgreSQL backends do
+    nothing for them, while its handler rows claim and finish there."""
+    table = quick("http_bench.py", "--server", "redis", "--server", "pg-fast+cache")
+    rows = table["rows"]
+    assert_every_row_served(rows, {"redis", "pg-fast+cache"})
+    for server in ("redis", "pg-fast+cache"):
+        names = {row["row"] for row in rows if row["server"] == server}
+        assert names == {"trivial", "handler", "replay", "trivial @c1", "handler @c1"}
+    by = {(row["server"], row["row"]): row for row in rows}
+    for server, name in [(s, n) for s in ("redis", "pg-fast+cache") for n in ("handler", "replay")]:
+        assert by[server, name]["redis_ms"] > 0, (server, name)
+    assert by["redis", "handler"]["db_ms"] is None  # no PostgreSQL on that server
+    assert by["pg-fast+cache", "handler"]["db_ms"] > 0
+    assert by["pg-fast+cache", "replay"]["db_ms"] < by["pg-fast+cache", "handler"]["db_ms"] / 10
+
+
 def test_peers_quick():
-    table = quick(
-        "peers.py", "--guard", "ours-pg", "--guard", "idemkit-pg", "--guard", "idemkit-redis"
-    )
-    assert_every_row_served(table["rows"], {"ours-pg", "idemkit-pg", "idemkit-redis"})
-    for row in table["rows"]:
-        if row["row"] in ("handler", "replay"):
-            measured = row["redis_ms"] if row["server"].endswith("redis") else row["db_ms"]
-            assert measured is not None and measured > 0, (row["server"], row["row"])
+    guards = ["ours-pg", "idemkit-pg", "ours-redis", "idemkit-redis", "ours-cached"]
+    table = quick("peers.py", *(option for g in guards for option in ("--guard", g)))
+    rows = table["rows"]
+    assert_every_row_served(rows, set(guards))
+    by = {(row["server"], row["row"]): row for row in rows}
+    for guard, name in [(g, n) for g in guards for n in ("handler", "replay")]:
+        # Every guarded row shows CPU where its guard keeps its keys.
+        measured = by[guard, name]["db_ms" if guard.endswith("-pg") else "redis_ms"]
+        assert measured is not None and measured > 0, (guard, name)
+    # The cached store claims and finishes on PostgreSQL, and replays from Redis alone.
+    assert by["ours-cached", "handler"]["db_ms"] > 0
+    assert by["ours-cached", "replay"]["db_ms"] < by["ours-cached", "handler"]["db_ms"] / 10
+    # The summary compares us with idemkit on the same database, row by row.
+    compared = {line.split(":")[0].split(None, 1)[1] for line in table["summary"]}
+    assert compared == {
+        "ours-pg / idemkit-pg",
+        "ours-redis / idemkit-redis",
+        "ours-cached / idemkit-redis",
+    }
+    assert len(table["summary"]) == 5  # handler and replay, and the cached replay
 
 
 def test_drivers_quick():

@@ -9,7 +9,9 @@ tests/test_store_conformance.py (the ``keystore`` tests), sync and async.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -290,12 +292,63 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.parametrize("retention", [None, timedelta(days=1), timedelta(microseconds=1_234_567)])
+def test_a_new_keys_claim_returns_the_record_as_stored(
+    redis_store: Any, scope: str, retention: timedelta | None
+) -> None:
+    """A new key's claim does not read its record back (the script answers the time
+    only): the record the store rebuilds from the request is the one it wrote."""
+    params = {"pair": (1, 2), "text": "caf\u00e9", "n": 1.5, "none": None}
+    new = request(
+        scope,
+        method="PUT",
+        path="/v1/charges/{id}",
+        params=params,
+        flow="charge",
+        lock_timeout=timedelta(seconds=7, microseconds=3),
+        retention=retention,
+    )
+    claim = redis_store.claim(new)
+    assert claim.outcome is Outcome.EXECUTE
+    stored = redis_store.get(scope, "k1")
+    assert claim.record == stored
+    assert stored.params == {"pair": [1, 2], "text": "caf\u00e9", "n": 1.5, "none": None}
+    assert (stored.expires_at is None) == (retention is None)
+    # A takeover reads the record back (the script's other branch): the same fields.
+    redis_store.release(claim.lease)
+    again = redis_store.claim(new)
+    assert again.record == redis_store.get(scope, "k1")
+    assert again.record.lock_token == 2 and again.record.id == stored.id
+    # A replay reads the values of READ_FIELDS back: the record HGETALL gives.
+    redis_store.finish(again.lease, response())
+    replay = redis_store.claim(new)
+    assert replay.outcome is Outcome.REPLAY
+    assert replay.record == redis_store.get(scope, "k1")
+    assert replay.record.response == response()
+
+
+def test_the_scripts_read_the_fields_that_python_names() -> None:
+    """READ_FIELDS in redis.lua and in _redis_base.py: one list, in one order."""
+    from importlib import resources
+
+    from idempotence.stores import _redis_base
+
+    lua = resources.files("idempotence").joinpath("stores", "redis.lua").read_text()
+    table = lua[lua.index("local READ_FIELDS = {") : lua.index("}", lua.index("READ_FIELDS"))]
+    names = tuple(re.findall(r"'([a-z_]+)'", table))
+    assert names == tuple(name.decode() for name in _redis_base.READ_FIELDS)
+    # Every field that record() reads is read back.
+    source = inspect.getsource(_redis_base.record)
+    assert set(re.findall(r'b"([a-z_]+)"', source)) <= set(names)
+
+
 @pytest.mark.parametrize("key", HOSTILE, ids=lambda k: repr(k[:12]) + f"/{len(k)}")
 def test_hostile_keys_round_trip_in_one_slot(redis_store: Any, scope: str, key: str) -> None:
     hostile_scope = "{" + scope + "}"
     claim = redis_store.claim(request(hostile_scope, key))
     assert claim.outcome is Outcome.EXECUTE
     assert (claim.record.scope, claim.record.key) == (hostile_scope, key)
+    assert claim.record == redis_store.get(hostile_scope, key)  # rebuilt, not read back
     redis_store.finish(claim.lease, response())
     assert redis_store.claim(request(hostile_scope, key)).response == response()
     assert redis_store.get(hostile_scope, key).key == key

@@ -193,7 +193,8 @@ class AsyncRedisStore:
 
     async def _claim(self, request: ClaimRequest) -> Claim:
         key = self.record_key(request.scope, request.key)
-        return _claim_result(request, await self._run("claim", [key], claim_args(request)))
+        args = claim_args(request)
+        return _claim_result(request, args, await self._run("claim", [key], args))
 
     async def _fenced(self, operation: str, lease: Lease, args: list[Any]) -> Any:
         """Run a fenced script (F1); a refusal (a falsy reply) raises LockLost."""

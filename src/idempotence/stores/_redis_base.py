@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import _queries
 from ..errors import ConfigurationError, StoreError, StoreUnavailable
-from ..states import Claim, ClaimRequest, KeyRecord, StoredResponse, claim_from
+from ..states import STARTED, Claim, ClaimRequest, KeyRecord, StoredResponse, claim_from
 
 try:
     import redis
@@ -176,9 +176,19 @@ def _optional_text(fields: Mapping[Any, Any], name: bytes) -> str | None:
     return None if raw is None else decode(raw)
 
 
-def fields_of(flat: Sequence[bytes]) -> dict[bytes, bytes]:
-    """A hash's fields from the flat list that HGETALL returns inside a script."""
-    return dict(zip(flat[::2], flat[1::2], strict=True))
+#: The fields a claim script reads back, in the order of ``READ_FIELDS`` in
+#: ``redis.lua`` (HMGET: values only, half of what HGETALL would send).
+READ_FIELDS = (
+    b"id", b"scope", b"key", b"method", b"path", b"fp", b"params", b"flow",
+    b"rp", b"token", b"locked", b"lto", b"created", b"last_run", b"finished", b"expires",
+    b"status", b"headers", b"body", b"error", b"calling",
+)  # fmt: skip
+
+
+def fields_of(values: Sequence[bytes | None]) -> dict[bytes, bytes]:
+    """A hash's fields from the values that a script's ``read`` returns (an absent
+    field is nil)."""
+    return {name: v for name, v in zip(READ_FIELDS, values, strict=True) if v is not None}
 
 
 def record(fields: Mapping[Any, Any]) -> KeyRecord:
@@ -211,13 +221,44 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
     )
 
 
-def claim_result(request: ClaimRequest, reply: Sequence[Any]) -> Claim:
-    """The claim script's reply as a :class:`Claim`: the outcome is named by
-    :func:`~idempotence.states.claim_from`, which refuses a reply that disagrees with
-    :func:`~idempotence.states.arbitrate` (P1-P5 are decided once, in ``states``)."""
+def claim_result(request: ClaimRequest, args: Sequence[Any], reply: Sequence[Any]) -> Claim:
+    """The claim script's reply (to ``args``, from :func:`claim_args`) as a
+    :class:`Claim`: the outcome is named by :func:`~idempotence.states.claim_from`,
+    which refuses a reply that disagrees with :func:`~idempotence.states.arbitrate`
+    (P1-P5 are decided once, in ``states``)."""
+    if len(reply) == 2:  # a new key: the script wrote the request, nothing to read
+        now = timestamp(reply[1])
+        return claim_from(new_record(request, args, now), request.fingerprint, now, claimed=True)
     claimed, now, flat = reply
     return claim_from(
         record(fields_of(flat)), request.fingerprint, timestamp(now), claimed=bool(claimed)
+    )
+
+
+def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> KeyRecord:
+    """The record that the claim script's first branch (P1) wrote for ``request``
+    at ``now``, field by field, as :func:`record` would read it back."""
+    retention = args[8]
+    return KeyRecord(
+        id=int(args[9]),
+        scope=request.scope,
+        key=request.key,
+        method=request.method,
+        path=request.path,
+        fingerprint=request.fingerprint,
+        params=json.loads(args[6]),  # as stored: a tuple comes back a list
+        flow=request.flow,
+        recovery_point=STARTED,
+        lock_token=1,
+        locked_at=now,
+        lock_timeout=timedelta(microseconds=int(args[7])),
+        response=None,
+        error=None,
+        created_at=now,
+        last_run_at=now,
+        finished_at=None,
+        expires_at=None if retention == "" else now + timedelta(microseconds=int(retention)),
+        calling=None,
     )
 
 

@@ -54,6 +54,16 @@ local function set_expiry(k, locked_until)
   redis.call('PEXPIREAT', k, int(math.ceil(at / 1000)))
 end
 
+-- The fields a claim reads back, in this order: HMGET answers their values only, half
+-- of what HGETALL sends (stores/_redis_base.py: READ_FIELDS, the same list).
+local READ_FIELDS = {'id', 'scope', 'key', 'method', 'path', 'fp', 'params', 'flow',
+  'rp', 'token', 'locked', 'lto', 'created', 'last_run', 'finished', 'expires',
+  'status', 'headers', 'body', 'error', 'calling'}
+
+local function read(k)
+  return redis.call('HMGET', k, unpack(READ_FIELDS))
+end
+
 -- The lock check of every fenced write (F1): the record is the incarnation the lease
 -- was given (id), nobody took it over since (token), and it is not finished.
 local function holds(k, id, token)
@@ -73,9 +83,11 @@ end
 -- claim --
 -- P1-P6 in one atomic step. ARGV: scope, key, fingerprint, method, path, flow, params
 -- (JSON), lock timeout (us), retention (us, or '' for forever), a new id.
--- Returns {1 if this claim took the lock else 0, now, the record's fields}; the
+-- Returns {1 if this claim took the lock else 0, now, the record's values (read)}; the
 -- caller names the outcome with states.claim_from, which checks that this script and
--- states.arbitrate agree.
+-- states.arbitrate agree. A new key returns {1, now} only: its record is the request
+-- as written here, which the caller rebuilds (stores/_redis_base.py: new_record)
+-- rather than have every fresh claim read some forty values back.
 local k = KEYS[1]
 local now = now_us()
 local cur = redis.call('HMGET', k, 'fp', 'finished', 'locked', 'lto')
@@ -90,19 +102,19 @@ if not cur[1] then
     redis.call('HSET', k, 'ret', ARGV[9], 'expires', int(now + tonumber(ARGV[9])))
   end
   set_expiry(k, now + tonumber(ARGV[8]))
-  return {1, int(now), redis.call('HGETALL', k)}
+  return {1, int(now)}
 end
 -- P2 (another request's key) before P3 (finished) before P4 (a live lock): the key is
 -- only read, and the caller says which of the three it is.
 if cur[1] ~= ARGV[3] or cur[2]
     or (cur[3] and tonumber(cur[3]) + tonumber(cur[4]) > now) then
-  return {0, int(now), redis.call('HGETALL', k)}
+  return {0, int(now), read(k)}
 end
 -- P5: unlocked, or its holder's lock expired: take over with a new token (F1).
 redis.call('HINCRBY', k, 'token', 1)
 redis.call('HSET', k, 'locked', int(now), 'lto', ARGV[8], 'last_run', int(now))
 set_expiry(k, now + tonumber(ARGV[8]))
-return {1, int(now), redis.call('HGETALL', k)}
+return {1, int(now), read(k)}
 
 -- finish --
 -- Store the response and unlock, fenced (P3, F1). ARGV: id, token, status, headers
