@@ -74,7 +74,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from rocket_rides.clients import RIDE_PATIENCE, ClientStats, make_workload, run_clients
+from rocket_rides.clients import RETRY, ClientStats, make_workload, run_clients
 from rocket_rides.provider import Faults
 from rocket_rides.run import StackProcess, free_port, start_stack
 from rocket_rides.stack import StackConfig
@@ -82,7 +82,7 @@ from rocket_rides.stack import StackConfig
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 #: A rider's key may outlive its retention by this much: a key unfinished when its
 #: client gives up waits for the completer (its grace, its lock, a pass or two).
-RIDE_LIFE = RIDE_PATIENCE + 10.0
+RIDE_LIFE = RETRY.deadline.total_seconds() + 10.0
 BOUND_FACTOR = 1.25
 BOUND_SLACK = 50
 #: A slope over a shorter window is noise extrapolated to an hour: not judged.
