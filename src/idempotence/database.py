@@ -38,6 +38,18 @@ class DatabaseUrl:
         """Whether the URL names a SQL database (the maintenance services need one)."""
         return self.backend != "redis"
 
+    def check_driver(self) -> None:
+        """Raise :class:`~idempotence.errors.ConfigurationError` naming the extra to
+        install when this URL's driver is missing (psycopg for PostgreSQL, redis-py for
+        Redis), instead of an import error deep in the store."""
+        try:
+            if self.backend == "postgres":
+                from .stores import _postgres_base  # noqa: F401
+            elif not self.sql:
+                from .stores import _redis_base  # noqa: F401
+        except ImportError as exc:  # the modules' own message names the extra
+            raise ConfigurationError(str(exc)) from exc
+
     @classmethod
     def parse(cls, url: str) -> DatabaseUrl:
         """Parse ``url``.

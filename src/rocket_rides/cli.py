@@ -53,7 +53,7 @@ def _database(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     if value is None:
         return None
     try:
-        DatabaseUrl.parse(value)
+        DatabaseUrl.parse(value).check_driver()
     except ConfigurationError as exc:
         raise click.BadParameter(exc.message) from exc
     return value

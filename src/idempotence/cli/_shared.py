@@ -175,6 +175,7 @@ def _reachable(database: DatabaseUrl, create: bool) -> None:
                 "`idempotence migrate --database URL` creates it"
             )
         return
+    require_driver(database)
     import psycopg
 
     from ..stores._postgres_base import DEFAULT_CONNECT_TIMEOUT, translate
@@ -235,11 +236,21 @@ def open_cli_key_store(database: DatabaseUrl) -> Iterator[Store | RedisStore]:
         with open_cli_store(database) as store:
             yield store
         return
+    require_driver(database)
     try:
         with open_store(database) as store:
             yield store
     except IdempotenceError as exc:
         fail_on(exc)
+
+
+def require_driver(database: DatabaseUrl) -> None:
+    """A PostgreSQL or Redis URL without its extra installed fails in one line that
+    names the extra, with the usage status, instead of an import traceback."""
+    try:
+        database.check_driver()
+    except ConfigurationError as exc:
+        fail(exc.message, ExitStatus.USAGE)
 
 
 def require_schema(pending: list[str]) -> None:
