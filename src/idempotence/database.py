@@ -66,7 +66,8 @@ class DatabaseUrl:
         scheme, sep, rest = url.partition("://")
         if not sep:
             raise ConfigurationError(
-                f"not a database URL: {url!r}; use postgresql://USER@HOST/DB or sqlite:///PATH"
+                f"not a database URL: {url!r}; use postgresql://USER@HOST/DB, sqlite:///PATH "
+                "or redis://HOST:PORT/DB"
             )
         scheme = scheme.lower()
         if scheme in ("postgresql", "postgres") or scheme.startswith("postgresql+"):
@@ -83,7 +84,8 @@ class DatabaseUrl:
             _check_ports(rest)
             return cls("redis", scheme + "://" + rest)
         raise ConfigurationError(
-            f"unsupported database {scheme!r} in {url!r}: use postgresql://, sqlite:/// or redis://"
+            f"unsupported database {scheme!r} in {url!r}: use postgresql://, sqlite:///relative "
+            "or sqlite:////absolute, redis://, rediss:// or redis+cluster://"
         )
 
     @classmethod

@@ -53,9 +53,15 @@ def _database(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     if value is None:
         return None
     try:
-        DatabaseUrl.parse(value).check_driver()
+        url = DatabaseUrl.parse(value)
+        url.check_driver()
     except ConfigurationError as exc:
         raise click.BadParameter(exc.message) from exc
+    if not url.sql:
+        raise click.BadParameter(
+            "the demo needs a SQL database (postgresql:// or sqlite:///): its rides, "
+            "charges and flows live in the key store's database"
+        )
     return value
 
 

@@ -170,7 +170,9 @@ class Consumer:
         if not self.name:
             raise ConfigurationError("Consumer.name must be non-empty")
         if (self.handler is None) == (self.flow is None):
-            raise ConfigurationError(f"Consumer {self.name!r}: give a handler or a flow, not both")
+            raise ConfigurationError(
+                f"Consumer {self.name!r}: give exactly one of handler= and flow="
+            )
         if self.flow is not None and self.transactional:
             raise ConfigurationError(
                 f"Consumer {self.name!r}: a flow is transactional by phase; give it "

@@ -271,15 +271,18 @@ def _resolve(
     from ..errors import ConfigurationError
 
     raise ConfigurationError(
-        "SQLAlchemyStore takes an Engine or an async_sessionmaker bound to one "
-        f"(async_sessionmaker(engine)), not {target!r}"
+        "SQLAlchemyStore takes the application's engine or a session factory bound "
+        "to it (async: Engine, async_sessionmaker; sync: Engine, sessionmaker), "
+        f"not {target!r}"
     )
 
 
 class SQLAlchemyStore(Store):
     """The key store on the application's SQLAlchemy engine (PostgreSQL with psycopg 3,
-    or SQLite). ``target`` is the ``Engine``, or the application's
-    ``async_sessionmaker`` bound to it (then ``tx.session`` is one of its sessions).
+    or SQLite). ``target`` is the application's engine, or its session factory bound
+    to it (then ``tx.session`` is one of its sessions): ``Engine`` or
+    ``async_sessionmaker`` for the async store, ``Engine`` or ``sessionmaker`` for the
+    sync one.
 
     Or ``target`` is one ``Session`` (or ``Connection``) of the application's:
     then the store runs in the application's transaction, its blocks are savepoints,
