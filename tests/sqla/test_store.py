@@ -183,9 +183,11 @@ def test_current_async_session_outside_a_guarded_request_says_so() -> None:
 
 def test_the_store_refuses_an_engine_it_cannot_drive(database: Database) -> None:
     engine = sa.create_engine(database.sync_url)
-    with pytest.raises(ConfigurationError, match="SQLAlchemyStore takes the application.s engine"):
+    with pytest.raises(ConfigurationError, match="SQLAlchemyStore takes the application's engine"):
         SQLAlchemyStore(sessionmaker())  # a sessionmaker bound to nothing
-    with pytest.raises(ConfigurationError, match="AsyncSQLAlchemyStore takes the application.s engine"):
+    with pytest.raises(
+        ConfigurationError, match="AsyncSQLAlchemyStore takes the application's engine"
+    ):
         AsyncSQLAlchemyStore(engine)  # type: ignore[arg-type]
     engine.dispose()
 
