@@ -5,11 +5,14 @@ requests no well-behaved client library will send."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import httpx
 
 
 def _bound_socket() -> socket.socket:
@@ -102,3 +105,17 @@ def _unchunk(data: bytes) -> bytes:
             break
         out, data = out + data[:size], data[size + 2 :]
     return out
+
+
+def wait_for_health(url: str, process: subprocess.Popen[Any], what: str) -> None:
+    """Poll ``url``/health until a server started in ``process`` answers; fail loudly
+    if the process dies first or 20 s pass."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            httpx.get(url + "/health", timeout=1)
+            return
+        except httpx.TransportError:
+            assert process.poll() is None, f"{what} died at start"
+            assert time.monotonic() < deadline, f"{what} did not start"
+            time.sleep(0.05)

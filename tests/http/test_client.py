@@ -38,6 +38,7 @@ from idempotence.client import (
 )
 from tests.http import crash_server
 from tests.http.clients import sync_store
+from tests.http.servers import wait_for_health
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = Retry(
@@ -70,15 +71,7 @@ class ChaosServer:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.http.chaos_server", *args], cwd=ROOT
         )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                httpx.get(self.url + "/health", timeout=1)
-                return
-            except httpx.TransportError:
-                assert self.process.poll() is None, "the chaos server died at start"
-                assert time.monotonic() < deadline, "the chaos server did not start"
-                time.sleep(0.05)
+        wait_for_health(self.url, self.process, "the chaos server")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -25,6 +25,7 @@ import pytest
 
 from tests.http import crash_server
 from tests.http.clients import sync_store
+from tests.http.servers import wait_for_health
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,15 +71,7 @@ class Server:
         )
 
     def wait_until_up(self) -> None:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                httpx.get(self.url + "/health", timeout=1)
-                return
-            except httpx.TransportError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise
-                time.sleep(0.05)
+        wait_for_health(self.url, self.process, "the crash server")
 
 
 def effects(backend: str, target: str, key: str) -> list[str]:
