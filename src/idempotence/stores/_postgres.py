@@ -73,14 +73,28 @@ class _Connection:
         self.raw = raw
         self._blocks = Blocks()
         self._cursor: psycopg.Cursor[Row] | None = None
+        self._commands: psycopg.Cursor[Row] | None = None
+
+    def _statements(self) -> psycopg.Cursor[Row]:
+        # One cursor for the connection's life: a cursor per statement was a
+        # measurable share of a request (its creation, its row maker, its close).
+        cur = self._cursor
+        if cur is None or cur.closed:
+            cur = self._cursor = self.raw.cursor(row_factory=dict_row)
+        return cur
+
+    def _control(self) -> psycopg.Cursor[Row]:
+        # BEGIN and COMMIT have one of their own, apart from the statement whose rows
+        # go out in the same pipeline (the claim's, the finish's): a cursor keeps only
+        # its last statement's rows. raw.execute() would make a cursor each time.
+        cur = self._commands
+        if cur is None or cur.closed:
+            cur = self._commands = self.raw.cursor(row_factory=dict_row)
+        return cur
 
     def fetch(self, query: Query) -> list[Row]:
         with translated(query.name):
-            # One cursor for the connection's life: a cursor per statement was a
-            # measurable share of a request (its creation, its row maker, its close).
-            cur = self._cursor
-            if cur is None or cur.closed:
-                cur = self._cursor = self.raw.cursor(row_factory=dict_row)
+            cur = self._statements()
             # No parameters: a script of several statements (migrations) is allowed.
             cur.execute(query.sql, query.params or None)
             # pgresult.status is what cur.description would tell, without building
@@ -123,12 +137,13 @@ class _Connection:
     def _begin(self, first: Op[T] | None) -> T | None:
         if first is None:
             with translated():
-                self.raw.execute("BEGIN")
+                self._control().execute("BEGIN")
             return None
-        with translated(), held(), self.raw.cursor(row_factory=dict_row) as cur:
+        with translated(), held():
+            cur = self._statements()
             query = next(first)
             with self.raw.pipeline():
-                self.raw.execute("BEGIN")
+                self._control().execute("BEGIN")
                 cur.execute(bounded_claim(query), query.params)
             rows = cur.fetchall() if has_rows(cur) else []
         return run(first, _Bounded(self), rows)
@@ -137,14 +152,17 @@ class _Connection:
         cursors, refused = [], False
         try:
             if not deferred:  # nothing to send with it: no pipeline to pay for
-                self.raw.execute("COMMIT")
+                self._control().execute("COMMIT")
                 return
             with self.raw.pipeline():
                 for op in deferred:
                     query = next(op)
-                    cursors.append(cur := self.raw.cursor(row_factory=dict_row))
+                    # The connection's cursor for the first (the finish: nearly always
+                    # the only one), a cursor each for any more.
+                    cur = self.raw.cursor(row_factory=dict_row) if cursors else self._statements()
+                    cursors.append(cur)
                     cur.execute(deferred_sql(query), query.params)
-                self.raw.execute("COMMIT")
+                self._control().execute("COMMIT")
         except psycopg.errors.DivisionByZero:
             refused = True
         except DRIVER_ERRORS as exc:

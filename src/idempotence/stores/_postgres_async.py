@@ -71,14 +71,28 @@ class _AsyncConnection:
         self.raw = raw
         self._blocks = Blocks()
         self._cursor: psycopg.AsyncCursor[Row] | None = None
+        self._commands: psycopg.AsyncCursor[Row] | None = None
+
+    def _statements(self) -> psycopg.AsyncCursor[Row]:
+        # One cursor for the connection's life: a cursor per statement was a
+        # measurable share of a request (its creation, its row maker, its close).
+        cur = self._cursor
+        if cur is None or cur.closed:
+            cur = self._cursor = self.raw.cursor(row_factory=dict_row)
+        return cur
+
+    def _control(self) -> psycopg.AsyncCursor[Row]:
+        # BEGIN and COMMIT have one of their own, apart from the statement whose rows
+        # go out in the same pipeline (the claim's, the finish's): a cursor keeps only
+        # its last statement's rows. raw.execute() would make a cursor each time.
+        cur = self._commands
+        if cur is None or cur.closed:
+            cur = self._commands = self.raw.cursor(row_factory=dict_row)
+        return cur
 
     async def fetch(self, query: Query) -> list[Row]:
         with translated(query.name):
-            # One cursor for the connection's life: a cursor per statement was a
-            # measurable share of a request (its creation, its row maker, its close).
-            cur = self._cursor
-            if cur is None or cur.closed:
-                cur = self._cursor = self.raw.cursor(row_factory=dict_row)
+            cur = self._statements()
             # No parameters: a script of several statements (migrations) is allowed.
             await cur.execute(query.sql, query.params or None)
             # pgresult.status is what cur.description would tell, without building
@@ -121,29 +135,32 @@ class _AsyncConnection:
     async def _begin(self, first: Op[T] | None) -> T | None:
         if first is None:
             with translated():
-                await self.raw.execute("BEGIN")
+                await self._control().execute("BEGIN")
             return None
         with translated(), held():
-            async with self.raw.cursor(row_factory=dict_row) as cur:
-                query = next(first)
-                async with self.raw.pipeline():
-                    await self.raw.execute("BEGIN")
-                    await cur.execute(bounded_claim(query), query.params)
-                rows = await cur.fetchall() if has_rows(cur) else []
+            cur = self._statements()
+            query = next(first)
+            async with self.raw.pipeline():
+                await self._control().execute("BEGIN")
+                await cur.execute(bounded_claim(query), query.params)
+            rows = await cur.fetchall() if has_rows(cur) else []
         return await run_async(first, _Bounded(self), rows)
 
     async def _commit(self, deferred: list[Op[Any]]) -> None:
         cursors, refused = [], False
         try:
             if not deferred:  # nothing to send with it: no pipeline to pay for
-                await self.raw.execute("COMMIT")
+                await self._control().execute("COMMIT")
                 return
             async with self.raw.pipeline():
                 for op in deferred:
                     query = next(op)
-                    cursors.append(cur := self.raw.cursor(row_factory=dict_row))
+                    # The connection's cursor for the first (the finish: nearly always
+                    # the only one), a cursor each for any more.
+                    cur = self.raw.cursor(row_factory=dict_row) if cursors else self._statements()
+                    cursors.append(cur)
                     await cur.execute(deferred_sql(query), query.params)
-                await self.raw.execute("COMMIT")
+                await self._control().execute("COMMIT")
         except psycopg.errors.DivisionByZero:
             refused = True
         except DRIVER_ERRORS as exc:
