@@ -19,10 +19,17 @@ For each store (PostgreSQL, SQLite), the same handler writes one row per message
   transactional :class:`~idempotence.consumers.Consumer` (prefetch 16): the claim, the
   row and the processed mark commit in one transaction, then the ack.
 
-The messages are published first, then consumed by one consumer; the rate is messages
-acked per second of consuming. Each variant runs ``--rounds`` times, alternating; the
-best round counts. It prints the rates and the ratio guarded / unguarded per store
-(target: >= 0.7). It measures; it does not judge.
+Both sides get the same broker settings (prefetch 16, manual ack after the commit,
+one message at a time), the same handler and the same store (its pool, its
+transaction). The messages are published first, then consumed by one consumer; the
+rate is messages settled (committed, about to be acked) per second, from the first to
+the last, on both sides: the connection set-up and the queue declarations of the
+guarded consumer are not counted. ``cpu_ms`` is the client's CPU per message over the
+same window (the process's CPU time: it includes pika's and psycopg's work, not the
+database server's), which a busy machine disturbs less than the rate. Each variant
+runs ``--rounds`` times, alternating; the best round counts. It prints the rates and
+the ratio guarded / unguarded per store (target: >= 0.7). It measures; it does not
+judge.
 """
 
 from __future__ import annotations
@@ -75,35 +82,58 @@ def delete(amqp: str, queue: str) -> None:
     connection.close()
 
 
-def unguarded(amqp: str, queue: str, count: int, store: Any, insert: str) -> float:
+class Window:
+    """The measured stretch: from the first message settled to the last, on the clock
+    and in the process's CPU time."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.settled = count, 0
+        self.started = self.cpu = 0.0
+        self.elapsed = self.cpu_elapsed = 0.0
+
+    def settle(self) -> bool:
+        """One more message settled; True at the last."""
+        self.settled += 1
+        if self.settled == 1:
+            self.started, self.cpu = time.perf_counter(), time.process_time()
+        elif self.settled == self.count:
+            self.elapsed = time.perf_counter() - self.started
+            self.cpu_elapsed = time.process_time() - self.cpu
+        return self.settled == self.count
+
+    def result(self) -> tuple[float, float]:
+        """Messages per second, and client CPU milliseconds per message."""
+        done = self.count - 1
+        return done / self.elapsed, 1000 * self.cpu_elapsed / done
+
+
+def unguarded(amqp: str, queue: str, count: int, store: Any, insert: str) -> tuple[float, float]:
     connection = pika.BlockingConnection(pika.URLParameters(amqp))
     channel = connection.channel()
     channel.basic_qos(prefetch_count=PREFETCH)
-    started = time.perf_counter()
-    for done, (method, properties, _body) in enumerate(channel.consume(queue), 1):
+    window = Window(count)
+    for method, properties, _body in channel.consume(queue):
         with store.transaction() as tx:
             tx.execute(insert, (properties.message_id,))
+        last = window.settle()
         channel.basic_ack(method.delivery_tag)
-        if done == count:
+        if last:
             break
-    elapsed = time.perf_counter() - started
     channel.cancel()
     connection.close()
-    return count / elapsed
+    return window.result()
 
 
-def guarded(amqp: str, queue: str, count: int, store: Any, insert: str) -> float:
+def guarded(amqp: str, queue: str, count: int, store: Any, insert: str) -> tuple[float, float]:
     def handle(ctx: MessageContext) -> None:
         ctx.tx.execute(insert, (ctx.key,))
 
     consumer = Consumer(name=queue, handler=handle, transactional=True)
-    settled = 0
+    window = Window(count)
     finished = threading.Event()
 
     def on_settled(message: Message, disposition: Disposition) -> None:
-        nonlocal settled
-        settled += 1
-        if settled == count:
+        if window.settle():
             worker.stop()
             finished.set()
 
@@ -111,33 +141,40 @@ def guarded(amqp: str, queue: str, count: int, store: Any, insert: str) -> float
         consumer, store, url=amqp, queue=queue, prefetch=PREFETCH, on_settled=on_settled
     )
     thread = threading.Thread(target=worker.run)
-    started = time.perf_counter()
     thread.start()
     finished.wait()
-    elapsed = time.perf_counter() - started
     thread.join()
-    return count / elapsed
+    return window.result()
 
 
 def measure(
     name: str, amqp: str, store: Any, insert: str, count: int, rounds: int
 ) -> dict[str, Any]:
     rates: dict[str, list[float]] = {"unguarded": [], "guarded": []}
-    runs: dict[str, Callable[..., float]] = {"unguarded": unguarded, "guarded": guarded}
+    cpu: dict[str, list[float]] = {"unguarded": [], "guarded": []}
+    runs: dict[str, Callable[..., tuple[float, float]]] = {
+        "unguarded": unguarded,
+        "guarded": guarded,
+    }
     for _ in range(rounds):
         for variant, run in runs.items():
             queue = f"idem-bench-{variant}-{uuid.uuid4().hex[:8]}"
             publish(amqp, queue, count)
             try:
-                rates[variant].append(run(amqp, queue, count, store, insert))
+                rate, cpu_ms = run(amqp, queue, count, store, insert)
             finally:
                 delete(amqp, queue)
+            rates[variant].append(rate)
+            cpu[variant].append(cpu_ms)
     best = {variant: max(values) for variant, values in rates.items()}
+    least = {variant: min(values) for variant, values in cpu.items()}
     return {
         "store": name,
         "unguarded_per_s": round(best["unguarded"], 1),
         "guarded_per_s": round(best["guarded"], 1),
         "ratio": round(best["guarded"] / best["unguarded"], 3),
+        "unguarded_cpu_ms": round(least["unguarded"], 3),
+        "guarded_cpu_ms": round(least["guarded"], 3),
         "rounds": {variant: [round(v, 1) for v in values] for variant, values in rates.items()},
     }
 
@@ -146,7 +183,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--quick", action="store_true", help="500 messages per run")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--amqp", default=DEFAULT_AMQP)
     parser.add_argument(
         "--postgres", default=os.environ.get("IDEMPOTENCE_TEST_POSTGRES", DEFAULT_POSTGRES)
@@ -183,11 +220,15 @@ def main() -> None:
     host = conninfo_to_dict(args.postgres).get("host", "?")
     print(f"{count} messages per run, best of {args.rounds}, one consumer, prefetch {PREFETCH}")
     print(f"(PostgreSQL at {host}, RabbitMQ at {args.amqp.split('@')[-1]})\n")
-    print(f"{'store':<10}{'unguarded msg/s':>18}{'guarded msg/s':>16}{'ratio':>8}")
+    print(
+        f"{'store':<10}{'unguarded msg/s':>18}{'guarded msg/s':>16}{'ratio':>8}"
+        f"{'client CPU ms/msg (unguarded, guarded)':>42}"
+    )
     for row in results:
+        cpu = f"{row['unguarded_cpu_ms']}, {row['guarded_cpu_ms']}"
         print(
             f"{row['store']:<10}{row['unguarded_per_s']:>18}{row['guarded_per_s']:>16}"
-            f"{row['ratio']:>8}"
+            f"{row['ratio']:>8}{cpu:>42}"
         )
     print("\ntarget: ratio >= 0.7 (transactional mode)")
 

@@ -97,6 +97,8 @@ def forward(
     topology: Topology, disposition: Disposition, headers: Mapping[str, Any] | None
 ) -> Forward | None:
     """Where the delivery goes before it is acked, or None: just ack it."""
+    if disposition.action is Action.ACK:
+        return None  # the common case: no copy, nothing to build
     kept = {k: v for k, v in (headers or {}).items() if k != "x-death"}
     if disposition.action is Action.REQUEUE:
         kept[ATTEMPT_HEADER] = disposition.attempt

@@ -141,4 +141,5 @@ class AioPikaConsumer(Settings[AsyncKeyStore]):
             )
             await channel.default_exchange.publish(out, copy.routing_key, mandatory=True)
         await delivery.ack()
-        logger.debug("consumer %r: %s", self.name, described(disposition))
+        if logger.isEnabledFor(logging.DEBUG):  # build the account only for a reader
+            logger.debug("consumer %r: %s", self.name, described(disposition))

@@ -120,4 +120,5 @@ class PikaConsumer(Settings[KeyStore]):
             )
             channel.basic_publish("", copy.routing_key, body, props, mandatory=True)
         channel.basic_ack(method.delivery_tag)
-        logger.debug("consumer %r: %s", self.name, described(disposition))
+        if logger.isEnabledFor(logging.DEBUG):  # build the account only for a reader
+            logger.debug("consumer %r: %s", self.name, described(disposition))

@@ -149,7 +149,8 @@ class _Connection:
         return run(first, _Bounded(self), rows)
 
     def _commit(self, deferred: list[Op[Any]]) -> None:
-        cursors, refused = [], False
+        cursors: list[psycopg.Cursor[Row]] = []
+        refused = False
         try:
             if not deferred:  # nothing to send with it: no pipeline to pay for
                 self._control().execute("COMMIT")

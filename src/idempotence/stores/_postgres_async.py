@@ -147,7 +147,8 @@ class _AsyncConnection:
         return await run_async(first, _Bounded(self), rows)
 
     async def _commit(self, deferred: list[Op[Any]]) -> None:
-        cursors, refused = [], False
+        cursors: list[psycopg.AsyncCursor[Row]] = []
+        refused = False
         try:
             if not deferred:  # nothing to send with it: no pipeline to pay for
                 await self._control().execute("COMMIT")
