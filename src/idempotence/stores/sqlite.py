@@ -8,7 +8,13 @@ at once when another holds the write lock.
 
 The async store runs the same sync connections, each on a thread of its own: sqlite3
 has no async API, and a local file is quick enough that a thread hop is the whole
-cost.
+cost. Its own reads skip even that: they run on the event loop, on a reader
+connection that never waits (:class:`_LoopReader`).
+
+At the default durability each commit waits for an fsync, so on a file the store's
+own autocommit writes commit in groups: the writes queued while one commit is in
+flight go in the next, one savepoint each, answered after the COMMIT
+(:mod:`._group`, :meth:`_Connection.commit_group`; docs/design.md section 8).
 """
 
 from __future__ import annotations
