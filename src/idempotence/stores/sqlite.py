@@ -801,7 +801,12 @@ class _AsyncSource:
 class AsyncSqliteStore(AsyncStore):
     """The SQLite key store (async); ``target`` as for :class:`SqliteStore` (an
     application's connection must allow use from other threads:
-    ``check_same_thread=False``)."""
+    ``check_same_thread=False``).
+
+    On a file it opens up to ``max_size`` connections for the callers, each on a
+    thread of its own, plus one that reads on the event loop and one (with its
+    thread) that commits the store's own writes in groups.
+    """
 
     def __init__(
         self,
