@@ -360,7 +360,11 @@ def test_async_writes_queued_behind_a_commit_go_in_one_group(
             finishes = [store.finish(lease, response(lease.key)) for lease in leases]
             finishes.insert(2, store.finish(zombie, response("zombie")))
             tasks = [asyncio.create_task(f) for f in finishes]
-            await asyncio.sleep(0.1)
+            queued = store._source._shared.groups._groups  # type: ignore[attr-defined]
+            for _ in range(1000):  # until every finish waits behind the blocked commit
+                if len(queued) == len(finishes):
+                    break
+                await asyncio.sleep(0.01)
             unlock()
             await first
             results = await asyncio.gather(*tasks, return_exceptions=True)
