@@ -8,18 +8,25 @@ at once when another holds the write lock.
 
 The async store runs the same sync connections, each on a thread of its own: sqlite3
 has no async API, and a local file is quick enough that a thread hop is the whole
-cost.
+cost. Its own reads skip even that: they run on the event loop, on a reader
+connection that never waits (:class:`_LoopReader`).
+
+At the default durability each commit waits for an fsync, so on a file the store's
+own autocommit writes commit in groups: the writes queued while one commit is in
+flight go in the next, one savepoint each, answered after the COMMIT
+(:mod:`._group`, :meth:`_Connection.commit_group`; docs/design.md section 8).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import functools
 import itertools
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import (
     AbstractContextManager,
@@ -28,13 +35,15 @@ from contextlib import (
     nullcontext,
 )
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
 from ..observability import Instrumentation
 from ..states import ClaimRequest
 from ._connection import body, run
+from ._connection_async import run_async
 from ._driver import Blocks, TransientError
+from ._group import Groups
 from ._ops import APPLICATION, Dialect, Op, Query, Row, claim_in_transaction
 from ._store import Store
 from ._store_async import AsyncStore
@@ -119,7 +128,10 @@ class _Connection:
     _savepoints = itertools.count()
 
     def __init__(
-        self, raw: sqlite3.Connection, writer: AbstractContextManager[Any] | None = None
+        self,
+        raw: sqlite3.Connection,
+        writer: AbstractContextManager[Any] | None = None,
+        groups: _ThreadGroups | None = None,
     ) -> None:
         self.raw = raw
         # SQLite admits one writer at a time. Threads of one store queue on this lock
@@ -127,6 +139,8 @@ class _Connection:
         # sleep in growing steps (up to 100 ms) and throughput would collapse.
         self._writer = writer if writer is not None else nullcontext()
         self._blocks = Blocks()
+        # Group commit for the store's own autocommit writes (a file's connections).
+        self._groups = groups
 
     def fetch(self, query: Query) -> list[Row]:
         with _translated(query.name):
@@ -172,8 +186,75 @@ class _Connection:
         self._blocks.defer(op)
 
     def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
+        if self._groups is not None and (atomic or write) and not self.raw.in_transaction:
+            return self._groups.write(self, op, atomic=atomic)
+        return self.perform_alone(op, atomic=atomic, write=write)
+
+    def perform_alone(self, op: Op[T], *, atomic: bool, write: bool) -> T:
         with self.atomic() if atomic else self.unit(write=write):
             return run(op, self)
+
+    def commit_group(self, group: Sequence[_Write[Any]]) -> None:
+        """Run the writes of ``group`` in one transaction and commit it, settling
+        each write with its own result or error.
+
+        Each write runs in a savepoint of its own, so one that fails (a refused
+        fenced write, a constraint, a bad parameter) rolls back alone and the others
+        commit. Nothing is settled as done before the COMMIT returned: a caller is
+        never told of a write that is not durable. A group of one runs exactly as
+        the write would alone (no savepoint).
+        """
+        if len(group) == 1:
+            (alone,) = group
+            try:
+                alone.result = alone.context.run(
+                    self.perform_alone, alone.op, atomic=alone.atomic, write=True
+                )
+            except Exception as exc:
+                alone.error = exc
+            return
+        with self._writer:
+            try:
+                with _translated():
+                    self.raw.execute("BEGIN IMMEDIATE")
+            except StoreError as exc:
+                _fail(group, exc)  # busy: each caller's store retries its own write
+                return
+            try:
+                for index, write in enumerate(group):
+                    if not self._run_in_savepoint(write):
+                        # SQLite rolled the whole transaction back (a full disk, an
+                        # I/O error): the writes before this one are undone too.
+                        lost = TransientError(f"a write in the same commit failed: {write.error!r}")
+                        _fail(group[:index], lost)
+                        _fail(group[index + 1 :], lost)
+                        return
+                with _translated():
+                    self.raw.execute("COMMIT")
+            except BaseException as exc:
+                if self.raw.in_transaction:
+                    self.raw.rollback()
+                interrupted = exc if isinstance(exc, Exception) else _interrupted(exc)
+                _fail(group, interrupted)
+                if interrupted is not exc:
+                    raise
+
+    def _run_in_savepoint(self, write: _Write[Any]) -> bool:
+        """Run ``write`` in a savepoint, kept on success and undone on its error;
+        False when its error ended the whole transaction."""
+        with _translated():
+            self.raw.execute("SAVEPOINT idempotence_group")
+        try:
+            write.result = write.context.run(run, write.op, self)
+        except Exception as exc:
+            write.error = exc
+            if not self.raw.in_transaction:
+                return False
+            with _translated():
+                self.raw.execute("ROLLBACK TO idempotence_group")
+        with _translated():
+            self.raw.execute("RELEASE idempotence_group")
+        return True
 
     def run_in_transaction(self, op: Op[T]) -> T:
         return run(op, self)
@@ -189,6 +270,92 @@ class _Connection:
         # (see __init__), or it would sleep in the busy handler while holding up the
         # thread that has the lock.
         return self._writer if write else nullcontext()
+
+
+class _Write(Generic[T]):
+    """One of the store's own autocommit writes, waiting for its group's commit."""
+
+    __slots__ = ("atomic", "context", "error", "op", "result")
+
+    def __init__(self, op: Op[T], *, atomic: bool) -> None:
+        self.op = op
+        self.atomic = atomic
+        # It runs in its caller's context wherever it runs: a refused fenced write
+        # reports to the caller's trace span, not the committer's.
+        self.context = contextvars.copy_context()
+        self.result: Any = _UNSET
+        self.error: Exception | None = None
+
+    def outcome(self) -> T:
+        if self.error is not None:
+            raise self.error
+        if self.result is _UNSET:  # its committer was interrupted before it knew
+            raise _interrupted(None)
+        result: T = self.result
+        return result
+
+
+_UNSET = object()
+
+
+def _interrupted(exc: BaseException | None) -> StoreError:
+    return StoreError(
+        f"the commit of this write was interrupted ({exc!r}): it may or may not have committed"
+    )
+
+
+def _fail(writes: Sequence[_Write[Any]], error: Exception) -> None:
+    """Settle every write of ``writes`` not yet failed with its own error as failed
+    with ``error`` (a copy each: callers on other threads raise it at once)."""
+    for write in writes:
+        write.op.close()
+        if write.error is None:
+            write.error = copy.copy(error)
+            write.error.__cause__ = error
+
+
+class _ThreadWrite(_Write[T]):
+    __slots__ = ("leads", "wake")
+
+    def __init__(self, op: Op[T], *, atomic: bool) -> None:
+        super().__init__(op, atomic=atomic)
+        self.wake = threading.Event()
+        #: Woken to commit the next group (not with an outcome).
+        self.leads = False
+
+
+class _ThreadGroups:
+    """Group commit for threads: a thread that writes while no commit is in flight
+    commits at once, on its own connection, everything queued by then; the threads
+    that write meanwhile wait for their outcome, or to be woken to commit the next
+    group (the first of them)."""
+
+    def __init__(self) -> None:
+        self._groups: Groups[_ThreadWrite[Any]] = Groups()
+        self._lock = threading.Lock()
+
+    def write(self, conn: _Connection, op: Op[T], *, atomic: bool) -> T:
+        write = _ThreadWrite(op, atomic=atomic)
+        with self._lock:
+            leads = self._groups.arrive(write)
+        if not leads:
+            write.wake.wait()
+            if not write.leads:
+                return write.outcome()
+        with self._lock:
+            group = self._groups.take()
+        try:
+            conn.commit_group(group)
+        finally:
+            with self._lock:
+                following = self._groups.done()
+            if following is not None:
+                following.leads = True
+                following.wake.set()
+            for other in group:
+                if other is not write:
+                    other.wake.set()
+        return write.outcome()
 
 
 def connect(
@@ -240,6 +407,7 @@ class _FileSource:
         self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._writer = threading.Lock()
+        self._groups = _ThreadGroups()
         self._closed = False
 
     @contextmanager
@@ -253,7 +421,7 @@ class _FileSource:
                 self._path, busy_timeout=self._busy_timeout, synchronous=self._synchronous
             )
         try:
-            yield _Connection(raw, self._writer)
+            yield _Connection(raw, self._writer, self._groups)
         finally:
             if raw.in_transaction:  # an interrupted operation; never reuse it half-done
                 raw.rollback()
@@ -345,20 +513,28 @@ class _ThreadedConnection:
     """
 
     def __init__(
-        self, raw: sqlite3.Connection, executor: ThreadPoolExecutor, writer: asyncio.Lock
+        self,
+        raw: sqlite3.Connection,
+        executor: ThreadPoolExecutor,
+        writer: asyncio.Lock,
+        shared: _Shared | None = None,
     ) -> None:
         self.raw = raw
         self._conn = _Connection(raw)
         self._executor = executor
         self._writer = writer
+        self._shared = shared
 
     @classmethod
     async def open(
-        cls, opener: Callable[[], sqlite3.Connection], writer: asyncio.Lock
+        cls,
+        opener: Callable[[], sqlite3.Connection],
+        writer: asyncio.Lock,
+        shared: _Shared | None = None,
     ) -> _ThreadedConnection:
         executor = ThreadPoolExecutor(1, thread_name_prefix="idempotence-sqlite")
         raw = await asyncio.get_running_loop().run_in_executor(executor, opener)
-        return cls(raw, executor, writer)
+        return cls(raw, executor, writer, shared)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         # In the caller's context, as asyncio.to_thread runs it: an operation reports
@@ -389,6 +565,10 @@ class _ThreadedConnection:
     async def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
         # The whole operation in one trip to the connection's thread: each trip costs
         # about 0.1 ms, as much as the statements themselves.
+        if self._shared is not None and not self.raw.in_transaction:
+            if atomic or write:
+                return await self._shared.groups.write(op, atomic=atomic)
+            return await self._shared.reader.read(op, self)
         whole = functools.partial(self._conn.perform, op, atomic=atomic, write=write)
         if (atomic or write) and not self.raw.in_transaction:
             async with self._writer:
@@ -421,12 +601,164 @@ class _ThreadedConnection:
         self._executor.shutdown(wait=False)
 
 
+class _TaskWrite(_Write[T]):
+    __slots__ = ("future",)
+
+    def __init__(self, op: Op[T], *, atomic: bool) -> None:
+        super().__init__(op, atomic=atomic)
+        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+class _TaskGroups:
+    """Group commit for tasks: one committer task at a time commits, on a connection
+    (and thread) of its own, every write queued while the previous commit was in
+    flight; each writing task awaits its own outcome. The committer starts when a
+    write arrives while none is in flight and ends when the queue is empty."""
+
+    def __init__(self, opener: Callable[[], sqlite3.Connection], writer: asyncio.Lock) -> None:
+        self._opener = opener
+        self._writer = writer
+        self._groups: Groups[_TaskWrite[Any]] = Groups()
+        self._conn: _ThreadedConnection | None = None
+        self._committer: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def write(self, op: Op[T], *, atomic: bool) -> T:
+        write = _TaskWrite(op, atomic=atomic)
+        if self._groups.arrive(write):
+            self._committer = asyncio.create_task(self._commit())
+        # A caller cancelled here is not waited for; a write not yet taken is dropped,
+        # one in flight commits or not (as a write whose thread already runs it).
+        await write.future
+        return write.outcome()
+
+    async def _commit(self) -> None:
+        try:
+            while True:
+                group = self._groups.take()
+                for dropped in [write for write in group if write.future.cancelled()]:
+                    dropped.op.close()
+                    group.remove(dropped)
+                try:
+                    if group:
+                        conn = await self._connection()
+                        async with self._writer:
+                            await conn._call(conn._conn.commit_group, group)
+                except Exception as exc:
+                    _fail(group, exc)
+                finally:
+                    _wake(group)
+                if self._groups.done() is None:
+                    return
+        except BaseException:
+            # Cancelled (the loop is closing): the writes still queued never commit,
+            # and nobody is left waiting for them.
+            while self._groups.done() is not None:
+                _wake(self._groups.take())
+            raise
+        finally:
+            if self._closed:
+                await self._close_connection()
+
+    async def _connection(self) -> _ThreadedConnection:
+        if self._conn is None:
+            self._conn = await _ThreadedConnection.open(self._opener, self._writer)
+        return self._conn
+
+    async def close(self) -> None:
+        """Close the committer's connection now, or when the commit in flight ends."""
+        self._closed = True
+        if self._committer is None or self._committer.done():
+            await self._close_connection()
+
+    async def _close_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close(close_raw=True)
+
+
+def _wake(group: list[_TaskWrite[Any]]) -> None:
+    for write in group:
+        if not write.future.done():
+            write.future.set_result(None)
+
+
+class _LoopReader:
+    """A connection that reads on the event loop's own thread, without the trip to a
+    connection's thread (about 0.1 ms, more than a replay's whole read).
+
+    In WAL mode a read never waits for the writer, and the store's reads are a row or
+    two by key. It never waits at all: its busy timeout is zero, and a statement that
+    finds the database busy (another connection recovering the WAL) runs on the
+    caller's connection's thread instead, where waiting blocks nobody else.
+    """
+
+    def __init__(self, opener: Callable[[], sqlite3.Connection]) -> None:
+        self._opener = opener
+        self._conn: _Connection | None = None
+        self._closed = False
+
+    async def read(self, op: Op[T], conn: _ThreadedConnection) -> T:
+        reader = self._conn if self._conn is not None else await self._open()
+        if reader is None:  # closed meanwhile: the caller's own connection reads
+            return await conn._call(
+                functools.partial(conn._conn.perform_alone, op, atomic=False, write=False)
+            )
+        return await run_async(op, _ReadOnLoop(reader, conn))
+
+    async def _open(self) -> _Connection | None:
+        raw = await asyncio.to_thread(self._opener)
+        if self._closed or self._conn is not None:  # closed, or opened by another task
+            raw.close()
+            return self._conn
+        raw.execute("PRAGMA busy_timeout = 0")
+        self._conn = _Connection(raw)
+        return self._conn
+
+    def close(self) -> None:
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.raw.close()
+
+
+class _ReadOnLoop:
+    def __init__(self, reader: _Connection, conn: _ThreadedConnection) -> None:
+        self._reader = reader
+        self._conn = conn
+
+    async def fetch(self, query: Query) -> list[Row]:
+        try:
+            return self._reader.fetch(query)
+        except TransientError:
+            return await self._conn.fetch(query)
+
+
+class _Shared:
+    """What the connections to one file share: the committer of the store's own
+    writes, and the reader on the event loop."""
+
+    def __init__(self, opener: Callable[[], sqlite3.Connection], writer: asyncio.Lock) -> None:
+        self.groups = _TaskGroups(opener, writer)
+        self.reader = _LoopReader(opener)
+
+    async def close(self) -> None:
+        self.reader.close()
+        await self.groups.close()
+
+
 class _AsyncSource:
     """At most ``max_size`` threaded connections; tasks beyond that wait their turn
-    without holding a thread."""
+    without holding a thread. A file's source (``shared``) commits the store's own
+    writes in groups and reads on the event loop."""
 
     def __init__(
-        self, opener: Callable[[], sqlite3.Connection], *, max_size: int, owned: bool
+        self,
+        opener: Callable[[], sqlite3.Connection],
+        *,
+        max_size: int,
+        owned: bool,
+        shared: bool = False,
     ) -> None:
         self._opener = opener
         self._slots = asyncio.Semaphore(max_size)
@@ -434,6 +766,7 @@ class _AsyncSource:
         self._idle: list[_ThreadedConnection] = []
         self._owned = owned
         self._closed = False
+        self._shared = _Shared(opener, self._writer) if shared else None
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[_ThreadedConnection]:
@@ -443,7 +776,7 @@ class _AsyncSource:
             conn = (
                 self._idle.pop()
                 if self._idle
-                else await _ThreadedConnection.open(self._opener, self._writer)
+                else await _ThreadedConnection.open(self._opener, self._writer, self._shared)
             )
             try:
                 yield conn
@@ -461,12 +794,19 @@ class _AsyncSource:
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.close(close_raw=self._owned)
+        if self._shared is not None:
+            await self._shared.close()
 
 
 class AsyncSqliteStore(AsyncStore):
     """The SQLite key store (async); ``target`` as for :class:`SqliteStore` (an
     application's connection must allow use from other threads:
-    ``check_same_thread=False``)."""
+    ``check_same_thread=False``).
+
+    On a file it opens up to ``max_size`` connections for the callers, each on a
+    thread of its own, plus one that reads on the event loop and one (with its
+    thread) that commits the store's own writes in groups.
+    """
 
     def __init__(
         self,
@@ -486,6 +826,8 @@ class AsyncSqliteStore(AsyncStore):
                 connect, target, busy_timeout=busy_timeout, synchronous=synchronous
             )
             # Every connection to ":memory:" is a different database: share one.
-            size = 1 if target == ":memory:" else max_size
-            source = _AsyncSource(opener, max_size=size, owned=True)
+            memory = target == ":memory:"
+            source = _AsyncSource(
+                opener, max_size=1 if memory else max_size, owned=True, shared=not memory
+            )
         super().__init__(source, SqliteDialect(), instrumentation=instrumentation)
