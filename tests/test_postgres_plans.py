@@ -172,6 +172,25 @@ def test_generic_plans_of_one_key_statements_are_unique_lookups(
     assert not bad, json.dumps(bad, indent=1)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit: a lookup by (scope, key) ties with a scan of the scope on the "
+    "primary key while the statistics say one row per scope, and the newest index wins "
+    "the tie (see SESSION_PLANNING)",
+)
+def test_lookups_by_key_stay_lookups_after_the_primary_key_is_rebuilt(
+    planner: psycopg.Connection[Any],
+) -> None:
+    # REINDEX CONCURRENTLY gives the primary key a newer OID than the (scope, key)
+    # index. Custom plans on the same statistics tie the same way; an ANALYZE of a
+    # table of more than one row per scope ends the tie.
+    add_keys(planner, 1, 1)
+    planner.execute("ANALYZE")
+    planner.execute("REINDEX INDEX CONCURRENTLY idempotency_keys_pkey")
+    problems = {name: found for name, found in generic_plans(planner).items() if found}
+    assert not problems, problems
+
+
 def test_the_checker_flags_scans_of_the_scope_the_table_or_a_partial_index(
     planner: psycopg.Connection[Any],
 ) -> None:
