@@ -423,6 +423,67 @@ def test_p11_a_redis_that_stops_answering_times_out_as_unavailable() -> None:
         store.close()
 
 
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_f1_a_reply_that_came_too_late_never_answers_a_later_command(
+    flavour: str, loop_thread: EventLoopThread
+) -> None:
+    """A command that timed out may still run, and its reply come later, on that
+    connection: the store must never read it as the answer to its next command (the
+    late ``{1, now}`` of a new key's claim, read by a claim of a locked key, would
+    say EXECUTE: a second execution). The store's own connections are dropped after
+    a timeout, not put back."""
+    with redis_server() as server:
+        store: Any = (
+            RedisStore(server.url, timeout=0.5)
+            if flavour == "sync"
+            else Blocking(AsyncRedisStore(server.url, timeout=0.5), loop_thread)  # type: ignore[arg-type]
+        )
+        try:
+            first = store.claim(request("s"))
+            assert first.outcome is Outcome.EXECUTE
+            server.freeze()
+            try:
+                with pytest.raises(StoreUnavailable):
+                    store.claim(request("s", "k2"))
+            finally:
+                server.freeze(False)
+            time.sleep(0.2)  # the late reply is sent now, to the timed-out connection
+            for key in ("k1", "k2"):  # k2's claim ran late on the server: k2 is held
+                claim = store.claim(request("s", key))
+                assert claim.outcome is Outcome.IN_PROGRESS, key
+                assert claim.record.key == key
+            assert store.claim(request("s", "k3")).record.key == "k3"
+        finally:
+            store.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_the_scripts_are_loaded_again_after_the_server_forgot_them(
+    flavour: str, loop_thread: EventLoopThread
+) -> None:
+    """EVALSHA answers NOSCRIPT after a restart or a SCRIPT FLUSH: the store loads the
+    script and runs it, once."""
+    with redis_server() as server:
+        store: Any = (
+            RedisStore(server.url)
+            if flavour == "sync"
+            else Blocking(AsyncRedisStore(server.url), loop_thread)  # type: ignore[arg-type]
+        )
+        client = redis.Redis.from_url(server.url)
+        try:
+            lease = store.claim(request("s")).lease
+            client.script_flush()
+            errors = client.info("stats")["total_error_replies"]
+            store.finish(lease, response())
+            client.script_flush()
+            assert store.claim(request("s")).response == response()
+            # One NOSCRIPT per flush: each script was loaded again, then ran.
+            assert client.info("stats")["total_error_replies"] - errors == 2
+        finally:
+            client.close()
+            store.close()
+
+
 def test_a_closed_store_is_unavailable(redis_prefix: str) -> None:
     store = RedisStore(SHARED_URL, prefix=redis_prefix)
     store.close()
