@@ -5,9 +5,10 @@ their per-request commands (a script, a GET) on a client they opened themselves.
 Why: redis-py's ``execute_command`` wraps each command in a retry loop, a locked pool
 checkout and release, connection-count and duration metrics and an event dispatch, all
 in Python. That cost as much client CPU per command as sending and parsing it. Here a
-command is a list ``pop``, ``send_command``, ``read_response`` and an ``append``: the
-connection's own methods, which pack, time out, reconnect and translate errors as the
-client's would (``socket_timeout``, ``ConnectionError``, ``ResponseError``...).
+command is a list ``pop``, :func:`pack`, ``send_packed_command``, ``read_response`` and
+an ``append``: the connection's own methods, which time out, reconnect and translate
+errors as the client's would (``socket_timeout``, ``ConnectionError``,
+``ResponseError``...).
 
 Only for a plain server (not a cluster, whose client routes by slot) and only for a
 client the store opened (an application's client keeps its own pool, limits and
@@ -16,12 +17,32 @@ instrumentation). Written once, async; :mod:`._redis_lane` is generated from it.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
 import redis.exceptions
 
 from ._redis_base import AsyncRedis
+
+
+def pack(args: tuple[Any, ...]) -> bytes:
+    r"""A command in the Redis protocol (RESP): its arguments as bulk strings. The
+    store's arguments are bytes, text (UTF-8) and integers, nothing else: redis-py's
+    own packer runs every argument through its encoder, which cost more than the
+    command's reply to parse.
+
+    >>> pack(("GET", b"k", 7))
+    b'*3\r\n$3\r\nGET\r\n$1\r\nk\r\n$1\r\n7\r\n'
+    """
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, str):
+            arg = arg.encode()
+        elif not isinstance(arg, bytes):
+            arg = b"%d" % operator.index(arg)  # an int; a float would be a bug: TypeError
+        out += (b"$%d\r\n" % len(arg), arg, b"\r\n")
+    return b"".join(out)
 
 
 class AsyncLane:
@@ -45,7 +66,7 @@ class AsyncLane:
             connection = self._make()
         reusable = True
         try:
-            await connection.send_command(*args)
+            await connection.send_packed_command([pack(args)], check_health=False)
             return await connection.read_response()
         except redis.exceptions.ResponseError:
             raise  # an error reply, read whole: the connection is fine
