@@ -34,6 +34,7 @@ from idempotence import (
     LockLost,
     Outcome,
     StoredResponse,
+    StoreError,
     StoreUnavailable,
     open_async_store,
     open_store,
@@ -340,6 +341,30 @@ def test_the_scripts_read_the_fields_that_python_names() -> None:
     # Every field that record() reads is read back.
     source = inspect.getsource(_redis_base.record)
     assert set(re.findall(r'b"([a-z_]+)"', source)) <= set(names)
+
+
+def test_a_packed_record_that_does_not_match_the_field_list_is_an_error() -> None:
+    """A claim's packed reply is read strictly: a value cut short, a length that runs
+    past the end, or bytes left over mean the script and READ_FIELDS disagree, and
+    the store says so rather than build a record from the wrong fields."""
+    from idempotence.stores._redis_base import READ_FIELDS, unpack
+
+    whole = b"1:7" + b"-" * (len(READ_FIELDS) - 2) + b"3:a:b"
+    assert unpack(whole) == {b"id": b"7", b"calling": b"a:b"}
+    for broken in (whole[:-1], whole + b"-", b"9:7" + whole[3:], b"x:7" + whole[3:], b""):
+        with pytest.raises(StoreError, match="READ_FIELDS"):
+            unpack(broken)
+
+
+def test_the_lane_packs_bytes_text_and_integers_and_nothing_else() -> None:
+    from idempotence.stores._redis_lane import pack
+
+    assert (
+        pack(("EVALSHA", b"\x00\r\n", 12))
+        == b"*3\r\n$7\r\nEVALSHA\r\n$3\r\n\x00\r\n\r\n$2\r\n12\r\n"
+    )
+    with pytest.raises(TypeError):
+        pack(("SET", b"k", 1.5))  # a float would be sent truncated
 
 
 @pytest.mark.parametrize("key", HOSTILE, ids=lambda k: repr(k[:12]) + f"/{len(k)}")
