@@ -28,7 +28,10 @@ instead (process time, noisier), with ``--concurrency`` clients at once.
 PostgreSQL comes from ``--postgres URL`` (default ``$IDEMPOTENCE_TEST_POSTGRES``, else
 ``postgresql://postgres@127.0.0.1:5432/postgres``); the script creates
 ``idempotence_profile_<pid>`` and drops it at the end. SQLite is a file in a temporary
-directory, at its default durability. The script measures and never judges.
+directory, at its default durability. Redis is a throwaway ``redis-server`` (no
+persistence) on a free port: ``redis-*`` rows run on ``AsyncRedisStore``, ``cached-*``
+rows on ``AsyncCachedStore`` (the PostgreSQL store with that Redis in front of it). The
+script measures and never judges.
 """
 
 from __future__ import annotations
@@ -62,6 +65,12 @@ ROWS: dict[str, tuple[str, str, str | None, bool]] = {
     "sqlite-trivial": ("sqlite", "/trivial", None, False),
     "sqlite-handler": ("sqlite", "/handler", "sqlite-trivial", False),
     "sqlite-replay": ("sqlite", "/handler", "sqlite-trivial", True),
+    "redis-trivial": ("redis", "/trivial", None, False),
+    "redis-handler": ("redis", "/handler", "redis-trivial", False),
+    "redis-replay": ("redis", "/handler", "redis-trivial", True),
+    "cached-trivial": ("cached", "/trivial", None, False),
+    "cached-handler": ("cached", "/handler", "cached-trivial", False),
+    "cached-replay": ("cached", "/handler", "cached-trivial", True),
 }
 TABLE = "CREATE TABLE IF NOT EXISTS profile_items (amount INTEGER NOT NULL, note TEXT NOT NULL)"
 INSERT = {
@@ -90,13 +99,24 @@ def build_app(backend: str, target: str) -> tuple[Any, Any, Any]:
         single_tenant,
     )
 
+    store: Any
     if backend == "postgres":
         from idempotence.stores.postgres import AsyncPostgresStore
 
-        store: Any = AsyncPostgresStore(target, max_size=20)
+        store = AsyncPostgresStore(target, max_size=20)
+    elif backend == "redis":
+        from idempotence.stores.redis import AsyncRedisStore
+
+        store = AsyncRedisStore(target)
+    elif backend == "cached":
+        from idempotence import AsyncCachedStore
+        from idempotence.stores.postgres import AsyncPostgresStore
+
+        database, cache = target.rsplit("|", 1)
+        store = AsyncCachedStore(AsyncPostgresStore(database, max_size=20), cache)
     else:
         store = AsyncSqliteStore(target)
-    insert = INSERT[backend]
+    insert = INSERT.get(backend, INSERT["postgres"])
 
     async def trivial(request: Request) -> JSONResponse:
         data = await request.json()
@@ -137,7 +157,8 @@ def build_app(backend: str, target: str) -> tuple[Any, Any, Any]:
             Endpoint("POST /trivial", None),
             Endpoint("POST /insert", None),
             Endpoint("POST /floor", None),
-            Endpoint("POST /tx", Policy(transaction=True)),
+            # Request-as-transaction needs a SQL store's transaction.
+            *([] if backend == "redis" else [Endpoint("POST /tx", Policy(transaction=True))]),
         ],
     )
     return IdempotencyMiddleware(app, config), store, floor
@@ -253,8 +274,15 @@ def targets(admin_url: str, backends: set[str]) -> Iterator[dict[str, str]]:
     """A fresh, migrated database per backend, with the app's table."""
     found: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
-        if "postgres" in backends:
+        if "postgres" in backends or "cached" in backends:
             found["postgres"] = stack.enter_context(_postgres(admin_url))
+        if "redis" in backends or "cached" in backends:
+            from _harness import throwaway_redis
+
+            redis_url, _ = stack.enter_context(throwaway_redis())
+            found["redis"] = f"{redis_url}/0"
+            if "cached" in backends:
+                found["cached"] = f"{found['postgres']}|{redis_url}/1"
         if "sqlite" in backends:
             folder = stack.enter_context(tempfile.TemporaryDirectory())
             path = os.path.join(folder, "profile.db")

@@ -34,6 +34,7 @@ from idempotence import (
     LockLost,
     Outcome,
     StoredResponse,
+    StoreError,
     StoreUnavailable,
     open_async_store,
     open_store,
@@ -342,6 +343,30 @@ def test_the_scripts_read_the_fields_that_python_names() -> None:
     assert set(re.findall(r'b"([a-z_]+)"', source)) <= set(names)
 
 
+def test_a_packed_record_that_does_not_match_the_field_list_is_an_error() -> None:
+    """A claim's packed reply is read strictly: a value cut short, a length that runs
+    past the end, or bytes left over mean the script and READ_FIELDS disagree, and
+    the store says so rather than build a record from the wrong fields."""
+    from idempotence.stores._redis_base import READ_FIELDS, unpack
+
+    whole = b"1:7" + b"-" * (len(READ_FIELDS) - 2) + b"3:a:b"
+    assert unpack(whole) == {b"id": b"7", b"calling": b"a:b"}
+    for broken in (whole[:-1], whole + b"-", b"9:7" + whole[3:], b"x:7" + whole[3:], b""):
+        with pytest.raises(StoreError, match="READ_FIELDS"):
+            unpack(broken)
+
+
+def test_the_lane_packs_bytes_text_and_integers_and_nothing_else() -> None:
+    from idempotence.stores._redis_lane import pack
+
+    assert (
+        pack(("EVALSHA", b"\x00\r\n", 12))
+        == b"*3\r\n$7\r\nEVALSHA\r\n$3\r\n\x00\r\n\r\n$2\r\n12\r\n"
+    )
+    with pytest.raises(TypeError):
+        pack(("SET", b"k", 1.5))  # a float would be sent truncated
+
+
 @pytest.mark.parametrize("key", HOSTILE, ids=lambda k: repr(k[:12]) + f"/{len(k)}")
 def test_hostile_keys_round_trip_in_one_slot(redis_store: Any, scope: str, key: str) -> None:
     hostile_scope = "{" + scope + "}"
@@ -421,6 +446,67 @@ def test_p11_a_redis_that_stops_answering_times_out_as_unavailable() -> None:
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
         store.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_f1_a_reply_that_came_too_late_never_answers_a_later_command(
+    flavour: str, loop_thread: EventLoopThread
+) -> None:
+    """A command that timed out may still run, and its reply come later, on that
+    connection: the store must never read it as the answer to its next command (the
+    late ``{1, now}`` of a new key's claim, read by a claim of a locked key, would
+    say EXECUTE: a second execution). The store's own connections are dropped after
+    a timeout, not put back."""
+    with redis_server() as server:
+        store: Any = (
+            RedisStore(server.url, timeout=0.5)
+            if flavour == "sync"
+            else Blocking(AsyncRedisStore(server.url, timeout=0.5), loop_thread)  # type: ignore[arg-type]
+        )
+        try:
+            first = store.claim(request("s"))
+            assert first.outcome is Outcome.EXECUTE
+            server.freeze()
+            try:
+                with pytest.raises(StoreUnavailable):
+                    store.claim(request("s", "k2"))
+            finally:
+                server.freeze(False)
+            time.sleep(0.2)  # the late reply is sent now, to the timed-out connection
+            for key in ("k1", "k2"):  # k2's claim ran late on the server: k2 is held
+                claim = store.claim(request("s", key))
+                assert claim.outcome is Outcome.IN_PROGRESS, key
+                assert claim.record.key == key
+            assert store.claim(request("s", "k3")).record.key == "k3"
+        finally:
+            store.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_the_scripts_are_loaded_again_after_the_server_forgot_them(
+    flavour: str, loop_thread: EventLoopThread
+) -> None:
+    """EVALSHA answers NOSCRIPT after a restart or a SCRIPT FLUSH: the store loads the
+    script and runs it, once."""
+    with redis_server() as server:
+        store: Any = (
+            RedisStore(server.url)
+            if flavour == "sync"
+            else Blocking(AsyncRedisStore(server.url), loop_thread)  # type: ignore[arg-type]
+        )
+        client = redis.Redis.from_url(server.url)
+        try:
+            lease = store.claim(request("s")).lease
+            client.script_flush()
+            errors = client.info("stats")["total_error_replies"]
+            store.finish(lease, response())
+            client.script_flush()
+            assert store.claim(request("s")).response == response()
+            # One NOSCRIPT per flush: each script was loaded again, then ran.
+            assert client.info("stats")["total_error_replies"] - errors == 2
+        finally:
+            client.close()
+            store.close()
 
 
 def test_a_closed_store_is_unavailable(redis_prefix: str) -> None:

@@ -32,6 +32,7 @@ from ._cache import (
     connect_redis,
 )
 from ._ops import Dialect, Op
+from ._redis_lane import Lane
 from ._store import Store, Transaction
 
 T = TypeVar("T")
@@ -100,6 +101,9 @@ class CachedStore(Store):
         )
         self._redis, self._owns_redis = connect_redis(redis, timeout)
         self._set = self._redis.register_script(SET_SCRIPT)
+        # A client the store opened is a plain server's: its GET and its writes go
+        # past redis-py's per-command machinery (see _redis_lane).
+        self._lane = Lane(self._redis) if self._owns_redis else None
 
     @property
     def cache_stats(self) -> CacheStats:
@@ -152,7 +156,7 @@ class CachedStore(Store):
         reached (the caller then deletes nothing)."""
         value, until = self._cache.tombstone(key_id)
         try:
-            self._set(keys=[self._cache.name(scope, key)], args=[value, until])
+            self._store_entry(self._cache.name(scope, key), [value, until])
         except CACHE_ERRORS as exc:
             raise self._cache.refuse("invalidate", exc) from exc
         self.primary._invalidate(scope, key, key_id)
@@ -170,7 +174,10 @@ class CachedStore(Store):
         if not self._cache.available():
             return None
         try:
-            value = self._redis.get(name)
+            if self._lane is not None:
+                value = self._lane.execute("GET", name)
+            else:
+                value = self._redis.get(name)
         except CACHE_ERRORS as exc:
             self._cache.failed("get", exc)
             return None
@@ -181,9 +188,17 @@ class CachedStore(Store):
         if entry is None or not self._cache.available():
             return
         try:
-            self._set(keys=[name], args=list(entry))
+            self._store_entry(name, list(entry))
         except CACHE_ERRORS as exc:
             self._cache.failed("set", exc)
+
+    def _store_entry(self, name: bytes, args: list[Any]) -> None:
+        """Run ``SET_SCRIPT``: store an entry or a tombstone unless a higher floor
+        is there."""
+        if self._lane is not None:
+            self._lane.evalsha(self._set, [name], args)
+        else:
+            self._set(keys=[name], args=args)
 
     # -- the rest is the primary's ---------------------------------------------------
 
@@ -271,6 +286,8 @@ class CachedStore(Store):
             self.primary.close()
         finally:
             if self._owns_redis:
+                if self._lane is not None:
+                    self._lane.close()
                 close_redis(self._redis)
 
     def __enter__(self) -> CachedStore:

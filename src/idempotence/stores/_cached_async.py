@@ -30,6 +30,7 @@ from ._cache import (
     connect_redis_async,
 )
 from ._ops import Dialect, Op
+from ._redis_lane_async import AsyncLane
 from ._store_async import AsyncStore, AsyncTransaction
 
 T = TypeVar("T")
@@ -98,6 +99,9 @@ class AsyncCachedStore(AsyncStore):
         )
         self._redis, self._owns_redis = connect_redis_async(redis, timeout)
         self._set = self._redis.register_script(SET_SCRIPT)
+        # A client the store opened is a plain server's: its GET and its writes go
+        # past redis-py's per-command machinery (see _redis_lane_async).
+        self._lane = AsyncLane(self._redis) if self._owns_redis else None
 
     @property
     def cache_stats(self) -> CacheStats:
@@ -150,7 +154,7 @@ class AsyncCachedStore(AsyncStore):
         reached (the caller then deletes nothing)."""
         value, until = self._cache.tombstone(key_id)
         try:
-            await self._set(keys=[self._cache.name(scope, key)], args=[value, until])
+            await self._store_entry(self._cache.name(scope, key), [value, until])
         except CACHE_ERRORS as exc:
             raise self._cache.refuse("invalidate", exc) from exc
         await self.primary._invalidate(scope, key, key_id)
@@ -170,7 +174,10 @@ class AsyncCachedStore(AsyncStore):
         if not self._cache.available():
             return None
         try:
-            value = await self._redis.get(name)
+            if self._lane is not None:
+                value = await self._lane.execute("GET", name)
+            else:
+                value = await self._redis.get(name)
         except CACHE_ERRORS as exc:
             self._cache.failed("get", exc)
             return None
@@ -181,9 +188,17 @@ class AsyncCachedStore(AsyncStore):
         if entry is None or not self._cache.available():
             return
         try:
-            await self._set(keys=[name], args=list(entry))
+            await self._store_entry(name, list(entry))
         except CACHE_ERRORS as exc:
             self._cache.failed("set", exc)
+
+    async def _store_entry(self, name: bytes, args: list[Any]) -> None:
+        """Run ``SET_SCRIPT``: store an entry or a tombstone unless a higher floor
+        is there."""
+        if self._lane is not None:
+            await self._lane.evalsha(self._set, [name], args)
+        else:
+            await self._set(keys=[name], args=args)
 
     # -- the rest is the primary's ---------------------------------------------------
 
@@ -275,6 +290,8 @@ class AsyncCachedStore(AsyncStore):
             await self.primary.close()
         finally:
             if self._owns_redis:
+                if self._lane is not None:
+                    await self._lane.close()
                 await close_redis_async(self._redis)
 
     async def __aenter__(self) -> AsyncCachedStore:

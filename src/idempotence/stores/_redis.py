@@ -46,6 +46,7 @@ from ._redis_base import (
 )
 from ._redis_base import claim_result as _claim_result
 from ._redis_base import pubsub as make_pubsub
+from ._redis_lane import Lane
 from ._waiters import Waiters
 
 Client = Redis | RedisCluster
@@ -144,17 +145,21 @@ class RedisStore:
             # No retry of a failed command (see no_retry); a cluster client still
             # follows MOVED and ASK redirections, which are not failures.
             options = client_options(timeout) | {"retry": no_retry()}
+            self._lane: Lane | None = None
             if cluster is not None:
                 self._client = RedisCluster.from_url(cluster, **options)
             else:
                 self._client = Redis.from_url(target, **options)
+                # The scripts go past the client's per-command machinery (see
+                # _redis_lane); a cluster's client routes them by slot.
+                self._lane = Lane(self._client)
             self._owned = True
         else:
             if target.get_encoder().decode_responses:
                 raise ConfigurationError(
                     "the Redis store needs a client with decode_responses=False"
                 )
-            self._client, self._owned = target, False
+            self._client, self._owned, self._lane = target, False, None
         self._channel = channel(prefix)
         self._scripts = {name: self._client.register_script(s) for name, s in SCRIPTS.items()}
         self._instrumentation = combine(instrumentation)
@@ -182,6 +187,8 @@ class RedisStore:
         if self._closed:
             raise StoreUnavailable("the Redis key store is closed")
         with translated():
+            if self._lane is not None:
+                return self._lane.evalsha(self._scripts[name], keys, args)
             return self._scripts[name](keys=keys, args=args)
 
     def claim(self, request: ClaimRequest) -> Claim:
@@ -286,6 +293,8 @@ class RedisStore:
         self._listener.close()
         if self._owned:
             try:
+                if self._lane is not None:
+                    self._lane.close()
                 close(self._client)
             except (RedisError, OSError) as exc:
                 raise StoreError(f"closing the Redis client failed: {exc}") from exc

@@ -44,6 +44,7 @@ from ._redis_base import (
 )
 from ._redis_base import claim_result as _claim_result
 from ._redis_base import pubsub as make_pubsub
+from ._redis_lane_async import AsyncLane
 from ._waiters import Waiters
 
 AsyncClient = AsyncRedis | AsyncRedisCluster
@@ -144,17 +145,21 @@ class AsyncRedisStore:
             # No retry of a failed command (see no_retry_async); a cluster client still
             # follows MOVED and ASK redirections, which are not failures.
             options = client_options(timeout) | {"retry": no_retry_async()}
+            self._lane: AsyncLane | None = None
             if cluster is not None:
                 self._client = AsyncRedisCluster.from_url(cluster, **options)
             else:
                 self._client = AsyncRedis.from_url(target, **options)
+                # The scripts go past the client's per-command machinery (see
+                # _redis_lane_async); a cluster's client routes them by slot.
+                self._lane = AsyncLane(self._client)
             self._owned = True
         else:
             if target.get_encoder().decode_responses:
                 raise ConfigurationError(
                     "the Redis store needs a client with decode_responses=False"
                 )
-            self._client, self._owned = target, False
+            self._client, self._owned, self._lane = target, False, None
         self._channel = channel(prefix)
         self._scripts = {name: self._client.register_script(s) for name, s in SCRIPTS.items()}
         self._instrumentation = combine(instrumentation)
@@ -182,6 +187,8 @@ class AsyncRedisStore:
         if self._closed:
             raise StoreUnavailable("the Redis key store is closed")
         with translated():
+            if self._lane is not None:
+                return await self._lane.evalsha(self._scripts[name], keys, args)
             return await self._scripts[name](keys=keys, args=args)
 
     async def claim(self, request: ClaimRequest) -> Claim:
@@ -288,6 +295,8 @@ class AsyncRedisStore:
         await self._listener.close()
         if self._owned:
             try:
+                if self._lane is not None:
+                    await self._lane.close()
                 await close_async(self._client)
             except (RedisError, OSError) as exc:
                 raise StoreError(f"closing the Redis client failed: {exc}") from exc

@@ -177,7 +177,7 @@ def _optional_text(fields: Mapping[Any, Any], name: bytes) -> str | None:
 
 
 #: The fields a claim script reads back, in the order of ``READ_FIELDS`` in
-#: ``redis.lua`` (HMGET: values only, half of what HGETALL would send).
+#: ``redis.lua``, packed into one string (:func:`unpack`).
 READ_FIELDS = (
     b"id", b"scope", b"key", b"method", b"path", b"fp", b"params", b"flow",
     b"rp", b"token", b"locked", b"lto", b"created", b"last_run", b"finished", b"expires",
@@ -185,10 +185,29 @@ READ_FIELDS = (
 )  # fmt: skip
 
 
-def fields_of(values: Sequence[bytes | None]) -> dict[bytes, bytes]:
-    """A hash's fields from the values that a script's ``read`` returns (an absent
-    field is nil)."""
-    return {name: v for name, v in zip(READ_FIELDS, values, strict=True) if v is not None}
+def unpack(packed: bytes) -> dict[bytes, bytes]:
+    """A hash's fields from the one string that a script's ``read`` returns: each of
+    ``READ_FIELDS``' values as its length, ``:`` and its bytes, or ``-`` when absent.
+
+    >>> unpack(b"1:7" + b"-" * 19 + b"2:{}")[b"calling"]
+    b'{}'
+    """
+    fields = {}
+    at = 0
+    try:
+        for name in READ_FIELDS:
+            if packed[at] == 45:  # b"-": absent
+                at += 1
+                continue
+            colon = packed.index(b":", at)
+            stop = colon + 1 + int(packed[at:colon])
+            fields[name] = packed[colon + 1 : stop]
+            at = stop
+    except (IndexError, ValueError):
+        at = -1
+    if at != len(packed):
+        raise StoreError(f"the Redis claim script's reply is not READ_FIELDS: {packed[:80]!r}")
+    return fields
 
 
 def record(fields: Mapping[Any, Any]) -> KeyRecord:
@@ -229,9 +248,9 @@ def claim_result(request: ClaimRequest, args: Sequence[Any], reply: Sequence[Any
     if len(reply) == 2:  # a new key: the script wrote the request, nothing to read
         now = timestamp(reply[1])
         return claim_from(new_record(request, args, now), request.fingerprint, now, claimed=True)
-    claimed, now, flat = reply
+    claimed, now, packed = reply
     return claim_from(
-        record(fields_of(flat)), request.fingerprint, timestamp(now), claimed=bool(claimed)
+        record(unpack(packed)), request.fingerprint, timestamp(now), claimed=bool(claimed)
     )
 
 
