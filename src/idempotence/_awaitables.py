@@ -15,11 +15,15 @@ from .errors import ConfigurationError
 
 async def settle_async(value: Any, refusal: str) -> Any:
     """``value``, awaited if it is awaitable."""
+    if value is None or type(value) is str:
+        return value  # what a scope callable returns: no need to ask inspect
     return await value if inspect.isawaitable(value) else value
 
 
 def settle(value: Any, refusal: str) -> Any:
     """``value``; an awaitable is refused with ``ConfigurationError(refusal)``."""
+    if value is None or type(value) is str:
+        return value
     if inspect.isawaitable(value):
         discard(value)
         raise ConfigurationError(refusal)

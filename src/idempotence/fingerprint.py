@@ -21,10 +21,11 @@ itself contains a dot cannot be addressed); for forms a field name, taken litera
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -37,6 +38,7 @@ __all__ = ["canonical_body", "fingerprint", "media_type"]
 _DOMAIN = b"idempotence.fingerprint.v1"
 _FORM = "application/x-www-form-urlencoded"
 _PLAIN_EXPONENT = 20
+_BOM = codecs.BOM_UTF8
 
 
 def fingerprint(
@@ -60,22 +62,32 @@ def fingerprint(
     Raises :class:`~idempotence.errors.InvalidBody` when a JSON body is not valid JSON.
     """
     excluded = _names(exclude)
+    kind = media_type(content_type)
     # Each part is length-prefixed, so no choice of method, path or body can shift bytes
     # from one part into another ("POST" + "/x" never equals "POS" + "T/x").
     # The media type is hashed too: the same bytes sent as another type are another
     # request (text/plain is not application/json), and a JSON body can never collide
     # with a raw body that happens to equal its canonical form. Parameters such as
     # charset are not part of it.
-    digest = hashlib.sha256(_DOMAIN)
-    for part in (
-        method.upper().encode("utf-8", "surrogatepass"),
-        path.encode("utf-8", "surrogatepass"),
-        media_type(content_type).encode("utf-8", "surrogatepass"),
-        canonical_body(body, content_type, excluded),
-    ):
-        digest.update(len(part).to_bytes(8, "big"))
-        digest.update(part)
-    return digest.hexdigest()
+    verb = method.upper().encode("utf-8", "surrogatepass")
+    target = path.encode("utf-8", "surrogatepass")
+    media = kind.encode("utf-8", "surrogatepass")
+    canonical = _canonical(body, kind, excluded)
+    # One update with the parts joined hashes the same bytes as an update per piece.
+    framed = b"".join(
+        (
+            _DOMAIN,
+            len(verb).to_bytes(8, "big"),
+            verb,
+            len(target).to_bytes(8, "big"),
+            target,
+            len(media).to_bytes(8, "big"),
+            media,
+            len(canonical).to_bytes(8, "big"),
+            canonical,
+        )
+    )
+    return hashlib.sha256(framed).hexdigest()
 
 
 def media_type(content_type: str | None) -> str:
@@ -101,8 +113,10 @@ def canonical_body(
     >>> canonical_body(b"b=2&a=1&c=x", "application/x-www-form-urlencoded", exclude=["c"])
     b'a=1&b=2'
     """
-    kind = media_type(content_type)
-    exclude = _names(exclude)
+    return _canonical(body, media_type(content_type), _names(exclude))
+
+
+def _canonical(body: bytes, kind: str, exclude: tuple[str, ...]) -> bytes:
     if not body:
         return b""
     if kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json")):
@@ -121,7 +135,8 @@ def _names(exclude: Iterable[str]) -> tuple[str, ...]:
 
 def _canonical_json(body: bytes, exclude: Iterable[str]) -> bytes:
     try:
-        text = body.decode("utf-8-sig")
+        # Without a BOM, utf-8 (decoded in C) reads what utf-8-sig (a Python codec) does.
+        text = body.decode("utf-8-sig" if body.startswith(_BOM) else "utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidBody(
             f"The request body is not valid UTF-8 (byte {exc.start} is 0x{body[exc.start]:02X}):"
@@ -142,13 +157,26 @@ def _canonical_json(body: bytes, exclude: Iterable[str]) -> bytes:
     for path in exclude:
         _remove_path(value, path.split("."))
     try:
-        return _dump(value).encode("utf-8", "surrogatepass")
+        try:
+            # Strings, integers written plainly (see _integer), true, false and null
+            # come out of the C encoder exactly as _dump writes them; a Decimal makes
+            # it call _not_plain, and the whole value is written by _dump instead.
+            text = _encode_plain(value)
+        except _NotPlain:
+            text = _dump(value)
+        return text.encode("utf-8", "surrogatepass")
     except RecursionError as exc:  # pragma: no cover - the parser gives up first
         raise InvalidBody("The request body is JSON nested too deeply to read.") from exc
 
 
-class _Literal(str):
-    """A number kept as written, because Decimal cannot hold its exponent."""
+class _Literal:
+    """A number kept as written, because Decimal cannot hold its exponent. Not a str,
+    so that the C encoder refuses it (see _canonical_json) instead of quoting it."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
 
 
 def _number(text: str) -> Decimal | _Literal:
@@ -167,9 +195,51 @@ def _reject_constant(name: str) -> Any:
     raise InvalidBody(f"The request body is not valid JSON: {name} is not a JSON number.")
 
 
+def _integer(text: str) -> int | Decimal | _Literal:
+    # An integer whose canonical form (_dump_number) is the plain digits is kept as an
+    # int, which the C encoder writes as those digits: one with more trailing zeros
+    # than _PLAIN_EXPONENT is written with an exponent ("1E+21"), and one too long for
+    # int() (sys.get_int_max_str_digits) stays a Decimal.
+    if len(text) > _PLAIN_DIGITS or len(text) - len(text.rstrip("0")) > _PLAIN_EXPONENT:
+        return _number(text)
+    return int(text)
+
+
+#: Integers up to this many characters are read as int (well below the 4300 digits
+#: int() accepts by default).
+_PLAIN_DIGITS = 1000
+
+
+class _NotPlain(Exception):
+    """The value holds a number the C encoder cannot write canonically."""
+
+
+def _not_plain(value: Any) -> Any:
+    raise _NotPlain()
+
+
 # One decoder for every body: json.loads given hooks builds a decoder and its scanner
 # per call (a measurable share of a guarded request).
-_DECODER = json.JSONDecoder(parse_float=_number, parse_int=_number, parse_constant=_reject_constant)
+_DECODER = json.JSONDecoder(
+    parse_float=_number, parse_int=_integer, parse_constant=_reject_constant
+)
+# The canonical form of a value without a Decimal: the same separators, key order and
+# string escapes as _dump (encode_basestring is the C function both use). The C
+# encoder is made once: JSONEncoder.encode makes one per call. No circular check: a
+# parsed value has no cycles.
+_c_make_encoder: Any = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+_encode_plain: Callable[[Any], str]
+if _c_make_encoder is not None:
+    _encode = _c_make_encoder(
+        None, _not_plain, json.encoder.encode_basestring, None, ":", ",", True, False, True
+    )
+
+    def _encode_plain(value: Any) -> str:
+        return "".join(_encode(value, 0))
+else:  # pragma: no cover - CPython always has the C encoder
+    _encode_plain = json.JSONEncoder(
+        ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=_not_plain
+    ).encode
 
 
 def _remove_path(value: Any, path: list[str]) -> None:
@@ -191,8 +261,10 @@ def _dump(value: Any) -> str:
         return "[" + ",".join(_dump(v) for v in value) + "]"
     if isinstance(value, Decimal):
         return _dump_number(value)
+    if type(value) is int:  # not a bool: those are constants
+        return str(value)  # kept an int by _integer only when this is its canonical form
     if isinstance(value, _Literal):
-        return str(value)
+        return value.text
     if isinstance(value, str):
         return _dump_str(value)
     return _CONSTANTS[value]

@@ -117,6 +117,18 @@ def test_endpoints_match_by_method_and_pattern(store):
     )
 
 
+def test_a_remembered_resolution_answers_as_the_first_and_hands_out_its_own_params(store):
+    config = Idempotency(
+        store=store, scope=single_tenant(), endpoints=[Endpoint("POST /v1/rides/{ride}")]
+    )
+    first = config.resolve("POST", "/v1/rides/r_1")
+    first[1]["ride"] = "changed by a scope callable"  # RequestInfo.path_params is the caller's
+    again = config.resolve("POST", "/v1/rides/r_1")
+    assert again == (config.endpoints[0].policy, {"ride": "r_1"})
+    assert config.resolve("GET", "/v1/rides/r_1") is None
+    assert config.resolve("GET", "/v1/rides/r_1") is None  # a remembered None too
+
+
 @pytest.mark.parametrize("route", ["POST", "POST /a /b", "GET /a", "POST a"])
 def test_bad_endpoint_routes_are_refused(route):
     with pytest.raises(ConfigurationError):

@@ -375,6 +375,27 @@ def test_numbers_beyond_decimal_exponent_range_are_kept_as_written(spelling: str
     assert canonical_body(other.encode(), JSON_TYPE) != canonical_body(spelling.encode(), JSON_TYPE)
 
 
+@pytest.mark.parametrize(
+    ("body", "canonical"),
+    [
+        # Integers are written by the C encoder as plain digits, but only where those
+        # are the canonical form: past 20 trailing zeros it has an exponent, as 1e21 has.
+        ("100000000000000000000", b"100000000000000000000"),
+        ("1000000000000000000000", b"1E+21"),
+        ("-0", b"0"),
+        ('{"b": 10, "a": [1, -2, 0]}', b'{"a":[1,-2,0],"b":10}'),
+        # One fraction anywhere, and the whole value is written the other way: the same.
+        ('{"b": 10, "a": [1.50, -2, 0]}', b'{"a":[1.5,-2,0],"b":10}'),
+        ('{"n": 7, "x": 1e9999999999999999999999}', b'{"n":7,"x":1e9999999999999999999999}'),
+        ('[true, false, null, "1"]', b'[true,false,null,"1"]'),
+    ],
+)
+def test_integers_and_fractions_together_keep_one_canonical_form(
+    body: str, canonical: bytes
+) -> None:
+    assert canonical_body(body.encode(), JSON_TYPE) == canonical
+
+
 def test_huge_integers_are_exact_and_not_limited_by_int_parsing() -> None:
     big = "9" * 5000  # int() refuses more than 4300 digits by default
     assert canonical_body(big.encode(), JSON_TYPE) == big.encode()

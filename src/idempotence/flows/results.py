@@ -144,13 +144,11 @@ def indeterminate_response(name: str) -> StoredResponse:
 
 def from_claim(claim: Claim) -> FlowResult:
     """The result of a run whose claim it did not win (P2, P3, P4)."""
-    kind = _NOT_WON[claim.outcome]
-    response = claim.response if claim.outcome is Outcome.REPLAY else None
-    return FlowResult(kind, claim, response, stored=response is not None)
-
-
-_NOT_WON = {
-    Outcome.REPLAY: ResultKind.REPLAYED,
-    Outcome.MISMATCH: ResultKind.MISMATCH,
-    Outcome.IN_PROGRESS: ResultKind.IN_PROGRESS,
-}
+    outcome = claim.outcome  # compared, not looked up: an Enum hashes in Python
+    if outcome is Outcome.REPLAY:
+        return FlowResult(ResultKind.REPLAYED, claim, claim.response, stored=True)
+    if outcome is Outcome.MISMATCH:
+        return FlowResult(ResultKind.MISMATCH, claim)
+    if outcome is Outcome.IN_PROGRESS:
+        return FlowResult(ResultKind.IN_PROGRESS, claim)
+    raise KeyError(outcome)

@@ -85,9 +85,12 @@ class HandlerStep:
     def stored(self, captured: Captured) -> StoredResponse:
         """The response as stored for replay: status, kept headers only, body."""
         allowed = self.stored_headers
-        headers = tuple((name.lower(), value) for name, value in captured.headers)
-        kept = tuple((name, value) for name, value in headers if name in allowed)
-        return StoredResponse(captured.status, kept, captured.body)
+        kept = []
+        for name, value in captured.headers:
+            name = name.lower()
+            if name in allowed:
+                kept.append((name, value))
+        return StoredResponse(captured.status, tuple(kept), captured.body)
 
 
 Step: TypeAlias = AtomicStep | ForeignStep | HandlerStep

@@ -443,6 +443,9 @@ class Endpoint:
 
 
 _NO_SCOPE: Any = object()
+_UNRESOLVED: Any = object()
+#: How many (method, path) pairs Idempotency.resolve remembers; past it, it matches.
+_RESOLVED_MAX = 4096
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -474,6 +477,9 @@ class Idempotency:
     #: The asynchronous policy that serves status reads, and the flows it may show.
     status_policy: Policy | None = field(init=False, repr=False, compare=False)
     status_flows: frozenset[str] = field(init=False, repr=False, compare=False)
+    #: What :meth:`resolve` found for a method and path, so that a path is matched
+    #: against the patterns once (bounded: a path with parameters has many values).
+    _resolved: dict[tuple[str, str], Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.scope is _NO_SCOPE:
@@ -498,6 +504,7 @@ class Idempotency:
         object.__setattr__(self, "status_policy", accepting[0] if accepting else None)
         flows = frozenset(p.flow.name for p in accepting if p.flow is not None)
         object.__setattr__(self, "status_flows", flows)
+        object.__setattr__(self, "_resolved", {})
         if not isinstance(self.store, Store | AsyncStore):
             self._refuse_shared_transactions()
 
@@ -524,6 +531,17 @@ class Idempotency:
         >>> config.resolve("GET", "/v1/charges") is None          # doctest: +SKIP
         True
         """
+        found = self._resolved.get((method, path), _UNRESOLVED)
+        if found is _UNRESOLVED:
+            found = self._resolve(method, path)
+            if len(self._resolved) < _RESOLVED_MAX:
+                self._resolved[method, path] = found
+        if found is None:
+            return None
+        policy, params = found
+        return policy, dict(params)  # the caller's own: RequestInfo.path_params
+
+    def _resolve(self, method: str, path: str) -> tuple[Policy, Mapping[str, str]] | None:
         status = self.status_policy
         if status is not None and method == "GET" and path.startswith(self.status_path + "/"):
             key = path[len(self.status_path) + 1 :]

@@ -8,8 +8,6 @@ framework (Starlette and FastAPI copy the context there).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -73,13 +71,20 @@ def _outside(name: str, tx: Any, other: str) -> ConfigurationError:
     )
 
 
-@contextmanager
-def bound(tx: Transaction | AsyncTransaction | None, lease: Lease) -> Iterator[None]:
-    """Make ``tx`` and ``lease`` current for the app's run."""
-    tx_token = _transaction.set(tx)
-    lease_token = _lease.set(lease)
-    try:
-        yield
-    finally:
-        _lease.reset(lease_token)
-        _transaction.reset(tx_token)
+class bound:
+    """Make ``tx`` and ``lease`` current for the app's run (a class, not a
+    ``@contextmanager``: it is entered once per guarded request)."""
+
+    __slots__ = ("_lease", "_lease_token", "_tx", "_tx_token")
+
+    def __init__(self, tx: Transaction | AsyncTransaction | None, lease: Lease) -> None:
+        self._tx = tx
+        self._lease = lease
+
+    def __enter__(self) -> None:
+        self._tx_token = _transaction.set(self._tx)
+        self._lease_token = _lease.set(self._lease)
+
+    def __exit__(self, *exc_info: object) -> None:
+        _lease.reset(self._lease_token)
+        _transaction.reset(self._tx_token)

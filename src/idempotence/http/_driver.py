@@ -22,6 +22,8 @@ from ..stores import KeyStore, Store
 from ._effects import Detach, Lifecycle, ReadBody, ReadKey, Reply, ResolveScope
 
 _SYNC_SCOPE = "the scope callable of a WSGI app must not be async"
+#: The effects performed here; every other one is the engine's.
+_OWN = (ReadBody, ResolveScope, ReadKey, Detach)
 
 
 class IO(Protocol):
@@ -44,16 +46,16 @@ def drive(lifecycle: Lifecycle, store: KeyStore, io: IO) -> Reply:
             return reply
         value, error = None, None
         try:
-            if isinstance(effect, ReadBody):
+            if not isinstance(effect, _OWN):
+                value = perform(effect, store, None)  # most effects: one check
+            elif isinstance(effect, ReadBody):
                 value = io.read_body(effect.limit)
             elif isinstance(effect, ResolveScope):
                 value = settle(effect.fn(effect.request), _SYNC_SCOPE)
             elif isinstance(effect, ReadKey):
                 value = store.get(effect.scope, effect.key)
-            elif isinstance(effect, Detach):
-                _detach(effect, cast(Store, store))
             else:
-                value = perform(effect, store, None)
+                _detach(effect, cast(Store, store))
         except BaseException as exc:  # the lifecycle and the engine decide, even on cancellation
             error = exc
 

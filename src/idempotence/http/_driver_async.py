@@ -20,6 +20,8 @@ from ..stores import AsyncKeyStore, AsyncStore
 from ._effects import Detach, Lifecycle, ReadBody, ReadKey, Reply, ResolveScope
 
 _SYNC_SCOPE = "the scope callable of a WSGI app must not be async"
+#: The effects performed here; every other one is the engine's.
+_OWN = (ReadBody, ResolveScope, ReadKey, Detach)
 
 
 class AsyncIO(Protocol):
@@ -42,16 +44,16 @@ async def drive_async(lifecycle: Lifecycle, store: AsyncKeyStore, io: AsyncIO) -
             return reply
         value, error = None, None
         try:
-            if isinstance(effect, ReadBody):
+            if not isinstance(effect, _OWN):
+                value = await perform_async(effect, store, None)  # most effects: one check
+            elif isinstance(effect, ReadBody):
                 value = await io.read_body(effect.limit)
             elif isinstance(effect, ResolveScope):
                 value = await settle_async(effect.fn(effect.request), _SYNC_SCOPE)
             elif isinstance(effect, ReadKey):
                 value = await store.get(effect.scope, effect.key)
-            elif isinstance(effect, Detach):
-                _detach_async(effect, cast(AsyncStore, store))
             else:
-                value = await perform_async(effect, store, None)
+                _detach_async(effect, cast(AsyncStore, store))
         except BaseException as exc:  # the lifecycle and the engine decide, even on cancellation
             error = exc
 

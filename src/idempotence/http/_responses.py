@@ -30,10 +30,14 @@ def finalize(response: StoredResponse, *, replayed: bool = False) -> StoredRespo
     headers = list(response.headers)
     if replayed:
         headers.append(("idempotent-replayed", "true"))
-    has_length = any(name.lower() == "content-length" for name, _ in headers)
-    if not has_length and response.status not in _NO_BODY_STATUSES and response.status >= 200:
-        headers.append(("content-length", str(len(response.body))))
-    return StoredResponse(response.status, tuple(headers), response.body)
+    status = response.status
+    if status >= 200 and status not in _NO_BODY_STATUSES:
+        for name, _ in headers:
+            if name.lower() == "content-length":
+                break
+        else:
+            headers.append(("content-length", str(len(response.body))))
+    return StoredResponse(status, tuple(headers), response.body)
 
 
 def problem_reply(

@@ -52,7 +52,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Server extensions that send a response without body messages we could buffer: a
 # guarded request's app does not see them, so it falls back to plain body messages.
-_UNBUFFERABLE = ("http.response.pathsend", "http.response.zerocopysend", "http.response.trailers")
+_UNBUFFERABLE = frozenset(
+    {"http.response.pathsend", "http.response.zerocopysend", "http.response.trailers"}
+)
 
 
 class _Disconnected(Exception):
@@ -207,7 +209,7 @@ class _Exchange:
 
         scope = self.scope
         extensions = scope.get("extensions") or {}
-        if any(name in extensions for name in _UNBUFFERABLE):
+        if not _UNBUFFERABLE.isdisjoint(extensions):
             scope = dict(scope)
             scope["extensions"] = {k: v for k, v in extensions.items() if k not in _UNBUFFERABLE}
         try:
