@@ -1,0 +1,90 @@
+"""Natural batching of autocommit statements (DESIGN 11): the decisions, without I/O.
+
+While a claim (or a finish) of a scope is on its way to the database, the next ones
+of that scope wait; when it is back, everything that waited goes out as one
+statement (``claim_batch``, ``finish_batch`` in the dialect's queries), and each
+caller gets its own row back. This module decides what goes in a batch, how the
+single statements' parameters become the batch's, and whose rows are whose. The
+waiting itself is :mod:`._batcher`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from ._ops import Query, Row
+
+#: The most statements one batch carries: a bound on the statement's size and on the
+#: time its row locks are held, far above what a pool of connections keeps waiting.
+CAP = 64
+
+#: The column of a batch statement's rows that says whose row it is (1-based, the
+#: order of the queries in the batch).
+BATCH_INDEX = "batch_index"
+
+#: Per statement that batches, the parameter naming its row within a scope: two
+#: statements of one batch must never touch the same row (PostgreSQL's ON CONFLICT
+#: DO UPDATE cannot change a row twice in one statement, and an UPDATE ... FROM would
+#: apply only one of two), so a second one waits for the next batch.
+ROW = {"claim": "key", "finish": "id"}
+
+
+class Waiting(Protocol):
+    """A statement waiting to go out in a batch."""
+
+    @property
+    def query(self) -> Query: ...
+
+
+def lane(query: Query) -> Hashable:
+    """What a statement's batch is keyed by: its kind and its scope. A batch statement
+    serves one scope, as every statement on the key table does (DESIGN 8), and
+    statements of different scopes never wait for each other."""
+    return (query.name, query.params["scope"])
+
+
+W = TypeVar("W", bound=Waiting)
+
+
+def take(queue: list[W], waiting: Callable[[W], bool], cap: int = CAP) -> list[W]:
+    """Take the next batch out of ``queue`` (oldest first): at most ``cap`` of the
+    statements still ``waiting`` (a caller that went away is dropped), never two for
+    one row. A second statement for a row in the batch stays in the queue, in order,
+    for the next batch."""
+    batch: list[W] = []
+    rows: set[Any] = set()
+    kept: list[W] = []
+    for entry in queue:
+        if not waiting(entry):
+            continue
+        query = entry.query
+        row = query.params[ROW[query.name]]
+        if len(batch) < cap and row not in rows:
+            rows.add(row)
+            batch.append(entry)
+        else:
+            kept.append(entry)
+    queue[:] = kept
+    return batch
+
+
+def params(queries: Sequence[Query]) -> dict[str, Any]:
+    """The batch statement's parameters: the scope the queries share, and one array
+    per other parameter of the single statement, in the queries' order."""
+    first = queries[0].params
+    batched: dict[str, Any] = {"scope": first["scope"]}
+    for name in first:
+        if name != "scope":
+            batched[name] = [query.params[name] for query in queries]
+    return batched
+
+
+def split(rows: list[Row], count: int) -> list[list[Row]]:
+    """The batch statement's ``rows`` as each of ``count`` statements would have had
+    them: by :data:`BATCH_INDEX`, none for a statement no row came back for."""
+    mine: list[list[Row]] = [[] for _ in range(count)]
+    for row in rows:
+        mine[row[BATCH_INDEX] - 1].append(row)
+    return mine
