@@ -10,8 +10,10 @@ waiting itself is :mod:`._batcher`'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from ..errors import StoreUnavailable, TransientError
 
 if TYPE_CHECKING:
     from ._ops import Query, Row
@@ -36,13 +38,6 @@ class Waiting(Protocol):
 
     @property
     def query(self) -> Query: ...
-
-
-def lane(query: Query) -> Hashable:
-    """What a statement's batch is keyed by: its kind and its scope. A batch statement
-    serves one scope, as every statement on the key table does (DESIGN 8), and
-    statements of different scopes never wait for each other."""
-    return (query.name, query.params["scope"])
 
 
 W = TypeVar("W", bound=Waiting)
@@ -88,3 +83,13 @@ def split(rows: list[Row], count: int) -> list[list[Row]]:
     for row in rows:
         mine[row[BATCH_INDEX] - 1].append(row)
     return mine
+
+
+def alone_after(error: Exception, count: int) -> bool:
+    """Whether the ``count`` statements of a batch that failed with ``error`` should
+    each be sent again alone: yes when the error may be one statement's own (a value
+    the database refuses), since then only that statement's caller must get it; no
+    when it is the database's (unavailable, or a transient abort the store already
+    retried), which each statement alone would meet too. A failed batch changed
+    nothing (one statement in autocommit), so sending again is safe."""
+    return count > 1 and not isinstance(error, StoreUnavailable | TransientError)

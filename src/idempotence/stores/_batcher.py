@@ -13,8 +13,11 @@ Each caller keeps its own operation (:mod:`._ops`): it hands the batch its first
 statement and gets that statement's rows back, so its outcome, its fence (F1) and its
 error are decided by its own code, as alone. An operation that wants a second
 statement (a claim that met a row committed after its snapshot) runs again alone.
-An error of the batch statement reaches every caller in it, the same exception the
-single statement would have raised; a caller cancelled while it waits leaves the
+An error of the batch statement that any statement in it would have met (the
+database gone, a transient abort retried to the end) reaches every caller in it, the
+same exception the single statement would have raised; any other error (a value one
+caller sent that the database refuses) sends each caller's statement again alone, so
+that only the caller at fault gets it. A caller cancelled while it waits leaves the
 batch (or, once the statement is out, just does not read its rows).
 """
 
@@ -40,7 +43,9 @@ AsyncSend = Callable[[list[Query]], Awaitable[list[list[Row]]]]
 @dataclass(slots=True)
 class _Waiter:
     query: Query
-    rows: asyncio.Future[list[Row]]
+    #: The statement's rows; None when the batch failed in a way that each of its
+    #: statements alone might not (see :func:`._batch.alone_after`).
+    rows: asyncio.Future[list[Row] | None]
 
 
 def _waiting(waiter: _Waiter) -> bool:
@@ -75,13 +80,15 @@ class AsyncBatcher:
         waiter = _Waiter(next(op), asyncio.get_running_loop().create_future())
         queue.append(waiter)
         rows = await waiter.rows
-        try:
-            op.send(rows)
-        except StopIteration as done:
-            settled: T = done.value
-            return settled
+        if rows is not None:
+            try:
+                op.send(rows)
+            except StopIteration as done:
+                settled: T = done.value
+                return settled
         op.close()
-        # Not settled by one statement (see claim_in_one_statement): start over alone.
+        # The batch failed for something in it, or one statement did not settle the
+        # operation (see claim_in_one_statement): start over alone.
         again: T = await self._alone(make_op)
         return again
 
@@ -100,8 +107,13 @@ class AsyncBatcher:
                 try:
                     rows = await self._send([waiter.query for waiter in batch])
                 except Exception as exc:
+                    alone = _batch.alone_after(exc, len(batch))
                     for waiter in batch:
-                        if _waiting(waiter):
+                        if not _waiting(waiter):
+                            continue
+                        if alone:
+                            waiter.rows.set_result(None)
+                        else:
                             waiter.rows.set_exception(exc)
                     continue
                 for waiter, mine in zip(batch, rows, strict=True):

@@ -18,7 +18,6 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from .. import _queries
-from . import _batch
 from ..errors import LockLost, SchemaMissing, StoreError
 from ..states import (
     STARTED,
@@ -32,6 +31,7 @@ from ..states import (
     arbitrate,
     claim_from,
 )
+from . import _batch
 
 T = TypeVar("T")
 Row = dict[str, Any]
