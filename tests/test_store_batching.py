@@ -30,7 +30,10 @@ FP = "f" * 64
 #: Enough rounds for psycopg to have prepared every statement (after five runs), so
 #: that no PREPARE lands in a counted round.
 WARM_UP = 8
-EXPIRE = "UPDATE idempotency_keys SET locked_at = now() - interval '1 hour' WHERE scope = %s AND key = %s"
+EXPIRE = (
+    "UPDATE idempotency_keys SET locked_at = now() - interval '1 hour'"
+    " WHERE scope = %s AND key = %s"
+)
 
 
 def request(scope: str, key: str, fingerprint: str = FP) -> ClaimRequest:
