@@ -5,7 +5,8 @@ claim goes out at once, alone.
 
 Batches are seen as round trips, counted by a proxy in front of the server
 (tests/support/roundtrips.py). To hold a batch in flight, another transaction holds
-the row of a key the batch takes over: its INSERT ... ON CONFLICT waits for the lock.
+the row of a key the batch takes over: its INSERT ... ON CONFLICT waits for the lock
+(for as long as the test needs, its bound on lock waits raised: ``patient``).
 The decisions alone (what goes in a batch) are tests/unit/test_batch.py.
 """
 
@@ -23,6 +24,7 @@ import pytest
 
 from idempotence import ClaimRequest, LockLost, Outcome, StoredResponse
 from idempotence.errors import StoreError, StoreUnavailable
+from idempotence.stores import _batch
 from idempotence.stores.postgres import AsyncPostgresStore
 from tests.support.roundtrips import round_trips
 
@@ -82,6 +84,12 @@ async def blocked_key(store: AsyncPostgresStore, url: str, scope: str, key: str)
     """Make ``key`` one whose claim takes it over (claimed, lock expired)."""
     await store.claim(request(scope, key))
     await expire(url, scope, key)
+
+
+@pytest.fixture
+def patient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches wait for a held row as long as the test needs (not 50 ms)."""
+    monkeypatch.setattr(_batch, "LOCK_WAIT", "60s")
 
 
 def tasks(*coros: Awaitable[Any]) -> list[asyncio.Task[Any]]:
@@ -304,7 +312,7 @@ def test_p6_the_same_key_twice_in_one_queue_goes_out_in_two_batches(
 
 
 def test_p11_the_server_killing_a_batchs_connection_reaches_every_caller_in_it(
-    pg_url: str, scope: str
+    pg_url: str, scope: str, patient: None
 ) -> None:
     async def main() -> list[Any]:
         async with AsyncPostgresStore(pg_url, max_size=2) as store:
@@ -329,6 +337,32 @@ def test_p11_the_server_killing_a_batchs_connection_reaches_every_caller_in_it(
     assert results[0].outcome is Outcome.EXECUTE  # alone, before the batch
     assert [type(r) for r in results[1:]] == [StoreUnavailable] * 3
     assert len({id(r) for r in results[1:]}) == 1  # the one error, as gather's futures
+
+
+def test_f8_a_key_held_by_an_open_transaction_does_not_hold_up_its_batch(
+    pg_url: str, scope: str
+) -> None:
+    """A batch meeting a row that another transaction holds gives up its lock wait
+    after a moment and goes again claim by claim: the others are answered while the
+    row is still held, and only that key's claim waits, as it would have alone."""
+
+    async def main() -> tuple[list[Any], Any]:
+        async with AsyncPostgresStore(pg_url, max_size=3) as store:
+            await blocked_key(store, pg_url, scope, "held")
+            async with held_row(pg_url, scope, "held"):
+                started = tasks(
+                    store.claim(request(scope, "lead")),
+                    store.claim(request(scope, "held")),
+                    store.claim(request(scope, "a")),
+                    store.claim(request(scope, "b")),
+                )
+                answered = await asyncio.wait_for(settle([started[0], *started[2:]]), 10)
+                assert not started[1].done()
+            return answered, await started[1]
+
+    answered, held = asyncio.run(main())
+    assert [r.outcome for r in answered] == [Outcome.EXECUTE] * 3
+    assert held.outcome is Outcome.EXECUTE and held.lease.token == 2
 
 
 def test_a_value_the_database_refuses_fails_only_its_own_caller(pg_url: str, scope: str) -> None:
@@ -375,7 +409,7 @@ def test_a_cancelled_waiter_leaves_the_batch_and_the_others_go_on(pg_url: str, s
 
 
 def test_a_cancelled_caller_whose_batch_is_out_does_not_break_the_batch(
-    pg_url: str, scope: str
+    pg_url: str, scope: str, patient: None
 ) -> None:
     async def main() -> list[Any]:
         async with AsyncPostgresStore(pg_url, max_size=2) as store:

@@ -80,6 +80,7 @@ def test_the_batch_parameters_are_the_scope_and_one_array_per_parameter() -> Non
     queries = [claim("a").query, claim("b").query]
     assert _batch.params(queries) == {
         "scope": "s",
+        "lock_wait": _batch.LOCK_WAIT,
         "key": ["a", "b"],
         "fingerprint": ["fp-a", "fp-b"],
     }

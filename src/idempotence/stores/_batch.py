@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 #: time its row locks are held, far above what a pool of connections keeps waiting.
 CAP = 64
 
+#: How long a batch statement waits for a row lock before it gives up and its
+#: statements go again one by one (see ``claim_batch``): a key held by another open
+#: transaction must not hold up the batch's other callers, nor the lane behind them.
+#: Long enough for a statement of a concurrent batch on the same keys to commit.
+LOCK_WAIT = "50ms"
+
 #: The column of a batch statement's rows that says whose row it is (1-based, the
 #: order of the queries in the batch).
 BATCH_INDEX = "batch_index"
@@ -66,10 +72,11 @@ def take(queue: list[W], waiting: Callable[[W], bool], cap: int = CAP) -> list[W
 
 
 def params(queries: Sequence[Query]) -> dict[str, Any]:
-    """The batch statement's parameters: the scope the queries share, and one array
-    per other parameter of the single statement, in the queries' order."""
+    """The batch statement's parameters: the scope the queries share, its bound on
+    lock waits, and one array per other parameter of the single statement, in the
+    queries' order."""
     first = queries[0].params
-    batched: dict[str, Any] = {"scope": first["scope"]}
+    batched: dict[str, Any] = {"scope": first["scope"], "lock_wait": LOCK_WAIT}
     for name in first:
         if name != "scope":
             batched[name] = [query.params[name] for query in queries]

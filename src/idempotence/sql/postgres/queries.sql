@@ -57,6 +57,11 @@ WHERE k.scope = %(scope)s AND k.key = %(key)s AND NOT EXISTS (SELECT FROM claime
 -- statement again. A key appears at most once per batch (ON CONFLICT DO UPDATE
 -- cannot change a row twice in one statement); the rows are inserted in key order,
 -- so two batches that share keys take their row locks in the same order.
+-- A key whose row another open transaction holds (a request-as-transaction claim of
+-- it, F3) would make the whole batch wait for that transaction: the INSERT's row
+-- source first bounds the statement's lock wait to %(lock_wait)s (for this statement's
+-- own transaction only), and a batch that gives up is sent again claim by claim, so
+-- only the claim of that key waits, as it would have alone.
 WITH input AS (
     SELECT *
     FROM unnest(
@@ -75,7 +80,8 @@ claimed AS (
         %(scope)s, i.key, i.method, i.path, i.fingerprint, i.params::jsonb,
         i.flow, i.lock_timeout, now(), now(), now() + i.retention
     FROM input AS i
-    WHERE NOT EXISTS (
+    WHERE set_config('lock_timeout', %(lock_wait)s, true) IS NOT NULL
+      AND NOT EXISTS (
         SELECT FROM idempotency_keys AS s
         WHERE s.scope = %(scope)s AND s.key = i.key AND s.finished_at IS NOT NULL
     )
@@ -156,7 +162,7 @@ RETURNING id;
 -- finish above, a row of parameters each, unnested side by side. Each row is fenced
 -- by its own lock token (F1): a stale one matches nothing, so only that caller's
 -- batch_index is missing from the result and only that caller is refused. A key
--- appears at most once per batch.
+-- appears at most once per batch. The lock wait is bounded as in claim_batch.
 UPDATE idempotency_keys AS k
 SET recovery_point = 'finished',
     calling = NULL,
@@ -172,10 +178,14 @@ SET recovery_point = 'finished',
         WHEN octet_length(json_build_array(k.scope, k.key)::text) >= 8000 THEN false
         ELSE pg_notify('idempotence_settled', json_build_array(k.scope, k.key)::text) IS NULL
     END
-FROM unnest(
-    %(id)s::bigint[], %(token)s::bigint[], %(status)s::integer[], %(headers)s::text[],
-    %(body)s::bytea[], %(error)s::text[]
-) WITH ORDINALITY AS i (id, token, status, headers, body, error, batch_index)
+FROM (
+    SELECT *
+    FROM unnest(
+        %(id)s::bigint[], %(token)s::bigint[], %(status)s::integer[], %(headers)s::text[],
+        %(body)s::bytea[], %(error)s::text[]
+    ) WITH ORDINALITY AS u (id, token, status, headers, body, error, batch_index)
+    WHERE set_config('lock_timeout', %(lock_wait)s, true) IS NOT NULL
+) AS i
 WHERE k.scope = %(scope)s AND k.id = i.id AND k.lock_token = i.token
   AND k.finished_at IS NULL
 RETURNING i.batch_index, k.id;
