@@ -35,7 +35,7 @@ BATCH_INDEX = "batch_index"
 #: Per statement that batches, the parameter naming its row within a scope: two
 #: statements of one batch must never touch the same row (PostgreSQL's ON CONFLICT
 #: DO UPDATE cannot change a row twice in one statement, and an UPDATE ... FROM would
-#: apply only one of two), so a second one waits for the next batch.
+#: apply only one of two), so a second one goes out alone (see :func:`take`).
 ROW = {"claim": "key", "finish": "id"}
 
 
@@ -49,12 +49,15 @@ class Waiting(Protocol):
 W = TypeVar("W", bound=Waiting)
 
 
-def take(queue: list[W], waiting: Callable[[W], bool], cap: int = CAP) -> list[W]:
+def take(queue: list[W], waiting: Callable[[W], bool], cap: int = CAP) -> tuple[list[W], list[W]]:
     """Take the next batch out of ``queue`` (oldest first): at most ``cap`` of the
     statements still ``waiting`` (a caller that went away is dropped), never two for
-    one row. A second statement for a row in the batch stays in the queue, in order,
-    for the next batch."""
+    one row; what is left past the cap stays queued, in order. Second statements for
+    a row in the batch come back apart: they go out alone, at once, beside the batch
+    (duplicates of one key, a retry storm, keep the concurrency they had without
+    batching instead of going out one batch at a time)."""
     batch: list[W] = []
+    alone: list[W] = []
     rows: set[Any] = set()
     kept: list[W] = []
     for entry in queue:
@@ -62,13 +65,15 @@ def take(queue: list[W], waiting: Callable[[W], bool], cap: int = CAP) -> list[W
             continue
         query = entry.query
         row = query.params[ROW[query.name]]
-        if len(batch) < cap and row not in rows:
+        if row in rows:
+            alone.append(entry)
+        elif len(batch) < cap:
             rows.add(row)
             batch.append(entry)
         else:
             kept.append(entry)
     queue[:] = kept
-    return batch
+    return batch, alone
 
 
 def params(queries: Sequence[Query]) -> dict[str, Any]:

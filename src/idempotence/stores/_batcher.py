@@ -4,8 +4,9 @@ spellings (the sync one passes every statement straight through).
 The first statement of a lane (a kind and a scope: see :func:`._batch.lane`) goes out
 at once, exactly as without batching: an idle store adds no wait. Statements that
 arrive while one of their lane is on its way queue up; when it is back, one task
-sends the whole queue as one statement (up to :data:`._batch.CAP`), then the queue
-that formed meanwhile, until the lane is idle again. This is the leader/follower
+sends the whole queue as one statement (up to :data:`._batch.CAP`; a second
+statement for a row in it goes out alone beside it), then the queue that formed
+meanwhile, until the lane is idle again. This is the leader/follower
 pattern of River's batched job completer: the batches grow with the load and no
 timer ever delays a statement.
 
@@ -87,8 +88,9 @@ class AsyncBatcher:
                 settled: T = done.value
                 return settled
         op.close()
-        # The batch failed for something in it, or one statement did not settle the
-        # operation (see claim_in_one_statement): start over alone.
+        # A second statement for a row in the batch, a batch that failed for something
+        # in it, or one statement that did not settle the operation (see
+        # claim_in_one_statement): start over alone.
         again: T = await self._alone(make_op)
         return again
 
@@ -103,15 +105,20 @@ class AsyncBatcher:
     async def _drain(self, lane: tuple[str, str], queue: list[_Waiter]) -> None:
         batch: list[_Waiter] = []
         try:
-            while batch := _batch.take(queue, _waiting, self._cap):
+            while True:
+                batch, alone = _batch.take(queue, _waiting, self._cap)
+                for waiter in alone:
+                    waiter.rows.set_result(None)
+                if not batch:
+                    break
                 try:
                     rows = await self._send([waiter.query for waiter in batch])
                 except Exception as exc:
-                    alone = _batch.alone_after(exc, len(batch))
+                    again = _batch.alone_after(exc, len(batch))
                     for waiter in batch:
                         if not _waiting(waiter):
                             continue
-                        if alone:
+                        if again:
                             waiter.rows.set_result(None)
                         else:
                             waiter.rows.set_exception(exc)
