@@ -76,6 +76,7 @@ def finish_params(row: Any) -> dict[str, Any]:
         "body": b'{"ok": true}',
         "error": None,
         "scope": "bench",
+        "key": row["key"],
         "id": row["id"],
         "token": row["lock_token"],
     }

@@ -185,6 +185,7 @@ def finish_params(row: dict[str, Any], body: bytes) -> dict[str, Any]:
         "body": body,
         "error": None,
         "scope": "bench",
+        "key": row["key"],
         "id": row["id"],
         "token": row["lock_token"],
     }

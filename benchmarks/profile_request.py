@@ -177,7 +177,7 @@ def _floor(backend: str, target: str) -> Any:
             cur = await conn.cursor(row_factory=dict_row).execute(queries["claim"], claim)
             row = await cur.fetchone()
         async with pool.connection() as conn:
-            params = {**finish, "id": row["id"], "token": row["lock_token"]}
+            params = {**finish, "key": row["key"], "id": row["id"], "token": row["lock_token"]}
             await (await conn.execute(queries["finish"], params)).fetchall()
 
     async def close() -> None:

@@ -133,13 +133,14 @@ def _claim_params(worker: int, key: str, lock_timeout: Any, retention: Any) -> d
     }
 
 
-def _finish_params(worker: int, key_id: int, token: int) -> dict[str, Any]:
+def _finish_params(worker: int, key: str, key_id: int, token: int) -> dict[str, Any]:
     return {
         "status": RESPONSE.status,
         "headers": json.dumps([list(pair) for pair in RESPONSE.headers]),
         "body": RESPONSE.body,
         "error": None,
         "scope": SCOPES[worker],
+        "key": key,
         "id": key_id,
         "token": token,
     }
@@ -207,7 +208,8 @@ class PostgresByHand:
         assert self.columns is not None
         key_id, token = rows[0][self.columns[0]], rows[0][self.columns[1]]
         with self.pool.connection() as conn:
-            done = conn.execute(self.finish_sql, _finish_params(worker, key_id, token)).fetchall()
+            finish = _finish_params(worker, key, key_id, token)
+            done = conn.execute(self.finish_sql, finish).fetchall()
         if not done:
             raise BenchError(f"finish of key {key!r} lost its lock")
 
@@ -263,7 +265,7 @@ class SqliteByHand:
             self.columns = _columns(description)
         row = rows[0]
         key_id, token = row[self.columns[0]], row[self.columns[1]]
-        if not conn.execute(self.finish_sql, _finish_params(worker, key_id, token)).fetchall():
+        if not conn.execute(self.finish_sql, _finish_params(worker, key, key_id, token)).fetchall():
             raise BenchError(f"finish of key {key!r} lost its lock")
 
     def replay(self, worker: int, key: str) -> None:
@@ -324,7 +326,7 @@ class AsyncPostgresByHand:
         assert self.columns is not None
         key_id, token = rows[0][self.columns[0]], rows[0][self.columns[1]]
         async with self.pool.connection() as conn:
-            cur = await conn.execute(self.finish_sql, _finish_params(worker, key_id, token))
+            cur = await conn.execute(self.finish_sql, _finish_params(worker, key, key_id, token))
             done = await cur.fetchall()
         if not done:
             raise BenchError(f"finish of key {key!r} lost its lock")
@@ -362,7 +364,7 @@ class AsyncSqliteByHand:
             s.columns = _columns(description)
         row = rows[0]
         key_id, token = row[s.columns[0]], row[s.columns[1]]
-        finish = _finish_params(worker, key_id, token)
+        finish = _finish_params(worker, key, key_id, token)
         if not await self._run(worker, _sqlite_fetch, conn, s.finish_sql, finish):
             raise BenchError(f"finish of key {key!r} lost its lock")
 

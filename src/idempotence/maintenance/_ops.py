@@ -157,9 +157,9 @@ def pick_abandoned(
     return sorted(picked, key=lambda p: p.record.id)
 
 
-def reset_completer_attempts(d: Dialect, scope: str, key_id: int) -> Op[None]:
+def reset_completer_attempts(d: Dialect, scope: str, key: str, key_id: int) -> Op[None]:
     """Start a key's completer attempts again: its flow made progress (B2)."""
-    yield d.query("reset_completer_attempts", scope=scope, id=key_id)
+    yield d.query("reset_completer_attempts", scope=scope, key=key, id=key_id)
 
 
 def abandoned_unregistered(

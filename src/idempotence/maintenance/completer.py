@@ -137,7 +137,9 @@ class Completer(Service[CompleterConfig, CompleteResult]):
             error = None if result.error is None else repr(result.error)
         outcome = outcome_of(result)
         if outcome is CompletionOutcome.PAUSED:
-            self.store._perform(lambda d: _ops.reset_completer_attempts(d, record.scope, record.id))
+            self.store._perform(
+                lambda d: _ops.reset_completer_attempts(d, record.scope, record.key, record.id)
+            )
         if outcome is CompletionOutcome.FAILED and attempts >= self.config.max_attempts:
             return self._give_up(flow, record, attempts, error)
         return self._report(record, outcome, attempts, error)

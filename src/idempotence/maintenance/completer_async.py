@@ -136,7 +136,7 @@ class AsyncCompleter(AsyncService[CompleterConfig, CompleteResult]):
         outcome = outcome_of(result)
         if outcome is CompletionOutcome.PAUSED:
             await self.store._perform(
-                lambda d: _ops.reset_completer_attempts(d, record.scope, record.id)
+                lambda d: _ops.reset_completer_attempts(d, record.scope, record.key, record.id)
             )
         if outcome is CompletionOutcome.FAILED and attempts >= self.config.max_attempts:
             return await self._give_up(flow, record, attempts, error)

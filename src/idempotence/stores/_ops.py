@@ -180,7 +180,8 @@ class Dialect(abc.ABC):
 
 
 def _fenced(lease: Lease) -> dict[str, Any]:
-    return {"scope": lease.scope, "id": lease.id, "token": lease.token}
+    # The key as well as the id: see SESSION_PLANNING in ._postgres_base.
+    return {"scope": lease.scope, "key": lease.key, "id": lease.id, "token": lease.token}
 
 
 def _lost(lease: Lease, action: str) -> LockLost:

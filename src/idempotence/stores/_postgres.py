@@ -36,9 +36,10 @@ from ._listener import Listener
 from ._listener_base import mark_waiter
 from ._ops import Op, Query, Row
 from ._postgres_base import (
-    CUSTOM_PLANS,
     DEFAULT_CONNECT_TIMEOUT,
     DRIVER_ERRORS,
+    SESSION_PLANNING,
+    TRANSACTION_PLANNING,
     PostgresDialect,
     bounded_claim,
     deferred_sql,
@@ -69,8 +70,11 @@ T = TypeVar("T")
 
 
 class _Connection:
-    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+    def __init__(self, raw: psycopg.Connection[Any], *, own: bool = False) -> None:
         self.raw = raw
+        #: The statements that open a transaction: on the store's own connections the
+        #: planning settings come back to the application's (TRANSACTION_PLANNING).
+        self._opening = ("BEGIN", *TRANSACTION_PLANNING) if own else ("BEGIN",)
         self._blocks = Blocks()
         self._cursor: psycopg.Cursor[Row] | None = None
 
@@ -98,6 +102,8 @@ class _Connection:
         tx = self.raw.transaction()
         with translated():
             tx.__enter__()
+            for statement in self._opening[1:]:
+                self.raw.execute(statement)
         try:
             with body(self._blocks, self, first) as result:
                 yield result
@@ -123,12 +129,14 @@ class _Connection:
     def _begin(self, first: Op[T] | None) -> T | None:
         if first is None:
             with translated():
-                self.raw.execute("BEGIN")
+                # Without parameters, psycopg sends them as one query: one round trip.
+                self.raw.execute("; ".join(self._opening))
             return None
         with translated(), held(), self.raw.cursor(row_factory=dict_row) as cur:
             query = next(first)
             with self.raw.pipeline():
-                self.raw.execute("BEGIN")
+                for statement in self._opening:
+                    self.raw.execute(statement)
                 cur.execute(bounded_claim(query), query.params)
             rows = cur.fetchall() if has_rows(cur) else []
         return run(first, _Bounded(self), rows)
@@ -191,8 +199,8 @@ class _Bounded:
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
-    # Custom plans: see CUSTOM_PLANS.
-    conn.execute(CUSTOM_PLANS)
+    # Plans without sequential scans: see SESSION_PLANNING.
+    conn.execute(SESSION_PLANNING)
 
 
 class _PoolSource:
@@ -218,7 +226,7 @@ class _PoolSource:
             # one): forget the closed, so the map holds no more than the pool.
             for closed in [known for known in self._views if known.closed]:
                 del self._views[closed]
-            conn = self._views[raw] = _Connection(raw)
+            conn = self._views[raw] = _Connection(raw, own=self._owned)
         return conn
 
     def connection(self) -> _Checkout:

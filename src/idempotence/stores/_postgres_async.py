@@ -34,9 +34,10 @@ from ._listener_async import AsyncListener
 from ._listener_base import mark_waiter
 from ._ops import Op, Query, Row
 from ._postgres_base import (
-    CUSTOM_PLANS,
     DEFAULT_CONNECT_TIMEOUT,
     DRIVER_ERRORS,
+    SESSION_PLANNING,
+    TRANSACTION_PLANNING,
     PostgresDialect,
     bounded_claim,
     deferred_sql,
@@ -67,8 +68,11 @@ T = TypeVar("T")
 
 
 class _AsyncConnection:
-    def __init__(self, raw: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(self, raw: psycopg.AsyncConnection[Any], *, own: bool = False) -> None:
         self.raw = raw
+        #: The statements that open a transaction: on the store's own connections the
+        #: planning settings come back to the application's (TRANSACTION_PLANNING).
+        self._opening = ("BEGIN", *TRANSACTION_PLANNING) if own else ("BEGIN",)
         self._blocks = Blocks()
         self._cursor: psycopg.AsyncCursor[Row] | None = None
 
@@ -96,6 +100,8 @@ class _AsyncConnection:
         tx = self.raw.transaction()
         with translated():
             await tx.__aenter__()
+            for statement in self._opening[1:]:
+                await self.raw.execute(statement)
         try:
             async with body_async(self._blocks, self, first) as result:
                 yield result
@@ -121,13 +127,15 @@ class _AsyncConnection:
     async def _begin(self, first: Op[T] | None) -> T | None:
         if first is None:
             with translated():
-                await self.raw.execute("BEGIN")
+                # Without parameters, psycopg sends them as one query: one round trip.
+                await self.raw.execute("; ".join(self._opening))
             return None
         with translated(), held():
             async with self.raw.cursor(row_factory=dict_row) as cur:
                 query = next(first)
                 async with self.raw.pipeline():
-                    await self.raw.execute("BEGIN")
+                    for statement in self._opening:
+                        await self.raw.execute(statement)
                     await cur.execute(bounded_claim(query), query.params)
                 rows = await cur.fetchall() if has_rows(cur) else []
         return await run_async(first, _Bounded(self), rows)
@@ -191,8 +199,8 @@ class _Bounded:
 
 
 async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    # Custom plans: see CUSTOM_PLANS.
-    await conn.execute(CUSTOM_PLANS)
+    # Plans without sequential scans: see SESSION_PLANNING.
+    await conn.execute(SESSION_PLANNING)
 
 
 class _AsyncPoolSource:
@@ -218,7 +226,7 @@ class _AsyncPoolSource:
             # one): forget the closed, so the map holds no more than the pool.
             for closed in [known for known in self._views if known.closed]:
                 del self._views[closed]
-            conn = self._views[raw] = _AsyncConnection(raw)
+            conn = self._views[raw] = _AsyncConnection(raw, own=self._owned)
         return conn
 
     def connection(self) -> _AsyncCheckout:

@@ -275,18 +275,39 @@ def settle_deferred(deferred: list[Op[Any]], rows: list[list[Row]], refused: boo
         raise StoreError("a statement sent with the COMMIT was refused; nothing was committed")
 
 
-# The store's statements are prepared by psycopg after a few runs, and PostgreSQL may
-# then cache one generic plan per statement for the connection's life. A generic plan
-# made while the key table is nearly empty cannot tell the (scope, key) index from the
-# (scope, id) one, and may pick an index scan on the scope alone: every later claim and
-# finish then reads the whole scope, slower at every key the table gains. Only an
-# ANALYZE of the table replaces such a plan (and autovacuum may be off). So the pools
-# the store opens plan each run with its own keys (custom plans), which always finds
-# the unique row. The price is the planning: about 0.15 ms of server CPU for the claim
-# (measured here), against a scan that grows without bound. An application that runs
-# its own statements in a request's transaction on these connections gets custom
-# plans too, as it would without prepared statements.
-CUSTOM_PLANS = "SET plan_cache_mode = force_custom_plan"
+# The store's statements are prepared by psycopg after a few runs, and PostgreSQL then
+# plans each once per connection (a generic plan) instead of at every run: planning
+# the claim costs more server CPU than running it (measured here: 0.25 ms against
+# 0.05 for a replay's claim). A generic plan is kept until an ANALYZE of the table
+# replaces it (and autovacuum may be off), so it must be the one-row lookup whatever
+# the table held when it was made. Two things could make it something else:
+# - a sequential scan, the cheapest plan while the table has a page or two, then a
+#   read of the whole table at every statement as it grows. No text rules it out; so
+#   the pools the store opens plan without one (SESSION_PLANNING). PostgreSQL scans
+#   sequentially all the same where no index applies.
+# - an index scan on the scope alone: the table's two unique indexes both lead with
+#   the scope, and while the statistics say one row per scope (one row analyzed) a
+#   lookup by (scope, id) costs the same on (scope, key) by the scope alone, a tie the
+#   newest index wins. So the statements that look a key up by id name its key too:
+#   every index they could use is then a lookup of both columns of a unique index.
+#   Those that look it up by key cannot name the id they do not know; they rely on
+#   the (scope, key) index winning the tie, which it does while it is newer than the
+#   primary key (a REINDEX CONCURRENTLY of the primary key alone reverses that until
+#   the next ANALYZE: a custom plan on stale statistics ties the same way). And no
+#   statement on one key implies the predicate of a partial index (the sweeper's
+#   locked_at IS NOT NULL): a scan of a small partial index ties too.
+# tests/test_postgres_plans.py holds the generic plan of every statement to this.
+# The application's statements in a transaction on these connections (F3, phases)
+# must not plan without sequential scans: the store opens every transaction there
+# with TRANSACTION_PLANNING, which restores the server's setting and plans each
+# statement with its parameters (as without prepared statements), so no generic plan
+# is ever made inside one. Store statements in a transaction pay for their planning,
+# as before; those on their own (handler mode, replays, heartbeats) do not.
+SESSION_PLANNING = "SET enable_seqscan = off"
+TRANSACTION_PLANNING = (
+    "SET LOCAL enable_seqscan TO DEFAULT",
+    "SET LOCAL plan_cache_mode = force_custom_plan",
+)
 
 
 L = TypeVar("L", Listener, AsyncListener)

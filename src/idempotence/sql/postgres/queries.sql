@@ -3,6 +3,10 @@
 -- (DESIGN 8); tests/test_sql.py checks it. Times come from the database clock:
 -- now() for the claim (its own transaction), statement_timestamp() inside a caller's
 -- transaction, where now() would be the transaction's start.
+-- A statement on one key names both its id and its key when it knows both, and
+-- implies no partial index's predicate, so that its generic plan is a lookup of one
+-- row on a unique index whatever the table held when it was planned (see
+-- SESSION_PLANNING in stores/_postgres_base.py; tests/test_postgres_plans.py).
 
 -- claim --
 -- Insert the key, or take over an existing one whose lock is free or expired
@@ -129,7 +133,7 @@ SET recovery_point = %(recovery_point)s,
     calling = %(calling)s,
     locked_at = statement_timestamp(),
     last_run_at = statement_timestamp()
-WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
+WHERE scope = %(scope)s AND id = %(id)s AND key = %(key)s AND lock_token = %(token)s
   AND finished_at IS NULL
 RETURNING lock_token;
 
@@ -153,7 +157,7 @@ SET recovery_point = 'finished',
         WHEN octet_length(json_build_array(scope, key)::text) >= 8000 THEN false
         ELSE pg_notify('idempotence_settled', json_build_array(scope, key)::text) IS NULL
     END
-WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
+WHERE scope = %(scope)s AND id = %(id)s AND key = %(key)s AND lock_token = %(token)s
   AND finished_at IS NULL
 RETURNING id;
 
@@ -200,16 +204,18 @@ SET locked_at = NULL,
         WHEN octet_length(json_build_array(scope, key)::text) >= 8000 THEN false
         ELSE pg_notify('idempotence_settled', json_build_array(scope, key)::text) IS NULL
     END
-WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
+WHERE scope = %(scope)s AND id = %(id)s AND key = %(key)s AND lock_token = %(token)s
   AND finished_at IS NULL
 RETURNING id;
 
 -- heartbeat --
--- Extend a live lock (F2), fenced like every write of the holder.
+-- Extend a live lock (F2), fenced like every write of the holder. A released lock
+-- (locked_at NULL) stays released. coalesce hides that test from the planner, which
+-- would otherwise scan the sweeper's partial index of locked rows (see the header).
 UPDATE idempotency_keys
 SET locked_at = statement_timestamp()
-WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
-  AND finished_at IS NULL AND locked_at IS NOT NULL
+WHERE scope = %(scope)s AND id = %(id)s AND key = %(key)s AND lock_token = %(token)s
+  AND finished_at IS NULL AND coalesce(locked_at IS NOT NULL, false)
 RETURNING locked_at;
 
 -- get --
@@ -258,7 +264,7 @@ RETURNING id, job_key, scope, key_id, name, args, created_at;
 -- deleted row, so the test is made there).
 WITH forgotten AS (
     DELETE FROM idempotency_keys
-    WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s
+    WHERE scope = %(scope)s AND id = %(id)s AND key = %(key)s AND lock_token = %(token)s
       AND recovery_point = 'started' AND finished_at IS NULL
     RETURNING id, scope, key, waiters
 )
@@ -288,10 +294,12 @@ FROM forgotten;
 -- at once. The waiter LISTENs before it marks, so a settle that commits after this
 -- statement always reaches it. The row lock may make this wait for a transaction that
 -- holds the key (request-as-transaction mode), as the duplicate's claim would have.
+-- coalesce: a NULL lock is no live lock, and the planner cannot read the test as
+-- locked_at IS NOT NULL (the sweeper's partial index; see the header).
 UPDATE idempotency_keys
 SET waiters = true
 WHERE scope = %(scope)s AND key = %(key)s
-  AND finished_at IS NULL AND locked_at + lock_timeout > now()
+  AND finished_at IS NULL AND coalesce(locked_at + lock_timeout > now(), false)
 RETURNING id;
 
 -- listen --
@@ -379,7 +387,7 @@ RETURNING statement_timestamp() AS db_now, k.*;
 -- that keeps failing.
 UPDATE idempotency_keys
 SET completer_attempts = 0
-WHERE scope = %(scope)s AND id = %(id)s AND finished_at IS NULL
+WHERE scope = %(scope)s AND id = %(id)s AND key = %(key)s AND finished_at IS NULL
 RETURNING id;
 
 -- abandoned_unregistered --
@@ -479,10 +487,12 @@ RETURNING j.id, j.job_key, j.scope, j.key_id, j.name, j.args, j.attempts, j.crea
 
 -- job_done --
 -- Fenced by the attempt count: if the lease ran out and another runner picked the job
--- again, that runner decides its fate.
+-- again, that runner decides its fate. coalesce keeps the planner from reading the
+-- status test as the predicate of the runner's partial index (see the header): here
+-- and in job_failed.
 UPDATE idempotence_jobs
 SET status = 'done', finished_at = statement_timestamp(), last_error = NULL
-WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'ready'
+WHERE id = %(id)s AND attempts = %(attempts)s AND coalesce(status = 'ready', false)
 RETURNING id;
 
 -- job_failed --
@@ -492,7 +502,7 @@ SET status = CASE WHEN attempts >= %(max_attempts)s THEN 'dead' ELSE 'ready' END
     run_at = statement_timestamp() + %(backoff)s::interval,
     last_error = %(error)s,
     finished_at = CASE WHEN attempts >= %(max_attempts)s THEN statement_timestamp() END
-WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'ready'
+WHERE id = %(id)s AND attempts = %(attempts)s AND coalesce(status = 'ready', false)
 RETURNING status;
 
 -- list_keys --
