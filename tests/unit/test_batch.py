@@ -96,6 +96,16 @@ def test_the_rows_go_back_to_their_statements_by_batch_index() -> None:
     assert _batch.split(rows, 4) == [[{"batch_index": 1, "id": 10}], [], [rows[0]], []]
 
 
+def test_a_finish_the_batch_returned_no_row_for_is_decided_by_its_own_statement() -> None:
+    # finish_batch takes rows by the ctid its snapshot saw: a row updated since then is
+    # left unchanged, so an empty answer is not final (F1 is decided alone). A claim's
+    # empty answer is its statement's (the claim operation itself runs again then).
+    row = [{"batch_index": 1, "id": 10}]
+    assert _batch.answered(finish(10).query, row)
+    assert not _batch.answered(finish(10).query, [])
+    assert _batch.answered(claim("k").query, [])
+
+
 @pytest.mark.parametrize(
     ("error", "count", "alone"),
     [

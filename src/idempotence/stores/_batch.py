@@ -88,6 +88,22 @@ def params(queries: Sequence[Query]) -> dict[str, Any]:
     return batched
 
 
+#: The statements whose batch may leave unchanged a row their single statement would
+#: have changed: finish_batch takes each row by the ctid of the version its snapshot
+#: saw (see queries.sql), and a row updated after that snapshot (a duplicate marking
+#: itself a waiter, P10) is then not updated at all. So such a statement with no row
+#: back goes out again alone (see :func:`answered`).
+EMPTY_NOT_FINAL = {"finish"}
+
+
+def answered(query: Query, rows: list[Row]) -> bool:
+    """Whether ``rows``, what a batch returned for ``query``, are its answer, as they
+    would have been alone. Else its single statement decides, sent alone: a finish
+    with a stale lock token (F1) then matches no row again, and only then is its
+    caller refused."""
+    return bool(rows) or query.name not in EMPTY_NOT_FINAL
+
+
 def split(rows: list[Row], count: int) -> list[list[Row]]:
     """The batch statement's ``rows`` as each of ``count`` statements would have had
     them: by :data:`BATCH_INDEX`, none for a statement no row came back for."""

@@ -13,7 +13,8 @@ timer ever delays a statement.
 Each caller keeps its own operation (:mod:`._ops`): it hands the batch its first
 statement and gets that statement's rows back, so its outcome, its fence (F1) and its
 error are decided by its own code, as alone. An operation that wants a second
-statement (a claim that met a row committed after its snapshot) runs again alone.
+statement (a claim that met a row committed after its snapshot) runs again alone, and
+so does a finish the batch returned no row for (:func:`._batch.answered`).
 An error of the batch statement that any statement in it would have met (the
 database gone, a transient abort retried to the end) reaches every caller in it, the
 same exception the single statement would have raised; any other error (a value one
@@ -125,7 +126,8 @@ class AsyncBatcher:
                     continue
                 for waiter, mine in zip(batch, rows, strict=True):
                     if _waiting(waiter):
-                        waiter.rows.set_result(mine)
+                        answer = mine if _batch.answered(waiter.query, mine) else None
+                        waiter.rows.set_result(answer)
         except BaseException:
             # Cancelled (the loop is closing): nobody is left to send for them.
             for waiter in batch + queue:

@@ -66,6 +66,11 @@ WHERE k.scope = %(scope)s AND k.key = %(key)s AND NOT EXISTS (SELECT FROM claime
 -- source first bounds the statement's lock wait to %(lock_wait)s (for this statement's
 -- own transaction only), and a batch that gives up is sent again claim by claim, so
 -- only the claim of that key waits, as it would have alone.
+-- Every read of the key table is a probe of one row by (scope, key), per claim: the
+-- subqueries on i.key end in OFFSET 0, which keeps PostgreSQL from turning them into
+-- a join with the batch's rows. As a join, while the statistics say one row per
+-- scope (a table analyzed small, grown since), its plan reads the scope once by the
+-- scope alone instead: the whole scope, at every batch (tests/test_postgres_plans.py).
 WITH input AS (
     SELECT *
     FROM unnest(
@@ -88,6 +93,7 @@ claimed AS (
       AND NOT EXISTS (
         SELECT FROM idempotency_keys AS s
         WHERE s.scope = %(scope)s AND s.key = i.key AND s.finished_at IS NOT NULL
+        OFFSET 0
     )
     ORDER BY i.key
     ON CONFLICT (scope, key) DO UPDATE
@@ -105,9 +111,13 @@ FROM claimed AS c
 JOIN input AS i ON i.key = c.key
 UNION ALL
 SELECT i.batch_index, false AS claimed, now() AS db_now, k.*
-FROM idempotency_keys AS k
-JOIN input AS i ON i.key = k.key
-WHERE k.scope = %(scope)s AND NOT EXISTS (SELECT FROM claimed AS c WHERE c.key = k.key);
+FROM input AS i
+CROSS JOIN LATERAL (
+    SELECT * FROM idempotency_keys AS s
+    WHERE s.scope = %(scope)s AND s.key = i.key
+    OFFSET 0
+) AS k
+WHERE NOT EXISTS (SELECT FROM claimed AS c WHERE c.key = i.key);
 
 -- claim_held --
 -- The claim of a key whose row another request's open transaction holds (F3), read
@@ -167,6 +177,16 @@ RETURNING id;
 -- by its own lock token (F1): a stale one matches nothing, so only that caller's
 -- batch_index is missing from the result and only that caller is refused. A key
 -- appears at most once per batch. The lock wait is bounded as in claim_batch.
+-- Each row is found by a probe of one row, per finish: row_id, the version of the
+-- caller's row this statement sees, looked up by (scope, key); the UPDATE then takes
+-- that version by its ctid (a TID scan, one row). A plain join of the batch's rows
+-- with the table reads the whole scope by the scope alone while the statistics say
+-- one row per scope (tests/test_postgres_plans.py), and so does the TID plan unless
+-- the batch's rows look few: the set_config test is written as an equality, which
+-- the planner expects to keep one row in 200, so it drives the update row by row.
+-- A ctid names one version of the row: when another statement updated the row after
+-- this one's snapshot (a duplicate's mark_waiter), the row is not updated and comes
+-- back missing, and the caller sends its single finish again (see _batch.recheck).
 UPDATE idempotency_keys AS k
 SET recovery_point = 'finished',
     calling = NULL,
@@ -183,15 +203,19 @@ SET recovery_point = 'finished',
         ELSE pg_notify('idempotence_settled', json_build_array(k.scope, k.key)::text) IS NULL
     END
 FROM (
-    SELECT *
+    SELECT u.*, (
+        SELECT s.ctid FROM idempotency_keys AS s
+        WHERE s.scope = %(scope)s AND s.key = u.key AND s.id = u.id
+    ) AS row_id
     FROM unnest(
-        %(id)s::bigint[], %(token)s::bigint[], %(status)s::integer[], %(headers)s::text[],
-        %(body)s::bytea[], %(error)s::text[]
-    ) WITH ORDINALITY AS u (id, token, status, headers, body, error, batch_index)
-    WHERE set_config('lock_timeout', %(lock_wait)s, true) IS NOT NULL
+        %(id)s::bigint[], %(key)s::text[], %(token)s::bigint[], %(status)s::integer[],
+        %(headers)s::text[], %(body)s::bytea[], %(error)s::text[]
+    ) WITH ORDINALITY AS u (id, key, token, status, headers, body, error, batch_index)
+    WHERE set_config('lock_timeout', %(lock_wait)s, true) = %(lock_wait)s
+    OFFSET 0
 ) AS i
-WHERE k.scope = %(scope)s AND k.id = i.id AND k.lock_token = i.token
-  AND k.finished_at IS NULL
+WHERE k.scope = %(scope)s AND k.ctid = i.row_id AND k.id = i.id AND k.key = i.key
+  AND k.lock_token = i.token AND k.finished_at IS NULL
 RETURNING i.batch_index, k.id;
 
 -- release --
