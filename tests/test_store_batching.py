@@ -382,30 +382,38 @@ def test_f1_a_finish_in_a_batch_whose_row_changed_after_its_snapshot_still_finis
     commits a newer version, which the batch then leaves unchanged: the holder's finish
     must still go through (sent again alone) and wake the waiter, never be refused."""
 
-    async def main() -> tuple[list[Any], Outcome]:
-        async with AsyncPostgresStore(pg_url, max_size=3) as store:
-            leases = []
-            for key in ("lead", "marked", "other"):
-                claim = await store.claim(request(scope, key))
-                assert claim.lease is not None
-                leases.append(claim.lease)
-            marker = await psycopg.AsyncConnection.connect(pg_url)
-            try:
-                await marker.execute(
-                    "UPDATE idempotency_keys SET waiters = true WHERE scope = %s AND key = %s",
-                    (scope, "marked"),
-                )
-                started = tasks(*(store.finish(lease, StoredResponse.of(201)) for lease in leases))
-                await lock_waiters(pg_url)
-                await marker.commit()
-            finally:
-                await marker.close()
-            results = await asyncio.wait_for(settle(started), 10)
-            replay = await store.claim(request(scope, "marked"))
-        return results, replay.outcome
+    async def main() -> tuple[list[Any], int, Outcome]:
+        with round_trips(pg_url) as proxy:
+            async with AsyncPostgresStore(proxy.url, max_size=3) as store:
+                leases = []
+                for key in ("lead", "marked", "other"):
+                    claim = await store.claim(request(scope, key))
+                    assert claim.lease is not None
+                    leases.append(claim.lease)
+                marker = await psycopg.AsyncConnection.connect(pg_url)
+                try:
+                    await marker.execute(
+                        "UPDATE idempotency_keys SET waiters = true WHERE scope = %s AND key = %s",
+                        (scope, "marked"),
+                    )
+                    before = proxy.count
+                    started = tasks(
+                        *(store.finish(lease, StoredResponse.of(201)) for lease in leases)
+                    )
+                    await lock_waiters(pg_url)
+                    await marker.commit()
+                finally:
+                    await marker.close()
+                results = await asyncio.wait_for(settle(started), 10)
+                trips = proxy.count - before
+                replay = await store.claim(request(scope, "marked"))
+        return results, trips, replay.outcome
 
-    results, replay = asyncio.run(main())
+    results, trips, replay = asyncio.run(main())
     assert results == [None] * 3
+    # The lead alone, the two others as one batch, the marked key's finish again alone:
+    # the batch did finish the other key.
+    assert trips == 3, trips
     assert replay is Outcome.REPLAY
 
 

@@ -182,8 +182,9 @@ RETURNING id;
 -- that version by its ctid (a TID scan, one row). A plain join of the batch's rows
 -- with the table reads the whole scope by the scope alone while the statistics say
 -- one row per scope (tests/test_postgres_plans.py), and so does the TID plan unless
--- the batch's rows look few: the set_config test is written as an equality, which
--- the planner expects to keep one row in 200, so it drives the update row by row.
+-- the batch's rows look few: the set_config test is written as an equality (true:
+-- set_config returns the setting as current_setting then reads it), which the
+-- planner expects to keep one row in 200, so it drives the update row by row.
 -- A ctid names one version of the row: when another statement updated the row after
 -- this one's snapshot (a duplicate's mark_waiter), the row is not updated and comes
 -- back missing, and the caller sends its single finish again (see _batch.recheck).
@@ -211,7 +212,7 @@ FROM (
         %(id)s::bigint[], %(key)s::text[], %(token)s::bigint[], %(status)s::integer[],
         %(headers)s::text[], %(body)s::bytea[], %(error)s::text[]
     ) WITH ORDINALITY AS u (id, key, token, status, headers, body, error, batch_index)
-    WHERE set_config('lock_timeout', %(lock_wait)s, true) = %(lock_wait)s
+    WHERE set_config('lock_timeout', %(lock_wait)s, true) = current_setting('lock_timeout')
     OFFSET 0
 ) AS i
 WHERE k.scope = %(scope)s AND k.ctid = i.row_id AND k.id = i.id AND k.key = i.key
