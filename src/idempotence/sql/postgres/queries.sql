@@ -187,7 +187,7 @@ RETURNING id;
 -- planner expects to keep one row in 200, so it drives the update row by row.
 -- A ctid names one version of the row: when another statement updated the row after
 -- this one's snapshot (a duplicate's mark_waiter), the row is not updated and comes
--- back missing, and the caller sends its single finish again (see _batch.recheck).
+-- back missing, and the caller sends its single finish again (_batch.answered).
 UPDATE idempotency_keys AS k
 SET recovery_point = 'finished',
     calling = NULL,
