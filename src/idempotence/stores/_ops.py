@@ -31,6 +31,7 @@ from ..states import (
     arbitrate,
     claim_from,
 )
+from . import _batch
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -164,6 +165,12 @@ class Dialect(abc.ABC):
     def claim(self, request: ClaimRequest) -> Op[Claim]:
         """Claim ``request``'s key: exactly one outcome (DESIGN 4)."""
 
+    def batch(self, queries: list[Query]) -> Query:
+        """``queries`` (of one kind and one scope) as the one statement that runs them
+        all: the query file's ``<name>_batch`` (DESIGN 11, see :mod:`._batch`)."""
+        name = f"{queries[0].name}_batch"
+        return Query(name, self.queries[name], _batch.params(queries))
+
     def script_statements(self, script: str) -> list[str]:
         """A migration script as the statements the driver can run one call each."""
         return [script]
@@ -258,6 +265,15 @@ def end_phase(
         yield from finish(d, lease, response, None)
         return lease.advanced("finished")
     return (yield from checkpoint(d, lease, recovery_point or lease.recovery_point))
+
+
+def batch(d: Dialect, queries: list[Query]) -> Op[list[list[Row]]]:
+    """Run ``queries`` (of one kind and one scope) as one statement; the rows each
+    would have returned (DESIGN 11). One of them goes out as itself."""
+    if len(queries) == 1:
+        return [(yield queries[0])]
+    rows = yield d.batch(queries)
+    return _batch.split(rows, len(queries))
 
 
 def release(d: Dialect, lease: Lease) -> Op[None]:

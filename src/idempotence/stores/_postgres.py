@@ -401,7 +401,13 @@ class PostgresStore(Store):
             source = _PoolSource(target, owned=False)
         else:
             source = _SingleSource(target)
-        super().__init__(source, PostgresDialect(), instrumentation=instrumentation)
+        super().__init__(
+            source,
+            PostgresDialect(),
+            instrumentation=instrumentation,
+            # Operations on the application's one connection take turns on it anyway.
+            batch=isinstance(source, _PoolSource),
+        )
         self._listener = listener(Listener, self._dialect, target, connect_timeout)
 
     def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:

@@ -400,7 +400,13 @@ class AsyncPostgresStore(AsyncStore):
             source = _AsyncPoolSource(target, owned=False)
         else:
             source = _AsyncSingleSource(target)
-        super().__init__(source, PostgresDialect(), instrumentation=instrumentation)
+        super().__init__(
+            source,
+            PostgresDialect(),
+            instrumentation=instrumentation,
+            # Operations on the application's one connection take turns on it anyway.
+            batch=isinstance(source, _AsyncPoolSource),
+        )
         self._listener = listener(AsyncListener, self._dialect, target, connect_timeout)
 
     async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:

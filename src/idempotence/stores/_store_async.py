@@ -16,10 +16,11 @@ from .._concurrency import sleep_async
 from ..observability import Instrumentation, combine, fenced, watched_claim
 from ..states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredResponse
 from . import _ops
+from ._batcher import AsyncBatcher
 from ._connection_async import AsyncConnection, AsyncSource
 from ._driver import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 from ._nesting import Gate
-from ._ops import Dialect, Op, Row
+from ._ops import Dialect, Op, Query, Row
 
 T = TypeVar("T")
 
@@ -104,12 +105,20 @@ class AsyncStore:
         dialect: Dialect,
         *,
         instrumentation: Instrumentation | None = None,
+        batch: bool = False,
     ) -> None:
         self._source = source
         self._dialect = dialect
         # A disabled instrumentation (its package missing) is dropped: None costs nothing.
         self._instrumentation = combine(instrumentation)
         self._gate = Gate()
+        #: Claims and finishes outside a transaction, batched while one is out
+        #: (DESIGN 11): on a pool of the dialect's one-statement claims only.
+        self._batcher = (
+            AsyncBatcher(self._own, self._send_batch)
+            if batch and dialect.claim_is_one_statement
+            else None
+        )
 
     async def claim(self, request: ClaimRequest, *, tx: AsyncTransaction | None = None) -> Claim:
         """Claim ``request``'s key in one atomic step and return its single outcome.
@@ -135,6 +144,10 @@ class AsyncStore:
             )
             if preview is not None:
                 return preview
+        if self._batcher is not None:
+            return await self._batcher.run(
+                "claim", request.scope, lambda: self._dialect.claim(request)
+            )
         return await self._own(
             lambda: self._dialect.claim(request), atomic=not self._dialect.claim_is_one_statement
         )
@@ -211,6 +224,11 @@ class AsyncStore:
             tx._conn.defer(fenced(self._instrumentation, "finish", op()))
         elif tx is not None:
             await tx._conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
+        elif self._batcher is not None:
+            _no_commit(at_commit)
+            await self._batcher.run(
+                "finish", lease.scope, lambda: fenced(self._instrumentation, "finish", op())
+            )
         else:
             _no_commit(at_commit)
             await self._own(lambda: fenced(self._instrumentation, "finish", op()))
@@ -337,6 +355,10 @@ class AsyncStore:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    async def _send_batch(self, queries: list[Query]) -> list[list[Row]]:
+        """Send statements of one kind and scope as one (see :mod:`._batcher`)."""
+        return await self._own(lambda: _ops.batch(self._dialect, queries))
 
     async def _own(
         self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True

@@ -52,6 +52,73 @@ SELECT false AS claimed, now() AS db_now, k.*
 FROM idempotency_keys AS k
 WHERE k.scope = %(scope)s AND k.key = %(key)s AND NOT EXISTS (SELECT FROM claimed);
 
+-- claim_batch --
+-- Many claims of one scope as one statement (DESIGN 11: natural batching): the
+-- claim above, a row of parameters each, the parameters as arrays unnested side by
+-- side. batch_index says whose row is whose (1 for the first claim). Every claim
+-- gets the row the single statement would have returned it, and the same rule holds
+-- for a key that comes back with no row or a stale one: its caller runs the single
+-- statement again. A key appears at most once per batch (ON CONFLICT DO UPDATE
+-- cannot change a row twice in one statement); the rows are inserted in key order,
+-- so two batches that share keys take their row locks in the same order.
+-- A key whose row another open transaction holds (a request-as-transaction claim of
+-- it, F3) would make the whole batch wait for that transaction: the INSERT's row
+-- source first bounds the statement's lock wait to %(lock_wait)s (for this statement's
+-- own transaction only), and a batch that gives up is sent again claim by claim, so
+-- only the claim of that key waits, as it would have alone.
+-- Every read of the key table is a probe of one row by (scope, key), per claim: the
+-- subqueries on i.key end in OFFSET 0, which keeps PostgreSQL from turning them into
+-- a join with the batch's rows. As a join, while the statistics say one row per
+-- scope (a table analyzed small, grown since), its plan reads the scope once by the
+-- scope alone instead: the whole scope, at every batch (tests/test_postgres_plans.py).
+WITH input AS (
+    SELECT *
+    FROM unnest(
+        %(key)s::text[], %(method)s::text[], %(path)s::text[], %(fingerprint)s::text[],
+        %(params)s::text[], %(flow)s::text[], %(lock_timeout)s::interval[],
+        %(retention)s::interval[]
+    ) WITH ORDINALITY
+        AS i (key, method, path, fingerprint, params, flow, lock_timeout, retention, batch_index)
+),
+claimed AS (
+    INSERT INTO idempotency_keys AS k (
+        scope, key, request_method, request_path, fingerprint, request_params,
+        flow, lock_timeout, locked_at, last_run_at, expires_at
+    )
+    SELECT
+        %(scope)s, i.key, i.method, i.path, i.fingerprint, i.params::jsonb,
+        i.flow, i.lock_timeout, now(), now(), now() + i.retention
+    FROM input AS i
+    WHERE set_config('lock_timeout', %(lock_wait)s, true) IS NOT NULL
+      AND NOT EXISTS (
+        SELECT FROM idempotency_keys AS s
+        WHERE s.scope = %(scope)s AND s.key = i.key AND s.finished_at IS NOT NULL
+        OFFSET 0
+    )
+    ORDER BY i.key
+    ON CONFLICT (scope, key) DO UPDATE
+        SET lock_token = k.lock_token + 1,
+            locked_at = now(),
+            lock_timeout = EXCLUDED.lock_timeout,
+            last_run_at = now()
+        WHERE k.fingerprint = EXCLUDED.fingerprint
+          AND k.finished_at IS NULL
+          AND (k.locked_at IS NULL OR k.locked_at + k.lock_timeout <= now())
+    RETURNING k.*
+)
+SELECT i.batch_index, true AS claimed, now() AS db_now, c.*
+FROM claimed AS c
+JOIN input AS i ON i.key = c.key
+UNION ALL
+SELECT i.batch_index, false AS claimed, now() AS db_now, k.*
+FROM input AS i
+CROSS JOIN LATERAL (
+    SELECT * FROM idempotency_keys AS s
+    WHERE s.scope = %(scope)s AND s.key = i.key
+    OFFSET 0
+) AS k
+WHERE NOT EXISTS (SELECT FROM claimed AS c WHERE c.key = i.key);
+
 -- claim_held --
 -- The claim of a key whose row another request's open transaction holds (F3), read
 -- instead of waiting for that transaction (F8): the latest committed version of the
@@ -103,6 +170,54 @@ SET recovery_point = 'finished',
 WHERE scope = %(scope)s AND id = %(id)s AND key = %(key)s AND lock_token = %(token)s
   AND finished_at IS NULL
 RETURNING id;
+
+-- finish_batch --
+-- Many finishes of one scope as one statement (DESIGN 11: natural batching): the
+-- finish above, a row of parameters each, unnested side by side. Each row is fenced
+-- by its own lock token (F1): a stale one matches nothing, so only that caller's
+-- batch_index is missing from the result and only that caller is refused. A key
+-- appears at most once per batch. The lock wait is bounded as in claim_batch.
+-- Each row is found by a probe of one row, per finish: row_id, the version of the
+-- caller's row this statement sees, looked up by (scope, key); the UPDATE then takes
+-- that version by its ctid (a TID scan, one row). A plain join of the batch's rows
+-- with the table reads the whole scope by the scope alone while the statistics say
+-- one row per scope (tests/test_postgres_plans.py), and so does the TID plan unless
+-- the batch's rows look few: the set_config test is written as an equality (true:
+-- set_config returns the setting as current_setting then reads it), which the
+-- planner expects to keep one row in 200, so it drives the update row by row.
+-- A ctid names one version of the row: when another statement updated the row after
+-- this one's snapshot (a duplicate's mark_waiter), the row is not updated and comes
+-- back missing, and the caller sends its single finish again (_batch.answered).
+UPDATE idempotency_keys AS k
+SET recovery_point = 'finished',
+    calling = NULL,
+    response_status = i.status,
+    response_headers = i.headers::jsonb,
+    response_body = i.body,
+    error = i.error,
+    finished_at = statement_timestamp(),
+    locked_at = NULL,
+    expires_at = statement_timestamp() + (k.expires_at - k.created_at),
+    waiters = CASE
+        WHEN NOT k.waiters THEN false
+        WHEN octet_length(json_build_array(k.scope, k.key)::text) >= 8000 THEN false
+        ELSE pg_notify('idempotence_settled', json_build_array(k.scope, k.key)::text) IS NULL
+    END
+FROM (
+    SELECT u.*, (
+        SELECT s.ctid FROM idempotency_keys AS s
+        WHERE s.scope = %(scope)s AND s.key = u.key AND s.id = u.id
+    ) AS row_id
+    FROM unnest(
+        %(id)s::bigint[], %(key)s::text[], %(token)s::bigint[], %(status)s::integer[],
+        %(headers)s::text[], %(body)s::bytea[], %(error)s::text[]
+    ) WITH ORDINALITY AS u (id, key, token, status, headers, body, error, batch_index)
+    WHERE set_config('lock_timeout', %(lock_wait)s, true) = current_setting('lock_timeout')
+    OFFSET 0
+) AS i
+WHERE k.scope = %(scope)s AND k.ctid = i.row_id AND k.id = i.id AND k.key = i.key
+  AND k.lock_token = i.token AND k.finished_at IS NULL
+RETURNING i.batch_index, k.id;
 
 -- release --
 -- Unlock without finishing (R5): the next claim resumes from the recovery point.
