@@ -10,13 +10,24 @@ waiting itself is :mod:`._batcher`'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from ..errors import StoreUnavailable, TransientError
 
-if TYPE_CHECKING:
-    from ._ops import Query, Row
+#: A row as the stores return it (``_ops.Row``; not imported: ``_ops`` imports this).
+Row = dict[str, Any]
+
+
+class Query(Protocol):
+    """What a batch reads of a statement (``_ops.Query``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def params(self) -> Mapping[str, Any]: ...
+
 
 #: The most statements one batch carries: a bound on the statement's size and on the
 #: time its row locks are held, far above what a pool of connections keeps waiting.
