@@ -5,6 +5,7 @@ per outage."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 
@@ -64,3 +65,40 @@ def test_the_pools_own_reason_is_the_outages(clock: list[float]) -> None:
     assert "Connection refused" in str(error)
     breaker.healthy()
     assert "idempotence-test" not in _breaker.connect_errors
+
+
+def test_threads_meeting_one_outage_log_it_once() -> None:
+    """P11 with the sync store's threads (a worker's services): a second thread that
+    finds the server down while the first is still logging it adds no line. The
+    handler makes the interleaving certain: it runs the other thread's down() inside
+    the first one's warning."""
+    breaker = Breaker()
+    lines: list[str] = []
+
+    class Interleave(logging.Handler):
+        def handle(self, record: logging.LogRecord) -> bool:  # without the handler's lock
+            self.emit(record)
+            return True
+
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+            if len(lines) == 1:
+                other = threading.Thread(target=breaker.down, args=("Connection refused",))
+                other.start()
+                other.join()
+
+    handler = Interleave(logging.INFO)
+    logger = logging.getLogger("idempotence.stores")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        breaker.down("Connection refused")
+        breaker.healthy()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert [line.split(" (")[0] for line in lines] == [
+        "PostgreSQL is unavailable",
+        "PostgreSQL is available again",
+    ], lines

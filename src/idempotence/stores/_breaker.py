@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import select
+import threading
 import time
 from typing import Any
 
@@ -52,6 +53,10 @@ class Breaker:
         self._state = _HEALTHY
         self._reason = ""
         self._probe_at = 0.0
+        # The sync store's threads (a worker's services, a threaded server) meet an
+        # outage together: the transitions that log take turns, so an outage and its
+        # end are logged once each. Held for a state change only, never across I/O.
+        self._lock = threading.Lock()
 
     def deadline(self) -> float:
         """When a checkout that has just met a dead connection stops waiting."""
@@ -86,15 +91,17 @@ class Breaker:
     def down(self, reason: object = "cannot connect") -> None:
         """The server cannot be reached (the pool's connection attempts failed)."""
         reason = _line(connect_errors.get(self._pool) or reason)
-        if self._state != _DOWN:
+        with self._lock:
+            was = self._state
+            self._state, self._reason = _DOWN, reason
+            self._probe_at = time.monotonic() + PROBE_INTERVAL
+        if was != _DOWN:
             logger.warning(
                 "%s is unavailable (%s): operations fail at once until it is back",
                 self._what,
                 reason,
                 extra={"unavailable": True},
             )
-        self._state, self._reason = _DOWN, reason
-        self._probe_at = time.monotonic() + PROBE_INTERVAL
 
     def reconnect_failed(self, pool: Any) -> None:
         """The pool's ``reconnect_failed`` callback."""
@@ -102,9 +109,10 @@ class Breaker:
 
     def healthy(self) -> None:
         """A checkout got a live connection (call only when :attr:`troubled`)."""
-        if self._state == _DOWN:
+        with self._lock:
+            was, self._state = self._state, _HEALTHY
+        if was == _DOWN:
             logger.info("%s is available again", self._what, extra={"unavailable": False})
-        self._state = _HEALTHY
         connect_errors.pop(self._pool, None)
 
     @property
