@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from idempotence import ClaimRequest, LockLost, Outcome, StoredResponse
-from idempotence.errors import StoreError, StoreUnavailable
+from idempotence.errors import StoreError, StoreInTransaction, StoreUnavailable
 from idempotence.stores import _batch
 from idempotence.stores.postgres import AsyncPostgresStore
 from tests.support.roundtrips import round_trips
@@ -530,3 +530,31 @@ def test_a_cancelled_lone_claim_hands_the_queue_on(pg_url: str, scope: str) -> N
     results = asyncio.run(main())
     assert isinstance(results[0], asyncio.CancelledError)
     assert [r.outcome for r in results[1:]] == [Outcome.EXECUTE] * 2
+
+
+def test_a_claim_inside_the_stores_transaction_fails_at_once_with_a_busy_lane(
+    pg_url: str, scope: str
+) -> None:
+    """The nesting rule holds for a claim that would queue for a batch: with a claim
+    of the scope out (waiting for a held row), a claim without ``tx=`` made inside the
+    store's own transaction raises StoreInTransaction at once instead of going out in
+    the next batch on another connection (the queued path skipped the check)."""
+
+    async def main() -> tuple[BaseException | None, Any]:
+        async with AsyncPostgresStore(pg_url, max_size=4) as store:
+            await blocked_key(store, pg_url, scope, "held")
+            async with held_row(pg_url, scope, "held"):
+                out = asyncio.ensure_future(store.claim(request(scope, "held")))
+                await lock_waiters(pg_url)
+                error = None
+                async with store.transaction():
+                    try:
+                        await asyncio.wait_for(store.claim(request(scope, "inner")), 5)
+                    except StoreInTransaction as exc:
+                        error = exc
+            await out
+            return error, await store.get(scope, "inner")
+
+    error, inner = asyncio.run(main())
+    assert isinstance(error, StoreInTransaction)
+    assert inner is None  # nothing went out for it

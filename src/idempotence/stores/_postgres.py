@@ -116,8 +116,8 @@ class _Connection:
         tx = self.raw.transaction()
         with translated():
             tx.__enter__()
-            for statement in self._opening[1:]:
-                self.raw.execute(statement)
+            if len(self._opening) > 1:  # the planning settings, in one trip
+                self._control().execute("; ".join(self._opening[1:]))
         try:
             with body(self._blocks, self, first) as result:
                 yield result

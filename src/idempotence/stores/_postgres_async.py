@@ -114,8 +114,8 @@ class _AsyncConnection:
         tx = self.raw.transaction()
         with translated():
             await tx.__aenter__()
-            for statement in self._opening[1:]:
-                await self.raw.execute(statement)
+            if len(self._opening) > 1:  # the planning settings, in one trip
+                await self._control().execute("; ".join(self._opening[1:]))
         try:
             async with body_async(self._blocks, self, first) as result:
                 yield result

@@ -47,6 +47,20 @@ def pack(args: tuple[Any, ...]) -> bytes:
     return b"".join(out)
 
 
+def _revive(connection: Any) -> None:
+    """Drop an idle connection the server has closed (a restart, a failover, its idle
+    ``timeout``, ``CLIENT KILL``), as redis-py's pool does at each checkout: an idle
+    connection is sent nothing, so anything to read means it is gone. Sending then
+    connects afresh, and the request never sees the dead connection (P11). One
+    non-blocking poll of the socket."""
+    try:
+        if not connection.can_read():
+            return
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+        pass
+    connection.disconnect()
+
+
 class Lane:
     """Idle connections of ``client``'s kind (made by its pool's ``make_connection``,
     so with its host, database, timeouts and protocol), one per command in flight:
@@ -66,6 +80,8 @@ class Lane:
             connection = self._idle.pop()
         except IndexError:
             connection = self._make()
+        else:
+            _revive(connection)
         reusable = True
         try:
             connection.send_packed_command([pack(args)], check_health=False)

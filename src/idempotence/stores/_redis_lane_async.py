@@ -45,6 +45,20 @@ def pack(args: tuple[Any, ...]) -> bytes:
     return b"".join(out)
 
 
+async def _revive(connection: Any) -> None:
+    """Drop an idle connection the server has closed (a restart, a failover, its idle
+    ``timeout``, ``CLIENT KILL``), as redis-py's pool does at each checkout: an idle
+    connection is sent nothing, so anything to read means it is gone. Sending then
+    connects afresh, and the request never sees the dead connection (P11). One
+    non-blocking poll of the socket."""
+    try:
+        if not await connection.can_read():
+            return
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+        pass
+    await connection.disconnect()
+
+
 class AsyncLane:
     """Idle connections of ``client``'s kind (made by its pool's ``make_connection``,
     so with its host, database, timeouts and protocol), one per command in flight:
@@ -64,6 +78,8 @@ class AsyncLane:
             connection = self._idle.pop()
         except IndexError:
             connection = self._make()
+        else:
+            await _revive(connection)
         reusable = True
         try:
             await connection.send_packed_command([pack(args)], check_health=False)

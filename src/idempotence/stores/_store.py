@@ -145,6 +145,10 @@ class Store:
             if preview is not None:
                 return preview
         if self._batcher is not None:
+            # Here, not only in _own: a claim that joins a queue never reaches its own
+            # _own, and inside this store's transaction it must fail at once, not run
+            # in a batch on another connection (StoreInTransaction).
+            self._gate.check()
             return self._batcher.run("claim", request.scope, lambda: self._dialect.claim(request))
         return self._own(
             lambda: self._dialect.claim(request), atomic=not self._dialect.claim_is_one_statement
@@ -220,6 +224,7 @@ class Store:
             tx._conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
         elif self._batcher is not None:
             _no_commit(at_commit)
+            self._gate.check()  # as in claim: a queued finish never reaches _own
             self._batcher.run(
                 "finish", lease.scope, lambda: fenced(self._instrumentation, "finish", op())
             )

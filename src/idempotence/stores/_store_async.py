@@ -145,6 +145,10 @@ class AsyncStore:
             if preview is not None:
                 return preview
         if self._batcher is not None:
+            # Here, not only in _own: a claim that joins a queue never reaches its own
+            # _own, and inside this store's transaction it must fail at once, not run
+            # in a batch on another connection (StoreInTransaction).
+            self._gate.check()
             return await self._batcher.run(
                 "claim", request.scope, lambda: self._dialect.claim(request)
             )
@@ -226,6 +230,7 @@ class AsyncStore:
             await tx._conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
         elif self._batcher is not None:
             _no_commit(at_commit)
+            self._gate.check()  # as in claim: a queued finish never reaches _own
             await self._batcher.run(
                 "finish", lease.scope, lambda: fenced(self._instrumentation, "finish", op())
             )
