@@ -464,3 +464,36 @@ def test_each_dialect_runs_its_claim_in_the_shape_its_queries_have() -> None:
 
     assert PostgresDialect.claim_is_one_statement
     assert not SqliteDialect.claim_is_one_statement
+
+
+def _normalized(sql: str) -> str:
+    # A parameter and the batch's column of it read alike (%(status)s, i.status), and
+    # a row's alias (k.) is dropped: what is left is what the statement does.
+    sql = re.sub(r"%\((\w+)\)s", r"\1", sql)
+    sql = re.sub(r"\b[ik]\.", "", sql)
+    return " ".join(sql.split())
+
+
+def _between(sql: str, start: str, end: str) -> str:
+    begin = sql.index(start)
+    return sql[begin : sql.index(end, begin)]
+
+
+@pytest.mark.parametrize(
+    ("single", "batch", "start", "ends"),
+    [
+        ("claim", "claim_batch", "ON CONFLICT", ("RETURNING", "RETURNING")),
+        # The finish's SET list ends where its WHERE (single) or FROM (batch) begins.
+        ("finish", "finish_batch", "SET recovery_point", ("\nWHERE", "\nFROM")),
+    ],
+)
+def test_d11_a_batch_statement_decides_as_its_single_statement(
+    single: str, batch: str, start: str, ends: tuple[str, str]
+) -> None:
+    """Natural batching (DESIGN 11) gives each caller what its own statement would
+    have: the batch's takeover rule (P5) and the finish's writes must be the single
+    statement's, word for word, so that one cannot change without the other."""
+    queries = _queries.load("postgres")
+    alone = _between(queries[single], start, ends[0])
+    batched = _between(queries[batch], start, ends[1])
+    assert len(alone) > 100 and _normalized(batched) == _normalized(alone)
