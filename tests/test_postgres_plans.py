@@ -24,7 +24,8 @@ import psycopg
 import pytest
 
 from idempotence import ClaimRequest, StoredResponse, _queries
-from idempotence.stores._postgres_base import SESSION_PLANNING
+from idempotence.stores._ops import Query
+from idempotence.stores._postgres_base import SESSION_PLANNING, bounded_claim
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from tests.support.postgres import ProvidedServer, create_database, drop_database
 
@@ -62,7 +63,14 @@ def cross_scope() -> set[str]:
 
 def one_row_statements() -> dict[str, str]:
     skip = NOT_ONE_ROW | cross_scope()
-    return {name: sql for name, sql in _queries.load("postgres").items() if name not in skip}
+    queries = _queries.load("postgres")
+    found = {name: sql for name, sql in queries.items() if name not in skip}
+    # The claim that opens a request's transaction (F3) is a text of its own, prepared
+    # and planned once like the others: the same lookups, with its settings added.
+    found["claim (opening a transaction)"] = bounded_claim(
+        Query("claim", queries["claim"], {}), True
+    )
+    return found
 
 
 def numbered(sql: str) -> tuple[str, int]:

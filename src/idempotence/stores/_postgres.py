@@ -75,6 +75,8 @@ class _Connection:
         #: The statements that open a transaction: on the store's own connections the
         #: planning settings come back to the application's (TRANSACTION_PLANNING).
         self._opening = ("BEGIN", *TRANSACTION_PLANNING) if own else ("BEGIN",)
+        #: A transaction that opens with a claim takes them from the claim instead.
+        self._planning = own
         self._blocks = Blocks()
         self._cursor: psycopg.Cursor[Row] | None = None
         self._commands: psycopg.Cursor[Row] | None = None
@@ -150,9 +152,8 @@ class _Connection:
             cur = self._statements()
             query = next(first)
             with self.raw.pipeline():
-                for statement in self._opening:
-                    self._control().execute(statement)
-                cur.execute(bounded_claim(query), query.params)
+                self._control().execute("BEGIN")
+                cur.execute(bounded_claim(query, self._planning), query.params)
             rows = cur.fetchall() if has_rows(cur) else []
         return run(first, _Bounded(self), rows)
 
@@ -213,7 +214,7 @@ class _Bounded:
     def fetch(self, query: Query) -> list[Row]:
         raw = self._conn.raw
         with translated(), held(), raw.cursor(row_factory=dict_row) as cur:
-            cur.execute(bounded_claim(query), query.params)
+            cur.execute(bounded_claim(query, self._conn._planning), query.params)
             return cur.fetchall() if has_rows(cur) else []
 
 

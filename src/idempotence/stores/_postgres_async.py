@@ -73,6 +73,8 @@ class _AsyncConnection:
         #: The statements that open a transaction: on the store's own connections the
         #: planning settings come back to the application's (TRANSACTION_PLANNING).
         self._opening = ("BEGIN", *TRANSACTION_PLANNING) if own else ("BEGIN",)
+        #: A transaction that opens with a claim takes them from the claim instead.
+        self._planning = own
         self._blocks = Blocks()
         self._cursor: psycopg.AsyncCursor[Row] | None = None
         self._commands: psycopg.AsyncCursor[Row] | None = None
@@ -148,9 +150,8 @@ class _AsyncConnection:
             cur = self._statements()
             query = next(first)
             async with self.raw.pipeline():
-                for statement in self._opening:
-                    await self._control().execute(statement)
-                await cur.execute(bounded_claim(query), query.params)
+                await self._control().execute("BEGIN")
+                await cur.execute(bounded_claim(query, self._planning), query.params)
             rows = await cur.fetchall() if has_rows(cur) else []
         return await run_async(first, _Bounded(self), rows)
 
@@ -212,7 +213,7 @@ class _Bounded:
         raw = self._conn.raw
         with translated(), held():
             async with raw.cursor(row_factory=dict_row) as cur:
-                await cur.execute(bounded_claim(query), query.params)
+                await cur.execute(bounded_claim(query, self._conn._planning), query.params)
                 return await cur.fetchall() if has_rows(cur) else []
 
 

@@ -227,12 +227,13 @@ _BRANCHES = (
     "SELECT true AS claimed, now() AS db_now,",
     "SELECT false AS claimed, now() AS db_now,",
 )
-_bounded: dict[str, str] = {}
+_bounded: dict[tuple[str, bool], str] = {}
 
 
-def bounded_claim(query: Query) -> str:
-    """The text of ``query`` (the ``claim``) that bounds its own lock wait (F8)."""
-    sql = _bounded.get(query.sql)
+def bounded_claim(query: Query, planning: bool = False) -> str:
+    """The text of ``query`` (the ``claim``) that bounds its own lock wait (F8) and,
+    with ``planning``, opens its transaction's planning settings (CLAIM_PLANNING)."""
+    sql = _bounded.get((query.sql, planning))
     if sql is None:
         sql = query.sql
         if query.name != "claim" or any(
@@ -240,9 +241,10 @@ def bounded_claim(query: Query) -> str:
         ):
             raise StoreError(f"cannot bound the lock wait of the statement {query.name!r}")
         sql = sql.replace(_INSERT_SOURCE, f"{_INSERT_SOURCE} AND {_BOUND}")
+        extra = f"{_RESTORE}, {CLAIM_PLANNING}" if planning else _RESTORE
         for branch in _BRANCHES:
-            sql = sql.replace(branch, f"{branch} {_RESTORE},")
-        _bounded[query.sql] = sql
+            sql = sql.replace(branch, f"{branch} {extra},")
+        _bounded[query.sql, planning] = sql
     return sql
 
 
@@ -303,10 +305,27 @@ def settle_deferred(deferred: list[Op[Any]], rows: list[list[Row]], refused: boo
 # statement with its parameters (as without prepared statements), so no generic plan
 # is ever made inside one. Store statements in a transaction pay for their planning,
 # as before; those on their own (handler mode, replays, heartbeats) do not.
-SESSION_PLANNING = "SET enable_seqscan = off"
+# The server's own setting is kept in idempotence.enable_seqscan first, for
+# CLAIM_PLANNING, which cannot say TO DEFAULT. (One query of two statements: psycopg
+# sends a query without parameters as it is, in one trip.)
+SESSION_PLANNING = (
+    "SELECT set_config('idempotence.enable_seqscan', current_setting('enable_seqscan'), false);"
+    " SET enable_seqscan = off"
+)
 TRANSACTION_PLANNING = (
     "SET LOCAL enable_seqscan TO DEFAULT",
     "SET LOCAL plan_cache_mode = force_custom_plan",
+)
+# A transaction that opens with a request's claim (F3) takes the same settings from
+# the claim itself, as it bounds its lock wait: two statements fewer in the BEGIN's
+# pipeline, and the claim, planned before its own settings apply, is planned once
+# (generically, without sequential scans) like the store's other statements. Each
+# branch of the claim's final SELECT sets them (a claim that returns no row runs
+# again: claim_in_one_statement).
+CLAIM_PLANNING = (
+    "set_config('enable_seqscan', current_setting('idempotence.enable_seqscan'), true)"
+    " AS seqscan_restored,"
+    " set_config('plan_cache_mode', 'force_custom_plan', true) AS custom_plans"
 )
 
 
