@@ -45,6 +45,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import _harness as harness
 import pika
 import psycopg
 from psycopg import sql
@@ -202,6 +203,8 @@ def main() -> None:
             store.migrate()
             with store.transaction() as tx:
                 tx.execute(table)
+        harness.in_service(url)
+        with PostgresStore(url) as store:
             insert = "INSERT INTO effects (message_id) VALUES (%s)"
             results.append(measure("postgres", args.amqp, store, insert, count, args.rounds))
     finally:

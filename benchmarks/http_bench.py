@@ -411,6 +411,8 @@ def migrate(backend: str, target: str) -> None:
         store.migrate()
         with store.transaction() as tx:
             tx.execute(TABLE)
+    if backend == "postgres":
+        harness.in_service(target)
 
 
 def main() -> None:

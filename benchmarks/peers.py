@@ -90,6 +90,7 @@ def prepare(guard: str, target: str) -> None:
 
         with PostgresStore(target) as store:
             store.migrate()
+        harness.in_service(target)
     elif guard == "idemkit-pg":
         import asyncio
 

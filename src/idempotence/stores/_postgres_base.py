@@ -288,16 +288,30 @@ def settle_deferred(deferred: list[Op[Any]], rows: list[list[Row]], refused: boo
 #   the pools the store opens plan without one (SESSION_PLANNING). PostgreSQL scans
 #   sequentially all the same where no index applies.
 # - an index scan on the scope alone: the table's two unique indexes both lead with
-#   the scope, and while the statistics say one row per scope (one row analyzed) a
-#   lookup by (scope, id) costs the same on (scope, key) by the scope alone, a tie the
-#   newest index wins. So the statements that look a key up by id name its key too:
-#   every index they could use is then a lookup of both columns of a unique index.
-#   Those that look it up by key cannot name the id they do not know; they rely on
-#   the (scope, key) index winning the tie, which it does while it is newer than the
-#   primary key (a REINDEX CONCURRENTLY of the primary key alone reverses that until
-#   the next ANALYZE: a custom plan on stale statistics ties the same way). And no
-#   statement on one key implies the predicate of a partial index (the sweeper's
-#   locked_at IS NOT NULL): a scan of a small partial index ties too.
+#   the scope, and while the planner thinks a scope holds one row or fewer, a lookup
+#   by (scope, key) costs the same as a scan of the scope on the primary key, which
+#   is the smaller index and so wins the tie. So the statements that look a key up by
+#   id name its key too: every index they could use is then a lookup of both columns
+#   of a unique index. Those that look it up by key cannot name the id they do not
+#   know. The planner thinks so in two cases:
+#   - no statistics (a table never analyzed, or analyzed empty) while the table is
+#     small: it then reckons a scope 1/200 of the rows, and a never-analyzed table at
+#     ten pages at least, about 170 rows. Every fresh database, for its first hundred
+#     keys or so. A generic plan made then is kept as the table grows, and every
+#     claim reads the whole scope (seen here: 2-3 ms of server CPU per request after
+#     a few thousand keys).
+#   - statistics that say a row or less per scope (a table analyzed while each tenant
+#     held a key or none).
+#   A custom plan ties too, but it is made from the table's size at each run, and the
+#   rows it reckons per scope grow with the table. So the store's connections plan
+#   generically only where the statistics say two rows or more per scope, a number
+#   the planner scales up as the table grows; a connection opened before that plans
+#   every statement at every run (SESSION_PLANNING) until the pool replaces it. (An
+#   ANALYZE replans the others; if it says a row per scope again, they tie again.)
+#   With both indexes the same size, the order of the indexes breaks the tie, in
+#   favour of the (scope, key) index until a REINDEX of the primary key (a known limit).
+#   And no statement on one key implies the predicate of a partial index (the
+#   sweeper's locked_at IS NOT NULL): a scan of a small partial index ties too.
 # tests/test_postgres_plans.py holds the generic plan of every statement to this.
 # The application's statements in a transaction on these connections (F3, phases)
 # must not plan without sequential scans: the store opens every transaction there
@@ -306,12 +320,26 @@ def settle_deferred(deferred: list[Op[Any]], rows: list[list[Row]], refused: boo
 # is ever made inside one. Store statements in a transaction pay for their planning,
 # as before; those on their own (handler mode, replays, heartbeats) do not.
 # The server's own setting is kept in idempotence.enable_seqscan first, for
-# CLAIM_PLANNING, which cannot say TO DEFAULT. (One query of two statements: psycopg
-# sends a query without parameters as it is, in one trip.)
-SESSION_PLANNING = (
-    "SELECT set_config('idempotence.enable_seqscan', current_setting('enable_seqscan'), false);"
-    " SET enable_seqscan = off"
-)
+# CLAIM_PLANNING, which cannot say TO DEFAULT; last, a connection opened while the
+# statistics do not make generic plans safe plans at every run (see above). (One
+# query of three statements: psycopg sends a query without parameters as it is, in
+# one trip.)
+SESSION_PLANNING = """
+SELECT set_config('idempotence.enable_seqscan', current_setting('enable_seqscan'), false);
+SET enable_seqscan = off;
+SELECT set_config('plan_cache_mode', 'force_custom_plan', false)
+WHERE NOT coalesce((
+    SELECT c.reltuples / CASE
+        WHEN s.n_distinct > 0 THEN s.n_distinct
+        WHEN s.n_distinct < 0 THEN -s.n_distinct * c.reltuples
+    END >= 2
+    FROM pg_class AS c
+    JOIN pg_namespace AS n ON n.oid = c.relnamespace
+    JOIN pg_stats AS s
+        ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'scope'
+    WHERE c.oid = to_regclass('idempotency_keys') AND c.reltuples > 0
+), false)
+"""
 TRANSACTION_PLANNING = (
     "SET LOCAL enable_seqscan TO DEFAULT",
     "SET LOCAL plan_cache_mode = force_custom_plan",
