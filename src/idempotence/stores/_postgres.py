@@ -36,6 +36,7 @@ from ._listener import Listener
 from ._listener_base import mark_waiter
 from ._ops import Op, Query, Row
 from ._postgres_base import (
+    COMMIT_PLANNING,
     DEFAULT_CONNECT_TIMEOUT,
     DRIVER_ERRORS,
     SESSION_PLANNING,
@@ -165,6 +166,8 @@ class _Connection:
                 self._control().execute("COMMIT")
                 return
             with self.raw.pipeline():
+                if self._planning:
+                    self._control().execute(COMMIT_PLANNING)
                 for op in deferred:
                     query = next(op)
                     # The connection's cursor for the first (the finish: nearly always

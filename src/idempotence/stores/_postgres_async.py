@@ -34,6 +34,7 @@ from ._listener_async import AsyncListener
 from ._listener_base import mark_waiter
 from ._ops import Op, Query, Row
 from ._postgres_base import (
+    COMMIT_PLANNING,
     DEFAULT_CONNECT_TIMEOUT,
     DRIVER_ERRORS,
     SESSION_PLANNING,
@@ -163,6 +164,8 @@ class _AsyncConnection:
                 await self._control().execute("COMMIT")
                 return
             async with self.raw.pipeline():
+                if self._planning:
+                    await self._control().execute(COMMIT_PLANNING)
                 for op in deferred:
                     query = next(op)
                     # The connection's cursor for the first (the finish: nearly always

@@ -338,7 +338,8 @@ WHERE NOT coalesce((
     JOIN pg_stats AS s
         ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'scope'
     WHERE c.oid = to_regclass('idempotency_keys') AND c.reltuples > 0
-), false)
+), false);
+SELECT set_config('idempotence.plan_cache_mode', current_setting('plan_cache_mode'), false);
 """
 TRANSACTION_PLANNING = (
     "SET LOCAL enable_seqscan TO DEFAULT",
@@ -354,6 +355,17 @@ CLAIM_PLANNING = (
     "set_config('enable_seqscan', current_setting('idempotence.enable_seqscan'), true)"
     " AS seqscan_restored,"
     " set_config('plan_cache_mode', 'force_custom_plan', true) AS custom_plans"
+)
+
+
+# The statements deferred to a transaction's COMMIT (the finish, a phase's checkpoint)
+# go after the application's: this one, sent before them in the same pipeline, gives
+# them the store's own settings back, so they are planned once like the store's
+# statements outside transactions, not at every run.
+COMMIT_PLANNING = (
+    "SELECT set_config('enable_seqscan', 'off', true) AS seqscan_off,"
+    " set_config('plan_cache_mode', current_setting('idempotence.plan_cache_mode'), true)"
+    " AS plans"
 )
 
 
