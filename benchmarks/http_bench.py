@@ -35,6 +35,8 @@ Rows on each server (``ratio`` is req/s over the row named in ``vs``):
 ``transaction``     request-as-transaction: claim, INSERT and stored response in one
                     transaction (vs insert)
 ``transaction-floor`` the same by hand: BEGIN+claim, INSERT, finish+COMMIT (vs insert)
+``transaction-floor-1w`` (PostgreSQL) the key row written once: BEGIN+advisory lock+read,
+                    INSERT, the finished row inserted+COMMIT (vs insert)
 ``replay``          handler mode, one key throughout: every request replays (vs trivial)
 ``replay-floor``    the claim statement by hand on a finished key, answering the stored
                     response (vs trivial)
@@ -87,6 +89,11 @@ def rows(server: str, backend: str) -> list[harness.Row]:
             row(server, "handler-floor", "/plain/floor-handler", "trivial"),
             row(server, "transaction", "/guarded/tx", "insert"),
             row(server, "transaction-floor", "/plain/floor-tx", "insert"),
+            *(
+                [row(server, "transaction-floor-1w", "/plain/floor-tx-1w", "insert")]
+                if backend == "postgres"
+                else []
+            ),
             row(server, "replay-floor", "/plain/floor-handler", "trivial", fixed=True),
         ]
     found += [
@@ -142,6 +149,12 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
             write = (insert, {"amount": item.amount, "note": request.url.path})
             claim = claim_params(backend, request)
             return respond(*await hand.guarded(claim, answer(item), write))
+
+        @plain.post("/plain/floor-tx-1w")
+        async def floor_tx_one_write(item: Item, request: Request) -> Any:
+            write = (insert, {"amount": item.amount, "note": request.url.path})
+            claim = claim_params(backend, request)
+            return respond(*await hand.one_write(claim, answer(item), write))
 
     if backend not in INSERT:
         return harness.trivial_app(harness.our_guard(store))
@@ -267,6 +280,66 @@ class PgHand:
                 await conn.execute("ROLLBACK")
                 raise
             return 201, body, False
+
+    async def one_write(
+        self, claim: dict[str, Any], body: bytes, write: tuple[str, Any]
+    ) -> tuple[int, bytes, bool]:
+        """Request-as-transaction writing the key row once (issue 13, item 5): BEGIN, a
+        transaction-scoped advisory lock on the key and a read of its row in one
+        pipeline, the write, then the finished row inserted with the COMMIT."""
+        from psycopg.rows import dict_row
+
+        from idempotence.stores._ops import Query
+
+        async with self.connection() as conn:
+            lock = conn.cursor(row_factory=dict_row)
+            cur = conn.cursor(row_factory=dict_row)
+            async with conn.pipeline():
+                await conn.execute("BEGIN")
+                await lock.execute(ONE_WRITE_LOCK, claim)
+                await cur.execute(ONE_WRITE_READ, claim)
+            locked = (await lock.fetchone())["locked"]
+            row = await cur.fetchone()
+            try:
+                if not locked or row is not None:
+                    await conn.execute("ROLLBACK")
+                    return settled(row) if row else (409, b'{"error": "in progress"}', False)
+                await conn.execute(*write)
+                finish = {
+                    **claim,
+                    **finish_params({"key": claim["key"], "id": 0, "lock_token": 1}, body),
+                }
+                async with conn.pipeline():
+                    await conn.execute(
+                        self.deferred(Query("finish", ONE_WRITE_INSERT, finish)), finish
+                    )
+                    await conn.execute("COMMIT")
+            except BaseException:
+                await conn.execute("ROLLBACK")
+                raise
+            return 201, body, False
+
+
+ONE_WRITE_LOCK = """
+SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, hashtextextended(%(scope)s, 0)))
+    AS locked
+"""
+ONE_WRITE_READ = "SELECT * FROM idempotency_keys WHERE scope = %(scope)s AND key = %(key)s"
+ONE_WRITE_INSERT = """
+INSERT INTO idempotency_keys AS k (
+    scope, key, request_method, request_path, fingerprint, request_params, flow,
+    recovery_point, lock_timeout, last_run_at, response_status, response_headers,
+    response_body, error, finished_at, expires_at
+)
+VALUES (
+    %(scope)s, %(key)s, %(method)s, %(path)s, %(fingerprint)s, %(params)s::jsonb, %(flow)s,
+    'finished', %(lock_timeout)s, statement_timestamp(), %(status)s, %(headers)s::jsonb,
+    %(body)s, %(error)s, statement_timestamp(),
+    statement_timestamp() + %(retention)s::interval
+)
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING id
+"""
 
 
 class SqliteHand:
