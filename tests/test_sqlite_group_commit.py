@@ -11,6 +11,8 @@ nobody was told of); grouping happens under load, and a lone write commits at on
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import multiprocessing
 import os
 import random
@@ -33,8 +35,10 @@ from idempotence import (
     SqliteStore,
     StoredResponse,
 )
-from idempotence.errors import LockLost, StoreError
+from idempotence.errors import LockLost, StoreError, StoreUnavailable
+from idempotence.stores import _sqlite_base
 from idempotence.stores import sqlite as sqlite_module
+from idempotence.stores._group import Groups
 from idempotence.stores._ops import Dialect, Op
 
 CONCURRENCY = 32
@@ -197,6 +201,26 @@ def write_lock(sqlite_path: str) -> Iterator[Callable[[], Callable[[], None]]]:
     other.close()
 
 
+def committing(groups: Groups[Any]) -> bool:
+    """Whether a commit is under way with nothing queued: its group is taken, and a
+    write arriving now waits for the next."""
+    return groups._busy and len(groups) == 0
+
+
+def until(condition: Callable[[], bool], failure: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.001)
+
+
+async def until_async(condition: Callable[[], bool], failure: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, failure
+        await asyncio.sleep(0.001)
+
+
 def _in_one_group(
     store: SqliteStore, writes: list[Callable[[], Any]], hold: Callable[[], Callable[[], None]]
 ) -> list[Any]:
@@ -215,12 +239,10 @@ def _in_one_group(
 
     with ThreadPoolExecutor(len(writes) + 1) as pool:
         first = pool.submit(store.heartbeat, blocker)
-        time.sleep(0.1)  # the first write is in flight, waiting for the lock
+        # The first write is in flight (waiting for the lock): it took its group.
+        until(lambda: committing(groups), "the first write never went out")
         results = [pool.submit(outcome, write) for write in writes]
-        deadline = time.monotonic() + 10
-        while len(groups) < len(writes):
-            assert time.monotonic() < deadline, "the writes never queued"
-            time.sleep(0.01)
+        until(lambda: len(groups) == len(writes), "the writes never queued")
         unlock()
         first.result(timeout=30)
         return [result.result(timeout=30) for result in results]
@@ -355,16 +377,16 @@ def test_async_writes_queued_behind_a_commit_go_in_one_group(
             blocker = (await store.claim(request("other", "blocker"))).lease
             unlock = write_lock()
             before = commits.grouped
+            queued = store._source._shared.groups._groups  # type: ignore[attr-defined]
             first = asyncio.create_task(store.heartbeat(blocker))
-            await asyncio.sleep(0.1)
+            # The first write is in flight (waiting for the lock): it took its group.
+            await until_async(lambda: committing(queued), "the first write never went out")
             finishes = [store.finish(lease, response(lease.key)) for lease in leases]
             finishes.insert(2, store.finish(zombie, response("zombie")))
             tasks = [asyncio.create_task(f) for f in finishes]
-            queued = store._source._shared.groups._groups  # type: ignore[attr-defined]
-            for _ in range(1000):  # until every finish waits behind the blocked commit
-                if len(queued) == len(finishes):
-                    break
-                await asyncio.sleep(0.01)
+            await until_async(  # every finish waits behind the blocked commit
+                lambda: len(queued) == len(finishes), "the finishes never queued"
+            )
             unlock()
             await first
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -377,6 +399,100 @@ def test_async_writes_queued_behind_a_commit_go_in_one_group(
     results = asyncio.run(main())
     assert isinstance(results[2], LockLost)
     assert [r for i, r in enumerate(results) if i != 2] == [None] * 4
+
+
+# -- the committer cancelled mid-group ------------------------------------------------------
+
+
+@pytest.mark.parametrize("commit", ["commits", "fails"])
+def test_a_committer_cancelled_while_its_thread_commits_tells_no_one_before_the_commit(
+    sqlite_path: str, scope: str, monkeypatch: pytest.MonkeyPatch, commit: str
+) -> None:
+    """The async committer cancelled (the loop closing) while its thread runs a
+    group: the thread runs on, and has the results of the group's first writes (each
+    from its savepoint) before its COMMIT runs. No caller may hear "done" before that
+    COMMIT returned: each hears its write's true outcome once the thread is done,
+    committed or not."""
+    reached, release = threading.Event(), threading.Event()
+    in_savepoints: list[None] = []
+    original = _sqlite_base._Connection._run_in_savepoint
+
+    def held_before_the_commit(conn: Any, write: Any) -> bool:
+        kept = original(conn, write)
+        in_savepoints.append(None)
+        if len(in_savepoints) == 2:  # two writes of the group have their results
+            reached.set()
+            release.wait(30)
+            if commit == "fails":  # as an I/O error would: the group rolls back
+                raise StoreUnavailable("disk I/O error")
+        return kept
+
+    monkeypatch.setattr(_sqlite_base._Connection, "_run_in_savepoint", held_before_the_commit)
+
+    async def main() -> tuple[list[Any], list[Any], bool]:
+        async with AsyncSqliteStore(sqlite_path) as store:
+            leases = [(await store.claim(request(scope, f"k{n}"))).lease for n in range(4)]
+            # Four idle connections: the four finishes reach the committer's queue at
+            # once, before it takes its first group.
+            async with contextlib.AsyncExitStack() as held:
+                for _ in range(4):
+                    await held.enter_async_context(store._source.connection())
+            tasks = [
+                asyncio.create_task(store.finish(lease, response(lease.key))) for lease in leases
+            ]
+            assert await asyncio.to_thread(reached.wait, 10)
+            committer = store._source._shared.groups._committer  # type: ignore[attr-defined]
+            committer.cancel()
+            for _ in range(50):  # loop rounds: the cancellation and what it wakes run
+                await asyncio.sleep(0)
+            told_early = [task.result() for task in tasks if task.done() and not task.exception()]
+            release.set()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            assert committer.cancelled()
+            records = [await store.get(scope, lease.key) for lease in leases]
+            # The store goes on: the next write starts a committer of its own.
+            assert (await store.claim(request(scope, "after"))).outcome is Outcome.EXECUTE
+            return told_early, results, [r.response is not None for r in records]
+
+    told_early, results, finished = asyncio.run(main())
+    assert told_early == []
+    if commit == "commits":
+        assert len(in_savepoints) == 4  # all four in the one group
+        assert results == [None] * 4 and finished == [True] * 4
+    else:  # all four in the one group, which failed at its second write
+        assert [type(r) for r in results] == [StoreUnavailable] * 4
+        assert finished == [False] * 4
+
+
+WRITER: contextvars.ContextVar[str | None] = contextvars.ContextVar("test_writer", default=None)
+
+
+def test_the_async_committer_carries_no_writers_context(
+    sqlite_path: str, scope: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The committer task commits every writer's writes: it must not carry the
+    context (a trace span, log fields) of the writer whose write started it. Each
+    write itself still runs in its own writer's context (see _Write)."""
+    seen_by_commits: list[str | None] = []
+    original = _sqlite_base._Connection.commit_group
+
+    def watched(conn: Any, group: Any) -> None:
+        seen_by_commits.append(WRITER.get())
+        original(conn, group)
+
+    monkeypatch.setattr(_sqlite_base._Connection, "commit_group", watched)
+
+    async def write(name: str, store: AsyncSqliteStore) -> None:
+        WRITER.set(name)  # in this writer's task only
+        await store.claim(request(scope, name))
+
+    async def main() -> None:
+        async with AsyncSqliteStore(sqlite_path) as store:
+            for n in range(3):
+                await asyncio.create_task(write(f"w{n}", store))
+
+    asyncio.run(main())
+    assert seen_by_commits == [None] * 3
 
 
 # -- crash: no acknowledged write is lost ------------------------------------------------

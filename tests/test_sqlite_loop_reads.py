@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -77,5 +79,69 @@ def test_a_read_after_close_is_refused(sqlite_path: str, scope: str) -> None:
         await store.close()
         with pytest.raises(sqlite_module.StoreUnavailable):
             await store.get(scope, "k")
+
+    asyncio.run(main())
+
+
+#: Run in another process: act as a connection recovering the WAL of the database
+#: whose ``-shm`` file is argv[1]. It holds the write and the recovery locks of the
+#: WAL index (byte 120 + lock number: SQLite's unix VFS) and leaves the index header
+#: invalid, so a reader finds the index needs recovering and another connection at
+#: it: SQLITE_BUSY_RECOVERY. On a line on stdin it puts the header back and lets go.
+RECOVERING = """
+import fcntl, mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 120)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 122)
+index = mmap.mmap(fd, 136)
+header = index[:96]
+index[:96] = bytes(96)
+print("recovering", flush=True)
+sys.stdin.readline()
+index[:96] = header
+"""
+
+
+def test_a_read_that_finds_the_database_busy_goes_to_the_connections_thread(
+    sqlite_path: str, scope: str, hops: list[str]
+) -> None:
+    """The reader on the loop never waits (its busy timeout is zero): a statement
+    that finds the database busy (another connection recovering the WAL) runs again
+    on the caller's connection's thread, which waits for it, and answers right."""
+
+    async def main() -> None:
+        async with AsyncSqliteStore(sqlite_path) as store:
+            lease = (await store.claim(request(scope, "k"))).lease
+            await store.finish(lease, StoredResponse.of(201, body="once"))
+            assert await store.get(scope, "k") is not None  # the reader is open now
+            hops.clear()
+            recovering = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                RECOVERING,
+                sqlite_path + "-shm",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            assert recovering.stdin is not None and recovering.stdout is not None
+            try:
+                assert await recovering.stdout.readline() == b"recovering\n"
+                started = time.monotonic()
+                replay = asyncio.create_task(store.claim(request(scope, "k")))
+                deadline = started + 10
+                while "fetch" not in hops:  # the read went to the thread
+                    assert time.monotonic() < deadline, "the read never left the loop"
+                    await asyncio.sleep(0.001)
+                # At once: the loop's reader did not wait in SQLite's busy handler (the
+                # store's busy timeout is 5 s); the thread waits, and the loop runs on.
+                assert time.monotonic() - started < 1.0
+                assert not replay.done()
+            finally:
+                recovering.stdin.write(b"\n")
+                await recovering.stdin.drain()
+                assert await recovering.wait() == 0
+            answer = await asyncio.wait_for(replay, 10)
+            assert answer.outcome is Outcome.REPLAY
+            assert answer.response is not None and answer.response.body == b"once"
 
     asyncio.run(main())

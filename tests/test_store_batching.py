@@ -13,6 +13,7 @@ The decisions alone (what goes in a batch) are tests/unit/test_batch.py.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -24,6 +25,8 @@ import pytest
 
 from idempotence import ClaimRequest, LockLost, Outcome, StoredResponse
 from idempotence.errors import StoreError, StoreInTransaction, StoreUnavailable
+from idempotence.observability import NO_WATCH, Instrumentation, Watch
+from idempotence.states import Claim
 from idempotence.stores import _batch
 from idempotence.stores.postgres import AsyncPostgresStore
 from tests.support.roundtrips import round_trips
@@ -327,20 +330,127 @@ def test_p3_a_storm_of_retries_of_one_key_keeps_its_concurrency(pg_url: str, sco
     """32 concurrent replays of one key cannot share a batch; they go out alone side
     by side, as without batching, not one batch after another."""
 
-    async def main() -> int:
+    async def main() -> tuple[list[int], int, int]:
         async with AsyncPostgresStore(pg_url, max_size=8) as store:
             claim = await store.claim(request(scope, "storm"))
             assert claim.lease is not None
             await store.finish(claim.lease, StoredResponse.of(200))
             sizes = sends(store)
+            alone, peak = alones(store)
             replays = await asyncio.gather(
                 *(store.claim(request(scope, "storm")) for _ in range(32))
             )
             assert {r.outcome for r in replays} == {Outcome.REPLAY}
-            return len(sizes)
+            return sizes, len(alone), max(peak)
 
-    # One batch (of the first queued claim) at most: the 30 others went alone.
-    assert asyncio.run(main()) <= 1
+    sizes, alone, peak = asyncio.run(main())
+    # Through the batcher: the first claim alone, the 31 others queued behind it. Of
+    # those one batch of one (the first queued), and the 30 others alone, all of them
+    # out at once (not one batch after another, nor one at a time).
+    assert sizes == [1]
+    assert alone == 1 + 30
+    assert peak == 30
+
+
+def alones(store: AsyncPostgresStore) -> tuple[list[None], list[int]]:
+    """Every operation the store's batcher runs alone from now on (one entry each),
+    and how many were running at each start."""
+    batcher = store._batcher
+    assert batcher is not None
+    started: list[None] = []
+    peak: list[int] = []
+    running = 0
+    run_alone = batcher._alone
+
+    async def counted(make_op: Any) -> Any:
+        nonlocal running
+        started.append(None)
+        running += 1
+        peak.append(running)
+        try:
+            return await run_alone(make_op)
+        finally:
+            running -= 1
+
+    batcher._alone = counted
+    return started, peak
+
+
+#: Which caller the code running now belongs to (a trace span's, a log context's stand-in).
+CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("test_caller", default=None)
+
+
+class Attributing(Instrumentation):
+    """Notes, for each claim watched and each refused fenced write, whose context
+    reported it."""
+
+    def __init__(self) -> None:
+        self.claims: list[tuple[str, str | None]] = []
+        self.lost: list[tuple[int, str | None]] = []
+
+    def claim(self, request: ClaimRequest) -> Watch[Claim]:
+        self.claims.append((request.key, CALLER.get()))
+        return NO_WATCH
+
+    def lock_lost(self, operation: str, error: LockLost) -> None:
+        self.lost.append((error.token, CALLER.get()))
+
+
+async def as_caller(name: str, work: Awaitable[Any]) -> Any:
+    CALLER.set(name)  # in this caller's task only
+    return await work
+
+
+def test_d11_a_batch_runs_in_no_callers_context_and_each_caller_reports_in_its_own(
+    pg_url: str, scope: str
+) -> None:
+    """The task that sends a lane's batches serves every caller in them: it must not
+    carry the context of the caller whose statement started it (its trace span, its
+    log fields). Each caller's own instrumentation (its claim's watch, its refused
+    finish, F1) still reports in that caller's context."""
+    seen_by_batches: list[str | None] = []
+
+    async def main() -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+        hooks = Attributing()
+        async with AsyncPostgresStore(pg_url, max_size=2, instrumentation=hooks) as store:
+            batcher = store._batcher
+            assert batcher is not None
+            send = batcher._send
+
+            async def watched(queries: list[Any]) -> Any:
+                seen_by_batches.append(CALLER.get())
+                return await send(queries)
+
+            batcher._send = watched
+            keys = [f"k{n}" for n in range(4)]
+            claims = await settle(
+                tasks(*(as_caller(key, store.claim(request(scope, key))) for key in keys))
+            )
+            zombie = claims[2].lease
+            await expire(pg_url, scope, "k2")
+            assert (await store.claim(request(scope, "k2"))).lease.token == zombie.token + 1
+            finishes = await settle(
+                tasks(
+                    *(
+                        as_caller(
+                            claim.lease.key, store.finish(claim.lease, StoredResponse.of(201))
+                        )
+                        for claim in claims
+                    )
+                )
+            )
+            return hooks.claims, hooks.lost, claims, finishes
+
+    claims, lost, outcomes, finishes = asyncio.run(main())
+    assert [c.outcome for c in outcomes] == [Outcome.EXECUTE] * 4
+    assert isinstance(finishes[2], LockLost)
+    # Both the claims and the finishes went out in batches, none in a caller's context.
+    assert len(seen_by_batches) == 2
+    assert seen_by_batches == [None, None]
+    # Each claim watched in its own caller's context (the takeover of k2: the test's).
+    assert sorted(claims[:4]) == [(f"k{n}", f"k{n}") for n in range(4)]
+    assert claims[4] == ("k2", None)
+    assert lost == [(1, "k2")]
 
 
 # -- errors and cancellation ---------------------------------------------------------------
@@ -371,7 +481,12 @@ def test_p11_the_server_killing_a_batchs_connection_reaches_every_caller_in_it(
     results = asyncio.run(main())
     assert results[0].outcome is Outcome.EXECUTE  # alone, before the batch
     assert [type(r) for r in results[1:]] == [StoreUnavailable] * 3
-    assert len({id(r) for r in results[1:]}) == 1  # the one error, as gather's futures
+    # Each caller its own exception (a raise adds to its traceback, a handler may
+    # change it), the batch's one error the cause of each.
+    assert len({id(r) for r in results[1:]}) == 3
+    assert len({id(r.__cause__) for r in results[1:]}) == 1
+    assert isinstance(results[1].__cause__, StoreUnavailable)
+    assert str(results[1]) == str(results[1].__cause__)
 
 
 def test_f1_a_finish_in_a_batch_whose_row_changed_after_its_snapshot_still_finishes(

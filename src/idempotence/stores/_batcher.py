@@ -17,20 +17,28 @@ statement (a claim that met a row committed after its snapshot) runs again alone
 so does a finish the batch returned no row for (:func:`._batch.answered`).
 An error of the batch statement that any statement in it would have met (the
 database gone, a transient abort retried to the end) reaches every caller in it, the
-same exception the single statement would have raised; any other error (a value one
+error the single statement would have raised (each caller its own copy, the batch's
+error its ``__cause__``); any other error (a value one
 caller sent that the database refuses) sends each caller's statement again alone, so
 that only the caller at fault gets it. A caller cancelled while it waits leaves the
 batch (or, once the statement is out, just does not read its rows).
+
+The task that sends the batches runs in a context of its own, empty: it serves every
+caller in its lane, so it must not carry the context of the caller that happened to
+start it (its trace span, its log fields). What each caller reports (its claim's
+watch, a refused fenced write) it reports from its own task, in its own context.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import _batch
+from ._driver import own_copy
 from ._ops import Op, Query, Row
 
 T = TypeVar("T")
@@ -40,6 +48,7 @@ AsyncAlone = Callable[[Callable[[], Op[Any]]], Awaitable[Any]]
 Alone = Callable[[Callable[[], Op[Any]]], Any]
 #: Send a batch of statements of one lane; the rows of each, in order.
 AsyncSend = Callable[[list[Query]], Awaitable[list[list[Row]]]]
+Send = Callable[[list[Query]], list[list[Row]]]
 
 
 @dataclass(slots=True)
@@ -99,7 +108,12 @@ class AsyncBatcher:
         if not any(_waiting(waiter) for waiter in queue):
             del self._lanes[lane]
             return
-        task = asyncio.ensure_future(self._drain(lane, queue))
+        # In an empty context: ensure_future would copy the current one, the context
+        # of the caller whose statement just came back, into a task that serves the
+        # others.
+        task = asyncio.get_running_loop().create_task(
+            self._drain(lane, queue), context=contextvars.Context()
+        )
         self._tasks.add(task)  # the loop holds tasks weakly
         task.add_done_callback(self._tasks.discard)
 
@@ -122,7 +136,7 @@ class AsyncBatcher:
                         if again:
                             waiter.rows.set_result(None)
                         else:
-                            waiter.rows.set_exception(exc)
+                            waiter.rows.set_exception(own_copy(exc))
                     continue
                 for waiter, mine in zip(batch, rows, strict=True):
                     if _waiting(waiter):
@@ -139,9 +153,11 @@ class AsyncBatcher:
 
 class Batcher:
     """The sync store's: every statement goes out alone (a thread waiting for a batch
-    would hold its own connection idle, which is what batching saves)."""
+    would hold its own connection idle, which is what batching saves). It takes
+    ``send`` only because the sync store is generated from the async one, which
+    passes it."""
 
-    def __init__(self, alone: Alone, send: Any, cap: int = _batch.CAP) -> None:
+    def __init__(self, alone: Alone, send: Send) -> None:
         self._alone = alone
 
     def run(self, kind: str, scope: str, make_op: Callable[[], Op[T]]) -> T:

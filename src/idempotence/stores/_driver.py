@@ -9,14 +9,15 @@ generated.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import TransientError
 
-__all__ = ["TRANSIENT_ATTEMPTS", "Blocks", "KeyHeld", "TransientError", "backoff"]
+__all__ = ["TRANSIENT_ATTEMPTS", "Blocks", "KeyHeld", "TransientError", "backoff", "own_copy"]
 from ._ops import Op
 
 #: How often an operation whose transaction the store owns is retried after a
@@ -29,6 +30,23 @@ class KeyHeld(Exception):
     """The claim that opens a transaction (F3) found the key's row held by another
     open transaction and did not wait for it (F8): its transaction rolled back. The
     store answers the claim from a read instead (:func:`~._ops.claim_held`)."""
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def own_copy(error: E) -> E:
+    """A copy of ``error`` for one of several callers that all meet it (a batch's, a
+    group commit's), the original its ``__cause__``: callers must not share one
+    exception object, since each raise adds to its traceback and a handler may change
+    it under the others. ``error`` itself if its type cannot be copied (a constructor
+    that does not take its ``args`` back): better shared than lost."""
+    try:
+        mine = copy.copy(error)
+    except Exception:
+        return error
+    mine.__cause__ = error
+    return mine
 
 
 def backoff(attempt: int) -> float:

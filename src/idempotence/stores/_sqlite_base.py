@@ -4,7 +4,6 @@ translation, a connection and its group commit (see :mod:`.sqlite`)."""
 from __future__ import annotations
 
 import contextvars
-import copy
 import itertools
 import sqlite3
 import threading
@@ -20,7 +19,7 @@ from typing import Any, Generic, TypeVar
 from ..errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
 from ..states import ClaimRequest
 from ._connection import body, run
-from ._driver import Blocks, TransientError
+from ._driver import Blocks, TransientError, own_copy
 from ._group import Groups
 from ._ops import APPLICATION, Dialect, Op, Query, Row, claim_in_transaction
 
@@ -208,10 +207,12 @@ class _Connection:
                 with _translated():
                     self.raw.execute("COMMIT")
             except BaseException as exc:
+                interrupted = exc if isinstance(exc, Exception) else _interrupted(exc)
+                # Settled before the rollback: a rollback that fails as well must not
+                # leave a write holding the result of a savepoint that never committed.
+                _fail(group, interrupted)
                 if self.raw.in_transaction:
                     self.raw.rollback()
-                interrupted = exc if isinstance(exc, Exception) else _interrupted(exc)
-                _fail(group, interrupted)
                 if interrupted is not exc:
                     raise
 
@@ -286,8 +287,7 @@ def _fail(writes: Sequence[_Write[Any]], error: Exception) -> None:
     for write in writes:
         write.op.close()
         if write.error is None:
-            write.error = copy.copy(error)
-            write.error.__cause__ = error
+            write.error = own_copy(error)
 
 
 class _ThreadWrite(_Write[T]):

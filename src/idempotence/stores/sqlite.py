@@ -20,11 +20,12 @@ flight go in the next, one savepoint each, answered after the COMMIT
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import (
     AbstractContextManager,
@@ -304,7 +305,11 @@ class _TaskGroups:
     async def write(self, op: Op[T], *, atomic: bool) -> T:
         write = _TaskWrite(op, atomic=atomic)
         if self._groups.arrive(write):
-            self._committer = asyncio.create_task(self._commit())
+            # In an empty context: it commits every writer's write, not only this
+            # one's (each write runs in its own caller's context, see _Write).
+            self._committer = asyncio.get_running_loop().create_task(
+                self._commit(), context=contextvars.Context()
+            )
         # A caller cancelled here is not waited for; a write not yet taken is dropped,
         # one in flight commits or not (as a write whose thread already runs it).
         await write.future
@@ -321,7 +326,7 @@ class _TaskGroups:
                     if group:
                         conn = await self._connection()
                         async with self._writer:
-                            await conn._call(conn._conn.commit_group, group)
+                            await _to_the_end(conn._call(conn._conn.commit_group, group))
                 except Exception as exc:
                     _fail(group, exc)
                 finally:
@@ -353,6 +358,23 @@ class _TaskGroups:
         conn, self._conn = self._conn, None
         if conn is not None:
             await conn.close(close_raw=True)
+
+
+async def _to_the_end(call: Awaitable[T]) -> T:
+    """Await ``call``, a trip to a connection's thread, until the thread is done with
+    it, even when cancelled meanwhile (the cancellation is raised then). Cancelling
+    the await does not stop the thread: a group it commits has its writes' results
+    before its COMMIT has run, and none may be told before the COMMIT returned."""
+    future = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([future])
+        if not future.cancelled():
+            future.exception()  # retrieved: the writes carry what it decided
+        raise
 
 
 def _wake(group: list[_TaskWrite[Any]]) -> None:
