@@ -71,6 +71,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
+import _harness as harness
 import psycopg
 import psycopg_pool
 from psycopg import conninfo
@@ -650,6 +651,8 @@ def run_backend(backend: Backend, apis: list[Api], settings: Settings) -> list[R
     )
     with setup:
         prepare(setup)
+    if backend == "postgres":
+        harness.in_service(settings.postgres)  # statistics, as a table in service has
     results: list[Result] = []
     for api in apis:
         run = run_sync if api == "sync" else run_async
