@@ -102,8 +102,12 @@ class _Connection:
     def fetch(self, query: Query) -> list[Row]:
         with translated(query.name):
             cur = self._statements()
+            # Inside a transaction on the store's own connections, planned at this run
+            # (see TRANSACTION_PLANNING).
+            intx = self.raw.info.transaction_status == pq.TransactionStatus.INTRANS
+            prepare = False if self._planning and intx else None
             # No parameters: a script of several statements (migrations) is allowed.
-            cur.execute(query.sql, query.params or None)
+            cur.execute(query.sql, query.params or None, prepare=prepare)
             # pgresult.status is what cur.description would tell, without building
             # a column description per statement (measurable on the hot path).
             return cur.fetchall() if has_rows(cur) else []
@@ -217,7 +221,10 @@ class _Bounded:
     def fetch(self, query: Query) -> list[Row]:
         raw = self._conn.raw
         with translated(), held(), raw.cursor(row_factory=dict_row) as cur:
-            cur.execute(bounded_claim(query, self._conn._planning), query.params)
+            # Again, after its settings applied: planned at this run.
+            planning = self._conn._planning
+            prepare = False if planning else None
+            cur.execute(bounded_claim(query, planning), query.params, prepare=prepare)
             return cur.fetchall() if has_rows(cur) else []
 
 

@@ -100,8 +100,12 @@ class _AsyncConnection:
     async def fetch(self, query: Query) -> list[Row]:
         with translated(query.name):
             cur = self._statements()
+            # Inside a transaction on the store's own connections, planned at this run
+            # (see TRANSACTION_PLANNING).
+            intx = self.raw.info.transaction_status == pq.TransactionStatus.INTRANS
+            prepare = False if self._planning and intx else None
             # No parameters: a script of several statements (migrations) is allowed.
-            await cur.execute(query.sql, query.params or None)
+            await cur.execute(query.sql, query.params or None, prepare=prepare)
             # pgresult.status is what cur.description would tell, without building
             # a column description per statement (measurable on the hot path).
             return await cur.fetchall() if has_rows(cur) else []
@@ -216,7 +220,10 @@ class _Bounded:
         raw = self._conn.raw
         with translated(), held():
             async with raw.cursor(row_factory=dict_row) as cur:
-                await cur.execute(bounded_claim(query, self._conn._planning), query.params)
+                # Again, after its settings applied: planned at this run.
+                planning = self._conn._planning
+                prepare = False if planning else None
+                await cur.execute(bounded_claim(query, planning), query.params, prepare=prepare)
                 return await cur.fetchall() if has_rows(cur) else []
 
 

@@ -314,11 +314,14 @@ def settle_deferred(deferred: list[Op[Any]], rows: list[list[Row]], refused: boo
 #   sweeper's locked_at IS NOT NULL): a scan of a small partial index ties too.
 # tests/test_postgres_plans.py holds the generic plan of every statement to this.
 # The application's statements in a transaction on these connections (F3, phases)
-# must not plan without sequential scans: the store opens every transaction there
-# with TRANSACTION_PLANNING, which restores the server's setting and plans each
-# statement with its parameters (as without prepared statements), so no generic plan
-# is ever made inside one. Store statements in a transaction pay for their planning,
-# as before; those on their own (handler mode, replays, heartbeats) do not.
+# must plan as the server is configured, sequential scans allowed: the store opens
+# every transaction there with TRANSACTION_PLANNING, or, when a request's claim opens
+# it, with CLAIM_PLANNING in the claim itself. Then no generic plan of the store's may
+# be made inside one, where it could be a scan: the store's statements in the middle
+# of a transaction are sent unprepared (planned at that run), and those deferred to
+# the COMMIT (the finish, a phase's checkpoint) follow COMMIT_PLANNING, which turns
+# sequential scans off again, and are planned once. A claim that opens a transaction
+# is planned before its own settings apply, with the connection's.
 # The server's own setting is kept in idempotence.enable_seqscan first, for
 # CLAIM_PLANNING, which cannot say TO DEFAULT; last, a connection opened while the
 # statistics do not make generic plans safe plans at every run (see above). (One
@@ -338,35 +341,16 @@ WHERE NOT coalesce((
     JOIN pg_stats AS s
         ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'scope'
     WHERE c.oid = to_regclass('idempotency_keys') AND c.reltuples > 0
-), false);
-SELECT set_config('idempotence.plan_cache_mode', current_setting('plan_cache_mode'), false);
+), false)
 """
-TRANSACTION_PLANNING = (
-    "SET LOCAL enable_seqscan TO DEFAULT",
-    "SET LOCAL plan_cache_mode = force_custom_plan",
-)
-# A transaction that opens with a request's claim (F3) takes the same settings from
-# the claim itself, as it bounds its lock wait: two statements fewer in the BEGIN's
-# pipeline, and the claim, planned before its own settings apply, is planned once
-# (generically, without sequential scans) like the store's other statements. Each
-# branch of the claim's final SELECT sets them (a claim that returns no row runs
-# again: claim_in_one_statement).
+TRANSACTION_PLANNING = ("SET LOCAL enable_seqscan TO DEFAULT",)
+# Set by each branch of the claim's final SELECT (a claim that returns no row runs
+# again: claim_in_one_statement), as it bounds its lock wait: no statement added.
 CLAIM_PLANNING = (
     "set_config('enable_seqscan', current_setting('idempotence.enable_seqscan'), true)"
-    " AS seqscan_restored,"
-    " set_config('plan_cache_mode', 'force_custom_plan', true) AS custom_plans"
+    " AS seqscan_restored"
 )
-
-
-# The statements deferred to a transaction's COMMIT (the finish, a phase's checkpoint)
-# go after the application's: this one, sent before them in the same pipeline, gives
-# them the store's own settings back, so they are planned once like the store's
-# statements outside transactions, not at every run.
-COMMIT_PLANNING = (
-    "SELECT set_config('enable_seqscan', 'off', true) AS seqscan_off,"
-    " set_config('plan_cache_mode', current_setting('idempotence.plan_cache_mode'), true)"
-    " AS plans"
-)
+COMMIT_PLANNING = "SELECT set_config('enable_seqscan', 'off', true) AS seqscan_off"
 
 
 L = TypeVar("L", Listener, AsyncListener)
