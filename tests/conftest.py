@@ -8,6 +8,7 @@ databases are files in the test's temporary directory.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,16 +70,30 @@ def pg_server() -> Iterator[ProvidedServer]:
         yield server
 
 
-@pytest.fixture(scope="session")
-def pg_url(pg_server: ProvidedServer) -> Iterator[str]:
-    """A migrated database of this test run's own."""
-    url = create_database(pg_server.url)
+@contextlib.contextmanager
+def migrated_database(server_url: str, prefix: str = "idempotence") -> Iterator[str]:
+    url = create_database(server_url, prefix=prefix)
     try:
         with PostgresStore(url) as store:
             store.migrate()
         yield url
     finally:
-        drop_database(pg_server.url, url)
+        drop_database(server_url, url)
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_server: ProvidedServer) -> Iterator[str]:
+    """A migrated database of this test run's own."""
+    with migrated_database(pg_server.url) as url:
+        yield url
+
+
+@pytest.fixture
+def fresh_pg_url(pg_server: ProvidedServer) -> Iterator[str]:
+    """A migrated database of this test's own, for a test that depends on what the
+    key table holds or on its statistics."""
+    with migrated_database(pg_server.url, prefix="idempotence_fresh") as url:
+        yield url
 
 
 @pytest.fixture

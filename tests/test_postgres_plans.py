@@ -276,16 +276,12 @@ SETTINGS = (
 
 
 @pytest.fixture
-def fresh_url(pg_server: ProvidedServer) -> Iterator[str]:
-    """A migrated database of this test's own: what the store plans depends on what
-    the key table holds and on its statistics."""
-    url = create_database(pg_server.url, prefix="idempotence_plans")
-    try:
-        with PostgresStore(url) as store:
-            store.migrate()
-        yield url
-    finally:
-        drop_database(pg_server.url, url)
+def in_service_url(fresh_pg_url: str) -> str:
+    """A database whose key table has keys and statistics, as one in service has."""
+    with PostgresStore(fresh_pg_url, max_size=1) as store:
+        claim_and_finish(store, "seed", 20)
+    analyze(fresh_pg_url)
+    return fresh_pg_url
 
 
 def prepared(tx: Any) -> dict[str, tuple[int, int]]:
@@ -333,15 +329,15 @@ def test_generic_plans_of_lookups_by_key_scan_the_scope_on_a_young_table(
     assert {"claim", "claim_batch", "get"} <= scanned, scanned
 
 
-def test_a_connection_opened_before_the_first_analyze_plans_at_every_run(fresh_url: str) -> None:
-    analyze(fresh_url)  # empty: no statistics still
-    with PostgresStore(fresh_url, max_size=1) as store:
+def test_a_connection_opened_before_the_first_analyze_plans_at_every_run(fresh_pg_url: str) -> None:
+    analyze(fresh_pg_url)  # empty: no statistics still
+    with PostgresStore(fresh_pg_url, max_size=1) as store:
         claim_and_finish(store, "young", 20)
         with store.transaction() as tx:
             young = prepared(tx)
     assert len(young) == 2 and all(generic == 0 for generic, _ in young.values()), young
-    analyze(fresh_url)  # 20 keys in one scope
-    with PostgresStore(fresh_url, max_size=1) as store:
+    analyze(fresh_pg_url)  # 20 keys in one scope
+    with PostgresStore(fresh_pg_url, max_size=1) as store:
         claim_and_finish(store, "analyzed", 20)
         with store.transaction() as tx:
             analyzed = prepared(tx)
@@ -349,15 +345,12 @@ def test_a_connection_opened_before_the_first_analyze_plans_at_every_run(fresh_u
 
 
 def test_a_finish_at_commit_is_planned_once_after_the_applications_statements(
-    fresh_url: str,
+    in_service_url: str,
 ) -> None:
     # Request-as-transaction: the claim opens the transaction and restores the server's
     # settings for the application's INSERT; the finish, deferred to the COMMIT, gets
     # the store's own back (COMMIT_PLANNING) and keeps one generic plan.
-    with PostgresStore(fresh_url, max_size=1) as store:
-        claim_and_finish(store, "seed", 20)
-    analyze(fresh_url)
-    with PostgresStore(fresh_url, max_size=1) as store:
+    with PostgresStore(in_service_url, max_size=1) as store:
         for n in range(15):
             request = ClaimRequest(scope="plans", key=f"tx{n}", fingerprint=FP)
             with store.transaction(claim=request) as tx:
@@ -373,14 +366,11 @@ def test_a_finish_at_commit_is_planned_once_after_the_applications_statements(
 
 
 def test_the_stores_statements_inside_a_transaction_get_no_generic_plan(
-    fresh_url: str,
+    in_service_url: str,
 ) -> None:
     # Sequential scans are on there (the application's settings): a generic plan made
     # then could be a scan of a table still small, kept for the connection's life.
-    with PostgresStore(fresh_url, max_size=1) as store:
-        claim_and_finish(store, "seed", 20)
-    analyze(fresh_url)
-    with PostgresStore(fresh_url, max_size=1) as store:
+    with PostgresStore(in_service_url, max_size=1) as store:
         for n in range(15):
             with store.transaction() as tx:
                 request = ClaimRequest(scope="plans", key=f"in-tx{n}", fingerprint=FP)
@@ -392,16 +382,16 @@ def test_the_stores_statements_inside_a_transaction_get_no_generic_plan(
     assert all(generic == 0 for generic, _ in plans.values()), plans
 
 
-def test_statistics_of_a_key_per_scope_keep_plans_per_run(fresh_url: str) -> None:
+def test_statistics_of_a_key_per_scope_keep_plans_per_run(fresh_pg_url: str) -> None:
     # Fifty tenants with a key each, analyzed: a generic plan would tie as on a young
     # table, and a tenant that grows would have its scope read at every claim.
-    with PostgresStore(fresh_url, max_size=1) as store:
+    with PostgresStore(fresh_pg_url, max_size=1) as store:
         for n in range(50):
             claim = store.claim(ClaimRequest(scope=f"tenant-{n}", key="k", fingerprint=FP))
             assert claim.lease is not None
             store.finish(claim.lease, StoredResponse.of(201, body=b"ok"))
-    analyze(fresh_url)
-    with PostgresStore(fresh_url, max_size=1) as store:
+    analyze(fresh_pg_url)
+    with PostgresStore(fresh_pg_url, max_size=1) as store:
         claim_and_finish(store, "grows", 20)
         with store.transaction() as tx:
             plans = prepared(tx)
@@ -409,17 +399,14 @@ def test_statistics_of_a_key_per_scope_keep_plans_per_run(fresh_url: str) -> Non
 
 
 def test_the_store_plans_its_own_statements_once_and_the_applications_as_the_server_does(
-    fresh_url: str,
+    in_service_url: str,
 ) -> None:
     # Handler mode: claims and finishes on their own, on the store's one connection,
     # are planned once (generic plans) after psycopg prepares them. The application's
     # statements in a transaction there (F3, and a phase's) plan as the server is
     # configured, with their own parameters: sequential scans allowed.
     request = ClaimRequest(scope="plans", key="tx", fingerprint=FP)
-    with PostgresStore(fresh_url, max_size=1) as store:
-        claim_and_finish(store, "seed", 20)
-    analyze(fresh_url)  # a table in service has statistics (see the tests above without)
-    with PostgresStore(fresh_url, max_size=1) as store:
+    with PostgresStore(in_service_url, max_size=1) as store:
         claim_and_finish(store, "k", 20)
         with store.transaction() as tx:
             plans = prepared(tx)
@@ -433,7 +420,7 @@ def test_the_store_plans_its_own_statements_once_and_the_applications_as_the_ser
     assert in_phase == server and in_request == server
 
     async def async_settings() -> tuple[dict[str, Any], dict[str, Any]]:
-        async with AsyncPostgresStore(fresh_url, max_size=1) as store:
+        async with AsyncPostgresStore(in_service_url, max_size=1) as store:
             async with store.transaction() as tx:
                 phase = (await tx.execute(SETTINGS))[0]
             async with store.transaction(
