@@ -131,10 +131,12 @@ class Acks:
     ``multiple`` covers the channel's deliveries up to the tag, which one consumer
     settles in order (a nacked one is no longer outstanding). The acks go out before
     the adapter could wait for the broker (no delivery waiting in the client's buffer),
-    before a nack, before the consumer is cancelled, and once half the prefetch is
-    pending, so the broker keeps delivering. A connection lost before they go out
-    redelivers those messages, and the guard absorbs them (duplicates), as it absorbs
-    the one a consumer dies holding. Delivery tags are the channel's: one per session.
+    before a nack, before the consumer is cancelled, once half the prefetch is pending,
+    so the broker keeps delivering, and at once after a forwarded copy (requeue,
+    dead letter), so a crash leaves two copies of that one message at most, as before.
+    A connection lost before the acks go out redelivers those messages, and the guard
+    absorbs them (duplicates), as it absorbs the one a consumer dies holding. Delivery
+    tags are the channel's: one per session.
 
     >>> acks = Acks(prefetch=4)
     >>> acks.settled(1); acks.due(waiting=3)

@@ -137,6 +137,10 @@ class PikaConsumer(Settings[KeyStore]):
             )
             channel.basic_publish("", copy.routing_key, body, props, mandatory=True)
         acks.settled(method.delivery_tag)  # acked soon, with others (M1: after the commit)
+        if copy is not None:
+            # A copy went out: ack its original at once, as before, so a crash cannot
+            # leave two copies of more than this one (requeued, dead-lettered).
+            _ack(channel, acks)
         if logger.isEnabledFor(logging.DEBUG):  # build the account only for a reader
             logger.debug("consumer %r: %s", self.name, described(disposition))
 
