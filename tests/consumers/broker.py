@@ -77,6 +77,19 @@ class Broker:
         """Ready messages in ``queue`` (unacked ones are not counted)."""
         return int(self.channel.queue_declare(queue, passive=True).method.message_count)
 
+    def unacked(self, queue: str) -> int:
+        """Messages of ``queue`` delivered and not acknowledged yet (the broker's count,
+        read with ``rabbitmqctl``: AMQP does not tell it)."""
+        listed = subprocess.run(
+            ["rabbitmqctl", "-q", "list_queues", "name", "messages_unacknowledged"],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+        for line in listed.splitlines():
+            name, _, count = line.rpartition("\t")
+            if name == queue:
+                return int(count)
+        raise AssertionError(f"no queue {queue!r} on the broker")
+
     def drain(self, queue: str) -> list[tuple[pika.BasicProperties, bytes]]:
         """Take every ready message of ``queue``."""
         taken = []

@@ -142,6 +142,66 @@ def test_m2_two_consumers_racing_one_message_make_one_effect(
             assert "in_progress" in outcomes, outcomes
 
 
+def test_m1_batched_acks_follow_the_commits_and_none_is_left_once_idle(
+    amqp_url: str, consumer_sqlite_path: str
+) -> None:
+    """The pika adapter acks settled deliveries together (``multiple``): a delivery is
+    never acked before its commit (M1), and once nothing waits in the client's buffer
+    every settled one is acked; 37 messages leave an odd batch at the end."""
+    url = consumer_sqlite_path
+    consumer = Consumer(name="batched", handler=_writer(url), transactional=True)
+    acked_early: list[str] = []
+
+    def check_done(message: Message, disposition: Any) -> None:
+        with sync_store(url) as store:
+            record = store.get("batched", str(message.message_id))
+        if record is None or not record.finished:
+            acked_early.append(str(message.message_id))
+
+    settled: Settled = []
+    with queue_for_test(amqp_url) as (broker, queue):
+        for i in range(37):
+            broker.publish(queue, b"{}", f"m-{i}")
+        with running("pika", consumer, url, amqp_url, queue, settled, check_done, prefetch=16):
+            wait_for(lambda: len(settled) == 37, what="37 settled deliveries")
+            # Idle, still consuming: the last batch went out without a stop.
+            wait_for(lambda: broker.unacked(queue) == 0, what="every delivery acked")
+        assert broker.count(queue) == 0
+    assert not acked_early, f"settled before the commit: {acked_early}"
+    assert _effects(url) == 37
+    assert {d.outcome for _, d in settled} == {"processed"}
+
+
+def test_m1_a_dead_lettered_delivery_is_acked_at_once_with_those_before_it(
+    amqp_url: str, consumer_sqlite_path: str
+) -> None:
+    """A delivery the pika adapter forwarded (here dead-lettered: no id) is acked as
+    soon as its copy is confirmed, not with a later batch, so a crash cannot leave two
+    copies of more than that one; the batch settled before it goes with it."""
+    url = consumer_sqlite_path
+    consumer = Consumer(name="forwarded", handler=_writer(url), transactional=True)
+    unacked: list[int] = []
+
+    def after_the_copy(message: Message, disposition: Any) -> None:
+        if message.message_id == "after-0":  # before its own ack
+            unacked.append(broker.unacked(queue))
+
+    settled: Settled = []
+    with queue_for_test(amqp_url) as (broker, queue):
+        for i in range(5):
+            broker.publish(queue, b"{}", f"before-{i}")
+        broker.publish(queue, b"{}")  # no message id: hostile, dead-lettered
+        for i in range(5):
+            broker.publish(queue, b"{}", f"after-{i}")
+        with running("pika", consumer, url, amqp_url, queue, settled, prefetch=16,
+                     hook=after_the_copy):  # fmt: skip
+            wait_for(lambda: len(settled) == 11, what="11 settled deliveries")
+            wait_for(lambda: broker.unacked(queue) == 0, what="every delivery acked")
+        assert broker.count(queue + ".dead") == 1
+    # All 11 were delivered at once (prefetch 16): the 5 after the copy are unacked.
+    assert unacked == [5]
+
+
 def _consumers(broker: Broker, queue: str) -> int:
     return int(broker.channel.queue_declare(queue, passive=True).method.consumer_count)
 

@@ -122,6 +122,52 @@ KEPT_PROPERTIES = (
 )
 
 
+class Acks:
+    """The deliveries settled (committed, forwarded) but not acked yet, acked together
+    with one ``basic.ack`` (``multiple=True``): an ack frame per few messages instead of
+    one per message, on the client, the wire and the broker.
+
+    M1 holds: a delivery is recorded only once the guard settled it, and an ack with
+    ``multiple`` covers the channel's deliveries up to the tag, which one consumer
+    settles in order (a nacked one is no longer outstanding). The acks go out before
+    the adapter could wait for the broker (no delivery waiting in the client's buffer),
+    before a nack, before the consumer is cancelled, once half the prefetch is pending,
+    so the broker keeps delivering, and at once after a forwarded copy (requeue,
+    dead letter), so a crash leaves two copies of that one message at most, as before.
+    A connection lost before the acks go out redelivers those messages, and the guard
+    absorbs them (duplicates), as it absorbs the one a consumer dies holding. Delivery
+    tags are the channel's: one per session.
+
+    >>> acks = Acks(prefetch=4)
+    >>> acks.settled(1); acks.due(waiting=3)
+    False
+    >>> acks.settled(2); acks.due(waiting=3), acks.take()
+    (True, 2)
+    >>> acks.take() is None
+    True
+    """
+
+    __slots__ = ("_count", "_last", "_limit")
+
+    def __init__(self, prefetch: int) -> None:
+        self._limit = max(1, prefetch // 2)
+        self._last: int | None = None
+        self._count = 0
+
+    def settled(self, tag: int) -> None:
+        """Delivery ``tag`` is settled: it may be acked."""
+        self._last, self._count = tag, self._count + 1
+
+    def due(self, waiting: int) -> bool:
+        """Ack now? ``waiting``: the deliveries the client holds, not handled yet."""
+        return self._count >= self._limit or (self._count > 0 and waiting == 0)
+
+    def take(self) -> int | None:
+        """The tag to ack with ``multiple=True`` (None: nothing pending); forgets it."""
+        tag, self._last, self._count = self._last, None, 0
+        return tag
+
+
 def connection_name(queue: str, name: str | None) -> str:
     """The name the adapter's connection shows in ``rabbitmqctl list_connections``."""
     return name or f"idempotence-consumer:{queue}"

@@ -3,7 +3,8 @@
 A thin adapter: it turns each delivery into a :class:`~idempotence.consumers.Message`,
 asks the guard (:func:`~idempotence.consumers.process`) what to do, forwards the copy
 the guard's answer needs (delay or dead-letter queue, see
-:mod:`idempotence.consumers._rabbitmq`), and acks only then (M1). It declares the
+:mod:`idempotence.consumers._rabbitmq`), and acks only then (M1), several settled
+deliveries in one ack (``multiple``, see :class:`~._rabbitmq.Acks`). It declares the
 queues, sets the prefetch, reconnects when the connection is lost (unacked deliveries
 come back and the guard absorbs what was done), and stops gracefully: :meth:`stop`
 (SIGTERM, with :meth:`PikaConsumer.install_signal_handlers`) lets the current message
@@ -29,7 +30,16 @@ from pika.adapters.blocking_connection import BlockingChannel
 from ..stores import KeyStore
 from ._driver import process
 from ._guard import Consumer
-from ._rabbitmq import DEFAULT_URL, KEPT_PROPERTIES, Options, Settings, described, forward, incoming
+from ._rabbitmq import (
+    DEFAULT_URL,
+    KEPT_PROPERTIES,
+    Acks,
+    Options,
+    Settings,
+    described,
+    forward,
+    incoming,
+)
 
 logger = logging.getLogger("idempotence.consumers")
 
@@ -76,13 +86,17 @@ class PikaConsumer(Settings[KeyStore]):
             if self.declare:
                 self._declare(channel)
             logger.info("consumer %r: consuming %r", self.name, self.topology.queue)
+            acks = Acks(self.prefetch)  # delivery tags are the channel's
             for method, properties, body in channel.consume(
                 self.topology.queue, inactivity_timeout=0.25
             ):
                 if method is not None:
-                    self._handle(channel, method, properties, body)
+                    self._handle(channel, acks, method, properties, body)
+                if acks.due(channel.get_waiting_message_count()):
+                    _ack(channel, acks)
                 if self._stopping.is_set():
                     break
+            _ack(channel, acks)
             channel.cancel()  # prefetched, unacked deliveries go back to the queue
         finally:
             if connection.is_open:
@@ -96,7 +110,9 @@ class PikaConsumer(Settings[KeyStore]):
         )
         channel.queue_declare(topology.dead_letter_queue, durable=True)
 
-    def _handle(self, channel: BlockingChannel, method: Any, properties: Any, body: bytes) -> None:
+    def _handle(
+        self, channel: BlockingChannel, acks: Acks, method: Any, properties: Any, body: bytes
+    ) -> None:
         message = incoming(body, properties.message_id, properties.headers, method.redelivered)
         try:
             disposition = process(self.consumer, self.store, message)
@@ -104,6 +120,7 @@ class PikaConsumer(Settings[KeyStore]):
             # The guard itself failed (not the handler, which it answers): nothing was
             # acked; the delivery goes back to the queue.
             logger.error("consumer %r: the guard failed: %r", self.name, exc, exc_info=exc)
+            _ack(channel, acks)  # those settled before it, first
             channel.basic_nack(method.delivery_tag, requeue=True)
             self._stopping.wait(self.reconnect_delay)
             return
@@ -119,6 +136,17 @@ class PikaConsumer(Settings[KeyStore]):
                 **kept,
             )
             channel.basic_publish("", copy.routing_key, body, props, mandatory=True)
-        channel.basic_ack(method.delivery_tag)
+        acks.settled(method.delivery_tag)  # acked soon, with others (M1: after the commit)
+        if copy is not None:
+            # A copy went out: ack its original at once, as before, so a crash cannot
+            # leave two copies of more than this one (requeued, dead-lettered).
+            _ack(channel, acks)
         if logger.isEnabledFor(logging.DEBUG):  # build the account only for a reader
             logger.debug("consumer %r: %s", self.name, described(disposition))
+
+
+def _ack(channel: BlockingChannel, acks: Acks) -> None:
+    """Ack the settled deliveries not acked yet, in one frame."""
+    tag = acks.take()
+    if tag is not None:
+        channel.basic_ack(tag, multiple=True)
