@@ -125,6 +125,8 @@ class CachedStore(Store):
             self._put(name, self._cache.entry(claim.record))
         elif self._cache.stale(found, claim):
             self._put(name, self._cache.tombstone(claim.record.id - 1))
+        if claim.outcome is Outcome.EXECUTE:
+            self._cache.claimed(claim)
         return claim
 
     def finish(
@@ -139,16 +141,25 @@ class CachedStore(Store):
         """The primary's finish; then, unless it is part of ``tx``, the finished
         record is written to Redis (it is committed: the cache only ever holds what
         the primary holds)."""
-        if tx is not None or at_commit:
+        claimed = self._cache.settled(lease)
+        if tx is not None or at_commit or claimed is None:
+            # A finish in a transaction, or of a claim not made here: its first replay
+            # is cached.
             self.primary.finish(lease, response, tx=tx, error=error, at_commit=at_commit)
             return
-        record = self.primary._finish_record(lease, response, error)
+        # The primary's plain finish, batched as it is (DESIGN 11), returning only the
+        # two times it sets: the rest of the finished row is the claim's record.
+        finished_at, expires_at = self.primary._finish_times(lease, response, error)
+        record = self._cache.finished(claimed, response, error, finished_at, expires_at)
         self._put(self._cache.name(lease.scope, lease.key), self._cache.entry(record))
 
-    def _finish_record(
+    def _finish_times(
         self, lease: Lease, response: StoredResponse, error: str | None
-    ) -> KeyRecord:
-        return self.primary._finish_record(lease, response, error)
+    ) -> tuple[datetime, datetime | None]:
+        return self.primary._finish_times(lease, response, error)
+
+    def _finish_own(self, lease: Lease, op: Callable[[], Op[T]]) -> T:
+        return self.primary._finish_own(lease, op)
 
     def _invalidate(self, scope: str, key: str, key_id: int) -> None:
         """Store a tombstone that refuses the entries of row ``key_id`` and older;
@@ -230,6 +241,7 @@ class CachedStore(Store):
         return self.primary.checkpoint(tx, lease, recovery_point, calling=calling)
 
     def release(self, lease: Lease) -> None:
+        self._cache.settled(lease)
         self.primary.release(lease)
 
     def heartbeat(self, lease: Lease) -> datetime:
@@ -249,6 +261,7 @@ class CachedStore(Store):
         )
 
     def forget(self, lease: Lease) -> None:
+        self._cache.settled(lease)
         self.primary.forget(lease)
 
     def stage_jobs(self, tx: Transaction, lease: Lease, jobs: list[tuple[str, str, Any]]) -> None:

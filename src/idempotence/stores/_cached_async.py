@@ -123,6 +123,8 @@ class AsyncCachedStore(AsyncStore):
             await self._put(name, self._cache.entry(claim.record))
         elif self._cache.stale(found, claim):
             await self._put(name, self._cache.tombstone(claim.record.id - 1))
+        if claim.outcome is Outcome.EXECUTE:
+            self._cache.claimed(claim)
         return claim
 
     async def finish(
@@ -137,16 +139,25 @@ class AsyncCachedStore(AsyncStore):
         """The primary's finish; then, unless it is part of ``tx``, the finished
         record is written to Redis (it is committed: the cache only ever holds what
         the primary holds)."""
-        if tx is not None or at_commit:
+        claimed = self._cache.settled(lease)
+        if tx is not None or at_commit or claimed is None:
+            # A finish in a transaction, or of a claim not made here: its first replay
+            # is cached.
             await self.primary.finish(lease, response, tx=tx, error=error, at_commit=at_commit)
             return
-        record = await self.primary._finish_record(lease, response, error)
+        # The primary's plain finish, batched as it is (DESIGN 11), returning only the
+        # two times it sets: the rest of the finished row is the claim's record.
+        finished_at, expires_at = await self.primary._finish_times(lease, response, error)
+        record = self._cache.finished(claimed, response, error, finished_at, expires_at)
         await self._put(self._cache.name(lease.scope, lease.key), self._cache.entry(record))
 
-    async def _finish_record(
+    async def _finish_times(
         self, lease: Lease, response: StoredResponse, error: str | None
-    ) -> KeyRecord:
-        return await self.primary._finish_record(lease, response, error)
+    ) -> tuple[datetime, datetime | None]:
+        return await self.primary._finish_times(lease, response, error)
+
+    async def _finish_own(self, lease: Lease, op: Callable[[], Op[T]]) -> T:
+        return await self.primary._finish_own(lease, op)
 
     async def _invalidate(self, scope: str, key: str, key_id: int) -> None:
         """Store a tombstone that refuses the entries of row ``key_id`` and older;
@@ -232,6 +243,7 @@ class AsyncCachedStore(AsyncStore):
         return await self.primary.checkpoint(tx, lease, recovery_point, calling=calling)
 
     async def release(self, lease: Lease) -> None:
+        self._cache.settled(lease)
         await self.primary.release(lease)
 
     async def heartbeat(self, lease: Lease) -> datetime:
@@ -251,6 +263,7 @@ class AsyncCachedStore(AsyncStore):
         )
 
     async def forget(self, lease: Lease) -> None:
+        self._cache.settled(lease)
         await self.primary.forget(lease)
 
     async def stage_jobs(
