@@ -49,8 +49,11 @@ class AsyncCachedStore(AsyncStore):
     trip to the primary. Anything else (no entry, another fingerprint: P2 is the
     primary's to decide, an unreadable entry, Redis down or slow) goes to the primary.
     Claims that may take the key, finishes and every fenced write go to the primary;
-    a finish made here (not inside a transaction) is written to Redis after the
-    primary committed it, and so is every replay the primary answered.
+    a finish made here (not inside a transaction) of a claim made here is written to
+    Redis after the primary committed it, and so is every replay the primary answered.
+    That finish is the primary's own (batched as any finish is) and reads nothing
+    back: the entry is the claim's record, which the store keeps until the lease
+    settles, with what the finish wrote.
 
     It stands in for its primary everywhere: transactions, checkpoints, flows,
     request-as-transaction and the background services all run on the primary
