@@ -109,3 +109,21 @@ def test_d11_finishes_on_the_cached_store_batch_as_the_primarys_do(
     trips, replays, truths = asyncio.run(main())
     assert trips[-1] == 2, trips
     assert replays == truths
+
+
+@pytest.mark.parametrize("cached", KINDS, indirect=True)
+def test_p3_a_finish_after_a_checkpoint_caches_the_row_as_it_is_then(
+    cached: Cached, scope: str
+) -> None:
+    """A checkpoint changes the row after the claim (its recovery point, and
+    ``last_run_at``): the claim's record is no longer the row, so the finish writes no
+    entry built from it, and the first replay caches the primary's."""
+    claim = cached.face.claim(request(scope))
+    with cached.face.transaction() as tx:
+        lease = cached.face.checkpoint(tx, claim.lease, "charged")
+    cached.face.finish(lease, response(4))
+    truth = cached.primary.claim(request(scope))
+    assert truth.record.last_run_at != claim.record.last_run_at
+    assert cached.face.claim(request(scope)) == truth
+    assert cached.face.claim(request(scope)) == truth
+    assert cached.store.cache_stats.hits == 1

@@ -282,9 +282,11 @@ class Cache:
     ) -> KeyRecord:
         """The row the primary's finish made of the row ``claimed`` (its claim's
         record), given the two times the finish set: what the finish statement
-        writes (queries.sql), and nothing else of the row changes between the claim
-        and the finish but what a finish overwrites (the recovery point, ``calling``,
-        ``locked_at``)."""
+        writes (queries.sql). Between the claim and the finish only a heartbeat
+        (``locked_at``, which the finish clears) may change the row: a checkpoint or a
+        phase (which also set ``last_run_at``) drop the kept record (the cached
+        store's ``checkpoint`` and ``end_phase``), and its finish is then cached by
+        its first replay."""
         return replace(
             claimed,
             recovery_point="finished",

@@ -241,6 +241,9 @@ class CachedStore(Store):
         *,
         calling: str | None = None,
     ) -> Lease:
+        # The row changes (its recovery point, last_run_at): the claim's record is no
+        # longer it, so the finish caches nothing of its own (the first replay does).
+        self._cache.settled(lease)
         return self.primary.checkpoint(tx, lease, recovery_point, calling=calling)
 
     def release(self, lease: Lease) -> None:
@@ -259,6 +262,7 @@ class CachedStore(Store):
         recovery_point: str | None = None,
         response: StoredResponse | None = None,
     ) -> Lease:
+        self._cache.settled(lease)  # as in checkpoint
         return self.primary.end_phase(
             tx, lease, jobs=jobs, recovery_point=recovery_point, response=response
         )

@@ -243,6 +243,9 @@ class AsyncCachedStore(AsyncStore):
         *,
         calling: str | None = None,
     ) -> Lease:
+        # The row changes (its recovery point, last_run_at): the claim's record is no
+        # longer it, so the finish caches nothing of its own (the first replay does).
+        self._cache.settled(lease)
         return await self.primary.checkpoint(tx, lease, recovery_point, calling=calling)
 
     async def release(self, lease: Lease) -> None:
@@ -261,6 +264,7 @@ class AsyncCachedStore(AsyncStore):
         recovery_point: str | None = None,
         response: StoredResponse | None = None,
     ) -> Lease:
+        self._cache.settled(lease)  # as in checkpoint
         return await self.primary.end_phase(
             tx, lease, jobs=jobs, recovery_point=recovery_point, response=response
         )
