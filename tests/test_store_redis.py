@@ -258,6 +258,31 @@ def test_retention_none_sets_no_ttl(redis_store: Any, scope: str) -> None:
     assert ttl_ms(redis_store, scope) == -1
 
 
+def test_a_finish_writes_exactly_the_finished_fields(redis_store: Any, scope: str) -> None:
+    """The finish script's one HMGET, HSET and HDEL (redis.lua): the response and the
+    times in, the lock, the call in flight and the waiting flag out, the retention
+    counted from the finish, and a marked waiter woken (P10)."""
+    lease = redis_store.claim(request(scope, retention=timedelta(hours=1))).lease
+    client = sync_client(redis_store)
+    name = raw(redis_store).record_key(scope, "k1")
+    client.hset(name, mapping={"calling": "charge", "waiting": "1"})
+    with client.pubsub() as pubsub:
+        pubsub.subscribe(raw(redis_store)._channel)
+        redis_store.finish(lease, response(7), error="boom")
+        messages = [pubsub.get_message(timeout=1) for _ in range(2)]
+    fields = {k.decode(): v for k, v in client.hgetall(name).items()}
+    client.close()
+    assert {"locked", "calling", "waiting"}.isdisjoint(fields)
+    assert (fields["rp"], fields["status"], fields["error"]) == (b"finished", b"201", b"boom")
+    assert int(fields["expires"]) == int(fields["finished"]) + 3_600_000_000
+    assert 3_599_000 < ttl_ms(redis_store, scope) <= 3_600_001
+    assert [m["data"] for m in messages if m and m["type"] == "message"] == [
+        b'["%s","k1"]' % scope.encode()
+    ]
+    record = redis_store.get(scope, "k1")
+    assert record.error == "boom" and record.locked_at is None and record.calling is None
+
+
 # -- tenants and hostile keys --------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,7 +33,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from ..errors import StoreError, StoreUnavailable
 from ..observability import Instrumentation
-from ..states import Claim, ClaimRequest, KeyRecord, Outcome, StoredResponse
+from ..states import Claim, ClaimRequest, KeyRecord, Lease, Outcome, StoredResponse
 
 __all__ = ["AsyncRedis", "Redis"]
 
@@ -52,6 +53,10 @@ DEFAULT_TTL = timedelta(hours=24)
 DEFAULT_CLOCK_SKEW = timedelta(seconds=60)
 #: A degraded cache logs one warning per this many seconds, not one per request.
 LOG_EVERY = 10.0
+#: The most claims whose record a cache keeps for their finish (see
+#: :meth:`Cache.claimed`): far above the requests one process has in flight; past it
+#: the oldest is dropped, and its finish is cached by its first replay instead.
+CLAIMS_KEPT = 10_000
 
 #: What a failing Redis raises: redis-py's errors (connection refused, timeout, a
 #: server error) and a socket's own.
@@ -192,6 +197,9 @@ class Cache:
         self._lock = threading.Lock()
         self._logged_at = -LOG_EVERY
         self._unlogged = 0
+        #: The record of each claim made through the store and not yet settled, by
+        #: its lease (see :meth:`claimed`).
+        self._claims: dict[tuple[str, str, int, int], KeyRecord] = {}
         self.stats = CacheStats()
 
     def name(self, scope: str, key: str) -> bytes:
@@ -246,6 +254,49 @@ class Cache:
         return record is not None and record.id < claim.record.id
 
     # -- writing ---------------------------------------------------------------------
+
+    def claimed(self, claim: Claim) -> None:
+        """Keep the record of a claim that took the key (EXECUTE) until its lease
+        settles: with the two times its finish sets, it is the finished record (see
+        :meth:`finished`), so that the finish reads nothing back from the primary."""
+        if claim.lease is None:
+            return
+        with self._lock:
+            self._claims[_held(claim.lease)] = claim.record
+            if len(self._claims) > CLAIMS_KEPT:
+                del self._claims[next(iter(self._claims))]
+
+    def settled(self, lease: Lease) -> KeyRecord | None:
+        """The record of ``lease``'s claim, no longer kept: None when the claim was
+        not made through this store (or was dropped, see :data:`CLAIMS_KEPT`)."""
+        with self._lock:
+            return self._claims.pop(_held(lease), None)
+
+    @staticmethod
+    def finished(
+        claimed: KeyRecord,
+        response: StoredResponse,
+        error: str | None,
+        finished_at: datetime,
+        expires_at: datetime | None,
+    ) -> KeyRecord:
+        """The row the primary's finish made of the row ``claimed`` (its claim's
+        record), given the two times the finish set: what the finish statement
+        writes (queries.sql). Between the claim and the finish only a heartbeat
+        (``locked_at``, which the finish clears) may change the row: a checkpoint or a
+        phase (which also set ``last_run_at``) drop the kept record (the cached
+        store's ``checkpoint`` and ``end_phase``), and its finish is then cached by
+        its first replay."""
+        return replace(
+            claimed,
+            recovery_point="finished",
+            calling=None,
+            locked_at=None,
+            response=response,
+            error=error,
+            finished_at=finished_at,
+            expires_at=expires_at,
+        )
 
     def entry(self, record: KeyRecord) -> tuple[bytes, int] | None:
         """The entry for a finished ``record`` and its absolute expiry (Unix ms), or
@@ -311,6 +362,11 @@ class Cache:
             self.stats.errors += 1
         if self._instrumentation is not None:
             self._instrumentation.cache(event)
+
+
+def _held(lease: Lease) -> tuple[str, str, int, int]:
+    # A takeover bumps the token, and a new row has a new id: one lease, one claim.
+    return (lease.scope, lease.key, lease.id, lease.token)
 
 
 # -- the entry's JSON --------------------------------------------------------------------

@@ -49,8 +49,11 @@ class AsyncCachedStore(AsyncStore):
     trip to the primary. Anything else (no entry, another fingerprint: P2 is the
     primary's to decide, an unreadable entry, Redis down or slow) goes to the primary.
     Claims that may take the key, finishes and every fenced write go to the primary;
-    a finish made here (not inside a transaction) is written to Redis after the
-    primary committed it, and so is every replay the primary answered.
+    a finish made here (not inside a transaction) of a claim made here is written to
+    Redis after the primary committed it, and so is every replay the primary answered.
+    That finish is the primary's own (batched as any finish is) and reads nothing
+    back: the entry is the claim's record, which the store keeps until the lease
+    settles, with what the finish wrote.
 
     It stands in for its primary everywhere: transactions, checkpoints, flows,
     request-as-transaction and the background services all run on the primary
@@ -123,6 +126,8 @@ class AsyncCachedStore(AsyncStore):
             await self._put(name, self._cache.entry(claim.record))
         elif self._cache.stale(found, claim):
             await self._put(name, self._cache.tombstone(claim.record.id - 1))
+        if claim.outcome is Outcome.EXECUTE:
+            self._cache.claimed(claim)
         return claim
 
     async def finish(
@@ -137,16 +142,25 @@ class AsyncCachedStore(AsyncStore):
         """The primary's finish; then, unless it is part of ``tx``, the finished
         record is written to Redis (it is committed: the cache only ever holds what
         the primary holds)."""
-        if tx is not None or at_commit:
+        claimed = self._cache.settled(lease)
+        if tx is not None or at_commit or claimed is None:
+            # A finish in a transaction, or of a claim not made here: its first replay
+            # is cached.
             await self.primary.finish(lease, response, tx=tx, error=error, at_commit=at_commit)
             return
-        record = await self.primary._finish_record(lease, response, error)
+        # The primary's plain finish, batched as it is (DESIGN 11), returning only the
+        # two times it sets: the rest of the finished row is the claim's record.
+        finished_at, expires_at = await self.primary._finish_times(lease, response, error)
+        record = self._cache.finished(claimed, response, error, finished_at, expires_at)
         await self._put(self._cache.name(lease.scope, lease.key), self._cache.entry(record))
 
-    async def _finish_record(
+    async def _finish_times(
         self, lease: Lease, response: StoredResponse, error: str | None
-    ) -> KeyRecord:
-        return await self.primary._finish_record(lease, response, error)
+    ) -> tuple[datetime, datetime | None]:
+        return await self.primary._finish_times(lease, response, error)
+
+    async def _finish_own(self, lease: Lease, op: Callable[[], Op[T]]) -> T:
+        return await self.primary._finish_own(lease, op)
 
     async def _invalidate(self, scope: str, key: str, key_id: int) -> None:
         """Store a tombstone that refuses the entries of row ``key_id`` and older;
@@ -229,9 +243,13 @@ class AsyncCachedStore(AsyncStore):
         *,
         calling: str | None = None,
     ) -> Lease:
+        # The row changes (its recovery point, last_run_at): the claim's record is no
+        # longer it, so the finish caches nothing of its own (the first replay does).
+        self._cache.settled(lease)
         return await self.primary.checkpoint(tx, lease, recovery_point, calling=calling)
 
     async def release(self, lease: Lease) -> None:
+        self._cache.settled(lease)
         await self.primary.release(lease)
 
     async def heartbeat(self, lease: Lease) -> datetime:
@@ -246,11 +264,13 @@ class AsyncCachedStore(AsyncStore):
         recovery_point: str | None = None,
         response: StoredResponse | None = None,
     ) -> Lease:
+        self._cache.settled(lease)  # as in checkpoint
         return await self.primary.end_phase(
             tx, lease, jobs=jobs, recovery_point=recovery_point, response=response
         )
 
     async def forget(self, lease: Lease) -> None:
+        self._cache.settled(lease)
         await self.primary.forget(lease)
 
     async def stage_jobs(

@@ -218,16 +218,19 @@ def finish(d: Dialect, lease: Lease, response: StoredResponse, error: str | None
         raise _lost(lease, "finish")
 
 
-def finish_record(
+def finish_times(
     d: Dialect, lease: Lease, response: StoredResponse, error: str | None
-) -> Op[KeyRecord]:
-    """:func:`finish`, handing back the finished row: what a cache in front of the
-    store (``CachedStore``) keeps for replays, with the database's own times."""
-    sql = _returning_row(d.queries["finish"])
-    rows = yield Query("finish_record", sql, _finish_params(lease, response, error))
+) -> Op[tuple[datetime, datetime | None]]:
+    """:func:`finish`, handing back the finished row's ``finished_at`` and
+    ``expires_at``, the database's own times: with the claim's record, the finished
+    record that a cache in front of the store keeps for replays (``CachedStore``),
+    without reading the whole row back. Its statement is named ``finish``, so it
+    batches with the plain finishes (DESIGN 11: ``finish_batch`` returns both times)."""
+    sql = _returning_times(d.queries["finish"])
+    rows = yield Query("finish", sql, _finish_params(lease, response, error))
     if not rows:
         raise _lost(lease, "finish")
-    return d.record(rows[0])
+    return d.timestamp(rows[0]["finished_at"]), d.optional_timestamp(rows[0]["expires_at"])
 
 
 def _finish_params(lease: Lease, response: StoredResponse, error: str | None) -> dict[str, Any]:
@@ -241,14 +244,14 @@ def _finish_params(lease: Lease, response: StoredResponse, error: str | None) ->
 
 
 @functools.cache
-def _returning_row(statement: str) -> str:
-    # The same statement as ``finish``, returning the whole row instead of its id: one
-    # text in queries.sql, so the two cannot drift. The plain finish keeps returning
-    # only the id, so a store without a cache parses no more than it did.
+def _returning_times(statement: str) -> str:
+    # The same statement as ``finish``, returning the two times it sets as well as
+    # its id: one text in queries.sql, so the two cannot drift. The plain finish keeps
+    # returning only the id, so a store without a cache parses no more than it did.
     head, found, tail = statement.rpartition("RETURNING id")
     if not found or tail.strip():
         raise AssertionError(f"the finish query no longer ends with RETURNING id: {statement}")
-    return head + "RETURNING *"
+    return head + "RETURNING id, finished_at, expires_at"
 
 
 def end_phase(

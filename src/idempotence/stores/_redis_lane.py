@@ -7,8 +7,9 @@ their per-request commands (a script, a GET) on a client they opened themselves.
 Why: redis-py's ``execute_command`` wraps each command in a retry loop, a locked pool
 checkout and release, connection-count and duration metrics and an event dispatch, all
 in Python. That cost as much client CPU per command as sending and parsing it. Here a
-command is a list ``pop``, :func:`pack`, ``send_packed_command``, ``read_response`` and
-an ``append``: the connection's own methods, which time out, reconnect and translate
+command is a list ``pop``, :func:`pack`, a write (``send_packed``: redis-py's send without the
+task that its asyncio spelling starts per command), ``read_response`` and an
+``append``: the connection's own methods, which time out, reconnect and translate
 errors as the client's would (``socket_timeout``, ``ConnectionError``,
 ``ResponseError``...).
 
@@ -25,7 +26,7 @@ from typing import Any
 
 import redis.exceptions
 
-from ._redis_base import Redis
+from ._redis_base import Redis, send_packed
 
 
 def pack(args: tuple[Any, ...]) -> bytes:
@@ -84,7 +85,7 @@ class Lane:
             _revive(connection)
         reusable = True
         try:
-            connection.send_packed_command([pack(args)], check_health=False)
+            send_packed(connection, pack(args))
             return connection.read_response()
         except redis.exceptions.ResponseError:
             raise  # an error reply, read whole: the connection is fine

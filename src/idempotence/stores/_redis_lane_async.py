@@ -5,8 +5,9 @@ their per-request commands (a script, a GET) on a client they opened themselves.
 Why: redis-py's ``execute_command`` wraps each command in a retry loop, a locked pool
 checkout and release, connection-count and duration metrics and an event dispatch, all
 in Python. That cost as much client CPU per command as sending and parsing it. Here a
-command is a list ``pop``, :func:`pack`, ``send_packed_command``, ``read_response`` and
-an ``append``: the connection's own methods, which time out, reconnect and translate
+command is a list ``pop``, :func:`pack`, a write (``send_packed_async``: redis-py's send without the
+task that its asyncio spelling starts per command), ``read_response`` and an
+``append``: the connection's own methods, which time out, reconnect and translate
 errors as the client's would (``socket_timeout``, ``ConnectionError``,
 ``ResponseError``...).
 
@@ -23,7 +24,7 @@ from typing import Any
 
 import redis.exceptions
 
-from ._redis_base import AsyncRedis
+from ._redis_base import AsyncRedis, send_packed_async
 
 
 def pack(args: tuple[Any, ...]) -> bytes:
@@ -82,7 +83,7 @@ class AsyncLane:
             await _revive(connection)
         reusable = True
         try:
-            await connection.send_packed_command([pack(args)], check_health=False)
+            await send_packed_async(connection, pack(args))
             return await connection.read_response()
         except redis.exceptions.ResponseError:
             raise  # an error reply, read whole: the connection is fine

@@ -222,28 +222,28 @@ class Store:
             tx._conn.defer(fenced(self._instrumentation, "finish", op()))
         elif tx is not None:
             tx._conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
-        elif self._batcher is not None:
-            _no_commit(at_commit)
-            self._gate.check()  # as in claim: a queued finish never reaches _own
-            self._batcher.run(
-                "finish", lease.scope, lambda: fenced(self._instrumentation, "finish", op())
-            )
         else:
             _no_commit(at_commit)
-            self._own(lambda: fenced(self._instrumentation, "finish", op()))
+            self._finish_own(lease, op)
 
-    def _finish_record(
-        self, lease: Lease, response: StoredResponse, error: str | None
-    ) -> KeyRecord:
-        """:meth:`finish` in a transaction of its own, handing back the finished record
-        (with the database's times): what a cache in front of the store keeps for
-        replays (:class:`~idempotence.stores.cached.CachedStore`)."""
-        return self._own(
-            lambda: fenced(
-                self._instrumentation,
-                "finish",
-                _ops.finish_record(self._dialect, lease, response, error),
+    def _finish_own(self, lease: Lease, op: Callable[[], Op[T]]) -> T:
+        """A finish outside any transaction: batched while another is out (DESIGN 11)."""
+        if self._batcher is not None:
+            self._gate.check()  # as in claim: a queued finish never reaches _own
+            return self._batcher.run(
+                "finish", lease.scope, lambda: fenced(self._instrumentation, "finish", op())
             )
+        return self._own(lambda: fenced(self._instrumentation, "finish", op()))
+
+    def _finish_times(
+        self, lease: Lease, response: StoredResponse, error: str | None
+    ) -> tuple[datetime, datetime | None]:
+        """:meth:`finish` outside a transaction, batched as it is, handing back the
+        finished row's ``finished_at`` and ``expires_at`` (the database's times): with
+        the claim's record, what a cache in front of the store keeps for replays
+        (:class:`~idempotence.stores.cached.CachedStore`)."""
+        return self._finish_own(
+            lease, functools.partial(_ops.finish_times, self._dialect, lease, response, error)
         )
 
     def _invalidate(self, scope: str, key: str, key_id: int) -> None:

@@ -217,7 +217,7 @@ FROM (
 ) AS i
 WHERE k.scope = %(scope)s AND k.ctid = i.row_id AND k.id = i.id AND k.key = i.key
   AND k.lock_token = i.token AND k.finished_at IS NULL
-RETURNING i.batch_index, k.id;
+RETURNING i.batch_index, k.id, k.finished_at, k.expires_at;
 
 -- release --
 -- Unlock without finishing (R5): the next claim resumes from the recovery point.
