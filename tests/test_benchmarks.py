@@ -81,6 +81,7 @@ def test_http_bench_quick():
         "handler-floor",
         "transaction",
         "transaction-floor",
+        "transaction-floor-1w",
         "replay",
         "replay-floor",
         "trivial @c1",
