@@ -377,9 +377,17 @@ def test_the_stores_statements_inside_a_transaction_get_no_generic_plan(
                 claim = store.claim(request, tx=tx)
                 assert claim.lease is not None
                 store.finish(claim.lease, StoredResponse.of(201), tx=tx)
+                tx.execute(
+                    "SELECT count(*) AS app FROM idempotency_keys WHERE scope = :s", {"s": "x"}
+                )
         with store.transaction() as tx:
             plans = prepared(tx)
+            apps = tx.execute(
+                "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '%%AS app%%'"
+            )
     assert all(generic == 0 for generic, _ in plans.values()), plans
+    # The application's own statement is prepared as psycopg prepares any other.
+    assert apps[0]["n"] == 1, apps
 
 
 def test_statistics_of_a_key_per_scope_keep_plans_per_run(fresh_pg_url: str) -> None:

@@ -34,7 +34,7 @@ from ._connection import body, run
 from ._driver import Blocks
 from ._listener import Listener
 from ._listener_base import mark_waiter
-from ._ops import Op, Query, Row
+from ._ops import APPLICATION, Op, Query, Row
 from ._postgres_base import (
     COMMIT_PLANNING,
     DEFAULT_CONNECT_TIMEOUT,
@@ -102,10 +102,12 @@ class _Connection:
     def fetch(self, query: Query) -> list[Row]:
         with translated(query.name):
             cur = self._statements()
-            # Inside a transaction on the store's own connections, planned at this run
-            # (see TRANSACTION_PLANNING).
+            # The store's own statements inside a transaction on its own connections are
+            # planned at this run (see TRANSACTION_PLANNING); the application's are
+            # prepared as psycopg does, and planned as the server is configured.
             intx = self.raw.info.transaction_status == pq.TransactionStatus.INTRANS
-            prepare = False if self._planning and intx else None
+            ours = self._planning and intx and query.name != APPLICATION
+            prepare = False if ours else None
             # No parameters: a script of several statements (migrations) is allowed.
             cur.execute(query.sql, query.params or None, prepare=prepare)
             # pgresult.status is what cur.description would tell, without building
