@@ -17,6 +17,18 @@ def test_a_lone_write_is_committed_at_once_by_its_own_caller() -> None:
     assert groups.arrive("b") is True
 
 
+def test_a_lone_write_may_lead_without_queueing_and_later_writes_wait_for_it() -> None:
+    groups: Groups[str] = Groups()
+    assert groups.lead() is True
+    assert groups.lead() is False  # one commit at a time
+    assert groups.arrive("b") is False
+    # The lone leader's write was never queued: the next group is what waited.
+    assert groups.done() == "b"
+    assert groups.take() == ["b"]
+    assert groups.done() is None
+    assert groups.lead() is True
+
+
 def test_writes_arriving_during_a_commit_wait_and_go_together_in_the_next() -> None:
     groups: Groups[str] = Groups()
     assert groups.arrive("a") is True

@@ -47,6 +47,16 @@ class Groups(Generic[W]):
         self._busy = True
         return True
 
+    def lead(self) -> bool:
+        """True when no commit is in flight: the caller commits its own write now, as
+        a group of one, without queueing it (a write that arrives while the database
+        is idle leads a group of one anyway), and calls :meth:`done` after. False: it
+        must :meth:`arrive`."""
+        if self._busy:
+            return False
+        self._busy = True
+        return True
+
     def take(self) -> list[W]:
         """The next group: every write queued, oldest first, up to the limit."""
         if not self._busy:

@@ -163,7 +163,9 @@ class _Connection:
     def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
         if self._groups is not None and (atomic or write) and not self.raw.in_transaction:
             return self._groups.write(self, op, atomic=atomic)
-        return self.perform_alone(op, atomic=atomic, write=write)
+        # perform_alone's body, inlined: this is every read's path.
+        with self.atomic() if atomic else self.unit(write=write):
+            return run(op, self)
 
     def perform_alone(self, op: Op[T], *, atomic: bool, write: bool) -> T:
         with self.atomic() if atomic else self.unit(write=write):
@@ -311,6 +313,15 @@ class _ThreadGroups:
         self._lock = threading.Lock()
 
     def write(self, conn: _Connection, op: Op[T], *, atomic: bool) -> T:
+        with self._lock:
+            alone = self._groups.lead()
+        if alone:
+            # The idle database's write, the common case: it runs on this thread as
+            # it would without group commit, with no queue entry or event to build.
+            try:
+                return conn.perform_alone(op, atomic=atomic, write=True)
+            finally:
+                self._hand_over()
         write = _ThreadWrite(op, atomic=atomic)
         with self._lock:
             leads = self._groups.arrive(write)
@@ -323,15 +334,20 @@ class _ThreadGroups:
         try:
             conn.commit_group(group)
         finally:
-            with self._lock:
-                following = self._groups.done()
-            if following is not None:
-                following.leads = True
-                following.wake.set()
+            self._hand_over()
             for other in group:
                 if other is not write:
                     other.wake.set()
         return write.outcome()
+
+    def _hand_over(self) -> None:
+        """The commit in flight has ended: wake the first write queued meanwhile to
+        commit the next group."""
+        with self._lock:
+            following = self._groups.done()
+        if following is not None:
+            following.leads = True
+            following.wake.set()
 
 
 def connect(
