@@ -11,7 +11,8 @@ asyncpg is installed into ``benchmarks/.deps`` (``benchmarks/requirements.txt``)
 into the package's dependencies. Both drivers run on uvloop, in this one process, each
 on its own connections to one database (by default on a throwaway cluster with
 fsync=off and synchronous_commit=off, so the disk does not set the pace; ``--postgres-kind
-machine`` uses ``--postgres`` as configured). Rows, for each driver at 1 and at
+machine`` uses ``--postgres`` as configured), its key table seeded with finished keys and
+ANALYZEd, as a table in service is. Rows, for each driver at 1 and at
 ``--tasks`` concurrent tasks (one connection each):
 
 ``select``  ``SELECT 1``: the driver's bare round trip
@@ -222,6 +223,7 @@ def main() -> None:
         url = harness.url_of(dsn)
         with PostgresStore(url) as store:
             store.migrate()
+        harness.in_service(dsn)
         meter = harness.PostgresMeter(admin, dbname)
         stack.callback(meter.close)
         table = uvloop.run(measure(url, meter, args))

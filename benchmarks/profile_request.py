@@ -27,8 +27,9 @@ instead (process time, noisier), with ``--concurrency`` clients at once.
 
 PostgreSQL comes from ``--postgres URL`` (default ``$IDEMPOTENCE_TEST_POSTGRES``, else
 ``postgresql://postgres@127.0.0.1:5432/postgres``); the script creates
-``idempotence_profile_<pid>`` and drops it at the end. SQLite is a file in a temporary
-directory, at its default durability. Redis is a throwaway ``redis-server`` (no
+``idempotence_bench_profile_<pid>``, seeds it with finished keys and ANALYZEs it (a
+table in service, as in the other benchmarks), and drops it at the end. SQLite is a
+file in a temporary directory, at its default durability. Redis is a throwaway ``redis-server`` (no
 persistence) on a free port: ``redis-*`` rows run on ``AsyncRedisStore``, ``cached-*``
 rows on ``AsyncCachedStore`` (the PostgreSQL store with that Redis in front of it). The
 script measures and never judges.
@@ -301,25 +302,20 @@ def targets(admin_url: str, backends: set[str]) -> Iterator[dict[str, str]]:
 
 @contextlib.contextmanager
 def _postgres(admin_url: str) -> Iterator[str]:
+    """A migrated database in service (seeded and analyzed, as the other benchmarks'),
+    with the app's table; dropped at the end."""
     import psycopg
-    from psycopg import sql as pgsql
+    from _harness import in_service, postgres_database
 
     from idempotence.stores.postgres import PostgresStore
 
-    name = f"idempotence_profile_{os.getpid()}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    url = psycopg.conninfo.make_conninfo(admin_url, dbname=name)
-    try:
+    with postgres_database(admin_url, "profile") as (url, _):
         with PostgresStore(url) as store:
             store.migrate()
+        in_service(url)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(TABLE)
         yield url
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            drop = pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            admin.execute(drop.format(pgsql.Identifier(name)))
 
 
 # -- the parent -------------------------------------------------------------------------------
