@@ -85,18 +85,20 @@ class _Connection:
     def _statements(self) -> psycopg.Cursor[Row]:
         # One cursor for the connection's life: a cursor per statement was a
         # measurable share of a request (its creation, its row maker, its close).
-        cur = self._cursor
-        if cur is None or cur.closed:
-            cur = self._cursor = self.raw.cursor(row_factory=dict_row)
+        cur = self._cursor = self._kept(self._cursor)
         return cur
 
     def _control(self) -> psycopg.Cursor[Row]:
         # BEGIN and COMMIT have one of their own, apart from the statement whose rows
         # go out in the same pipeline (the claim's, the finish's): a cursor keeps only
         # its last statement's rows. raw.execute() would make a cursor each time.
-        cur = self._commands
+        cur = self._commands = self._kept(self._commands)
+        return cur
+
+    def _kept(self, cur: psycopg.Cursor[Row] | None) -> psycopg.Cursor[Row]:
+        """``cur``, or a new one when there is none yet or it was closed."""
         if cur is None or cur.closed:
-            cur = self._commands = self.raw.cursor(row_factory=dict_row)
+            return self.raw.cursor(row_factory=dict_row)
         return cur
 
     def fetch(self, query: Query) -> list[Row]:
@@ -105,8 +107,11 @@ class _Connection:
             # The store's own statements inside a transaction on its own connections are
             # planned at this run (see TRANSACTION_PLANNING); the application's are
             # prepared as psycopg does, and planned as the server is configured.
-            intx = self.raw.info.transaction_status == pq.TransactionStatus.INTRANS
-            ours = self._planning and intx and query.name != APPLICATION
+            ours = (
+                self._planning
+                and query.name != APPLICATION
+                and self.raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS
+            )
             prepare = False if ours else None
             # No parameters: a script of several statements (migrations) is allowed.
             cur.execute(query.sql, query.params or None, prepare=prepare)
