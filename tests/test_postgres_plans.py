@@ -437,3 +437,22 @@ def test_the_store_plans_its_own_statements_once_and_the_applications_as_the_ser
                 return phase, (await tx.execute(SETTINGS))[0]
 
     assert asyncio.run(async_settings()) == (server, server)
+
+
+def test_a_key_table_with_an_inheritance_child_still_opens_connections(
+    fresh_pg_url: str,
+) -> None:
+    # After ANALYZE, a table with inheritance children has two rows of statistics per
+    # column (its own, and the whole tree's); the planning check at connect read one,
+    # and failed every new connection with "more than one row returned by a subquery".
+    with PostgresStore(fresh_pg_url, max_size=1) as store:
+        claim_and_finish(store, "parent", 20)
+    with psycopg.connect(fresh_pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE archived_keys () INHERITS (idempotency_keys)")
+    analyze(fresh_pg_url)
+    with PostgresStore(fresh_pg_url, max_size=1) as store:
+        claim_and_finish(store, "child", 20)
+        with store.transaction() as tx:
+            plans = prepared(tx)
+    # 20 keys in one scope, by the parent's own statistics: planned once, as before.
+    assert all(generic >= 10 for generic, _ in plans.values()), plans

@@ -26,6 +26,7 @@ from idempotence import (
     TransientError,
 )
 from idempotence.stores import _postgres as postgres
+from idempotence.stores._breaker import FAIL_FAST
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from idempotence.stores.postgres import translate as translate_pg
 from tests.support.postgres import ProvidedServer, throwaway_cluster
@@ -393,3 +394,70 @@ def test_p11_a_pooled_connection_with_a_notification_waiting_is_kept(
         assert store.claim(req(scope)).outcome is Outcome.EXECUTE
         with pool.connection() as conn:
             assert conn.info.backend_pid == backend
+
+
+# -- P11: a busy pool serves its waiters in order ------------------------------------------
+#
+# A checkout waits for a connection in slices (so that it notices a server gone away);
+# a slice that ran out used to rejoin the pool's queue at the back, behind every later
+# checkout: in a burst, the first request could wait longest and time out while later
+# ones got through. The timeline, in slices: the pool's one connection is held; the
+# first waits from 0 (and used to rejoin the queue at 1 and 2); the second comes at 1.6
+# (and used to rejoin at 2.6); the connection is back at 2.3, when the first used to
+# be behind the second.
+
+FIRST_WAITER_AT, SECOND_WAITER_AT, RELEASED_AT = 0.0, 1.6 * FAIL_FAST, 2.3 * FAIL_FAST
+
+
+def test_p11_a_busy_pools_waiters_are_served_in_order(pg_url: str, scope: str) -> None:
+    import psycopg_pool
+
+    with psycopg_pool.ConnectionPool(
+        pg_url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=True
+    ) as pool:
+        store = PostgresStore(pool)
+        served: list[str] = []
+
+        def read(key: str) -> None:
+            store.get(scope, key)  # a read: nothing batches it
+            served.append(key)
+
+        held = pool.getconn()
+        started = time.monotonic()
+        first = threading.Thread(target=read, args=("first",))
+        first.start()
+        time.sleep(SECOND_WAITER_AT - (time.monotonic() - started))
+        second = threading.Thread(target=read, args=("second",))
+        second.start()
+        time.sleep(RELEASED_AT - (time.monotonic() - started))
+        pool.putconn(held)
+        first.join(10)
+        second.join(10)
+        assert served == ["first", "second"]
+
+
+def test_p11_a_busy_pools_waiters_are_served_in_order_async(pg_url: str, scope: str) -> None:
+    import psycopg_pool
+
+    async def main() -> None:
+        async with psycopg_pool.AsyncConnectionPool(
+            pg_url, min_size=1, max_size=1, kwargs={"autocommit": True}
+        ) as pool:
+            store = AsyncPostgresStore(pool)
+            served: list[str] = []
+
+            async def read(key: str, at: float) -> None:
+                await asyncio.sleep(at)
+                await store.get(scope, key)  # a read: nothing batches it
+                served.append(key)
+
+            held = await pool.getconn()
+            waiters = asyncio.gather(
+                read("first", FIRST_WAITER_AT), read("second", SECOND_WAITER_AT)
+            )
+            await asyncio.sleep(RELEASED_AT)
+            await pool.putconn(held)
+            await asyncio.wait_for(waiters, 10)
+            assert served == ["first", "second"]
+
+    asyncio.run(main())

@@ -30,6 +30,8 @@ __all__ = [
     "Lock",
     "Periodic",
     "Wakeup",
+    "acquire",
+    "acquire_async",
     "run_until_stopped",
     "run_until_stopped_async",
     "sleep",
@@ -375,6 +377,27 @@ async def wait_until_set_async(event: asyncio.Event, seconds: float) -> bool:
 def wait_until_set(event: threading.Event, seconds: float) -> bool:
     """Wait at most ``seconds`` for ``event``; whether it is set."""
     return event.wait(seconds)
+
+
+async def acquire_async(lock: asyncio.Lock, seconds: float) -> bool:
+    """Take ``lock``, waiting at most ``seconds``; whether it was taken. Waiters take
+    it in the order they came."""
+    if not lock.locked():
+        # At once (or behind the waiter it was just handed to): no timer to arm.
+        await lock.acquire()
+        return True
+    try:
+        async with asyncio.timeout(seconds):
+            await lock.acquire()
+    except TimeoutError:
+        return False
+    return True
+
+
+def acquire(lock: threading.Lock, seconds: float) -> bool:
+    """Take ``lock``, waiting at most ``seconds``; whether it was taken (the order
+    in which waiting threads take it is the OS's)."""
+    return lock.acquire(timeout=max(seconds, 0.0))
 
 
 async def run_until_stopped_async(

@@ -48,6 +48,23 @@ def test_an_outage_fails_fast_probes_and_ends(
     assert "available again" in lines[1]
 
 
+def test_check_fails_at_once_while_down_and_never_takes_the_probe(clock: list[float]) -> None:
+    """What a checkout asks before it queues for its turn to wait."""
+    breaker = Breaker()
+    breaker.check()  # healthy
+    breaker.broken("server closed the connection")
+    breaker.check()  # suspect: it may wait (briefly)
+    breaker.down("Connection refused")
+    with pytest.raises(StoreUnavailable, match="Connection refused"):
+        breaker.check()
+    clock[0] += PROBE_INTERVAL
+    breaker.check()  # a probe is due: let through...
+    breaker.check()  # ...without taking it: the checkout's timeout() does
+    assert breaker.timeout() == FAIL_FAST
+    with pytest.raises(StoreUnavailable):
+        breaker.check()
+
+
 def test_a_deadline_bounds_the_wait(clock: list[float]) -> None:
     breaker = Breaker()
     deadline = breaker.deadline()

@@ -7,7 +7,8 @@ Three states:
 
 - healthy: a checkout waits for a connection as long as the pool's own timeout (a
   busy pool is not a dead server), in slices of :data:`FAIL_FAST` seconds, so that
-  it stops waiting once the server turns out to be gone;
+  it stops waiting once the server turns out to be gone (the store's checkouts take
+  turns to wait in the pool's queue, so one that slices keeps its place there);
 - suspect: a connection turned out broken (the server closed it, or it died under a
   statement). A checkout waits at most :data:`FAIL_FAST` seconds, so a request is
   answered 503 within a second if the server is really gone;
@@ -61,6 +62,13 @@ class Breaker:
     def deadline(self) -> float:
         """When a checkout that has just met a dead connection stops waiting."""
         return time.monotonic() + FAIL_FAST
+
+    def check(self) -> None:
+        """Raise :class:`~idempotence.errors.StoreUnavailable` while the server is down
+        and no probe is due (what :meth:`timeout` would, without letting a probe
+        through)."""
+        if self._state == _DOWN and time.monotonic() < self._probe_at:
+            raise StoreUnavailable(f"{self._what} is unavailable: {self._reason}")
 
     def timeout(self, deadline: float | None = None) -> float:
         """How long the next checkout may wait (while healthy: a slice of it), at

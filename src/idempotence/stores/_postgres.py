@@ -26,7 +26,7 @@ import psycopg_pool
 from psycopg import pq
 from psycopg.rows import dict_row
 
-from .._concurrency import Lock
+from .._concurrency import Lock, acquire
 from ..errors import StoreUnavailable
 from ..observability import Instrumentation
 from ._breaker import Breaker, closed_by_server
@@ -252,6 +252,8 @@ class _PoolSource:
         self._owned = owned
         self._opened = not owned
         self.breaker = breaker or Breaker(pool.name)
+        #: One checkout at a time waits in the pool's queue: see :meth:`_wait`.
+        self._turn = Lock()
         #: The store's view of each of the pool's connections, made once per connection
         #: (a view holds its connection: see :meth:`view` for how the map stays small).
         self._views: dict[psycopg.Connection[Any], _Connection] = {}
@@ -303,8 +305,28 @@ class _PoolSource:
 
     def _wait(self, deadline: float | None) -> psycopg.Connection[Any]:
         """Wait for a connection in short slices, up to the pool's timeout while the
-        server is healthy (a busy pool), but no longer once it is known to be gone."""
+        server is healthy (a busy pool), but no longer once it is known to be gone.
+
+        A slice that runs out leaves the pool's queue, and the next joins it at the
+        back, behind every checkout that came meanwhile: in a burst, the first could
+        wait longest and time out while later ones got through. So the store's
+        checkouts take turns to wait in the pool's queue, in the order they came, and
+        the one whose turn it is keeps its place there. While the server is known to
+        be down a checkout fails at once, without waiting for a turn.
+        """
         give_up = time.monotonic() + self.pool.timeout
+        self.breaker.check()
+        if not acquire(self._turn, self.pool.timeout):
+            raise StoreUnavailable(
+                f"PostgreSQL is unavailable: no connection from pool {self.pool.name!r} "
+                f"within its timeout ({self.pool.timeout:g} s)"
+            )
+        try:
+            return self._wait_in_turn(deadline, give_up)
+        finally:
+            self._turn.release()
+
+    def _wait_in_turn(self, deadline: float | None, give_up: float) -> psycopg.Connection[Any]:
         while True:
             left = give_up - time.monotonic()
             try:

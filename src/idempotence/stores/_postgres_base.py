@@ -340,6 +340,8 @@ WHERE NOT coalesce((
     JOIN pg_namespace AS n ON n.oid = c.relnamespace
     JOIN pg_stats AS s
         ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'scope'
+        -- A table with inheritance children has a second row, of the whole tree.
+        AND s.inherited = (c.relkind = 'p')
     WHERE c.oid = to_regclass('idempotency_keys') AND c.reltuples > 0
 ), false)
 """
