@@ -50,9 +50,13 @@ def validate_key(key: str) -> str:
         return key  # printable ASCII is exactly 0x20-0x7E: the loop below, in C
     for position, char in enumerate(key):
         if not " " <= char <= "~":
+            code = ord(char)
+            # An HTTP header's bytes arrive decoded as latin-1: a client that sent UTF-8
+            # knows its key by bytes, not by the characters latin-1 makes of them.
+            byte = f" (byte 0x{code:02X} in a header)" if code > 0x7F and code <= 0xFF else ""
             raise InvalidKey(
                 f"The Idempotency-Key character at position {position} (0-based) is "
-                f"U+{ord(char):04X}, which is not printable ASCII: use only characters "
+                f"U+{code:04X}{byte}, which is not printable ASCII: use only characters "
                 "0x20 to 0x7E."
             )
     return key

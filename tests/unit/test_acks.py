@@ -42,3 +42,4 @@ def test_prefetch_one_acks_every_delivery() -> None:
     acks = Acks(prefetch=1)
     acks.settled(1)
     assert acks.due(waiting=1)
+    assert acks.take() == 1

@@ -96,6 +96,13 @@ def test_p7_control_characters_and_del_are_rejected_with_position(char: str) -> 
     assert char not in message
 
 
+def test_p7_a_utf8_key_sent_in_a_header_is_told_by_its_bytes() -> None:
+    # "ключ" sent as UTF-8 arrives as latin-1 characters, one per byte.
+    with pytest.raises(InvalidKey) as info:
+        validate_key("ключ".encode().decode("latin-1"))
+    assert "position 0" in str(info.value) and "byte 0xD0" in str(info.value)
+
+
 @pytest.mark.parametrize(
     "char",
     ["é", "ÿ", "\x80", "\xa0", "€", "😀", "\u200b", "\ufeff", "\ud800"],

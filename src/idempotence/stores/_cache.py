@@ -23,6 +23,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -199,7 +200,7 @@ class Cache:
         self._unlogged = 0
         #: The record of each claim made through the store and not yet settled, by
         #: its lease (see :meth:`claimed`).
-        self._claims: dict[tuple[str, str, int, int], KeyRecord] = {}
+        self._claims: OrderedDict[tuple[str, str, int, int], KeyRecord] = OrderedDict()
         self.stats = CacheStats()
 
     def name(self, scope: str, key: str) -> bytes:
@@ -264,7 +265,9 @@ class Cache:
         with self._lock:
             self._claims[_held(claim.lease)] = claim.record
             if len(self._claims) > CLAIMS_KEPT:
-                del self._claims[next(iter(self._claims))]
+                # The oldest: a plain dict's first key is found by walking the slots
+                # its deletions left, ever slower at the cap.
+                self._claims.popitem(last=False)
 
     def settled(self, lease: Lease) -> KeyRecord | None:
         """The record of ``lease``'s claim, no longer kept: None when the claim was
