@@ -8,6 +8,7 @@ answer, P3). On real PostgreSQL, SQLite and Redis.
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -119,6 +120,7 @@ def test_p3_a_finish_after_a_checkpoint_caches_the_row_as_it_is_then(
     ``last_run_at``): the claim's record is no longer the row, so the finish writes no
     entry built from it, and the first replay caches the primary's."""
     claim = cached.face.claim(request(scope))
+    time.sleep(0.01)  # SQLite's clock has milliseconds: a later last_run_at, always
     with cached.face.transaction() as tx:
         lease = cached.face.checkpoint(tx, claim.lease, "charged")
     cached.face.finish(lease, response(4))
