@@ -198,7 +198,7 @@ class _Connection:
         # Nothing to roll back after a COMMIT that failed: the server ended it. A
         # connection too broken to roll back is the pool's to discard; the error that
         # got us here is the one to report.
-        if self.raw.info.transaction_status != pq.TransactionStatus.IDLE:
+        if self.raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
             with suppress(psycopg.Error):
                 self.raw.execute("ROLLBACK")
 
@@ -372,7 +372,7 @@ class _Checkout:
         try:
             if exc is not None and raw.broken:
                 self._source.breaker.broken(exc)
-            if not raw.closed and raw.info.transaction_status != pq.TransactionStatus.IDLE:
+            if not raw.closed and raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
                 if exc is None:
                     raw.commit()
                 else:

@@ -196,7 +196,7 @@ class _AsyncConnection:
         # Nothing to roll back after a COMMIT that failed: the server ended it. A
         # connection too broken to roll back is the pool's to discard; the error that
         # got us here is the one to report.
-        if self.raw.info.transaction_status != pq.TransactionStatus.IDLE:
+        if self.raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
             with suppress(psycopg.Error):
                 await self.raw.execute("ROLLBACK")
 
@@ -373,7 +373,7 @@ class _AsyncCheckout:
         try:
             if exc is not None and raw.broken:
                 self._source.breaker.broken(exc)
-            if not raw.closed and raw.info.transaction_status != pq.TransactionStatus.IDLE:
+            if not raw.closed and raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
                 if exc is None:
                     await raw.commit()
                 else:

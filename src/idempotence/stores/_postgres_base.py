@@ -249,11 +249,13 @@ def bounded_claim(query: Query, planning: bool = False) -> str:
 
 
 def pipelines(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    # The status from the libpq connection: raw.info builds a ConnectionInfo each time.
     return (
-        raw.autocommit
-        and raw.info.transaction_status == pq.TransactionStatus.IDLE
-        and psycopg.Pipeline.is_supported()
+        raw.autocommit and raw.pgconn.transaction_status == pq.TransactionStatus.IDLE and _PIPELINES
     )
+
+
+_PIPELINES = psycopg.Pipeline.is_supported()  # the libpq's version: fixed for the process
 
 
 def deferred_sql(query: Query) -> str:
