@@ -461,3 +461,36 @@ def test_p11_a_busy_pools_waiters_are_served_in_order_async(pg_url: str, scope: 
             assert served == ["first", "second"]
 
     asyncio.run(main())
+
+
+def test_p11_a_checkout_waiting_for_its_turn_still_gives_up_at_the_pools_timeout(
+    pg_url: str, scope: str
+) -> None:
+    """The second of two waiters on an exhausted pool waits for its turn, and fails
+    closed (503's error) within the pool's timeout, as the first does."""
+    import psycopg_pool
+
+    with psycopg_pool.ConnectionPool(
+        pg_url, min_size=1, max_size=1, timeout=0.8, kwargs={"autocommit": True}, open=True
+    ) as pool:
+        store = PostgresStore(pool)
+        held = pool.getconn()
+        outcomes: list[tuple[str, float]] = []
+
+        def read() -> None:
+            started = time.monotonic()
+            try:
+                store.get(scope, "k")
+                outcomes.append(("read", time.monotonic() - started))
+            except StoreUnavailable as exc:
+                outcomes.append((str(exc).split(":")[0], time.monotonic() - started))
+
+        threads = [threading.Thread(target=read) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        pool.putconn(held)
+        unavailable = "PostgreSQL is unavailable"
+        assert [what for what, _ in outcomes] == [unavailable, unavailable]
+        assert all(seconds < 0.8 + 0.5 for _, seconds in outcomes), outcomes

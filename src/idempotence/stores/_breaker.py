@@ -79,10 +79,8 @@ class Breaker:
         if self._state == _HEALTHY:
             return FAIL_FAST  # a slice: the caller waits again while healthy
         if self._state == _DOWN:
-            now = time.monotonic()
-            if now < self._probe_at:
-                raise StoreUnavailable(f"{self._what} is unavailable: {self._reason}")
-            self._probe_at = now + PROBE_INTERVAL
+            self.check()
+            self._probe_at = time.monotonic() + PROBE_INTERVAL  # this checkout probes
         return FAIL_FAST
 
     def broken(self, reason: object) -> None:

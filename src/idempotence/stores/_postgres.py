@@ -317,9 +317,11 @@ class _PoolSource:
         give_up = time.monotonic() + self.pool.timeout
         self.breaker.check()
         if not acquire(self._turn, self.pool.timeout):
-            raise StoreUnavailable(
-                f"PostgreSQL is unavailable: no connection from pool {self.pool.name!r} "
-                f"within its timeout ({self.pool.timeout:g} s)"
+            raise translate(
+                psycopg_pool.PoolTimeout(
+                    f"no connection from pool {self.pool.name!r} within its timeout "
+                    f"({self.pool.timeout:g} s)"
+                )
             )
         try:
             return self._wait_in_turn(deadline, give_up)

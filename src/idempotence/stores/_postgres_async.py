@@ -316,9 +316,11 @@ class _AsyncPoolSource:
         give_up = time.monotonic() + self.pool.timeout
         self.breaker.check()
         if not await acquire_async(self._turn, self.pool.timeout):
-            raise StoreUnavailable(
-                f"PostgreSQL is unavailable: no connection from pool {self.pool.name!r} "
-                f"within its timeout ({self.pool.timeout:g} s)"
+            raise translate(
+                psycopg_pool.PoolTimeout(
+                    f"no connection from pool {self.pool.name!r} within its timeout "
+                    f"({self.pool.timeout:g} s)"
+                )
             )
         try:
             return await self._wait_in_turn(deadline, give_up)

@@ -163,9 +163,7 @@ class _Connection:
     def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
         if self._groups is not None and (atomic or write) and not self.raw.in_transaction:
             return self._groups.write(self, op, atomic=atomic)
-        # perform_alone's body, inlined: this is every read's path.
-        with self.atomic() if atomic else self.unit(write=write):
-            return run(op, self)
+        return self.perform_alone(op, atomic=atomic, write=write)
 
     def perform_alone(self, op: Op[T], *, atomic: bool, write: bool) -> T:
         with self.atomic() if atomic else self.unit(write=write):
