@@ -67,9 +67,10 @@ def one_row_statements() -> dict[str, str]:
     found = {name: sql for name, sql in queries.items() if name not in skip}
     # The claim that opens a request's transaction (F3) is a text of its own, prepared
     # and planned once like the others: the same lookups, with its settings added.
-    found["claim (opening a transaction)"] = bounded_claim(
-        Query("claim", queries["claim"], {}), True
-    )
+    for name in ("claim", "claim_finished"):
+        found[f"{name} (opening a transaction)"] = bounded_claim(
+            Query(name, queries[name], {}), True
+        )
     return found
 
 
@@ -181,7 +182,15 @@ def test_generic_plans_of_one_key_statements_are_unique_lookups(
     # Empty and never analyzed; one row, analyzed; grown to 200,000 rows since, the
     # statistics still those of one row. A plan made in any of these states is the one
     # a connection may keep.
-    assert one_row_statements().keys() >= {"claim", "finish", "checkpoint", "get", *BATCHED}
+    assert one_row_statements().keys() >= {
+        "claim",
+        "claim_finished",
+        "claim_finished (opening a transaction)",
+        "finish",
+        "checkpoint",
+        "get",
+        *BATCHED,
+    }
     states = {"empty": generic_plans(planner)}
     add_keys(planner, 1, 1)
     planner.execute("ANALYZE")

@@ -29,7 +29,9 @@ SCOPE_PARAM = {"postgres": "%(scope)s", "sqlite": ":scope"}
 CLAIM_SHAPE = {
     # claim_held: the read that answers a request-as-transaction claim that would
     # wait for another open transaction (F8); SQLite's claim waits for the write lock.
-    "postgres": {"claim", "claim_held"},
+    # claim_finished: the claim that writes the key finished (a fixed response, F3);
+    # SQLite's claim then runs its finish, in the write lock it holds anyway.
+    "postgres": {"claim", "claim_finished", "claim_held"},
     "sqlite": {"claim_read", "claim_insert", "claim_take_over"},
 }
 

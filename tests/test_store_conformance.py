@@ -480,3 +480,90 @@ def test_finish_at_commit_needs_a_transaction(store: Any, scope: str) -> None:
     with pytest.raises(ValueError, match="tx="):
         store.finish(lease, response(1), at_commit=True)
     assert store.get(scope, "key-1").finished_at is None
+
+
+# -- F3 with a fixed response: the claim writes the key finished --------------------------
+
+
+def finished_row(tx: Any, scope: str) -> list[tuple[Any, ...]]:
+    rows = tx.execute(
+        "SELECT recovery_point, response_status, locked_at, finished_at"
+        " FROM idempotency_keys WHERE scope = :scope",
+        {"scope": scope},
+    )
+    keep = ("recovery_point", "response_status", "locked_at")
+    return [(*(row[name] for name in keep), row["finished_at"] is None) for row in rows]
+
+
+def test_f3_a_claim_given_its_response_writes_the_key_finished_in_its_transaction(
+    store: Any, store_kind: StoreKind, scope: str
+) -> None:
+    make_side_table(store)
+    with store.transaction(claim=request(scope), finished=response(7)) as tx:
+        assert tx.claim.outcome is Outcome.EXECUTE and tx.claim.lease.token == 1
+        write_note(tx, store_kind, scope, "ride")
+        # Already finished inside the transaction: nothing is left for the COMMIT.
+        assert finished_row(tx, scope) == [("finished", 201, None, False)]
+    assert side_notes(store, store_kind, scope) == ["ride"]
+    replay = store.claim(request(scope))
+    assert replay.outcome is Outcome.REPLAY and replay.response == response(7)
+    record = store.get(scope, "key-1")
+    assert (record.recovery_point, record.lock_token, record.error) == ("finished", 1, None)
+    assert record.locked_at is None and record.finished_at is not None
+    # The retention runs from the finish, as a finish's does.
+    assert record.expires_at - record.finished_at == timedelta(hours=24)
+    with pytest.raises(LockLost):  # settled: no fenced write of the lease goes through
+        store.finish(tx.claim.lease, response(8))
+
+
+def test_f3_a_claim_given_its_response_rolls_back_with_its_transaction(
+    store: Any, store_kind: StoreKind, scope: str
+) -> None:
+    make_side_table(store)
+    fixed = response(1)
+    with pytest.raises(RuntimeError), store.transaction(claim=request(scope), finished=fixed) as tx:
+        write_note(tx, store_kind, scope, "half")
+        raise RuntimeError("the handler failed")
+    assert side_notes(store, store_kind, scope) == []
+    assert store.get(scope, "key-1") is None  # R5: nothing stored, the key is free
+    with store.transaction(claim=request(scope), finished=response(2)) as tx:
+        assert tx.claim.outcome is Outcome.EXECUTE
+    assert store.claim(request(scope)).response == response(2)
+
+
+def test_f3_a_claim_given_its_response_replays_a_finished_key_and_leaves_it(
+    store: Any, scope: str
+) -> None:
+    store.finish(store.claim(request(scope)).lease, response(3))
+    with store.transaction(claim=request(scope), finished=response(4)) as tx:
+        assert tx.claim.outcome is Outcome.REPLAY and tx.claim.response == response(3)
+    with store.transaction(claim=request(scope, fingerprint=OTHER_FP), finished=response(4)) as tx:
+        assert tx.claim.outcome is Outcome.MISMATCH
+    assert store.claim(request(scope)).response == response(3)
+
+
+def test_f3_f1_a_claim_given_its_response_takes_over_an_expired_lock_and_fences_its_holder(
+    store: Any, store_kind: StoreKind, scope: str
+) -> None:
+    # A key left locked by a handler-mode run (or a crash): live, it is in progress and
+    # untouched; expired, it is taken over with the next token and written finished.
+    zombie = store.claim(request(scope, lock_timeout=SHORT)).lease
+    with store.transaction(claim=request(scope), finished=response(5)) as tx:
+        assert tx.claim.outcome is Outcome.IN_PROGRESS
+    assert store.get(scope, "key-1").finished_at is None
+    time.sleep(SHORT.total_seconds() + 0.1)
+    with store.transaction(claim=request(scope), finished=response(5)) as tx:
+        assert tx.claim.outcome is Outcome.EXECUTE
+        assert tx.claim.lease.token == zombie.token + 1
+    for fenced in (store.finish, store.release, store.heartbeat):
+        args = (zombie, response(666)) if fenced == store.finish else (zombie,)
+        with pytest.raises(LockLost):
+            fenced(*args)
+    record = store.get(scope, "key-1")
+    assert (record.lock_token, record.recovery_point, record.locked_at) == (2, "finished", None)
+    assert store.claim(request(scope)).response == response(5)
+
+
+def test_f3_a_response_for_the_claim_needs_the_claim(store: Any, scope: str) -> None:
+    with pytest.raises(ValueError, match="claim="), store.transaction(finished=response(1)):
+        pass

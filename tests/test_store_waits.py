@@ -193,6 +193,28 @@ def test_p10_settling_a_key_wakes_its_waiter_with_one_notification(
     assert waiters_flag(pg_url, scope, "twin") in (False, None)
 
 
+def test_p10_f3_a_claim_that_takes_a_key_over_finished_wakes_its_waiter_at_the_commit(
+    pg_store: Any, pg_url: str, scope: str
+) -> None:
+    # A transactional consumer's claim writes the key finished (claim_finished): when
+    # it takes over a key whose lock expired, the duplicates waiting for that key are
+    # woken as a finish would wake them, once the transaction commits.
+    short = ClaimRequest(
+        scope=scope, key="lapsed", fingerprint="a" * 64, lock_timeout=timedelta(seconds=1)
+    )
+    assert pg_store.claim(short).lease is not None
+    with watching(pg_url) as received:
+        waiting = start_waiting(pg_store, scope, "lapsed", LONG)
+        wait_marked(pg_url, scope, "lapsed")
+        time.sleep(1.2)  # the lock lapses; the waiter sleeps on
+        with pg_store.transaction(claim=request(scope, "lapsed"), finished=response()) as tx:
+            assert tx.claim.lease is not None and tx.claim.lease.token == 2
+            assert received(scope, 0.3) == []  # not before the COMMIT
+        assert waiting.join() < LONG / 2
+        assert received(scope, 0.5) == [(scope, "lapsed")]
+    assert waiters_flag(pg_url, scope, "lapsed") is False
+
+
 def test_p10_a_second_settle_without_waiters_sends_nothing(
     pg_store: Any, pg_url: str, scope: str
 ) -> None:

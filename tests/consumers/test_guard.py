@@ -59,6 +59,36 @@ def test_m1_transactional_duplicate_commits_nothing_and_is_acked(consumer_store_
     assert record is not None and record.finished and record.flow == "consumer"
 
 
+def test_m1_f3_a_transactional_message_writes_its_key_finished_with_its_claim(
+    consumer_store_url: str,
+) -> None:
+    # The processed mark is known before the handler runs, so the claim writes it: the
+    # handler's transaction already holds the finished key, and the COMMIT carries no
+    # finish (one write of the key row instead of an insert and an update).
+    url = consumer_store_url
+    mark = "%s" if url.startswith("postgres") else "?"
+    seen: list[Any] = []
+
+    def handle(ctx: MessageContext) -> None:
+        ctx.tx.execute(_insert(url), (ctx.key,))
+        rows = ctx.tx.execute(
+            "SELECT recovery_point, response_status, locked_at FROM idempotency_keys"
+            f" WHERE scope = 'orders' AND key = {mark}",
+            (ctx.key,),
+        )
+        seen.extend(tuple(dict(row).values()) for row in rows)
+
+    consumer = Consumer(name="orders", handler=handle, transactional=True)
+    with sync_store(url) as store:
+        done = process(consumer, store, Message(b"{}", message_id="m-1"))
+        again = process(consumer, store, Message(b"{}", message_id="m-1", redelivered=True))
+        record = store.get("orders", "m-1")
+    assert seen == [("finished", 200, None)]
+    assert (done.outcome, again.outcome) == ("processed", "duplicate")
+    assert record is not None and record.response == StoredResponse(200, (), b"")
+    assert _count(url) == 1
+
+
 def test_a_failed_transactional_handler_rolls_back_its_writes(consumer_store_url: str) -> None:
     url = consumer_store_url
     insert = _insert(url)

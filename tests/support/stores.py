@@ -124,8 +124,8 @@ class Blocking:
         self._run(self.store.close())
 
     @contextmanager
-    def transaction(self, *, claim: Any = None) -> Iterator[BlockingTransaction]:
-        cm = self.store.transaction(claim=claim)
+    def transaction(self, *, claim: Any = None, **kw: Any) -> Iterator[BlockingTransaction]:
+        cm = self.store.transaction(claim=claim, **kw)
         tx = self._run(cm.__aenter__())
         try:
             yield BlockingTransaction(tx, self._run)

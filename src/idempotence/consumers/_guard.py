@@ -37,7 +37,14 @@ from ..flows import Flow, FlowResult, ResultKind
 from ..flows.effects import DoClaim, DoFinish, Effect
 from ..keys import validate_key
 from ..problems import Problem, ProblemDetails
-from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, Claim, ClaimRequest, Lease, Outcome
+from ..states import (
+    DEFAULT_HANDLER_LOCK_TIMEOUT,
+    Claim,
+    ClaimRequest,
+    Lease,
+    Outcome,
+    StoredResponse,
+)
 
 logger = logging.getLogger("idempotence.consumers")
 
@@ -53,6 +60,8 @@ __all__ = [
     "lifecycle",
 ]
 
+#: What a handler or transactional consumer's processed key stores.
+PROCESSED = StoredResponse(200, (), b"")
 #: The flow name stored on the keys of a handler or transactional consumer.
 CONSUMER_FLOW = "consumer"
 #: M4: how long a consumer's keys are kept by default (a broker's usual retention).
@@ -200,7 +209,9 @@ class Consumer:
             retention=self.retention,
             request_as_transaction=self.transactional,
         )
-        engine.handler(limit=1 << 16, heartbeat=self.heartbeat)
+        # A consumer's stored response is always the same acknowledgement: in
+        # transactional mode the claim writes it, and the COMMIT carries no finish.
+        engine.handler(limit=1 << 16, heartbeat=self.heartbeat, fixed_response=PROCESSED)
         return engine
 
     @property

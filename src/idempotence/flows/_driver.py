@@ -182,12 +182,14 @@ def _call(effect: DoCall, store: Store, observer: Observer | None) -> Any:
 def _handle_in_transaction(effect: DoInTransaction, body: HandlerBody, store: Store) -> Any:
     """F3 with the application handler as the phase's body: the claim opens the
     transaction (sent with its BEGIN), the handler writes in it, and its response is
-    finished at the COMMIT (sent with it), or everything rolls back. The handler's
-    exception is returned, once rolled back; a store failure is raised."""
+    finished at the COMMIT (sent with it), or everything rolls back. A fixed response
+    is written by the claim itself. The handler's exception is returned, once rolled
+    back; a store failure is raised."""
     outcome: Any = None
     rolling_back = False
+    fixed = body.step.fixed_response
     try:
-        with store.transaction(claim=effect.request) as tx:
+        with store.transaction(claim=effect.request, finished=fixed) as tx:
             claim = tx.claim
             assert claim is not None
             if claim.outcome is not Outcome.EXECUTE:
@@ -204,7 +206,8 @@ def _handle_in_transaction(effect: DoInTransaction, body: HandlerBody, store: St
             if response is None:
                 rolling_back = True
                 raise _Rollback()
-            store.finish(lease, response, tx=tx, at_commit=True)
+            if fixed is None:
+                store.finish(lease, response, tx=tx, at_commit=True)
     except _Rollback:
         pass
     except Exception as exc:

@@ -186,12 +186,14 @@ async def _handle_in_transaction_async(
 ) -> Any:
     """F3 with the application handler as the phase's body: the claim opens the
     transaction (sent with its BEGIN), the handler writes in it, and its response is
-    finished at the COMMIT (sent with it), or everything rolls back. The handler's
-    exception is returned, once rolled back; a store failure is raised."""
+    finished at the COMMIT (sent with it), or everything rolls back. A fixed response
+    is written by the claim itself. The handler's exception is returned, once rolled
+    back; a store failure is raised."""
     outcome: Any = None
     rolling_back = False
+    fixed = body.step.fixed_response
     try:
-        async with store.transaction(claim=effect.request) as tx:
+        async with store.transaction(claim=effect.request, finished=fixed) as tx:
             claim = tx.claim
             assert claim is not None
             if claim.outcome is not Outcome.EXECUTE:
@@ -208,7 +210,8 @@ async def _handle_in_transaction_async(
             if response is None:
                 rolling_back = True
                 raise _Rollback()
-            await store.finish(lease, response, tx=tx, at_commit=True)
+            if fixed is None:
+                await store.finish(lease, response, tx=tx, at_commit=True)
     except _Rollback:
         pass
     except Exception as exc:

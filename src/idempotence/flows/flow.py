@@ -101,6 +101,7 @@ class Flow:
         rejected_statuses: frozenset[int] = frozenset(),
         stored_headers: frozenset[str] = frozenset({"content-type"}),
         heartbeat: timedelta | None = None,
+        fixed_response: StoredResponse | None = None,
     ) -> None:
         """Make the application's own handler this flow's one step, at ``started``
         (F6): a run claims the key, runs the handler it is given (``engine(...,
@@ -113,10 +114,23 @@ class Flow:
         taken over however long it runs, and a dead one's key is free again within
         ``lock_timeout``. In a request-as-transaction flow the claim is not committed
         while the handler runs, so nothing beats.
+
+        ``fixed_response`` is stored instead of the handler's own response, for a run
+        whose answer is known before it runs (a consumer's acknowledgement; the
+        handler's status still decides whether anything is stored, R5). A
+        request-as-transaction flow then writes the key finished with its claim, and
+        its COMMIT carries no finish: one write of the key row instead of two.
         """
         if heartbeat is not None and heartbeat <= timedelta(0):
             raise ConfigurationError(f"a heartbeat must be positive: {heartbeat!r}")
-        step = HandlerStep(STARTED, limit, frozenset(rejected_statuses), stored_headers, heartbeat)
+        step = HandlerStep(
+            STARTED,
+            limit,
+            frozenset(rejected_statuses),
+            stored_headers,
+            heartbeat,
+            fixed_response,
+        )
         self._add(step)
 
     def phase(self, recovery_point: str) -> Callable[[PhaseFn], PhaseFn]:

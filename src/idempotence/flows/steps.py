@@ -69,6 +69,10 @@ class HandlerStep:
     #: How often the lock is extended while the handler runs; None: a third of the
     #: lock timeout, so that two beats can be late before a retry may take it over.
     heartbeat: timedelta | None = None
+    #: The response stored by every run that stores one, known before the handler runs
+    #: (a consumer's acknowledgement): a request-as-transaction run writes it with its
+    #: claim, so its COMMIT carries no finish (F3).
+    fixed_response: StoredResponse | None = None
 
     def beat_every(self, lock_timeout: timedelta) -> float:
         """Seconds between two heartbeats of a run whose lock lasts ``lock_timeout``."""
@@ -83,7 +87,10 @@ class HandlerStep:
         return Settle.STORE
 
     def stored(self, captured: Captured) -> StoredResponse:
-        """The response as stored for replay: status, kept headers only, body."""
+        """The response as stored for replay: status, kept headers only, body (or
+        the fixed response)."""
+        if self.fixed_response is not None:
+            return self.fixed_response
         allowed = self.stored_headers
         kept = []
         for name, value in captured.headers:

@@ -217,7 +217,9 @@ class CachedStore(Store):
     # -- the rest is the primary's ---------------------------------------------------
 
     @contextmanager
-    def transaction(self, *, claim: ClaimRequest | None = None) -> Iterator[Transaction]:
+    def transaction(
+        self, *, claim: ClaimRequest | None = None, finished: StoredResponse | None = None
+    ) -> Iterator[Transaction]:
         """The primary's transaction. Given ``claim``, a replay is first looked up in
         Redis: found, no transaction opens, and ``tx`` (whose ``claim`` is the replay)
         must not be written to, as when the primary's claim finds the key held (F8).
@@ -227,7 +229,7 @@ class CachedStore(Store):
             if cached is not None:
                 yield Transaction(NO_CONNECTION, self.primary._dialect, cached)
                 return
-        with self.primary.transaction(claim=claim) as tx:
+        with self.primary.transaction(claim=claim, finished=finished) as tx:
             yield tx
         if tx.claim is not None and tx.claim.outcome is Outcome.REPLAY:
             record = tx.claim.record

@@ -218,7 +218,7 @@ class AsyncCachedStore(AsyncStore):
 
     @asynccontextmanager
     async def transaction(
-        self, *, claim: ClaimRequest | None = None
+        self, *, claim: ClaimRequest | None = None, finished: StoredResponse | None = None
     ) -> AsyncIterator[AsyncTransaction]:
         """The primary's transaction. Given ``claim``, a replay is first looked up in
         Redis: found, no transaction opens, and ``tx`` (whose ``claim`` is the replay)
@@ -229,7 +229,7 @@ class AsyncCachedStore(AsyncStore):
             if cached is not None:
                 yield AsyncTransaction(NO_CONNECTION, self.primary._dialect, cached)
                 return
-        async with self.primary.transaction(claim=claim) as tx:
+        async with self.primary.transaction(claim=claim, finished=finished) as tx:
             yield tx
         if tx.claim is not None and tx.claim.outcome is Outcome.REPLAY:
             record = tx.claim.record

@@ -162,8 +162,10 @@ class Dialect(abc.ABC):
         }
 
     @abc.abstractmethod
-    def claim(self, request: ClaimRequest) -> Op[Claim]:
-        """Claim ``request``'s key: exactly one outcome (DESIGN 4)."""
+    def claim(self, request: ClaimRequest, finished: StoredResponse | None = None) -> Op[Claim]:
+        """Claim ``request``'s key: exactly one outcome (DESIGN 4). Given ``finished``
+        (only in the transaction the claim opens), a key it takes is written finished
+        with that response in the same transaction (see ``claim_finished``)."""
 
     def batch(self, queries: list[Query]) -> Query:
         """``queries`` (of one kind and one scope) as the one statement that runs them
@@ -234,12 +236,14 @@ def finish_times(
 
 
 def _finish_params(lease: Lease, response: StoredResponse, error: str | None) -> dict[str, Any]:
+    return {**_response_params(response), "error": error, **_fenced(lease)}
+
+
+def _response_params(response: StoredResponse) -> dict[str, Any]:
     return {
         "status": response.status,
         "headers": json.dumps([list(pair) for pair in response.headers]),
         "body": response.body,
-        "error": error,
-        **_fenced(lease),
     }
 
 
@@ -364,16 +368,24 @@ def get(d: Dialect, scope: str, key: str) -> Op[KeyRecord | None]:
 # -- the two shapes of claim ------------------------------------------------------------
 
 
-def claim_in_one_statement(d: Dialect, request: ClaimRequest) -> Op[Claim]:
-    """The claim as one INSERT ... ON CONFLICT statement (PostgreSQL).
+def claim_in_one_statement(
+    d: Dialect, request: ClaimRequest, finished: StoredResponse | None = None
+) -> Op[Claim]:
+    """The claim as one INSERT ... ON CONFLICT statement (PostgreSQL); with
+    ``finished``, the ``claim_finished`` statement, which writes the key it takes
+    finished with that response.
 
     See the ``claim`` query for why a statement can come back empty or stale; both
     are answered by running it again, which is safe because a statement that did not
     take the key changed nothing.
     """
     params = d.claim_params(request)
+    name = "claim"
+    if finished is not None:
+        name = "claim_finished"
+        params.update(_response_params(finished))
     for _ in range(MAX_CLAIM_ATTEMPTS):
-        rows = yield d.query("claim", **params)
+        rows = yield d.query(name, **params)
         if not rows:
             continue
         row = rows[0]
@@ -456,12 +468,23 @@ def claim_held(d: Dialect, request: ClaimRequest) -> Op[Claim]:
     return Claim(Outcome.IN_PROGRESS, record, retry_after=HELD_RETRY_AFTER, held=True)
 
 
-def claim_in_transaction(d: Dialect, request: ClaimRequest) -> Op[Claim]:
-    """The claim as read-decide-write inside one write transaction (SQLite).
+def claim_in_transaction(
+    d: Dialect, request: ClaimRequest, finished: StoredResponse | None = None
+) -> Op[Claim]:
+    """The claim as read-decide-write inside one write transaction (SQLite); with
+    ``finished``, a key it takes is then finished with that response, in the same
+    transaction (the write lock is held to its end either way).
 
     The driver runs it under an exclusive write lock (BEGIN IMMEDIATE), so the read
     and the write are one serializable unit and no other writer can interleave (P6).
     """
+    claim = yield from _claim_in_transaction(d, request)
+    if finished is not None and claim.lease is not None:
+        yield from finish(d, claim.lease, finished, None)
+    return claim
+
+
+def _claim_in_transaction(d: Dialect, request: ClaimRequest) -> Op[Claim]:
     rows = yield d.query("claim_read", scope=request.scope, key=request.key)
     if not rows:
         rows = yield d.query("claim_insert", **d.claim_params(request))

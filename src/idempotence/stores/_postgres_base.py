@@ -22,7 +22,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
-from ..states import ClaimRequest
+from ..states import ClaimRequest, StoredResponse
 from ._breaker import connect_errors
 from ._driver import KeyHeld, TransientError
 from ._listener import Listener
@@ -50,8 +50,8 @@ class PostgresDialect(Dialect):
         assert isinstance(value, timedelta)
         return value
 
-    def claim(self, request: ClaimRequest) -> Op[Any]:
-        return claim_in_one_statement(self, request)
+    def claim(self, request: ClaimRequest, finished: StoredResponse | None = None) -> Op[Any]:
+        return claim_in_one_statement(self, request, finished)
 
     def application(self, sql: str, params: Any) -> Query:
         # psycopg takes %(name)s, not the :name every store takes (cached per text).
@@ -227,6 +227,7 @@ _BRANCHES = (
     "SELECT true AS claimed, now() AS db_now,",
     "SELECT false AS claimed, now() AS db_now,",
 )
+_CLAIMS = ("claim", "claim_finished")  # of one shape: see claim_finished
 _bounded: dict[tuple[str, bool], str] = {}
 
 
@@ -236,7 +237,7 @@ def bounded_claim(query: Query, planning: bool = False) -> str:
     sql = _bounded.get((query.sql, planning))
     if sql is None:
         sql = query.sql
-        if query.name != "claim" or any(
+        if query.name not in _CLAIMS or any(
             sql.count(part) != 1 for part in (_INSERT_SOURCE, *_BRANCHES)
         ):
             raise StoreError(f"cannot bound the lock wait of the statement {query.name!r}")

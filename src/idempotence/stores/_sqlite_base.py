@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from ..errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
-from ..states import ClaimRequest
+from ..states import ClaimRequest, StoredResponse
 from ._connection import body, run
 from ._driver import Blocks, TransientError, own_copy
 from ._group import Groups
@@ -53,8 +53,8 @@ class SqliteDialect(Dialect):
     def duration_out(self, value: Any) -> timedelta:
         return timedelta(seconds=float(value))
 
-    def claim(self, request: ClaimRequest) -> Op[Any]:
-        return claim_in_transaction(self, request)
+    def claim(self, request: ClaimRequest, finished: StoredResponse | None = None) -> Op[Any]:
+        return claim_in_transaction(self, request, finished)
 
     def script_statements(self, script: str) -> list[str]:
         # sqlite3 runs one statement per execute(), and executescript() would commit

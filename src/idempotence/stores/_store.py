@@ -155,7 +155,9 @@ class Store:
         )
 
     @contextmanager
-    def transaction(self, *, claim: ClaimRequest | None = None) -> Iterator[Transaction]:
+    def transaction(
+        self, *, claim: ClaimRequest | None = None, finished: StoredResponse | None = None
+    ) -> Iterator[Transaction]:
         """Open a write transaction for a phase: commits on exit, rolls back on error.
 
         Given ``claim``, the transaction opens with that claim (request-as-transaction,
@@ -164,13 +166,21 @@ class Store:
         claim gives up the row lock after a moment, rolls back, and is answered from
         the key's last committed version (a replay, a mismatch, or IN_PROGRESS with
         ``held``); then ``tx`` has no transaction open and must not be written to.
+
+        Given ``finished`` as well (a run whose stored response is known before it
+        runs: a transactional consumer's), a claim that takes the key writes it
+        finished with that response at once: the commit settles it with everything
+        else, a rollback takes it back, and no :meth:`finish` follows (one would be
+        refused: the key is finished). Its ``finished_at`` is the claim's time.
         """
+        if finished is not None and claim is None:
+            raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
         with self._gate.transaction(), self._source.connection() as conn:
             if claim is None:
                 with conn.atomic():
                     yield self._transaction_type(conn, self._dialect)
                 return
-            op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim))
+            op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim, finished))
             entered = False
             try:
                 with conn.atomic(op) as got:

@@ -158,7 +158,7 @@ class AsyncStore:
 
     @asynccontextmanager
     async def transaction(
-        self, *, claim: ClaimRequest | None = None
+        self, *, claim: ClaimRequest | None = None, finished: StoredResponse | None = None
     ) -> AsyncIterator[AsyncTransaction]:
         """Open a write transaction for a phase: commits on exit, rolls back on error.
 
@@ -168,13 +168,21 @@ class AsyncStore:
         claim gives up the row lock after a moment, rolls back, and is answered from
         the key's last committed version (a replay, a mismatch, or IN_PROGRESS with
         ``held``); then ``tx`` has no transaction open and must not be written to.
+
+        Given ``finished`` as well (a run whose stored response is known before it
+        runs: a transactional consumer's), a claim that takes the key writes it
+        finished with that response at once: the commit settles it with everything
+        else, a rollback takes it back, and no :meth:`finish` follows (one would be
+        refused: the key is finished). Its ``finished_at`` is the claim's time.
         """
+        if finished is not None and claim is None:
+            raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
         async with self._gate.transaction_async(), self._source.connection() as conn:
             if claim is None:
                 async with conn.atomic():
                     yield self._transaction_type(conn, self._dialect)
                 return
-            op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim))
+            op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim, finished))
             entered = False
             try:
                 async with conn.atomic(op) as got:

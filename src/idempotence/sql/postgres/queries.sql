@@ -52,6 +52,62 @@ SELECT false AS claimed, now() AS db_now, k.*
 FROM idempotency_keys AS k
 WHERE k.scope = %(scope)s AND k.key = %(key)s AND NOT EXISTS (SELECT FROM claimed);
 
+-- claim_finished --
+-- The claim of a run whose stored response is known before it runs (a transactional
+-- consumer's acknowledgement, F3): the claim above, with the same rules and the same
+-- shape (bounded_claim adds its settings as to the claim), that writes the key it takes
+-- finished with that response at once. It always opens the run's transaction, so the
+-- COMMIT settles the key with the run's own writes and a rollback takes it back with
+-- them; the COMMIT then carries no finish, and the row is written once instead of
+-- inserted, then updated (a second version, its index entries again). The columns are
+-- what the finish would have set, at the transaction's time (now(), when the run
+-- began). A takeover (P5) moves the lock token on, so the previous holder's fenced
+-- writes are refused (F1), and wakes that key's waiting duplicates at the COMMIT (P10).
+WITH settled AS (
+    SELECT FROM idempotency_keys AS s
+    WHERE s.scope = %(scope)s AND s.key = %(key)s AND s.finished_at IS NOT NULL
+),
+claimed AS (
+    INSERT INTO idempotency_keys AS k (
+        scope, key, request_method, request_path, fingerprint, request_params,
+        flow, lock_timeout, last_run_at, expires_at, recovery_point,
+        response_status, response_headers, response_body, finished_at
+    )
+    SELECT
+        %(scope)s, %(key)s, %(method)s, %(path)s, %(fingerprint)s, %(params)s::jsonb,
+        %(flow)s, %(lock_timeout)s, now(), now() + %(retention)s::interval, 'finished',
+        %(status)s, %(headers)s::jsonb, %(body)s, now()
+    WHERE NOT EXISTS (SELECT FROM settled)
+    ON CONFLICT (scope, key) DO UPDATE
+        SET lock_token = k.lock_token + 1,
+            locked_at = NULL,
+            lock_timeout = EXCLUDED.lock_timeout,
+            last_run_at = now(),
+            recovery_point = 'finished',
+            calling = NULL,
+            response_status = EXCLUDED.response_status,
+            response_headers = EXCLUDED.response_headers,
+            response_body = EXCLUDED.response_body,
+            error = NULL,
+            finished_at = now(),
+            expires_at = now() + (k.expires_at - k.created_at),
+            waiters = CASE
+                WHEN NOT k.waiters THEN false
+                WHEN octet_length(json_build_array(k.scope, k.key)::text) >= 8000 THEN false
+                ELSE pg_notify('idempotence_settled', json_build_array(k.scope, k.key)::text)
+                    IS NULL
+            END
+        WHERE k.fingerprint = EXCLUDED.fingerprint
+          AND k.finished_at IS NULL
+          AND (k.locked_at IS NULL OR k.locked_at + k.lock_timeout <= now())
+    RETURNING k.*
+)
+SELECT true AS claimed, now() AS db_now, claimed.* FROM claimed
+UNION ALL
+SELECT false AS claimed, now() AS db_now, k.*
+FROM idempotency_keys AS k
+WHERE k.scope = %(scope)s AND k.key = %(key)s AND NOT EXISTS (SELECT FROM claimed);
+
 -- claim_batch --
 -- Many claims of one scope as one statement (DESIGN 11: natural batching): the
 -- claim above, a row of parameters each, the parameters as arrays unnested side by
