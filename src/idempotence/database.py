@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from .errors import ConfigurationError
 from .observability import Instrumentation
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 
 ENV_VAR = "IDEMPOTENCE_DATABASE_URL"
+
+_S_co = TypeVar("_S_co", covariant=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,24 +122,39 @@ def _check_ports(rest: str) -> None:
             )
 
 
+class _Opens(Protocol[_S_co]):
+    """A store class, as the URL's backend opens it."""
+
+    def __call__(self, target: str, *, instrumentation: Instrumentation | None = ...) -> _S_co: ...
+
+
+def _stores(
+    url: str | DatabaseUrl,
+) -> tuple[_Opens[Store | RedisStore], _Opens[AsyncStore | AsyncRedisStore], str]:
+    """The sync and the async store class of ``url``'s backend, and what to hand them."""
+    parsed = _parsed(url)
+    # Imported here: a backend's driver is an extra, needed only when its URL is opened.
+    if parsed.backend == "redis":
+        from .stores.redis import AsyncRedisStore, RedisStore
+
+        return RedisStore, AsyncRedisStore, parsed.target
+    if parsed.backend == "postgres":
+        from .stores.postgres import AsyncPostgresStore, PostgresStore
+
+        return PostgresStore, AsyncPostgresStore, parsed.target
+    from .stores.sqlite import AsyncSqliteStore, SqliteStore
+
+    return SqliteStore, AsyncSqliteStore, parsed.target
+
+
 def open_store(
     url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None
 ) -> Store | RedisStore:
     """The sync store for ``url``, reporting to ``instrumentation`` if given: a SQL
     :class:`~idempotence.Store`, or for a ``redis://`` URL a
     :class:`~idempotence.RedisStore` (a :class:`~idempotence.KeyStore` only)."""
-    parsed = url if isinstance(url, DatabaseUrl) else DatabaseUrl.parse(url)
-    if parsed.backend == "redis":
-        from .stores.redis import RedisStore
-
-        return RedisStore(parsed.target, instrumentation=instrumentation)
-    if parsed.backend == "postgres":
-        from .stores.postgres import PostgresStore
-
-        return PostgresStore(parsed.target, instrumentation=instrumentation)
-    from .stores.sqlite import SqliteStore
-
-    return SqliteStore(parsed.target, instrumentation=instrumentation)
+    store, _, target = _stores(url)
+    return store(target, instrumentation=instrumentation)
 
 
 def open_async_store(
@@ -145,18 +162,8 @@ def open_async_store(
 ) -> AsyncStore | AsyncRedisStore:
     """The async store for ``url``, reporting to ``instrumentation`` if given (an
     :class:`~idempotence.AsyncRedisStore` for a ``redis://`` URL)."""
-    parsed = url if isinstance(url, DatabaseUrl) else DatabaseUrl.parse(url)
-    if parsed.backend == "redis":
-        from .stores.redis import AsyncRedisStore
-
-        return AsyncRedisStore(parsed.target, instrumentation=instrumentation)
-    if parsed.backend == "postgres":
-        from .stores.postgres import AsyncPostgresStore
-
-        return AsyncPostgresStore(parsed.target, instrumentation=instrumentation)
-    from .stores.sqlite import AsyncSqliteStore
-
-    return AsyncSqliteStore(parsed.target, instrumentation=instrumentation)
+    _, store, target = _stores(url)
+    return store(target, instrumentation=instrumentation)
 
 
 def open_sql_store(
@@ -180,8 +187,12 @@ def open_async_sql_store(
     return store
 
 
+def _parsed(url: str | DatabaseUrl) -> DatabaseUrl:
+    return url if isinstance(url, DatabaseUrl) else DatabaseUrl.parse(url)
+
+
 def _sql(url: str | DatabaseUrl) -> DatabaseUrl:
-    parsed = url if isinstance(url, DatabaseUrl) else DatabaseUrl.parse(url)
+    parsed = _parsed(url)
     if not parsed.sql:
         raise ConfigurationError(
             "this needs a SQL database (postgresql:// or sqlite:///): a Redis store "

@@ -218,6 +218,20 @@ def test_cli_keys_evict_with_cache_refuses_the_cached_response_first(
     assert cached.cache_stats.hits == hits
 
 
+def test_cli_keys_evict_with_an_unreachable_cache_prints_one_error_line(db: Backend) -> None:
+    # An operator paged at night reads one line saying what failed, not a warning
+    # about answering from the primary (which the eviction does not do) before it.
+    scope = new_scope()
+    finished(db.store, scope, "paid")
+    down = run("keys", "evict", "--database", db.url, scope, "paid",
+               "--cache", "redis://127.0.0.1:1/0")  # fmt: skip
+    assert down.returncode == 5, down.stderr
+    assert "WARNING" not in down.stderr
+    [line] = down.stderr.splitlines()
+    assert line.startswith("Error: the Redis cache cannot be reached")
+    assert "nothing was evicted" in line
+
+
 def test_cli_stats(db: Backend) -> None:
     scope = new_scope()
     pending(db.store, scope, "waiting")

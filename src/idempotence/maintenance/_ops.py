@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..states import JSON, KeyRecord, KeyState, StagedJob, StoredResponse
+from ..states import KeyRecord, KeyState, StagedJob, StoredResponse
 from ..stores._ops import Dialect, Op
 
 
@@ -61,22 +61,17 @@ class ExpiredKey:
 
 
 @dataclass(frozen=True, slots=True)
-class Job:
-    """A job of the built-in runner, as its function receives it (B4).
+class Job(StagedJob):
+    """A job of the built-in runner, as its function receives it (B4): the fields
+    of the :class:`~idempotence.states.StagedJob` it was delivered from (``id`` and
+    ``created_at`` are its row's in the runner's table), and its attempt.
 
     ``job_key`` is the same on every attempt: use it to deduplicate the job's own
     side effects (pass it as the idempotency key of the email provider's call).
     """
 
-    id: int
-    job_key: str
-    scope: str
-    key_id: int
-    name: str
-    args: JSON
     #: 1 on the first attempt.
     attempt: int
-    created_at: datetime
 
 
 @dataclass(frozen=True, slots=True)

@@ -331,10 +331,9 @@ class Cache:
         return True
 
     def failed(self, operation: str, error: BaseException) -> None:
-        """Redis failed: count it, pause the cache, and log now and then."""
-        self._count("error")
-        now = time.monotonic()
-        self._paused_until = now + self._pause
+        """Redis failed and the primary answers alone: count it, pause the cache,
+        and log now and then."""
+        now = self._trip()
         with self._lock:
             self._unlogged += 1
             if now - self._logged_at < LOG_EVERY:
@@ -348,13 +347,23 @@ class Cache:
             count,
         )
 
-    def refuse(self, operation: str, error: BaseException) -> StoreUnavailable:
+    def refuse(self, error: BaseException) -> StoreUnavailable:
         """The error for a write that must reach Redis (an eviction's tombstone)."""
-        self.failed(operation, error)
+        # Counted and paused, but not logged: the caller raises this error and reports
+        # it, and the warning's "answering from the primary store alone" would be
+        # false here; an operator would read two lines, one wrong, for one failure.
+        self._trip()
         return StoreUnavailable(
             f"the Redis cache cannot be reached ({error}); nothing was evicted, so no "
             "cached response can outlive the key: retry when Redis is back"
         )
+
+    def _trip(self) -> float:
+        """Count a failure and pause the cache; return the time it happened."""
+        self._count("error")
+        now = time.monotonic()
+        self._paused_until = now + self._pause
+        return now
 
     def _count(self, event: str) -> None:
         if event == "hit":

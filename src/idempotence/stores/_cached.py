@@ -172,7 +172,7 @@ class CachedStore(Store):
         try:
             self._store_entry(self._cache.name(scope, key), [value, until])
         except CACHE_ERRORS as exc:
-            raise self._cache.refuse("invalidate", exc) from exc
+            raise self._cache.refuse(exc) from exc
         self.primary._invalidate(scope, key, key_id)
 
     def _cached(self, request: ClaimRequest, name: bytes) -> tuple[Claim | None, bytes | None]:

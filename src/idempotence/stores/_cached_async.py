@@ -170,7 +170,7 @@ class AsyncCachedStore(AsyncStore):
         try:
             await self._store_entry(self._cache.name(scope, key), [value, until])
         except CACHE_ERRORS as exc:
-            raise self._cache.refuse("invalidate", exc) from exc
+            raise self._cache.refuse(exc) from exc
         await self.primary._invalidate(scope, key, key_id)
 
     async def _cached(
