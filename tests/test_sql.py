@@ -32,7 +32,7 @@ CLAIM_SHAPE = {
     # claim_finished: the claim that writes the key finished (a fixed response, F3);
     # SQLite's claim then runs its finish, in the write lock it holds anyway.
     "postgres": {"claim", "claim_finished", "claim_held"},
-    "sqlite": {"claim_read", "claim_insert", "claim_take_over"},
+    "sqlite": {"claim_read", "claim_insert", "claim_insert_finished", "claim_take_over"},
 }
 
 #: And PostgreSQL sends claims and finishes that queue up behind one in flight as one

@@ -268,3 +268,57 @@ def test_f3_on_postgres_a_connection_lost_before_the_commit_commits_nothing(
 
         outcome = asyncio.run(main())
     assert outcome is Outcome.EXECUTE  # never claimed: the first claim of the key
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of every statement a SQLite store runs (the application's: "application")."""
+    from idempotence.stores import _sqlite_base
+
+    seen: list[str] = []
+    real = _sqlite_base._Connection.fetch
+
+    def counted(self: Any, query: Any) -> Any:
+        seen.append(query.name)
+        return real(self, query)
+
+    monkeypatch.setattr(_sqlite_base._Connection, "fetch", counted)
+    return seen
+
+
+def test_p1_on_sqlite_a_new_key_is_taken_by_its_insert_alone(
+    sqlite_path: str, statements: list[str]
+) -> None:
+    # Under the write lock a new key needs no read first: the insert takes it, and
+    # only a key that exists is read and decided (P1, P5, P6).
+    with sqlite_store.SqliteStore(sqlite_path) as store:
+        store.migrate()
+        statements.clear()
+        lease = store.claim(_request("new")).lease
+        assert lease is not None
+        assert statements == ["claim_read", "claim_insert"]  # the preview, then the claim
+        store.release(lease)
+        statements.clear()
+        assert store.claim(_request("new")).outcome is Outcome.EXECUTE
+        assert statements == ["claim_read", "claim_insert", "claim_read", "claim_take_over"]
+
+
+def test_f3_on_sqlite_a_transactional_message_runs_its_claim_and_its_own_statement(
+    sqlite_path: str, statements: list[str]
+) -> None:
+    from idempotence.consumers import Consumer, Message, process
+
+    insert = "INSERT INTO side_effects (note) VALUES (:note)"
+    consumer = Consumer(
+        name="trips",
+        transactional=True,
+        handler=lambda ctx: ctx.tx.execute(insert, {"note": ctx.key}),
+    )
+    with sqlite_store.SqliteStore(sqlite_path) as store:
+        store.migrate()
+        with store.transaction() as tx:
+            tx.execute("CREATE TABLE side_effects (note TEXT)")
+        statements.clear()
+        assert process(consumer, store, Message(b"{}", message_id="m-1")).outcome == "processed"
+        # The claim writes the key finished: no read, no finish.
+        assert statements == ["claim_insert_finished", "application"]

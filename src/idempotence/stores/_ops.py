@@ -471,26 +471,25 @@ def claim_held(d: Dialect, request: ClaimRequest) -> Op[Claim]:
 def claim_in_transaction(
     d: Dialect, request: ClaimRequest, finished: StoredResponse | None = None
 ) -> Op[Claim]:
-    """The claim as read-decide-write inside one write transaction (SQLite); with
-    ``finished``, a key it takes is then finished with that response, in the same
-    transaction (the write lock is held to its end either way).
+    """The claim as write-or-read-decide-write inside one write transaction (SQLite);
+    with ``finished``, a key it takes is written finished with that response, in the
+    same transaction.
 
-    The driver runs it under an exclusive write lock (BEGIN IMMEDIATE), so the read
-    and the write are one serializable unit and no other writer can interleave (P6).
+    The driver runs it under an exclusive write lock (BEGIN IMMEDIATE), so its
+    statements are one serializable unit and no other writer can interleave (P6): a
+    new key is inserted at once; the insert of a key that exists does nothing, and the
+    key is read and decided (``arbitrate``), then taken over if it may be.
     """
-    claim = yield from _claim_in_transaction(d, request)
-    if finished is not None and claim.lease is not None:
-        yield from finish(d, claim.lease, finished, None)
-    return claim
-
-
-def _claim_in_transaction(d: Dialect, request: ClaimRequest) -> Op[Claim]:
-    rows = yield d.query("claim_read", scope=request.scope, key=request.key)
-    if not rows:
-        rows = yield d.query("claim_insert", **d.claim_params(request))
+    params = d.claim_params(request)
+    if finished is None:
+        rows = yield d.query("claim_insert", **params)
+    else:
+        rows = yield d.query("claim_insert_finished", **params, **_response_params(finished))
+    if rows:
         return claim_from(
             d.record(rows[0]), request.fingerprint, d.timestamp(rows[0]["db_now"]), claimed=True
         )
+    rows = yield d.query("claim_read", scope=request.scope, key=request.key)
     record, now = d.record(rows[0]), d.timestamp(rows[0]["db_now"])
     if arbitrate(record, request.fingerprint, now) is not Outcome.EXECUTE:
         return claim_from(record, request.fingerprint, now, claimed=False)
@@ -500,6 +499,9 @@ def _claim_in_transaction(d: Dialect, request: ClaimRequest) -> Op[Claim]:
         id=record.id,
         lock_timeout=d.duration_in(request.lock_timeout),
     )
-    return claim_from(
+    claim = claim_from(
         d.record(rows[0]), request.fingerprint, d.timestamp(rows[0]["db_now"]), claimed=True
     )
+    if finished is not None and claim.lease is not None:
+        yield from finish(d, claim.lease, finished, None)
+    return claim

@@ -7,8 +7,8 @@
 -- stable within one statement.
 --
 -- SQLite serialises writers, so the claim is one BEGIN IMMEDIATE transaction (P6's
--- "one serializable transaction"): claim_read, then claim_insert or claim_take_over
--- as states.arbitrate decides.
+-- "one serializable transaction"): claim_insert, which takes a new key; for a key that
+-- exists, claim_read, then claim_take_over if states.arbitrate decides so.
 
 -- claim_read --
 SELECT (julianday('now') - 2440587.5) * 86400.0 AS db_now, k.*
@@ -16,6 +16,8 @@ FROM idempotency_keys AS k
 WHERE k.scope = :scope AND k.key = :key;
 
 -- claim_insert --
+-- A new key (P1), or no row when the key exists: the caller then reads it. Most claims
+-- that get this far take a new key, so they need no read first.
 INSERT INTO idempotency_keys (
     scope, key, request_method, request_path, fingerprint, request_params,
     flow, lock_timeout, locked_at, last_run_at, created_at, expires_at
@@ -28,6 +30,28 @@ VALUES (
     (julianday('now') - 2440587.5) * 86400.0,
     (julianday('now') - 2440587.5) * 86400.0 + :retention
 )
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING (julianday('now') - 2440587.5) * 86400.0 AS db_now, *;
+
+-- claim_insert_finished --
+-- claim_insert for a run whose response is known before it runs (see claim_finished
+-- in the PostgreSQL queries): the new key written finished with it, in the claim's
+-- transaction. The retention runs from the finish, as finish's does.
+INSERT INTO idempotency_keys (
+    scope, key, request_method, request_path, fingerprint, request_params,
+    flow, lock_timeout, last_run_at, created_at, expires_at, recovery_point,
+    response_status, response_headers, response_body, finished_at
+)
+VALUES (
+    :scope, :key, :method, :path, :fingerprint, :params,
+    :flow, :lock_timeout,
+    (julianday('now') - 2440587.5) * 86400.0,
+    (julianday('now') - 2440587.5) * 86400.0,
+    (julianday('now') - 2440587.5) * 86400.0 + :retention,
+    'finished', :status, :headers, :body,
+    (julianday('now') - 2440587.5) * 86400.0
+)
+ON CONFLICT (scope, key) DO NOTHING
 RETURNING (julianday('now') - 2440587.5) * 86400.0 AS db_now, *;
 
 -- claim_take_over --
