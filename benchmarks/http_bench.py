@@ -398,10 +398,12 @@ class SqliteHand:
         return None if found is None else dict(zip(names, found, strict=True))
 
     def _claim(self, conn: Any, claim: dict[str, Any], commit: bool) -> dict[str, Any]:
+        # The store's claim: the insert, and a read only for a key that exists.
         conn.execute("BEGIN IMMEDIATE")
-        row = self._fetch(conn, "claim_read", claim)
+        inserted = self._fetch(conn, "claim_insert", claim)
+        row = {**inserted, "claimed": True} if inserted else self._fetch(conn, "claim_read", claim)
         if row is None:
-            row = {**(self._fetch(conn, "claim_insert", claim) or {}), "claimed": True}
+            raise RuntimeError("the floor's claim found no row")
         if commit:
             conn.execute("COMMIT")
         return row

@@ -31,10 +31,11 @@ the driver, with none of the library's Python around them:
   fetched as plain tuples. A pair is the ``claim`` then the ``finish`` statement; a
   replay is one ``claim`` statement on a finished key.
 * SQLite: ``sqlite3`` connections opened with the store's settings (WAL, default
-  ``synchronous``, autocommit, busy timeout), one per worker. A pair is ``BEGIN
-  IMMEDIATE; claim_read; claim_insert; COMMIT`` then the ``finish`` UPDATE; a replay is
-  ``claim_read`` alone in autocommit. The async baseline gives each connection a thread
-  of its own and hops to it for every statement, as the async SQLite store does.
+  ``synchronous``, autocommit, busy timeout), one per worker. A pair is ``claim_read``
+  in autocommit (the store's preview), ``BEGIN IMMEDIATE; claim_insert; COMMIT``, then
+  the ``finish`` UPDATE; a replay is ``claim_read`` alone in autocommit. The async
+  baseline gives each connection a thread of its own and hops to it for every
+  statement, as the async SQLite store does.
   Writers wait for each other in SQLite's busy handler: queueing them better is the
   library's business, and shows as a ratio above 1.
 
@@ -253,11 +254,13 @@ class SqliteByHand:
     def pair(self, worker: int, key: str) -> None:
         conn = self.conns[worker]
         params = _claim_params(worker, key, self.lock_timeout, self.retention)
+        if conn.execute(self.read_sql, params).fetchall():
+            raise BenchError(f"new key {key!r} exists")
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if conn.execute(self.read_sql, params).fetchall():
-                raise BenchError(f"new key {key!r} exists")
             rows, description = _sqlite_insert(conn, self.insert_sql, params)
+            if not rows:
+                raise BenchError(f"new key {key!r} exists")
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")

@@ -567,3 +567,29 @@ def test_f3_f1_a_claim_given_its_response_takes_over_an_expired_lock_and_fences_
 def test_f3_a_response_for_the_claim_needs_the_claim(store: Any, scope: str) -> None:
     with pytest.raises(ValueError, match="claim="), store.transaction(finished=response(1)):
         pass
+
+
+def test_f3_f1_a_takeover_given_its_response_that_rolls_back_leaves_the_key_as_it_was(
+    store: Any, scope: str
+) -> None:
+    holder = store.claim(request(scope, lock_timeout=SHORT)).lease
+    time.sleep(SHORT.total_seconds() + 0.1)
+    before = store.get(scope, "key-1")
+    fixed = response(5)
+    with pytest.raises(RuntimeError), store.transaction(claim=request(scope), finished=fixed) as tx:
+        assert tx.claim.outcome is Outcome.EXECUTE and tx.claim.lease.token == 2
+        assert tx.claim.record.finished_at is not None  # the finished row, on every store
+        raise RuntimeError("the handler failed")
+    assert store.get(scope, "key-1") == before  # token, lock and all
+    store.finish(holder, response(1))  # its token is current again
+    assert store.claim(request(scope)).response == response(1)
+
+
+def test_f3_a_claim_given_its_response_burns_no_id_on_a_replay(store: Any, scope: str) -> None:
+    # A replay or a mismatch writes nothing: on SQLite not even an AUTOINCREMENT id.
+    first = store.claim(request(scope)).lease
+    store.finish(first, response(1))
+    for fingerprint in (FP, OTHER_FP, FP):
+        with store.transaction(claim=request(scope, fingerprint=fingerprint), finished=response(2)):
+            pass
+    assert store.claim(request(scope, key="key-2")).lease.id == first.id + 1

@@ -37,14 +37,17 @@ def store(pg_url: str) -> Iterator[PostgresStore]:
 
 
 @contextmanager
-def holding(store: PostgresStore, request: ClaimRequest, *, finish: bool) -> Iterator[Any]:
+def holding(
+    store: PostgresStore, request: ClaimRequest, *, finish: bool, fixed: bool = False
+) -> Iterator[Any]:
     """A thread that claims ``request`` in a transaction and keeps it open HOLD
-    seconds (finishing the key at the commit when ``finish``)."""
+    seconds (finishing the key at the commit when ``finish``; with ``fixed``, the claim
+    writes it finished itself: claim_finished)."""
     claimed = threading.Event()
     seen: dict[str, Any] = {}
 
     def hold() -> None:
-        with store.transaction(claim=request) as tx:
+        with store.transaction(claim=request, finished=RESPONSE if fixed else None) as tx:
             seen["claim"] = tx.claim
             assert tx.claim is not None and tx.claim.lease is not None
             claimed.set()
@@ -79,6 +82,27 @@ def test_f8_a_claim_on_a_key_an_open_transaction_inserted_is_held_not_blocked(
         assert claim.held and claim.retry_after == 1.0
         assert claim.lease is None
     # The holder committed: the next claim replays its response (P3).
+    claim, _ = claim_in_transaction(store, req(scope))
+    assert claim.outcome is Outcome.REPLAY and claim.response == RESPONSE
+
+
+@pytest.mark.parametrize("taken_over", [False, True], ids=["new key", "takeover"])
+def test_f8_a_claim_racing_a_claim_that_wrote_its_key_finished_is_held_then_replays(
+    store: PostgresStore, scope: str, taken_over: bool
+) -> None:
+    # claim_finished holds the row it inserted, or took over, until its COMMIT: a twin
+    # neither waits for it nor sees the uncommitted finished row.
+    if taken_over:
+        first = store.claim(req(scope))
+        assert first.lease is not None
+        store.release(first.lease)
+    with holding(store, req(scope), finish=False, fixed=True):
+        claim, seconds = claim_in_transaction(store, req(scope))
+        assert seconds < PROMPT
+        assert claim.outcome is Outcome.IN_PROGRESS and claim.held
+        mismatch, _ = claim_in_transaction(store, req(scope, OTHER_FP))
+        expected = Outcome.MISMATCH if taken_over else Outcome.IN_PROGRESS
+        assert mismatch.outcome is expected  # P2 from a committed version, if any
     claim, _ = claim_in_transaction(store, req(scope))
     assert claim.outcome is Outcome.REPLAY and claim.response == RESPONSE
 

@@ -108,6 +108,45 @@ def test_f6_r5_an_exception_propagates_and_leaves_the_key_free(
     assert run(store, flow, App(201)).kind is ResultKind.EXECUTED
 
 
+FIXED = StoredResponse(200, (), b"processed")
+
+
+def fixed_flow(*, transaction: bool) -> Flow:
+    flow = Flow("handler-step", request_as_transaction=transaction)
+    flow.handler(limit=1024, rejected_statuses=frozenset({422}), fixed_response=FIXED)
+    return flow
+
+
+@pytest.mark.parametrize("transaction", [False, True], ids=["handler", "transaction"])
+def test_f3_a_fixed_response_is_what_a_terminal_answer_stores(
+    store: Any, transaction: bool
+) -> None:
+    flow, app = fixed_flow(transaction=transaction), App(201)
+    first = run(store, flow, app)
+    assert (first.kind, first.stored, first.response.status) == (ResultKind.EXECUTED, True, 201)
+    again = run(store, flow, app)
+    assert (again.kind, again.response.status) == (ResultKind.REPLAYED, 200)
+    assert store.get("s", "k").response == FIXED and len(app.calls) == 1
+
+
+@pytest.mark.parametrize("status", [422, 503])
+def test_f3_r5_a_fixed_response_written_by_the_claim_rolls_back_with_a_refused_answer(
+    store: Any, status: int
+) -> None:
+    # The claim wrote the key finished already: the answer that stores nothing must
+    # take it back with the handler's writes, or the request would be replayed as done.
+    flow = fixed_flow(transaction=True)
+    result = run(store, flow, App(status))
+    assert (result.stored, result.response.status) == (False, status)
+    assert store.get("s", "k") is None and notes(store) == 0
+    assert run(store, flow, App(201)).kind is ResultKind.EXECUTED
+
+
+def test_a_fixed_response_refuses_stored_server_errors() -> None:
+    with pytest.raises(ConfigurationError, match="fixed_response"):
+        Flow("f", store_server_errors=True).handler(limit=1, fixed_response=FIXED)
+
+
 def test_f6_r5_store_server_errors_stores_an_exception_neutral(store: Any) -> None:
     flow = handler_flow(store_server_errors=True)
     with pytest.raises(RuntimeError):

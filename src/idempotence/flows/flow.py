@@ -123,6 +123,11 @@ class Flow:
         """
         if heartbeat is not None and heartbeat <= timedelta(0):
             raise ConfigurationError(f"a heartbeat must be positive: {heartbeat!r}")
+        if fixed_response is not None and self.store_server_errors:
+            raise ConfigurationError(
+                f"flow {self.name!r}: fixed_response= with store_server_errors=True would "
+                "replay a failed request's server error as the fixed response: give one"
+            )
         step = HandlerStep(
             STARTED,
             limit,

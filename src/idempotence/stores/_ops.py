@@ -506,9 +506,15 @@ def claim_in_transaction(
         id=record.id,
         lock_timeout=d.duration_in(request.lock_timeout),
     )
-    claim = claim_from(
+    taken = claim_from(
         d.record(rows[0]), request.fingerprint, d.timestamp(rows[0]["db_now"]), claimed=True
     )
-    if finished is not None and claim.lease is not None:
-        yield from finish(d, claim.lease, finished, None)
-    return claim
+    if finished is None:
+        return taken
+    assert taken.lease is not None
+    yield from finish(d, taken.lease, finished, None)
+    # The claim's record is the finished row, as PostgreSQL's claim_finished returns it.
+    rows = yield d.query("claim_read", scope=request.scope, key=request.key)
+    return claim_from(
+        d.record(rows[0]), request.fingerprint, d.timestamp(rows[0]["db_now"]), claimed=True
+    )

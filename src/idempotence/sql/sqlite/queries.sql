@@ -17,19 +17,21 @@ WHERE k.scope = :scope AND k.key = :key;
 
 -- claim_insert --
 -- A new key (P1), or no row when the key exists: the caller then reads it. Most claims
--- that get this far take a new key, so they need no read first.
+-- that get this far take a new key, so they need no read first. The key is looked
+-- for before the INSERT, not left to ON CONFLICT alone: an INSERT that conflicts still
+-- writes (it takes an AUTOINCREMENT id), and a replay must write nothing.
 INSERT INTO idempotency_keys (
     scope, key, request_method, request_path, fingerprint, request_params,
     flow, lock_timeout, locked_at, last_run_at, created_at, expires_at
 )
-VALUES (
+SELECT
     :scope, :key, :method, :path, :fingerprint, :params,
     :flow, :lock_timeout,
     (julianday('now') - 2440587.5) * 86400.0,
     (julianday('now') - 2440587.5) * 86400.0,
     (julianday('now') - 2440587.5) * 86400.0,
     (julianday('now') - 2440587.5) * 86400.0 + :retention
-)
+WHERE NOT EXISTS (SELECT 1 FROM idempotency_keys WHERE scope = :scope AND key = :key)
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING (julianday('now') - 2440587.5) * 86400.0 AS db_now, *;
 
@@ -42,7 +44,7 @@ INSERT INTO idempotency_keys (
     flow, lock_timeout, last_run_at, created_at, expires_at, recovery_point,
     response_status, response_headers, response_body, finished_at
 )
-VALUES (
+SELECT
     :scope, :key, :method, :path, :fingerprint, :params,
     :flow, :lock_timeout,
     (julianday('now') - 2440587.5) * 86400.0,
@@ -50,7 +52,7 @@ VALUES (
     (julianday('now') - 2440587.5) * 86400.0 + :retention,
     'finished', :status, :headers, :body,
     (julianday('now') - 2440587.5) * 86400.0
-)
+WHERE NOT EXISTS (SELECT 1 FROM idempotency_keys WHERE scope = :scope AND key = :key)
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING (julianday('now') - 2440587.5) * 86400.0 AS db_now, *;
 
