@@ -499,3 +499,20 @@ def test_d11_a_batch_statement_decides_as_its_single_statement(
     alone = _between(queries[single], start, ends[0])
     batched = _between(queries[batch], start, ends[1])
     assert len(alone) > 100 and _normalized(batched) == _normalized(alone)
+
+
+def test_f3_the_claim_that_finishes_decides_as_the_claim_and_writes_what_finish_writes() -> None:
+    """claim_finished (a transactional consumer's claim) is the claim with finish's
+    writes: its snapshot test, takeover rule (P5) and answer must stay the claim's word
+    for word, and it must set every column finish sets, so that neither can change
+    without the other."""
+    queries = _queries.load("postgres")
+    claim, finished, finish = queries["claim"], queries["claim_finished"], queries["finish"]
+    for start, end in (("WITH settled", "claimed AS"), ("WHERE k.fingerprint", "RETURNING")):
+        assert _between(finished, start, end) == _between(claim, start, end)
+    answer = claim[claim.index("RETURNING k.*") :]
+    assert len(answer) > 100 and finished.endswith(answer)
+    assigned = re.compile(r"^\s*(?:SET\s+)?(\w+) =", re.MULTILINE)
+    finish_writes = set(assigned.findall(_between(finish, "SET", "\nWHERE")))
+    takeover_writes = set(assigned.findall(_between(finished, "DO UPDATE", "WHERE k.")))
+    assert len(finish_writes) >= 10 and finish_writes <= takeover_writes
