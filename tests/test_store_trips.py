@@ -23,6 +23,8 @@ from idempotence import (
     StoredResponse,
     StoreUnavailable,
 )
+from idempotence.consumers import Consumer, Message, process
+from idempotence.stores import _sqlite_base
 from idempotence.stores import sqlite as sqlite_store
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from tests.support.roundtrips import RoundTrips, round_trips
@@ -273,8 +275,6 @@ def test_f3_on_postgres_a_connection_lost_before_the_commit_commits_nothing(
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The name of every statement a SQLite store runs (the application's: "application")."""
-    from idempotence.stores import _sqlite_base
-
     seen: list[str] = []
     real = _sqlite_base._Connection.fetch
 
@@ -306,8 +306,6 @@ def test_p1_on_sqlite_a_new_key_is_taken_by_its_insert_alone(
 def test_f3_on_sqlite_a_transactional_message_runs_its_claim_and_its_own_statement(
     sqlite_path: str, statements: list[str]
 ) -> None:
-    from idempotence.consumers import Consumer, Message, process
-
     insert = "INSERT INTO side_effects (note) VALUES (:note)"
     consumer = Consumer(
         name="trips",

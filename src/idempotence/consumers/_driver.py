@@ -18,10 +18,11 @@ from ..flows._driver import drive
 from ..flows.effects import DoHandle
 from ..flows.results import Captured
 from ..stores import KeyStore
-from ._guard import Consumer, Disposition, Message, MessageContext, lifecycle
+from ._guard import PROCESSED, Consumer, Disposition, Message, MessageContext, lifecycle
 
 _NOT_SYNC = "a consumer handler run by a sync consumer must not be async"
-_DONE = Captured(200, (), b"")
+#: What the handler answers the engine: the acknowledgement every processed key stores.
+_DONE = Captured(PROCESSED.status, PROCESSED.headers, PROCESSED.body)
 
 
 class _HandlerApp:
