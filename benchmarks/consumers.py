@@ -17,7 +17,14 @@ For each store (PostgreSQL, SQLite), the same handler writes one row per message
   transaction of the store and acks;
 * **guarded**: :class:`~idempotence.consumers.rabbitmq_pika.PikaConsumer` with a
   transactional :class:`~idempotence.consumers.Consumer` (prefetch 16): the claim, the
-  row and the processed mark commit in one transaction, then the ack.
+  row and the processed mark commit in one transaction, then the ack;
+* **floor**: the unguarded consumer sending, by hand on a connection of its own, the
+  statements the guarded one sends (no library code): PostgreSQL, BEGIN and the
+  ``claim_finished`` statement (with the store's lock-wait bound) in one pipeline,
+  the row, COMMIT; SQLite, ``BEGIN IMMEDIATE``, ``claim_insert_finished``, the row,
+  ``COMMIT``. ``floor`` / unguarded is what any guard that writes its key in the
+  message's transaction can reach with these statements and drivers, and guarded /
+  floor is the library's own overhead.
 
 Both sides get the same broker settings (prefetch 16, manual ack after the commit,
 one message at a time), the same handler and the same store (its pool, its
@@ -27,17 +34,20 @@ the last, on both sides: the connection set-up and the queue declarations of the
 guarded consumer are not counted. ``cpu_ms`` is the client's CPU per message over the
 same window (the process's CPU time: it includes pika's and psycopg's work, not the
 database server's), which a busy machine disturbs less than the rate. Each variant
-runs ``--rounds`` times (default 5), alternating, the first of each round's pair
-swapped every round. It prints the best rates and two ratios guarded / unguarded per
-store (target: >= 0.7): the median of the rounds' paired ratios, the figure to judge,
-and the ratio of the best runs. It measures; it does not judge.
+runs ``--rounds`` times (default 5), in a round order that turns every round. It
+prints the best rates and, per store, the ratios to unguarded (target for guarded:
+>= 0.7): the median of the rounds' paired ratios, the figure to judge, and the ratio
+of the best runs. It measures; it does not judge.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import os
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -53,9 +63,12 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from idempotence import SqliteStore
+from idempotence import SqliteStore, _queries
 from idempotence.consumers import Consumer, Disposition, Message, MessageContext
+from idempotence.consumers._guard import PROCESSED
 from idempotence.consumers.rabbitmq_pika import PikaConsumer
+from idempotence.stores._ops import Query
+from idempotence.stores._postgres_base import SESSION_PLANNING, bounded_claim
 from idempotence.stores.postgres import PostgresStore
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -90,13 +103,14 @@ class Window:
     and in the process's CPU time."""
 
     def __init__(self, count: int) -> None:
-        self.count, self.settled = count, 0
+        self.count, self.settled, self.processed = count, 0, 0
         self.started = self.cpu = 0.0
         self.elapsed = self.cpu_elapsed = 0.0
 
-    def settle(self) -> bool:
-        """One more message settled; True at the last."""
+    def settle(self, processed: bool = True) -> bool:
+        """One more message settled (``processed``: its row written); True at the last."""
         self.settled += 1
+        self.processed += processed
         if self.settled == 1:
             self.started, self.cpu = time.perf_counter(), time.process_time()
         elif self.settled == self.count:
@@ -106,6 +120,8 @@ class Window:
 
     def result(self) -> tuple[float, float]:
         """Messages per second, and client CPU milliseconds per message."""
+        if self.processed != self.count:  # every message is new: each writes its row
+            raise RuntimeError(f"{self.processed} of {self.count} messages were processed")
         done = self.count - 1
         return done / self.elapsed, 1000 * self.cpu_elapsed / done
 
@@ -136,7 +152,7 @@ def guarded(amqp: str, queue: str, count: int, store: Any, insert: str) -> tuple
     finished = threading.Event()
 
     def on_settled(message: Message, disposition: Disposition) -> None:
-        if window.settle():
+        if window.settle(disposition.outcome == "processed"):
             worker.stop()
             finished.set()
 
@@ -150,19 +166,100 @@ def guarded(amqp: str, queue: str, count: int, store: Any, insert: str) -> tuple
     return window.result()
 
 
+class Hand:
+    """The guarded consumer's statements, by hand: ``run(message_id, body)`` claims
+    the message's key finished, writes the row and commits, or rolls back a duplicate."""
+
+    def __init__(self, backend: str, target: str, queue: str, insert: str) -> None:
+        consumer = Consumer(name=queue, handler=lambda ctx: None, transactional=True)
+        # The values the store sends for every message of this consumer, made once.
+        self.params: dict[str, Any] = {
+            "scope": consumer.key_scope, "method": "CONSUME", "path": queue, "params": "{}",
+            "flow": "consumer", "status": PROCESSED.status, "headers": "[]",
+            "body": PROCESSED.body,
+        }  # fmt: skip
+        self.insert = insert
+        if backend == "postgres":
+            self.params.update(lock_timeout=consumer.lock_timeout, retention=consumer.retention)
+            self.conn: Any = psycopg.connect(target, autocommit=True, prepare_threshold=0)
+            self.conn.execute(SESSION_PLANNING, prepare=False)
+            self.cursor = self.conn.cursor()
+            queries = _queries.load("postgres")
+            self.claim = bounded_claim(Query("claim_finished", queries["claim_finished"], {}), True)
+            self.run = self._postgres
+        else:
+            assert consumer.retention is not None
+            lock, retention = consumer.lock_timeout, consumer.retention
+            self.params.update(
+                lock_timeout=lock.total_seconds(), retention=retention.total_seconds()
+            )
+            self.conn = sqlite3.connect(target, isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.claim = _queries.load("sqlite")["claim_insert_finished"]
+            self.run = self._sqlite
+
+    def _postgres(self, message_id: str, body: bytes) -> bool:
+        conn = self.conn
+        params = {**self.params, "key": message_id, "fingerprint": hashlib.sha256(body).hexdigest()}
+        cur = self.cursor
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            cur.execute(self.claim, params)
+        claimed = cur.fetchone()[0]  # the first column: whether it took the key
+        if claimed:
+            conn.execute(self.insert, (message_id,))
+        conn.execute("COMMIT" if claimed else "ROLLBACK")
+        return bool(claimed)
+
+    def _sqlite(self, message_id: str, body: bytes) -> bool:
+        conn = self.conn
+        params = {**self.params, "key": message_id, "fingerprint": hashlib.sha256(body).hexdigest()}
+        conn.execute("BEGIN IMMEDIATE")
+        # All of RETURNING's rows: a statement left unfinished would stay active.
+        claimed = bool(conn.execute(self.claim, params).fetchall())
+        if claimed:
+            conn.execute(self.insert, (message_id,))
+        conn.execute("COMMIT" if claimed else "ROLLBACK")
+        return bool(claimed)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def floor(
+    amqp: str, queue: str, count: int, store: Any, insert: str, *, backend: str, target: str
+) -> tuple[float, float]:
+    hand = Hand(backend, target, queue, insert)
+    connection = pika.BlockingConnection(pika.URLParameters(amqp))
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=PREFETCH)
+    window = Window(count)
+    for method, properties, body in channel.consume(queue):
+        last = window.settle(hand.run(properties.message_id, body))
+        channel.basic_ack(method.delivery_tag)
+        if last:
+            break
+    channel.cancel()
+    connection.close()
+    hand.close()
+    return window.result()
+
+
 def measure(
-    name: str, amqp: str, store: Any, insert: str, count: int, rounds: int
+    name: str, amqp: str, store: Any, insert: str, count: int, rounds: int, target: str
 ) -> dict[str, Any]:
-    rates: dict[str, list[float]] = {"unguarded": [], "guarded": []}
-    cpu: dict[str, list[float]] = {"unguarded": [], "guarded": []}
     runs: dict[str, Callable[..., tuple[float, float]]] = {
         "unguarded": unguarded,
         "guarded": guarded,
+        "floor": functools.partial(floor, backend=name, target=target),
     }
+    rates: dict[str, list[float]] = {variant: [] for variant in runs}
+    cpu: dict[str, list[float]] = {variant: [] for variant in runs}
     for round_ in range(rounds):
-        # Every other round the other variant goes first: a machine that slows down or
-        # warms up over a run then weighs on both alike.
-        order = list(runs.items()) if round_ % 2 == 0 else list(runs.items())[::-1]
+        # The order turns every round: a machine that slows down or warms up over a
+        # run then weighs on every variant alike.
+        order = list(runs.items())
+        order = order[round_ % len(order) :] + order[: round_ % len(order)]
         for variant, run in order:
             queue = f"idem-bench-{variant}-{uuid.uuid4().hex[:8]}"
             publish(amqp, queue, count)
@@ -174,20 +271,26 @@ def measure(
             cpu[variant].append(cpu_ms)
     best = {variant: max(values) for variant, values in rates.items()}
     least = {variant: min(values) for variant, values in cpu.items()}
-    # Each round's two runs are back to back, so their ratio shares the machine's state
-    # of the moment (a shared 2-core machine drifts by ±20 % over a minute); the median
-    # of those paired ratios is the figure to judge, the best of each the other view.
-    paired = statistics.median(
-        g / u for g, u in zip(rates["guarded"], rates["unguarded"], strict=True)
-    )
+
+    # A round's runs are back to back, so their ratio shares the machine's state of the
+    # moment (a shared 2-core machine drifts by ±20 % over a minute); the median of
+    # those paired ratios is the figure to judge, the best of each the other view.
+    def paired(variant: str, baseline: str) -> float:
+        pairs = zip(rates[variant], rates[baseline], strict=True)
+        return round(statistics.median(a / b for a, b in pairs), 3)
+
     return {
         "store": name,
         "unguarded_per_s": round(best["unguarded"], 1),
         "guarded_per_s": round(best["guarded"], 1),
-        "ratio": round(paired, 3),
+        "floor_per_s": round(best["floor"], 1),
+        "ratio": paired("guarded", "unguarded"),
         "ratio_of_best": round(best["guarded"] / best["unguarded"], 3),
+        "floor_ratio": paired("floor", "unguarded"),
+        "guarded_vs_floor": paired("guarded", "floor"),
         "unguarded_cpu_ms": round(least["unguarded"], 3),
         "guarded_cpu_ms": round(least["guarded"], 3),
+        "floor_cpu_ms": round(least["floor"], 3),
         "rounds": {variant: [round(v, 1) for v in values] for variant, values in rates.items()},
     }
 
@@ -218,37 +321,43 @@ def main() -> None:
         harness.in_service(url)
         with PostgresStore(url) as store:
             insert = "INSERT INTO effects (message_id) VALUES (%s)"
-            results.append(measure("postgres", args.amqp, store, insert, count, args.rounds))
+            results.append(measure("postgres", args.amqp, store, insert, count, args.rounds, url))
     finally:
         with psycopg.connect(args.postgres, autocommit=True) as admin:
             drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
             admin.execute(drop.format(sql.Identifier(name)))
     with tempfile.TemporaryDirectory() as tmp, SqliteStore(f"{tmp}/bench.sqlite3") as store:
+        path = f"{tmp}/bench.sqlite3"
         store.migrate()
         with store.transaction() as tx:
             tx.execute(table)
         insert = "INSERT INTO effects (message_id) VALUES (?)"
-        results.append(measure("sqlite", args.amqp, store, insert, count, args.rounds))
+        results.append(measure("sqlite", args.amqp, store, insert, count, args.rounds, path))
     if args.json:
         print(json.dumps({"messages": count, "results": results}))
         return
     host = conninfo_to_dict(args.postgres).get("host", "?")
     print(
         f"{count} messages per run, {args.rounds} rounds, one consumer, prefetch {PREFETCH}; "
-        "ratio: the median of the rounds' paired ratios (best: of the best runs)"
+        "ratios: the median of the rounds' paired ratios (best: of the best runs)"
     )
     print(f"(PostgreSQL at {host}, RabbitMQ at {args.amqp.split('@')[-1]})\n")
     print(
-        f"{'store':<10}{'unguarded msg/s':>18}{'guarded msg/s':>16}{'ratio':>8}{'best':>8}"
-        f"{'client CPU ms/msg (unguarded, guarded)':>42}"
+        f"{'store':<9}{'msg/s: unguarded':>17}{'guarded':>9}{'floor':>8}"
+        f"{'ratio':>7}{'best':>7}{'floor':>7}{'g/floor':>8}"
+        f"{'CPU ms/msg: unguarded, guarded, floor':>39}"
     )
     for row in results:
-        cpu = f"{row['unguarded_cpu_ms']}, {row['guarded_cpu_ms']}"
+        cpu = f"{row['unguarded_cpu_ms']}, {row['guarded_cpu_ms']}, {row['floor_cpu_ms']}"
         print(
-            f"{row['store']:<10}{row['unguarded_per_s']:>18}{row['guarded_per_s']:>16}"
-            f"{row['ratio']:>8}{row['ratio_of_best']:>8}{cpu:>42}"
+            f"{row['store']:<9}{row['unguarded_per_s']:>17}{row['guarded_per_s']:>9}"
+            f"{row['floor_per_s']:>8}{row['ratio']:>7}{row['ratio_of_best']:>7}"
+            f"{row['floor_ratio']:>7}{row['guarded_vs_floor']:>8}{cpu:>39}"
         )
-    print("\ntarget: ratio >= 0.7 (transactional mode)")
+    print(
+        "\nratio: guarded / unguarded (target >= 0.7, transactional mode); floor: the same "
+        "statements by hand / unguarded; g/floor: guarded / floor"
+    )
 
 
 if __name__ == "__main__":

@@ -146,3 +146,15 @@ def test_drivers_quick():
     }
     for row in table["rows"]:
         assert row["ops"] > 0 and row["client_us"] > 0 and row["server_us"] > 0, row
+
+
+def test_consumers_quick():
+    # Each run raises unless every message wrote its row (processed), so a floor that
+    # claimed nothing, or a guard that absorbed new messages, cannot measure.
+    table = quick("consumers.py", "--rounds", "1")
+    assert table["messages"] == 500
+    assert [row["store"] for row in table["results"]] == ["postgres", "sqlite"]
+    for row in table["results"]:
+        for variant in ("unguarded", "guarded", "floor"):
+            assert row[f"{variant}_per_s"] > 0 and row[f"{variant}_cpu_ms"] > 0, row
+        assert row["ratio"] > 0 and row["floor_ratio"] > 0 and row["guarded_vs_floor"] > 0
