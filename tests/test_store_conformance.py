@@ -564,6 +564,36 @@ def test_f3_f1_a_claim_given_its_response_takes_over_an_expired_lock_and_fences_
     assert store.claim(request(scope)).response == response(5)
 
 
+@pytest.mark.parametrize("write", ["finish at commit", "finish", "checkpoint", "end_phase"])
+def test_f3_f1_a_fenced_write_after_a_claim_given_its_response_is_refused_at_the_call(
+    store: Any, store_kind: StoreKind, scope: str, write: str
+) -> None:
+    # The claim wrote the key finished: a finish or checkpoint of it would be refused by
+    # the database (at the COMMIT, for a deferred finish, after the application's
+    # statements). It is refused at the call instead, and everything rolls back.
+    make_side_table(store)
+    refusal = pytest.raises(LockLost, match=r"transaction\(finished=\.\.\.\)")
+    with refusal as refused, store.transaction(claim=request(scope), finished=response(1)) as tx:
+        write_note(tx, store_kind, scope, "ride")
+        lease = tx.claim.lease
+        if write == "finish at commit":
+            store.finish(lease, response(2), tx=tx, at_commit=True)
+        elif write == "finish":
+            store.finish(lease, response(2), tx=tx)
+        elif write == "checkpoint":
+            store.checkpoint(tx, lease, "charged")
+        else:
+            store.end_phase(tx, lease, response=response(2))
+        pytest.fail("the write was not refused at the call")
+    assert refused.value.key == "key-1"
+    assert side_notes(store, store_kind, scope) == []
+    assert store.get(scope, "key-1") is None
+    # Another transaction's lease of another key is not refused for it.
+    with store.transaction(claim=request(scope, key="key-2")) as tx:
+        store.finish(tx.claim.lease, response(3), tx=tx, at_commit=True)
+    assert store.claim(request(scope, key="key-2")).response == response(3)
+
+
 def test_f3_a_response_for_the_claim_needs_the_claim(store: Any, scope: str) -> None:
     with pytest.raises(ValueError, match="claim="), store.transaction(finished=response(1)):
         pass

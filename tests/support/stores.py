@@ -102,6 +102,9 @@ class Blocking:
             shared = {"tx": None if tx is None else tx._tx, "at_commit": at_commit}
         self._run(self.store.finish(lease, response, error=error, **shared))
 
+    def end_phase(self, tx: BlockingTransaction, lease: Any, **closing: Any) -> Any:
+        return self._run(self.store.end_phase(tx._tx, lease, **closing))
+
     def release(self, lease: Any) -> None:
         self._run(self.store.release(lease))
 
