@@ -19,8 +19,6 @@ same), and a thread started inside it does not (it waits its turn like any other
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 
 from ..errors import StoreInTransaction, StoreUnavailable
@@ -60,26 +58,40 @@ class Gate:
         if self in _OPEN.get():
             raise StoreInTransaction(_NESTED_OPERATION)
 
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """Mark the store's transaction open in this context while the block runs."""
-        if self in _OPEN.get():
-            raise StoreInTransaction(_NESTED_TRANSACTION)
-        self.check()
-        _OPEN.set(_OPEN.get() | {self})
-        try:
-            yield
-        finally:
-            # Not ContextVar.reset(): transactions of two stores may end out of order
-            # (the HTTP drivers enter and exit them by hand), and an async block may
-            # be exited from another task's context, where a token is refused.
-            _OPEN.set(_OPEN.get() - {self})
-
-    @asynccontextmanager
-    async def transaction_async(self) -> AsyncIterator[None]:
-        """:meth:`transaction` for an ``async with`` beside the connection's."""
-        with self.transaction():
-            yield
+    def transaction(self) -> _Marked:
+        """Mark the store's transaction open in this context while the block runs
+        (``with`` or ``async with``, beside the connection's)."""
+        return _Marked(self)
 
     def close(self) -> None:
         self._closed = True
+
+
+class _Marked:
+    """The block of :meth:`Gate.transaction`. A class, not a generator: it is entered
+    for every transaction."""
+
+    __slots__ = ("_gate",)
+
+    def __init__(self, gate: Gate) -> None:
+        self._gate = gate
+
+    def __enter__(self) -> None:
+        gate = self._gate
+        opened = _OPEN.get()
+        if gate in opened:
+            raise StoreInTransaction(_NESTED_TRANSACTION)
+        gate.check()
+        _OPEN.set(opened | {gate})
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        # Not ContextVar.reset(): transactions of two stores may end out of order
+        # (the HTTP drivers enter and exit them by hand), and an async block may
+        # be exited from another task's context, where a token is refused.
+        _OPEN.set(_OPEN.get() - {self._gate})
+
+    async def __aenter__(self) -> None:
+        self.__enter__()
+
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        self.__exit__(kind, exc, tb)

@@ -91,12 +91,31 @@ def translate(exc: sqlite3.Error, *, own: bool = True) -> StoreError:
     return StoreError(f"SQLite error: {text}")
 
 
-@contextmanager
-def _translated(statement: str = "") -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.Error as exc:
-        raise translate(exc, own=statement != APPLICATION) from exc
+class _Translated:
+    """``with _translated():`` raises the library's error for a sqlite3 error
+    (:func:`translate`). A class, not a generator: it is entered for every statement."""
+
+    __slots__ = ("_own",)
+
+    def __init__(self, *, own: bool) -> None:
+        self._own = own
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, sqlite3.Error):
+            raise translate(exc, own=self._own) from exc
+
+
+_TRANSLATED = _Translated(own=True)
+_TRANSLATED_APPLICATION = _Translated(own=False)
+
+
+def _translated(statement: str = "") -> _Translated:
+    """Translate sqlite3's errors; ``statement`` is the name of the query run
+    (:data:`~._ops.APPLICATION`: the application's, whose errors are its own)."""
+    return _TRANSLATED_APPLICATION if statement == APPLICATION else _TRANSLATED
 
 
 class _Connection:

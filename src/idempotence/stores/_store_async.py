@@ -177,7 +177,7 @@ class AsyncStore:
         """
         if finished is not None and claim is None:
             raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
-        async with self._gate.transaction_async(), self._source.connection() as conn:
+        async with self._gate.transaction(), self._source.connection() as conn:
             if claim is None:
                 async with conn.atomic():
                     yield self._transaction_type(conn, self._dialect)

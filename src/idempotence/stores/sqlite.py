@@ -83,40 +83,60 @@ class _FileSource:
         self._path = path
         self._busy_timeout = busy_timeout
         self._synchronous = synchronous
-        self._idle: list[sqlite3.Connection] = []
+        #: Idle connections, each with the store's view of it (made once per connection).
+        self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self._writer = threading.Lock()
         self._groups = _ThreadGroups()
         self._closed = False
 
-    @contextmanager
-    def connection(self) -> Iterator[_Connection]:
+    def connection(self) -> _FileCheckout:
+        return _FileCheckout(self)
+
+    def checkout(self) -> _Connection:
         with self._lock:
             if self._closed:
                 raise StoreUnavailable("the SQLite store is closed")
-            raw = self._idle.pop() if self._idle else None
-        if raw is None:
-            raw = connect(
-                self._path, busy_timeout=self._busy_timeout, synchronous=self._synchronous
-            )
-        try:
-            yield _Connection(raw, self._writer, self._groups)
-        finally:
-            if raw.in_transaction:  # an interrupted operation; never reuse it half-done
-                raw.rollback()
-            with self._lock:
-                keep = not self._closed and len(self._idle) < MAX_IDLE_CONNECTIONS
-                if keep:
-                    self._idle.append(raw)
-            if not keep:
-                raw.close()
+            if self._idle:
+                return self._idle.pop()
+        raw = connect(self._path, busy_timeout=self._busy_timeout, synchronous=self._synchronous)
+        return _Connection(raw, self._writer, self._groups)
+
+    def checkin(self, conn: _Connection) -> None:
+        if conn.raw.in_transaction:  # an interrupted operation; never reuse it half-done
+            conn.raw.rollback()
+        with self._lock:
+            keep = not self._closed and len(self._idle) < MAX_IDLE_CONNECTIONS
+            if keep:
+                self._idle.append(conn)
+        if not keep:
+            conn.raw.close()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for raw in idle:
-            raw.close()
+        for conn in idle:
+            conn.raw.close()
+
+
+class _FileCheckout:
+    """One of the file's connections for one operation. A class, not a generator: it
+    is entered for every operation."""
+
+    __slots__ = ("_conn", "_source")
+
+    def __init__(self, source: _FileSource) -> None:
+        self._source = source
+        self._conn: _Connection | None = None
+
+    def __enter__(self) -> _Connection:
+        conn = self._conn = self._source.checkout()
+        return conn
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        assert self._conn is not None
+        self._source.checkin(self._conn)
 
 
 class _SingleSource:
