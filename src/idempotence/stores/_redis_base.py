@@ -10,8 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -138,7 +137,7 @@ def claim_args(request: ClaimRequest) -> list[Any]:
         encode(request.method),
         encode(request.path),
         encode(request.flow),
-        json.dumps(request.params, separators=(",", ":")),
+        _json_params(request.params),
         _us(request.lock_timeout),
         "" if retention is None else _us(retention),
         # The record's id: random, so a lease names one incarnation of the key (F1).
@@ -157,23 +156,29 @@ def finish_args(response: StoredResponse, error: str | None, settled_channel: by
     ]
 
 
+def _json_params(params: Any) -> str:
+    # Most claims have no parameters (every handler endpoint's): no encoder call.
+    if type(params) is dict and not params:
+        return "{}"
+    return json.dumps(params, separators=(",", ":"))
+
+
+_MICROSECOND = timedelta(microseconds=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _load_params(raw: bytes | str) -> Any:
+    # A new dict each time: the record's params are the caller's to change.
+    return {} if raw == b"{}" or raw == "{}" else json.loads(raw)
+
+
 def _us(value: timedelta) -> int:
-    return value // timedelta(microseconds=1)
+    return value // _MICROSECOND
 
 
 def timestamp(raw: bytes | int | str) -> datetime:
     """A time as the scripts store it (microseconds since the epoch, server clock)."""
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(raw))
-
-
-def _optional_time(fields: Mapping[Any, Any], name: bytes) -> datetime | None:
-    raw = fields.get(name)
-    return None if raw is None else timestamp(raw)
-
-
-def _optional_text(fields: Mapping[Any, Any], name: bytes) -> str | None:
-    raw = fields.get(name)
-    return None if raw is None else decode(raw)
+    return _EPOCH + int(raw) * _MICROSECOND
 
 
 #: The fields a claim script reads back, in the order of ``READ_FIELDS`` in
@@ -194,12 +199,13 @@ def unpack(packed: bytes) -> dict[bytes, bytes]:
     """
     fields = {}
     at = 0
+    find = packed.index
     try:
         for name in READ_FIELDS:
             if packed[at] == 45:  # b"-": absent
                 at += 1
                 continue
-            colon = packed.index(b":", at)
+            colon = find(58, at)  # b":"
             stop = colon + 1 + int(packed[at:colon])
             fields[name] = packed[colon + 1 : stop]
             at = stop
@@ -211,32 +217,42 @@ def unpack(packed: bytes) -> dict[bytes, bytes]:
 
 
 def record(fields: Mapping[Any, Any]) -> KeyRecord:
-    """The :class:`KeyRecord` of a record hash (see the field list in ``redis.lua``)."""
-    status = fields.get(b"status")
+    """The :class:`KeyRecord` of a record hash (see the field list in ``redis.lua``).
+
+    Every replay reads one, so the decoding is spelled out, without a call per field."""
+    get = fields.get
+    status = get(b"status")
     response = None
     if status is not None:
-        headers = tuple((str(k), str(v)) for k, v in json.loads(fields[b"headers"]))
-        response = StoredResponse(int(status), headers, fields.get(b"body", b""))
+        headers = tuple([(str(k), str(v)) for k, v in json.loads(fields[b"headers"])])
+        response = StoredResponse(int(status), headers, get(b"body", b""))
+    locked, last_run, finished, expires = (
+        get(b"locked"),
+        get(b"last_run"),
+        get(b"finished"),
+        get(b"expires"),
+    )
+    error, calling = get(b"error"), get(b"calling")
     return KeyRecord(
         id=int(fields[b"id"]),
-        scope=decode(fields[b"scope"]),
-        key=decode(fields[b"key"]),
-        method=decode(fields[b"method"]),
-        path=decode(fields[b"path"]),
-        fingerprint=decode(fields[b"fp"]),
-        params=json.loads(fields[b"params"]),
-        flow=decode(fields[b"flow"]),
-        recovery_point=decode(fields[b"rp"]),
+        scope=fields[b"scope"].decode("utf-8", _TEXT),
+        key=fields[b"key"].decode("utf-8", _TEXT),
+        method=fields[b"method"].decode("utf-8", _TEXT),
+        path=fields[b"path"].decode("utf-8", _TEXT),
+        fingerprint=fields[b"fp"].decode("utf-8", _TEXT),
+        params=_load_params(fields[b"params"]),
+        flow=fields[b"flow"].decode("utf-8", _TEXT),
+        recovery_point=fields[b"rp"].decode("utf-8", _TEXT),
         lock_token=int(fields[b"token"]),
-        locked_at=_optional_time(fields, b"locked"),
-        lock_timeout=timedelta(microseconds=int(fields[b"lto"])),
+        locked_at=None if locked is None else _EPOCH + int(locked) * _MICROSECOND,
+        lock_timeout=int(fields[b"lto"]) * _MICROSECOND,
         response=response,
-        error=_optional_text(fields, b"error"),
-        created_at=timestamp(fields[b"created"]),
-        last_run_at=_optional_time(fields, b"last_run"),
-        finished_at=_optional_time(fields, b"finished"),
-        expires_at=_optional_time(fields, b"expires"),
-        calling=_optional_text(fields, b"calling"),
+        error=None if error is None else error.decode("utf-8", _TEXT),
+        created_at=_EPOCH + int(fields[b"created"]) * _MICROSECOND,
+        last_run_at=None if last_run is None else _EPOCH + int(last_run) * _MICROSECOND,
+        finished_at=None if finished is None else _EPOCH + int(finished) * _MICROSECOND,
+        expires_at=None if expires is None else _EPOCH + int(expires) * _MICROSECOND,
+        calling=None if calling is None else calling.decode("utf-8", _TEXT),
     )
 
 
@@ -265,7 +281,7 @@ def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> Key
         method=request.method,
         path=request.path,
         fingerprint=request.fingerprint,
-        params=json.loads(args[6]),  # as stored: a tuple comes back a list
+        params=_load_params(args[6]),  # as stored: a tuple comes back a list
         flow=request.flow,
         recovery_point=STARTED,
         lock_token=1,
@@ -281,15 +297,29 @@ def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> Key
     )
 
 
-@contextmanager
-def translated() -> Iterator[None]:
+class _Translated:
+    """``with translated():`` raises the library's error for a redis-py error:
+    unreachable is StoreUnavailable (P11). A class, not a generator: it is entered
+    for every script a request runs."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, _DOWN):
+            raise StoreUnavailable(f"the Redis key store is unavailable: {exc}") from exc
+        if isinstance(exc, redis.exceptions.RedisError):
+            raise StoreError(f"the Redis key store failed: {exc}") from exc
+
+
+_TRANSLATED = _Translated()
+
+
+def translated() -> _Translated:
     """redis-py's errors as the library's: unreachable is StoreUnavailable (P11)."""
-    try:
-        yield
-    except _DOWN as exc:
-        raise StoreUnavailable(f"the Redis key store is unavailable: {exc}") from exc
-    except redis.exceptions.RedisError as exc:
-        raise StoreError(f"the Redis key store failed: {exc}") from exc
+    return _TRANSLATED
 
 
 def cluster_url(url: str) -> str | None:
