@@ -101,9 +101,14 @@ def record_key(prefix: str, scope: str, key: str) -> bytes:
     >>> record_key("idem", "acct_1", "k{1}")
     b'idem:{57f36082ffaff2a771c98954}:6:acct_1:k{1}'
     """
-    s, k = encode(scope), encode(key)
+    return encoded_record_key(encode(prefix), scope, key)
+
+
+def encoded_record_key(prefix: bytes, scope: str, key: str) -> bytes:
+    """:func:`record_key` of a prefix already encoded (a store's, once)."""
+    s, k = scope.encode("utf-8", _TEXT), key.encode("utf-8", _TEXT)
     tag = hashlib.blake2b(b"%d:%s:%s" % (len(s), s, k), digest_size=12).hexdigest()
-    return b"%s:{%s}:%d:%s:%s" % (encode(prefix), tag.encode(), len(s), s, k)
+    return b"%s:{%s}:%d:%s:%s" % (prefix, tag.encode(), len(s), s, k)
 
 
 def record_pattern(prefix: str, scope: str | None) -> bytes:
@@ -131,12 +136,12 @@ def channel(prefix: str) -> bytes:
 def claim_args(request: ClaimRequest) -> list[Any]:
     retention = request.retention
     return [
-        encode(request.scope),
-        encode(request.key),
-        encode(request.fingerprint),
-        encode(request.method),
-        encode(request.path),
-        encode(request.flow),
+        request.scope.encode("utf-8", _TEXT),
+        request.key.encode("utf-8", _TEXT),
+        request.fingerprint.encode("utf-8", _TEXT),
+        request.method.encode("utf-8", _TEXT),
+        request.path.encode("utf-8", _TEXT),
+        request.flow.encode("utf-8", _TEXT),
         _json_params(request.params),
         _us(request.lock_timeout),
         "" if retention is None else _us(retention),
@@ -148,12 +153,37 @@ def claim_args(request: ClaimRequest) -> list[Any]:
 def finish_args(response: StoredResponse, error: str | None, settled_channel: bytes) -> list[Any]:
     return [
         response.status,
-        json.dumps([list(pair) for pair in response.headers]),
+        _headers_json(response.headers),
         response.body,
         "0" if error is None else "1",
         b"" if error is None else encode(error),
         settled_channel,
     ]
+
+
+# The headers' JSON as json.dumps writes it (its separators, ASCII only), from an encoder
+# made once: json.dumps makes one per call, a share of every finish. A tuple is an
+# array, as a list is.
+_c_make_encoder: Any = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+if _c_make_encoder is not None:
+    _encode_headers = _c_make_encoder(
+        None,
+        json.JSONEncoder().default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        False,
+        False,
+        True,
+    )
+
+    def _headers_json(headers: Sequence[tuple[str, str]]) -> str:
+        return "".join(_encode_headers(headers, 0))
+else:  # pragma: no cover - CPython always has the C encoder
+
+    def _headers_json(headers: Sequence[tuple[str, str]]) -> str:
+        return json.dumps(headers)
 
 
 def _json_params(params: Any) -> str:
