@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import struct
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -220,30 +221,39 @@ READ_FIELDS = (
 )  # fmt: skip
 
 
-def unpack(packed: bytes) -> dict[bytes, bytes]:
-    """A hash's fields from the one string that a script's ``read`` returns: each of
-    ``READ_FIELDS``' values as its length, ``:`` and its bytes, or ``-`` when absent.
+#: The lengths in front of the values (see :func:`unpack`).
+_LENGTHS = struct.Struct(f">{len(READ_FIELDS)}i")
 
-    >>> unpack(b"1:7" + b"-" * 19 + b"2:{}")[b"calling"]
+
+def unpack(packed: bytes) -> dict[bytes, bytes]:
+    """A hash's fields from the one string that a script's ``read`` returns: the
+    length of each of ``READ_FIELDS``' values (4 bytes, big-endian, -1 when absent),
+    then the values present, one after the other. The lengths are read in one call,
+    not parsed one by one: every replay reads a record.
+
+    >>> absent = (-1,) * (len(READ_FIELDS) - 2)
+    >>> unpack(_LENGTHS.pack(1, *absent, 2) + b"7{}")[b"calling"]
     b'{}'
     """
-    fields = {}
-    at = 0
-    find = packed.index
     try:
-        for name in READ_FIELDS:
-            if packed[at] == 45:  # b"-": absent
-                at += 1
-                continue
-            colon = find(58, at)  # b":"
-            stop = colon + 1 + int(packed[at:colon])
-            fields[name] = packed[colon + 1 : stop]
-            at = stop
-    except (IndexError, ValueError):
-        at = -1
+        lengths = _LENGTHS.unpack_from(packed)
+    except struct.error:
+        raise _not_read_fields(packed) from None
+    fields = {}
+    at = _LENGTHS.size
+    for name, length in zip(READ_FIELDS, lengths, strict=True):
+        if length >= 0:
+            fields[name] = packed[at : at + length]
+            at += length
+        elif length != -1:
+            raise _not_read_fields(packed)
     if at != len(packed):
-        raise StoreError(f"the Redis claim script's reply is not READ_FIELDS: {packed[:80]!r}")
+        raise _not_read_fields(packed)
     return fields
+
+
+def _not_read_fields(packed: bytes) -> StoreError:
+    return StoreError(f"the Redis claim script's reply is not READ_FIELDS: {packed[:80]!r}")
 
 
 def record(fields: Mapping[Any, Any]) -> KeyRecord:
