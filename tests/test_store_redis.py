@@ -13,6 +13,7 @@ import inspect
 import os
 import re
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -377,11 +378,23 @@ def test_a_packed_record_that_does_not_match_the_field_list_is_an_error() -> Non
     the store says so rather than build a record from the wrong fields."""
     from idempotence.stores._redis_base import READ_FIELDS, unpack
 
-    whole = b"1:7" + b"-" * (len(READ_FIELDS) - 2) + b"3:a:b"
+    def packed(first: int, last: int, values: bytes) -> bytes:
+        absent = (-1,) * (len(READ_FIELDS) - 2)
+        return struct.pack(f">{len(READ_FIELDS)}i", first, *absent, last) + values
+
+    whole = packed(1, 3, b"7a:b")
     assert unpack(whole) == {b"id": b"7", b"calling": b"a:b"}
-    for broken in (whole[:-1], whole + b"-", b"9:7" + whole[3:], b"x:7" + whole[3:], b""):
+    broken = (
+        whole[:-1],  # a value cut short
+        whole + b"-",  # bytes left over
+        packed(9, 3, b"7a:b"),  # a length past the end
+        packed(-2, 3, b"7a:b"),  # neither a length nor absent
+        whole[:8],  # the lengths cut short
+        b"",
+    )
+    for reply in broken:
         with pytest.raises(StoreError, match="READ_FIELDS"):
-            unpack(broken)
+            unpack(reply)
 
 
 def test_the_lane_packs_bytes_text_and_integers_and_nothing_else() -> None:

@@ -155,7 +155,8 @@ class ProblemDetails:
 
 def is_neutral(response: StoredResponse) -> bool:
     """Whether ``response`` is a library problem in neutral form."""
-    return any(
-        name.lower() == "content-type" and value.lower() == NEUTRAL_TYPE
-        for name, value in response.headers
-    )
+    # A loop, not any() of a generator: every replay asks.
+    for name, value in response.headers:
+        if name.lower() == "content-type" and value.lower() == NEUTRAL_TYPE:
+            return True
+    return False

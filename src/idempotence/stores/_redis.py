@@ -36,10 +36,11 @@ from ._redis_base import (
     close,
     cluster_url,
     decode,
+    encode,
+    encoded_record_key,
     finish_args,
     no_retry,
     record,
-    record_key,
     record_pattern,
     timestamp,
     translated,
@@ -139,6 +140,7 @@ class RedisStore:
         instrumentation: Instrumentation | None = None,
     ) -> None:
         self._prefix = check_prefix(prefix)
+        self._prefix_bytes = encode(prefix)
         self._client: Client
         if isinstance(target, str):
             cluster = cluster_url(target)
@@ -181,7 +183,7 @@ class RedisStore:
 
     def record_key(self, scope: str, key: str) -> bytes:
         """The Redis key of ``(scope, key)``'s record."""
-        return record_key(self._prefix, scope, key)
+        return encoded_record_key(self._prefix_bytes, scope, key)
 
     def _run(self, name: str, keys: list[bytes], args: list[Any]) -> Any:
         if self._closed:

@@ -34,10 +34,11 @@ from ._redis_base import (
     close_async,
     cluster_url,
     decode,
+    encode,
+    encoded_record_key,
     finish_args,
     no_retry_async,
     record,
-    record_key,
     record_pattern,
     timestamp,
     translated,
@@ -139,6 +140,7 @@ class AsyncRedisStore:
         instrumentation: Instrumentation | None = None,
     ) -> None:
         self._prefix = check_prefix(prefix)
+        self._prefix_bytes = encode(prefix)
         self._client: AsyncClient
         if isinstance(target, str):
             cluster = cluster_url(target)
@@ -181,7 +183,7 @@ class AsyncRedisStore:
 
     def record_key(self, scope: str, key: str) -> bytes:
         """The Redis key of ``(scope, key)``'s record."""
-        return record_key(self._prefix, scope, key)
+        return encoded_record_key(self._prefix_bytes, scope, key)
 
     async def _run(self, name: str, keys: list[bytes], args: list[Any]) -> Any:
         if self._closed:

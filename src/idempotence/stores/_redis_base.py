@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import struct
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -102,9 +102,14 @@ def record_key(prefix: str, scope: str, key: str) -> bytes:
     >>> record_key("idem", "acct_1", "k{1}")
     b'idem:{57f36082ffaff2a771c98954}:6:acct_1:k{1}'
     """
-    s, k = encode(scope), encode(key)
+    return encoded_record_key(encode(prefix), scope, key)
+
+
+def encoded_record_key(prefix: bytes, scope: str, key: str) -> bytes:
+    """:func:`record_key` of a prefix already encoded (a store's, once)."""
+    s, k = scope.encode("utf-8", _TEXT), key.encode("utf-8", _TEXT)
     tag = hashlib.blake2b(b"%d:%s:%s" % (len(s), s, k), digest_size=12).hexdigest()
-    return b"%s:{%s}:%d:%s:%s" % (encode(prefix), tag.encode(), len(s), s, k)
+    return b"%s:{%s}:%d:%s:%s" % (prefix, tag.encode(), len(s), s, k)
 
 
 def record_pattern(prefix: str, scope: str | None) -> bytes:
@@ -132,13 +137,13 @@ def channel(prefix: str) -> bytes:
 def claim_args(request: ClaimRequest) -> list[Any]:
     retention = request.retention
     return [
-        encode(request.scope),
-        encode(request.key),
-        encode(request.fingerprint),
-        encode(request.method),
-        encode(request.path),
-        encode(request.flow),
-        json.dumps(request.params, separators=(",", ":")),
+        request.scope.encode("utf-8", _TEXT),
+        request.key.encode("utf-8", _TEXT),
+        request.fingerprint.encode("utf-8", _TEXT),
+        request.method.encode("utf-8", _TEXT),
+        request.path.encode("utf-8", _TEXT),
+        request.flow.encode("utf-8", _TEXT),
+        _json_params(request.params),
         _us(request.lock_timeout),
         "" if retention is None else _us(retention),
         # The record's id: random, so a lease names one incarnation of the key (F1).
@@ -149,7 +154,7 @@ def claim_args(request: ClaimRequest) -> list[Any]:
 def finish_args(response: StoredResponse, error: str | None, settled_channel: bytes) -> list[Any]:
     return [
         response.status,
-        json.dumps([list(pair) for pair in response.headers]),
+        _headers_json(response.headers),
         response.body,
         "0" if error is None else "1",
         b"" if error is None else encode(error),
@@ -157,23 +162,54 @@ def finish_args(response: StoredResponse, error: str | None, settled_channel: by
     ]
 
 
+# The headers' JSON as json.dumps writes it (its separators, ASCII only), from an encoder
+# made once: json.dumps makes one per call, a share of every finish. A tuple is an
+# array, as a list is.
+_c_make_encoder: Any = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+if _c_make_encoder is not None:
+    _encode_headers = _c_make_encoder(
+        None,
+        json.JSONEncoder().default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        False,
+        False,
+        True,
+    )
+
+    def _headers_json(headers: Sequence[tuple[str, str]]) -> str:
+        return "".join(_encode_headers(headers, 0))
+else:  # pragma: no cover - CPython always has the C encoder
+
+    def _headers_json(headers: Sequence[tuple[str, str]]) -> str:
+        return json.dumps(headers)
+
+
+def _json_params(params: Any) -> str:
+    # Most claims have no parameters (every handler endpoint's): no encoder call.
+    if type(params) is dict and not params:
+        return "{}"
+    return json.dumps(params, separators=(",", ":"))
+
+
+_MICROSECOND = timedelta(microseconds=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _load_params(raw: bytes | str) -> Any:
+    # A new dict each time: the record's params are the caller's to change.
+    return {} if raw == b"{}" or raw == "{}" else json.loads(raw)
+
+
 def _us(value: timedelta) -> int:
-    return value // timedelta(microseconds=1)
+    return value // _MICROSECOND
 
 
 def timestamp(raw: bytes | int | str) -> datetime:
     """A time as the scripts store it (microseconds since the epoch, server clock)."""
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(raw))
-
-
-def _optional_time(fields: Mapping[Any, Any], name: bytes) -> datetime | None:
-    raw = fields.get(name)
-    return None if raw is None else timestamp(raw)
-
-
-def _optional_text(fields: Mapping[Any, Any], name: bytes) -> str | None:
-    raw = fields.get(name)
-    return None if raw is None else decode(raw)
+    return _EPOCH + int(raw) * _MICROSECOND
 
 
 #: The fields a claim script reads back, in the order of ``READ_FIELDS`` in
@@ -185,58 +221,78 @@ READ_FIELDS = (
 )  # fmt: skip
 
 
-def unpack(packed: bytes) -> dict[bytes, bytes]:
-    """A hash's fields from the one string that a script's ``read`` returns: each of
-    ``READ_FIELDS``' values as its length, ``:`` and its bytes, or ``-`` when absent.
+#: The lengths in front of the values (see :func:`unpack`).
+_LENGTHS = struct.Struct(f">{len(READ_FIELDS)}i")
 
-    >>> unpack(b"1:7" + b"-" * 19 + b"2:{}")[b"calling"]
+
+def unpack(packed: bytes) -> dict[bytes, bytes]:
+    """A hash's fields from the one string that a script's ``read`` returns: the
+    length of each of ``READ_FIELDS``' values (4 bytes, big-endian, -1 when absent),
+    then the values present, one after the other. The lengths are read in one call,
+    not parsed one by one: every replay reads a record.
+
+    >>> absent = (-1,) * (len(READ_FIELDS) - 2)
+    >>> unpack(_LENGTHS.pack(1, *absent, 2) + b"7{}")[b"calling"]
     b'{}'
     """
-    fields = {}
-    at = 0
     try:
-        for name in READ_FIELDS:
-            if packed[at] == 45:  # b"-": absent
-                at += 1
-                continue
-            colon = packed.index(b":", at)
-            stop = colon + 1 + int(packed[at:colon])
-            fields[name] = packed[colon + 1 : stop]
-            at = stop
-    except (IndexError, ValueError):
-        at = -1
+        lengths = _LENGTHS.unpack_from(packed)
+    except struct.error:
+        raise _not_read_fields(packed) from None
+    fields = {}
+    at = _LENGTHS.size
+    for name, length in zip(READ_FIELDS, lengths, strict=True):
+        if length >= 0:
+            fields[name] = packed[at : at + length]
+            at += length
+        elif length != -1:
+            raise _not_read_fields(packed)
     if at != len(packed):
-        raise StoreError(f"the Redis claim script's reply is not READ_FIELDS: {packed[:80]!r}")
+        raise _not_read_fields(packed)
     return fields
 
 
+def _not_read_fields(packed: bytes) -> StoreError:
+    return StoreError(f"the Redis claim script's reply is not READ_FIELDS: {packed[:80]!r}")
+
+
 def record(fields: Mapping[Any, Any]) -> KeyRecord:
-    """The :class:`KeyRecord` of a record hash (see the field list in ``redis.lua``)."""
-    status = fields.get(b"status")
+    """The :class:`KeyRecord` of a record hash (see the field list in ``redis.lua``).
+
+    Every replay reads one, so the decoding is spelled out, without a call per field."""
+    get = fields.get
+    status = get(b"status")
     response = None
     if status is not None:
-        headers = tuple((str(k), str(v)) for k, v in json.loads(fields[b"headers"]))
-        response = StoredResponse(int(status), headers, fields.get(b"body", b""))
+        headers = tuple([(str(k), str(v)) for k, v in json.loads(fields[b"headers"])])
+        response = StoredResponse(int(status), headers, get(b"body", b""))
+    locked, last_run, finished, expires = (
+        get(b"locked"),
+        get(b"last_run"),
+        get(b"finished"),
+        get(b"expires"),
+    )
+    error, calling = get(b"error"), get(b"calling")
     return KeyRecord(
         id=int(fields[b"id"]),
-        scope=decode(fields[b"scope"]),
-        key=decode(fields[b"key"]),
-        method=decode(fields[b"method"]),
-        path=decode(fields[b"path"]),
-        fingerprint=decode(fields[b"fp"]),
-        params=json.loads(fields[b"params"]),
-        flow=decode(fields[b"flow"]),
-        recovery_point=decode(fields[b"rp"]),
+        scope=fields[b"scope"].decode("utf-8", _TEXT),
+        key=fields[b"key"].decode("utf-8", _TEXT),
+        method=fields[b"method"].decode("utf-8", _TEXT),
+        path=fields[b"path"].decode("utf-8", _TEXT),
+        fingerprint=fields[b"fp"].decode("utf-8", _TEXT),
+        params=_load_params(fields[b"params"]),
+        flow=fields[b"flow"].decode("utf-8", _TEXT),
+        recovery_point=fields[b"rp"].decode("utf-8", _TEXT),
         lock_token=int(fields[b"token"]),
-        locked_at=_optional_time(fields, b"locked"),
-        lock_timeout=timedelta(microseconds=int(fields[b"lto"])),
+        locked_at=None if locked is None else _EPOCH + int(locked) * _MICROSECOND,
+        lock_timeout=int(fields[b"lto"]) * _MICROSECOND,
         response=response,
-        error=_optional_text(fields, b"error"),
-        created_at=timestamp(fields[b"created"]),
-        last_run_at=_optional_time(fields, b"last_run"),
-        finished_at=_optional_time(fields, b"finished"),
-        expires_at=_optional_time(fields, b"expires"),
-        calling=_optional_text(fields, b"calling"),
+        error=None if error is None else error.decode("utf-8", _TEXT),
+        created_at=_EPOCH + int(fields[b"created"]) * _MICROSECOND,
+        last_run_at=None if last_run is None else _EPOCH + int(last_run) * _MICROSECOND,
+        finished_at=None if finished is None else _EPOCH + int(finished) * _MICROSECOND,
+        expires_at=None if expires is None else _EPOCH + int(expires) * _MICROSECOND,
+        calling=None if calling is None else calling.decode("utf-8", _TEXT),
     )
 
 
@@ -265,7 +321,7 @@ def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> Key
         method=request.method,
         path=request.path,
         fingerprint=request.fingerprint,
-        params=json.loads(args[6]),  # as stored: a tuple comes back a list
+        params=_load_params(args[6]),  # as stored: a tuple comes back a list
         flow=request.flow,
         recovery_point=STARTED,
         lock_token=1,
@@ -281,15 +337,29 @@ def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> Key
     )
 
 
-@contextmanager
-def translated() -> Iterator[None]:
+class _Translated:
+    """``with translated():`` raises the library's error for a redis-py error:
+    unreachable is StoreUnavailable (P11). A class, not a generator: it is entered
+    for every script a request runs."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, _DOWN):
+            raise StoreUnavailable(f"the Redis key store is unavailable: {exc}") from exc
+        if isinstance(exc, redis.exceptions.RedisError):
+            raise StoreError(f"the Redis key store failed: {exc}") from exc
+
+
+_TRANSLATED = _Translated()
+
+
+def translated() -> _Translated:
     """redis-py's errors as the library's: unreachable is StoreUnavailable (P11)."""
-    try:
-        yield
-    except _DOWN as exc:
-        raise StoreUnavailable(f"the Redis key store is unavailable: {exc}") from exc
-    except redis.exceptions.RedisError as exc:
-        raise StoreError(f"the Redis key store failed: {exc}") from exc
+    return _TRANSLATED
 
 
 def cluster_url(url: str) -> str | None:
