@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.consumers.broker import broker_url
+
 HERE = Path(__file__).parent.parent / "benchmarks"
 BENCHMARKS = sorted(path for path in HERE.glob("*.py") if not path.name.startswith("_"))
 
@@ -151,7 +153,7 @@ def test_drivers_quick():
 def test_consumers_quick():
     # Each run raises unless every message wrote its row (processed), so a floor that
     # claimed nothing, or a guard that absorbed new messages, cannot measure.
-    table = quick("consumers.py", "--rounds", "1")
+    table = quick("consumers.py", "--rounds", "1", "--amqp", broker_url())
     assert table["messages"] == 500
     assert [row["store"] for row in table["results"]] == ["postgres", "sqlite"]
     for row in table["results"]:

@@ -209,6 +209,20 @@ def test_claims_are_counted_by_outcome_with_takeovers_and_fence_rejections(
     assert observed.sample("idempotence_lock_lost_total", operation="finish") == 1
 
 
+def test_a_write_refused_after_a_claim_given_its_response_is_counted(
+    observed: Observed, scope: str
+) -> None:
+    # Refused at the call, before any statement (F3): counted as a refused fenced write.
+    store = observed.store
+    finished = StoredResponse.of(200)
+    with (
+        pytest.raises(LockLost),
+        store.transaction(claim=request_for(scope, "consumed"), finished=finished) as tx,
+    ):
+        store.finish(tx.claim.lease, StoredResponse.of(201), tx=tx, at_commit=True)
+    assert observed.sample("idempotence_lock_lost_total", operation="finish") == 1
+
+
 def test_a_claim_that_fails_is_counted_and_timed_as_an_error(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     provider, exporter = _tracer_provider()

@@ -260,6 +260,8 @@ def test_p2_an_entry_of_another_fingerprint_is_decided_by_the_primary(
         b"garbage",
         b"E" + b"0" * 20 + b"{not json",
         b"E00000000000000000001{}",
+        b"E00000000000000000001[]",  # JSON, but not an object
+        b'E00000000000000000001"x"',
         b"T" + b"9" * 20,  # a tombstone: nothing to replay
         "another key's entry",
         "another scope's entry",

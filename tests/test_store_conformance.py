@@ -588,10 +588,12 @@ def test_f3_f1_a_fenced_write_after_a_claim_given_its_response_is_refused_at_the
     assert refused.value.key == "key-1"
     assert side_notes(store, store_kind, scope) == []
     assert store.get(scope, "key-1") is None
-    # Another transaction's lease of another key is not refused for it.
-    with store.transaction(claim=request(scope, key="key-2")) as tx:
-        store.finish(tx.claim.lease, response(3), tx=tx, at_commit=True)
+    # Only that key's: another key's lease is finished in the same kind of transaction.
+    other = store.claim(request(scope, key="key-2")).lease
+    with store.transaction(claim=request(scope, key="key-3"), finished=response(1)) as tx:
+        store.finish(other, response(3), tx=tx, at_commit=True)
     assert store.claim(request(scope, key="key-2")).response == response(3)
+    assert store.claim(request(scope, key="key-3")).response == response(1)
 
 
 def test_f3_a_response_for_the_claim_needs_the_claim(store: Any, scope: str) -> None:

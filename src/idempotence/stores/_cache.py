@@ -247,7 +247,7 @@ class Cache:
             record = _decode(_JSON.decode(value[1 + _DIGITS :].decode("utf-8", "surrogatepass")))
             if record is None or record.id != int(value[1 : 1 + _DIGITS]):
                 return None
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             return None
         return record
 
@@ -422,7 +422,7 @@ def _encode(r: KeyRecord) -> dict[str, Any]:
 
 def _decode(d: dict[str, Any]) -> KeyRecord | None:
     # Every replay served from Redis reads one: spelled out, without a call per time.
-    if d.get("v") != _VERSION:
+    if type(d) is not dict or d.get("v") != _VERSION:
         return None
     created, finished = d["created_at"], d["finished_at"]
     if created is None or finished is None:

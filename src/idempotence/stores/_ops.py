@@ -202,22 +202,29 @@ def _lost(lease: Lease, action: str) -> LockLost:
     )
 
 
-def refuse_after_finished_claim(claim: Claim | None, lease: Lease, action: str) -> None:
+def refuse_after_finished_claim(
+    claim: Claim | None, lease: Lease, operation: str, instrumentation: Any = None
+) -> None:
     """Refuse at once a fenced write of ``lease``'s key in the transaction whose claim
     (``claim``, the transaction's) already wrote that key finished
-    (``transaction(finished=...)``): the write would be refused by the database, at the
-    COMMIT for a finish deferred to it, after the application's statements ran."""
+    (``transaction(finished=...)``): the database would refuse any fenced write of the
+    finished row, at the COMMIT for a finish deferred to it, after the application's
+    statements ran. Reported to ``instrumentation`` as any refused fenced write."""
     if claim is None or claim.lease is None or not claim.record.finished:
         return
-    if (claim.lease.id, claim.lease.token) == (lease.id, lease.token):
-        raise LockLost(
-            f"cannot {action} key {lease.key!r} in scope {lease.scope!r}: the claim that "
-            "opened this transaction wrote it finished (transaction(finished=...)), so "
-            "nothing may finish or checkpoint it again; this transaction must roll back",
-            scope=lease.scope,
-            key=lease.key,
-            token=lease.token,
-        )
+    if (claim.lease.scope, claim.lease.key) != (lease.scope, lease.key):
+        return
+    lost = LockLost(
+        f"cannot {operation} key {lease.key!r} in scope {lease.scope!r}: the claim that "
+        "opened this transaction wrote it finished (transaction(finished=...)), so "
+        "nothing may finish or checkpoint it again; this transaction must roll back",
+        scope=lease.scope,
+        key=lease.key,
+        token=lease.token,
+    )
+    if instrumentation is not None:
+        instrumentation.lock_lost(operation, lost)
+    raise lost
 
 
 def checkpoint(

@@ -212,7 +212,7 @@ class AsyncStore:
         it clears it. Raises :class:`~idempotence.errors.LockLost` when another worker
         holds the key now; the caller must then let ``tx`` roll back.
         """
-        _ops.refuse_after_finished_claim(tx.claim, lease, f"checkpoint {recovery_point!r} for")
+        _ops.refuse_after_finished_claim(tx.claim, lease, "checkpoint", self._instrumentation)
         op = _ops.checkpoint(self._dialect, lease, recovery_point, calling)
         return await tx._conn.run_in_transaction(fenced(self._instrumentation, "checkpoint", op))
 
@@ -234,7 +234,7 @@ class AsyncStore:
         """
         op = functools.partial(_ops.finish, self._dialect, lease, response, error)
         if tx is not None:
-            _ops.refuse_after_finished_claim(tx.claim, lease, "finish")
+            _ops.refuse_after_finished_claim(tx.claim, lease, "finish", self._instrumentation)
         if tx is not None and at_commit:
             tx._conn.defer(fenced(self._instrumentation, "finish", op()))
         elif tx is not None:
@@ -292,7 +292,7 @@ class AsyncStore:
         """Close a phase in ``tx``: stage ``jobs``, then store ``response`` or
         checkpoint ``recovery_point`` (the same one when None), fenced."""
         operation = "checkpoint" if response is None else "finish"
-        _ops.refuse_after_finished_claim(tx.claim, lease, operation)
+        _ops.refuse_after_finished_claim(tx.claim, lease, operation, self._instrumentation)
         op = _ops.end_phase(self._dialect, lease, list(jobs), recovery_point, response)
         return await tx._conn.run_in_transaction(fenced(self._instrumentation, operation, op))
 

@@ -83,8 +83,7 @@ class _FileSource:
         self._path = path
         self._busy_timeout = busy_timeout
         self._synchronous = synchronous
-        #: Idle connections, each with the store's view of it (made once per connection).
-        self._idle: list[_Connection] = []
+        self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._writer = threading.Lock()
         self._groups = _ThreadGroups()
@@ -97,9 +96,13 @@ class _FileSource:
         with self._lock:
             if self._closed:
                 raise StoreUnavailable("the SQLite store is closed")
-            if self._idle:
-                return self._idle.pop()
-        raw = connect(self._path, busy_timeout=self._busy_timeout, synchronous=self._synchronous)
+            raw = self._idle.pop() if self._idle else None
+        if raw is None:
+            raw = connect(
+                self._path, busy_timeout=self._busy_timeout, synchronous=self._synchronous
+            )
+        # A wrapper per checkout, not per connection: a transaction object kept past its
+        # block then holds a wrapper no other operation uses (its defer() refuses).
         return _Connection(raw, self._writer, self._groups)
 
     def checkin(self, conn: _Connection) -> None:
@@ -108,7 +111,7 @@ class _FileSource:
         with self._lock:
             keep = not self._closed and len(self._idle) < MAX_IDLE_CONNECTIONS
             if keep:
-                self._idle.append(conn)
+                self._idle.append(conn.raw)
         if not keep:
             conn.raw.close()
 
@@ -116,8 +119,8 @@ class _FileSource:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.raw.close()
+        for raw in idle:
+            raw.close()
 
 
 class _FileCheckout:
