@@ -11,14 +11,23 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..errors import TransientError
 
-__all__ = ["TRANSIENT_ATTEMPTS", "Blocks", "KeyHeld", "TransientError", "backoff", "own_copy"]
-from ._ops import Op
+__all__ = [
+    "TRANSIENT_ATTEMPTS",
+    "Blocks",
+    "KeyHeld",
+    "TransientError",
+    "Translating",
+    "backoff",
+    "own_copy",
+    "translator",
+]
+from ._ops import APPLICATION, Op
 
 #: How often an operation whose transaction the store owns is retried after a
 #: serialization failure, deadlock or busy database, and the base of its backoff.
@@ -96,3 +105,49 @@ class Blocks:
         if not self._open or self._open[-1] is not deferred:
             raise RuntimeError("transaction blocks must end innermost first")
         self._open.pop()
+
+
+class Translated(Protocol):
+    """A store's ``translated``: see :func:`translator`."""
+
+    def __call__(self, statement: str = "") -> Translating: ...
+
+
+class Translating:
+    """``with`` a statement: a driver error (an instance of ``errors``) raises the
+    library's, ``translate(exc, own=own)``, from it. A class, not a generator: it is
+    entered for every statement."""
+
+    __slots__ = ("_errors", "_own", "_translate")
+
+    def __init__(
+        self,
+        errors: type[BaseException] | tuple[type[BaseException], ...],
+        translate: Callable[..., BaseException],
+        *,
+        own: bool,
+    ) -> None:
+        self._errors, self._translate, self._own = errors, translate, own
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, self._errors):
+            raise self._translate(exc, own=self._own) from exc
+
+
+def translator(
+    errors: type[BaseException] | tuple[type[BaseException], ...],
+    translate: Callable[..., BaseException],
+) -> Translated:
+    """A store's ``translated(statement)``: the block for the statement named
+    ``statement``, where :data:`~._ops.APPLICATION` (the application's statement, whose
+    errors are its own) translates with ``own=False``."""
+    own = Translating(errors, translate, own=True)
+    application = Translating(errors, translate, own=False)
+
+    def translated(statement: str = "") -> Translating:
+        return application if statement == APPLICATION else own
+
+    return translated

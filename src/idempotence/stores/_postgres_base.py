@@ -24,7 +24,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ..errors import SchemaMissing, StoreError, StoreUnavailable
 from ..states import ClaimRequest, StoredResponse
 from ._breaker import connect_errors
-from ._driver import KeyHeld, TransientError
+from ._driver import KeyHeld, TransientError, translator
 from ._listener import Listener
 from ._listener_async import AsyncListener
 from ._ops import APPLICATION, Dialect, Op, Query, Row, claim_in_one_statement
@@ -127,23 +127,6 @@ def translate(exc: BaseException, *, own: bool = True) -> StoreError:
 DRIVER_ERRORS = (psycopg.Error, psycopg_pool.PoolTimeout)
 
 
-class _Translated:
-    """``with translated():`` raises the library's error for a psycopg or pool error
-    (:func:`translate`). A class, not a generator: it is entered for every statement."""
-
-    __slots__ = ("_own",)
-
-    def __init__(self, *, own: bool) -> None:
-        self._own = own
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, DRIVER_ERRORS):
-            raise translate(exc, own=self._own) from exc
-
-
 class _Held:
     """Inside :func:`translated`: a claim's lock wait that ran out (F8) is KeyHeld."""
 
@@ -157,15 +140,10 @@ class _Held:
             raise KeyHeld(str(exc)) from exc
 
 
-_TRANSLATED = _Translated(own=True)
-_TRANSLATED_APPLICATION = _Translated(own=False)
 _HELD = _Held()
 
-
-def translated(statement: str = "") -> _Translated:
-    """Translate the driver's errors; ``statement`` is the name of the query run
-    (:data:`~._ops.APPLICATION`: the application's, whose errors are its own)."""
-    return _TRANSLATED_APPLICATION if statement == APPLICATION else _TRANSLATED
+#: ``with translated(query.name):`` raises the library's error for a psycopg or pool error.
+translated = translator(DRIVER_ERRORS, translate)
 
 
 def held() -> _Held:

@@ -19,9 +19,9 @@ from typing import Any, Generic, TypeVar
 from ..errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
 from ..states import ClaimRequest, StoredResponse
 from ._connection import body, run
-from ._driver import Blocks, TransientError, own_copy
+from ._driver import Blocks, TransientError, own_copy, translator
 from ._group import Groups
-from ._ops import APPLICATION, Dialect, Op, Query, Row, claim_in_transaction
+from ._ops import Dialect, Op, Query, Row, claim_in_transaction
 
 #: Seconds a connection waits for another's write lock before the attempt fails (and
 #: the store retries it a few times, see ``_store.TRANSIENT_ATTEMPTS``).
@@ -91,31 +91,8 @@ def translate(exc: sqlite3.Error, *, own: bool = True) -> StoreError:
     return StoreError(f"SQLite error: {text}")
 
 
-class _Translated:
-    """``with _translated():`` raises the library's error for a sqlite3 error
-    (:func:`translate`). A class, not a generator: it is entered for every statement."""
-
-    __slots__ = ("_own",)
-
-    def __init__(self, *, own: bool) -> None:
-        self._own = own
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, sqlite3.Error):
-            raise translate(exc, own=self._own) from exc
-
-
-_TRANSLATED = _Translated(own=True)
-_TRANSLATED_APPLICATION = _Translated(own=False)
-
-
-def _translated(statement: str = "") -> _Translated:
-    """Translate sqlite3's errors; ``statement`` is the name of the query run
-    (:data:`~._ops.APPLICATION`: the application's, whose errors are its own)."""
-    return _TRANSLATED_APPLICATION if statement == APPLICATION else _TRANSLATED
+#: ``with _translated(query.name):`` raises the library's error for a sqlite3 error.
+_translated = translator(sqlite3.Error, translate)
 
 
 class _Connection:
