@@ -129,21 +129,30 @@ class Window:
         return done / self.elapsed, 1000 * self.cpu_elapsed / done
 
 
-def unguarded(amqp: str, queue: str, count: int, store: Any, insert: str) -> tuple[float, float]:
+def plain(amqp: str, queue: str, count: int, handle: Callable[[str, bytes], bool]) -> Window:
+    """A plain pika consumer: ``handle(message_id, body)`` (whether it processed the
+    message), then the ack, one message at a time."""
     connection = pika.BlockingConnection(pika.URLParameters(amqp))
     channel = connection.channel()
     channel.basic_qos(prefetch_count=PREFETCH)
     window = Window(count)
-    for method, properties, _body in channel.consume(queue):
-        with store.transaction() as tx:
-            tx.execute(insert, (properties.message_id,))
-        last = window.settle()
+    for method, properties, body in channel.consume(queue):
+        last = window.settle(handle(properties.message_id, body))
         channel.basic_ack(method.delivery_tag)
         if last:
             break
     channel.cancel()
     connection.close()
-    return window.result()
+    return window
+
+
+def unguarded(amqp: str, queue: str, count: int, store: Any, insert: str) -> tuple[float, float]:
+    def handle(message_id: str, body: bytes) -> bool:
+        with store.transaction() as tx:
+            tx.execute(insert, (message_id,))
+        return True
+
+    return plain(amqp, queue, count, handle).result()
 
 
 def guarded(amqp: str, queue: str, count: int, store: Any, insert: str) -> tuple[float, float]:
@@ -233,19 +242,10 @@ def floor(
     amqp: str, queue: str, count: int, store: Any, insert: str, *, backend: str, target: str
 ) -> tuple[float, float]:
     hand = Hand(backend, target, queue, insert)
-    connection = pika.BlockingConnection(pika.URLParameters(amqp))
-    channel = connection.channel()
-    channel.basic_qos(prefetch_count=PREFETCH)
-    window = Window(count)
-    for method, properties, body in channel.consume(queue):
-        last = window.settle(hand.run(properties.message_id, body))
-        channel.basic_ack(method.delivery_tag)
-        if last:
-            break
-    channel.cancel()
-    connection.close()
-    hand.close()
-    return window.result()
+    try:
+        return plain(amqp, queue, count, hand.run).result()
+    finally:
+        hand.close()
 
 
 def measure(
