@@ -408,6 +408,28 @@ def test_the_lane_packs_bytes_text_and_integers_and_nothing_else() -> None:
         pack(("SET", b"k", 1.5))  # a float would be sent truncated
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [
+        (),
+        (("content-type", "application/json"),),
+        (("x-quote", 'say "hi" \\ back'), ("x-control", "tab\tnew\nline\x00\x1f")),
+        (("x-text", "café – ☃ 𝄞"), ("x-surrogate", "\udcff")),
+        [("list", "of pairs")],
+    ],
+    ids=["none", "plain", "escapes", "non-ascii", "list"],
+)
+def test_a_finish_writes_the_headers_json_as_json_dumps_does(headers: Any) -> None:
+    """The finish sends its headers through an encoder made once (not json.dumps per
+    call): it must write exactly what json.dumps writes, and read back the same."""
+    import json
+
+    from idempotence.stores._redis_base import _headers_json
+
+    assert _headers_json(headers) == json.dumps(headers)
+    assert json.loads(_headers_json(headers)) == [list(pair) for pair in headers]
+
+
 @pytest.mark.parametrize("key", HOSTILE, ids=lambda k: repr(k[:12]) + f"/{len(k)}")
 def test_hostile_keys_round_trip_in_one_slot(redis_store: Any, scope: str, key: str) -> None:
     hostile_scope = "{" + scope + "}"
