@@ -61,7 +61,6 @@ import asyncio
 import contextlib
 import json
 import os
-import struct
 import tempfile
 from datetime import timedelta
 from typing import Any
@@ -166,7 +165,7 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
             return respond(*await hand.one_write(claim, answer(item), write))
 
     if backend == "redis":
-        by_hand = RedisHand(target)
+        by_hand = harness.RedisHand(target)
 
         def redis_floor(plain: Any, guarded: Any, Item: Any) -> None:
             @plain.post("/plain/floor-handler")
@@ -455,107 +454,6 @@ class SqliteHand:
                 await call(lambda conn: conn.execute(*write).fetchall())
                 await call(self._finish, finish_params(row, body), True)
         return 201, body, False
-
-
-class RedisHand:
-    """The hand-written rows on Redis: the store's own claim and finish scripts
-    (``redis.lua``, loaded at the first connection) sent by EVALSHA on asyncio
-    protocols that parse replies with hiredis, one connection per command in flight;
-    no redis-py, no library code per request. What any guard that claims and finishes
-    a key with these two scripts costs at least."""
-
-    def __init__(self, url: str) -> None:
-        from urllib.parse import urlsplit
-
-        from idempotence.stores._redis_base import SCRIPTS
-
-        parts = urlsplit(url)
-        self.address = (parts.hostname or "127.0.0.1", parts.port or 6379)
-        self.db = int(parts.path.strip("/") or 0)
-        self.scripts = {name: SCRIPTS[name] for name in ("claim", "finish")}
-        self.sha: dict[str, bytes] = {}
-        self.idle: list[RespConnection] = []
-
-    async def connection(self) -> "RespConnection":
-        if self.idle:
-            return self.idle.pop()
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(RespConnection, *self.address)
-        await conn.call(b"SELECT", self.db)
-        for name, text in self.scripts.items():
-            self.sha[name] = await conn.call(b"SCRIPT", b"LOAD", text)
-        return conn
-
-    async def guarded(self, key: str, path: str, body: bytes) -> tuple[int, bytes, bool]:
-        """Handler mode: claim, answer, finish; a key the claim did not take is
-        answered from the record it read back (a replay)."""
-        conn = await self.connection()
-        record = b"bench:{%s}" % key.encode()
-        record_id = b"%d" % (int.from_bytes(os.urandom(7)) + 1)
-        claimed = await conn.call(
-            b"EVALSHA", self.sha["claim"], 1, record, b"bench", key, key, b"POST", path,
-            b"http", b"{}", 10_000_000, 86_400_000_000, record_id,
-        )  # fmt: skip
-        if len(claimed) == 3:
-            self.idle.append(conn)
-            return settled_redis(claimed[0], claimed[2])
-        done = await conn.call(
-            b"EVALSHA", self.sha["finish"], 1, record, record_id, b"1", 201,
-            b'[["content-type", "application/json"]]', body, b"0", b"", b"bench:settled",
-        )  # fmt: skip
-        self.idle.append(conn)
-        if done != 1:
-            raise RuntimeError("the floor's finish was refused")
-        return 201, body, False
-
-
-#: The claim script's read-back: 21 lengths (4 bytes, big-endian; -1 absent), then the
-#: values present, in READ_FIELDS' order (redis.lua: read); status and body are the
-#: 17th and 19th.
-_LENGTHS = struct.Struct(">21i")
-
-
-def settled_redis(claimed: int, packed: bytes) -> tuple[int, bytes, bool]:
-    """What the hand-written guard answers for a Redis key it did not claim."""
-    lengths = _LENGTHS.unpack_from(packed)
-    at, values = _LENGTHS.size, []
-    for length in lengths:
-        values.append(packed[at : at + length] if length >= 0 else None)
-        at += max(length, 0)
-    if claimed or values[16] is None:
-        return 409, b'{"error": "in progress"}', False
-    return int(values[16]), values[18] or b"", True
-
-
-class RespConnection(asyncio.Protocol):
-    """One connection to Redis: a command at a time, its reply parsed by hiredis."""
-
-    def __init__(self) -> None:
-        import hiredis
-
-        self.reader = hiredis.Reader()
-        self.pack = hiredis.pack_command
-        self.waiting: asyncio.Future[Any] | None = None
-        self.transport: Any = None
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.reader.feed(data)
-        reply = self.reader.gets()
-        if reply is not False and self.waiting is not None:
-            waiting, self.waiting = self.waiting, None
-            waiting.set_result(reply)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.waiting is not None and not self.waiting.done():
-            self.waiting.set_exception(ConnectionError("Redis closed the connection"))
-
-    def call(self, *args: Any) -> asyncio.Future[Any]:
-        self.transport.write(self.pack(args))
-        self.waiting = asyncio.get_running_loop().create_future()
-        return self.waiting
 
 
 # -- the driver ----------------------------------------------------------------------------------

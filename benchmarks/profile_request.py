@@ -20,7 +20,9 @@ counts over 2N is the instructions per request, free of the start-up's. A row's
 the same run): the same endpoint without the middleware (``trivial``), or, for
 request-as-transaction, the endpoint doing its one INSERT in a transaction of its own
 (``insert``). ``pg-floor`` is the handler-mode floor: the trivial endpoint running the
-store's own claim and finish statements by hand on a psycopg pool, no library code.
+store's own claim and finish statements by hand on a psycopg pool, no library code;
+``redis-floor`` the same with the Redis store's two scripts, sent by EVALSHA on bare
+asyncio connections (``_harness.RedisHand``: no redis-py).
 Instruction counts are the same however busy the machine is, so two
 runs on a shared machine compare. ``--cpu`` reports CPU microseconds per request
 instead (process time, noisier), with ``--concurrency`` clients at once.
@@ -69,6 +71,7 @@ ROWS: dict[str, tuple[str, str, str | None, bool]] = {
     "redis-trivial": ("redis", "/trivial", None, False),
     "redis-handler": ("redis", "/handler", "redis-trivial", False),
     "redis-replay": ("redis", "/handler", "redis-trivial", True),
+    "redis-floor": ("redis", "/floor", "redis-trivial", False),
     "cached-trivial": ("cached", "/trivial", None, False),
     "cached-handler": ("cached", "/handler", "cached-trivial", False),
     "cached-replay": ("cached", "/handler", "cached-trivial", True),
@@ -167,7 +170,10 @@ def build_app(backend: str, target: str) -> tuple[Any, Any, Any]:
 
 def _floor(backend: str, target: str) -> Any:
     """The handler-mode floor: the store's own claim and finish statements (from the
-    package's queries.sql), by hand on a psycopg pool, no library code around them."""
+    package's queries.sql), by hand on a psycopg pool, no library code around them;
+    on Redis, its claim and finish scripts by hand (``_harness.RedisHand``)."""
+    if backend == "redis":
+        return _redis_floor(target)
     if backend != "postgres":
         return None
     import psycopg_pool
@@ -208,6 +214,24 @@ def _floor(backend: str, target: str) -> Any:
 
     statements.close = close  # type: ignore[attr-defined]
     return statements
+
+
+def _redis_floor(target: str) -> Any:
+    from _harness import RedisHand
+
+    hand = RedisHand(target)
+
+    async def scripts(key: str) -> None:
+        status, _, _ = await hand.guarded(key, "/floor", b'{"ok": true}')
+        if status != 201:
+            raise RuntimeError(f"the Redis floor did not claim {key!r}: {status}")
+
+    async def close() -> None:
+        while hand.idle:
+            hand.idle.pop().transport.close()
+
+    scripts.close = close  # type: ignore[attr-defined]
+    return scripts
 
 
 async def _requests(app: Any, path: str, replay: bool, counts: list[int], concurrency: int) -> Any:

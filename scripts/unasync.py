@@ -35,7 +35,6 @@ SOURCES = [
     "stores/_postgres_async.py",
     "stores/_cached_async.py",
     "stores/_redis_async.py",
-    "stores/_redis_lane_async.py",
     "flows/_driver_async.py",
     "http/_driver_async.py",
     "consumers/_driver_async.py",

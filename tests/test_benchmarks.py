@@ -164,3 +164,22 @@ def test_consumers_quick():
         for variant in ("unguarded", "guarded", "floor"):
             assert row[f"{variant}_per_s"] > 0 and row[f"{variant}_cpu_ms"] > 0, row
         assert row["ratio"] > 0 and row["floor_ratio"] > 0 and row["guarded_vs_floor"] > 0
+
+
+def test_profile_request_quick_on_redis():
+    """The in-process profile's Redis rows run, the floor (the store's two scripts by
+    hand) included: it raises unless every request claimed a new key."""
+    done = subprocess.run(
+        [sys.executable, str(HERE / "profile_request.py"), "--quick", "--json"]
+        + ["redis-trivial", "redis-floor", "redis-handler", "redis-replay"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {row["row"]: row for row in json.loads(done.stdout)}
+    assert set(rows) == {"redis-trivial", "redis-floor", "redis-handler", "redis-replay"}
+    for name, row in rows.items():
+        assert row["cpu us"] > 0, name
+    assert rows["redis-floor"]["baseline"] == "redis-trivial"

@@ -106,7 +106,7 @@ class CachedStore(Store):
         self._set = self._redis.register_script(SET_SCRIPT)
         # A client the store opened is a plain server's: its GET and its writes go
         # past redis-py's per-command machinery (see _redis_lane).
-        self._lane = Lane(self._redis) if self._owns_redis else None
+        self._lane = Lane.of(self._redis) if self._owns_redis else None
 
     @property
     def cache_stats(self) -> CacheStats:

@@ -154,7 +154,7 @@ class RedisStore:
                 self._client = Redis.from_url(target, **options)
                 # The scripts go past the client's per-command machinery (see
                 # _redis_lane); a cluster's client routes them by slot.
-                self._lane = Lane(self._client)
+                self._lane = Lane.of(self._client)
             self._owned = True
         else:
             if target.get_encoder().decode_responses:

@@ -154,7 +154,7 @@ class AsyncRedisStore:
                 self._client = AsyncRedis.from_url(target, **options)
                 # The scripts go past the client's per-command machinery (see
                 # _redis_lane_async); a cluster's client routes them by slot.
-                self._lane = AsyncLane(self._client)
+                self._lane = AsyncLane.of(self._client)
             self._owned = True
         else:
             if target.get_encoder().decode_responses:

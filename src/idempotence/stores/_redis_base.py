@@ -408,30 +408,3 @@ async def close_async(closable: Any) -> None:
 def close(closable: Any) -> None:
     """Close a sync client or pub/sub."""
     closable.close()
-
-
-async def send_packed_async(connection: Any, packed: bytes) -> None:
-    """Send one packed command on a redis-py asyncio connection (the lane's: see
-    :mod:`._redis_lane_async`).
-
-    redis-py's ``send_packed_command`` wraps every write in ``asyncio.wait_for``: on
-    Python 3.11 a task of its own, a timer and two more turns of the event loop per
-    command, about as much CPU as the rest of it, though a store's command is small and
-    the socket takes it whole at once. Here a write the socket took whole waits for
-    nothing; one it could not (a buffer full: the server stopped reading) waits as
-    redis-py's does, bounded by the socket timeout, through redis-py itself (an empty
-    write, then its drain). Not connected, or a connection going away: redis-py's own
-    path, which connects or raises its errors."""
-    writer = connection._writer
-    if writer is None or writer.transport.is_closing():
-        await connection.send_packed_command([packed], check_health=False)
-        return
-    writer.write(packed)
-    if writer.transport.get_write_buffer_size():
-        await connection.send_packed_command([b""], check_health=False)
-
-
-def send_packed(connection: Any, packed: bytes) -> None:
-    """The sync twin of :func:`send_packed_async`: redis-py's own send (a blocking
-    socket write costs no task)."""
-    connection.send_packed_command([packed], check_health=False)

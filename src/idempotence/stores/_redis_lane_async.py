@@ -1,104 +1,180 @@
 """Commands to one Redis server on connections of the store's own, past redis-py's
-client and pool machinery: the lane that the Redis store and the cached store take for
-their per-request commands (a script, a GET) on a client they opened themselves.
+client, pool and connection machinery: the lane that the async Redis store and the
+async cached store take for their per-request commands (a script, a GET) on a client
+they opened themselves.
 
-Why: redis-py's ``execute_command`` wraps each command in a retry loop, a locked pool
-checkout and release, connection-count and duration metrics and an event dispatch, all
-in Python. That cost as much client CPU per command as sending and parsing it. Here a
-command is a list ``pop``, :func:`pack`, a write (``send_packed_async``: redis-py's send without the
-task that its asyncio spelling starts per command), ``read_response`` and an
-``append``: the connection's own methods, which time out, reconnect and translate
-errors as the client's would (``socket_timeout``, ``ConnectionError``,
-``ResponseError``...).
+Why: per command, redis-py's ``execute_command`` runs a retry loop, a locked pool
+checkout and release, metrics and an event dispatch, and its connection's
+``read_response`` an ``asyncio.timeout``, an error-message format, a parser wrapper and
+a stream reader, all in Python: about 84,000 instructions a command more than sending
+it and parsing its reply (callgrind, benchmarks/profile_request.py ``redis-floor``),
+as much as a guarded request's two scripts cost the server. Here redis-py still makes
+and opens each connection (its host, TLS, password, database and connect timeout, as
+the client's), and the lane then reads its socket as an asyncio protocol
+(:class:`_Connection`): a command is a write and a future, its reply parsed by
+hiredis as it arrives and bounded by the client's ``socket_timeout`` (one timer).
 
-Only for a plain server (not a cluster, whose client routes by slot) and only for a
+A connection carries one command at a time and is used again only after its whole
+reply was read: a timeout, a cancellation or a lost connection closes it, so a reply
+that comes late is never read as the answer to a later command (F1). An error reply
+raises redis-py's own exception (``NoScriptError``, ``ResponseError``...), and a
+server that is gone or silent ``ConnectionError`` / ``TimeoutError``, as from the
+client.
+
+Only for a plain server (not a cluster, whose client routes by slot), only for a
 client the store opened (an application's client keeps its own pool, limits and
-instrumentation). Written once, async; :mod:`._redis_lane` is generated from it.
+instrumentation), and only where hiredis is installed (``lane_for``). The sync lane
+(:mod:`._redis_lane`) is not generated from this module: a blocking socket needs no
+protocol.
 """
 
 from __future__ import annotations
 
-import operator
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import redis.exceptions
+from redis._parsers.base import BaseParser
 
-from ._redis_base import AsyncRedis, send_packed_async
+from ._redis_base import AsyncRedis
+from ._redis_lane import pack
 
-
-def pack(args: tuple[Any, ...]) -> bytes:
-    r"""A command in the Redis protocol (RESP): its arguments as bulk strings. The
-    store's arguments are bytes, text (UTF-8) and integers, nothing else: redis-py's
-    own packer runs every argument through its encoder, which cost more than the
-    command's reply to parse.
-
-    >>> pack(("GET", b"k", 7))
-    b'*3\r\n$3\r\nGET\r\n$1\r\nk\r\n$1\r\n7\r\n'
-    """
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if isinstance(arg, str):
-            arg = arg.encode()
-        elif not isinstance(arg, bytes):
-            arg = b"%d" % operator.index(arg)  # an int; a float would be a bug: TypeError
-        out += (b"$%d\r\n" % len(arg), arg, b"\r\n")
-    return b"".join(out)
+hiredis: Any
+try:
+    import hiredis
+except ImportError:  # pragma: no cover - hiredis ships wheels for CPython only
+    hiredis = None
 
 
-async def _revive(connection: Any) -> None:
-    """Drop an idle connection the server has closed (a restart, a failover, its idle
-    ``timeout``, ``CLIENT KILL``), as redis-py's pool does at each checkout: an idle
-    connection is sent nothing, so anything to read means it is gone. Sending then
-    connects afresh, and the request never sees the dead connection (P11). One
-    non-blocking poll of the socket."""
-    try:
-        if not await connection.can_read():
+class _Connection(asyncio.Protocol):
+    """One socket of the lane, read as a protocol: one command in flight at most."""
+
+    def __init__(self, transport: Any, timeout: float | None, writer: Any) -> None:
+        self._transport = transport
+        self._writer = writer
+        self._timeout = timeout
+        # Error replies come back as redis-py's exceptions (NOSCRIPT: NoScriptError).
+        self._reader = hiredis.Reader(
+            protocolError=redis.exceptions.InvalidResponse, replyError=BaseParser.parse_error
+        )
+        self._waiting: asyncio.Future[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        #: False once closed or broken: never used again.
+        self.usable = True
+
+    async def command(self, packed: bytes) -> Any:
+        """Send one packed command; its reply (an error reply as an exception
+        instance, not raised)."""
+        loop = asyncio.get_running_loop()
+        waiting = self._waiting = loop.create_future()
+        self._transport.write(packed)
+        if self._timeout is not None:
+            self._timer = loop.call_later(self._timeout, self._timed_out)
+        return await waiting
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        try:
+            reply = reader.gets()
+        except redis.exceptions.InvalidResponse as exc:
+            self._fail(exc)
             return
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
-        pass
-    await connection.disconnect()
+        if reply is False:
+            return  # the rest of the reply is still on its way
+        waiting = self._waiting
+        if waiting is None or waiting.done():
+            # A reply nobody waits for (one that came after its command was given up):
+            # never read as another command's answer.
+            self._fail(None)
+            return
+        self._waiting = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        waiting.set_result(reply)
+
+    def eof_received(self) -> None:
+        self._fail(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(None)
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        self._fail(redis.exceptions.TimeoutError("Timeout reading from Redis"))
+
+    def _fail(self, error: Exception | None) -> None:
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(
+                error or redis.exceptions.ConnectionError("Connection closed by server.")
+            )
+        self.close()
+
+    def close(self) -> None:
+        self.usable = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._transport.close()
 
 
 class AsyncLane:
-    """Idle connections of ``client``'s kind (made by its pool's ``make_connection``,
-    so with its host, database, timeouts and protocol), one per command in flight:
-    a connection is taken for one command and its whole reply, then put back."""
+    """Idle connections of ``client``'s kind (made and opened by its pool's
+    ``make_connection``, so with its host, database, timeouts and protocol), one per
+    command in flight: a connection is taken for one command and its whole reply,
+    then put back."""
 
     def __init__(self, client: AsyncRedis) -> None:
         # redis-py leaves make_connection untyped.
         self._make: Callable[[], Any] = client.connection_pool.make_connection
-        self._idle: list[Any] = []
+        self._idle: list[_Connection] = []
         self._closed = False
+
+    @classmethod
+    def of(cls, client: AsyncRedis) -> AsyncLane | None:
+        """The lane for a client the store opened, or None where hiredis is not
+        installed (the store then sends its commands through the client)."""
+        return None if hiredis is None else cls(client)
 
     async def execute(self, *args: Any) -> Any:
         """Send one command and return its reply; a Redis error reply raises
         ``ResponseError`` (``NoScriptError``...), a dead or slow server
         ``ConnectionError`` / ``TimeoutError``, as from the client."""
-        try:
-            connection = self._idle.pop()
-        except IndexError:
-            connection = self._make()
+        idle = self._idle
+        while idle:
+            connection = idle.pop()
+            if connection.usable:  # not closed by the server while it was idle
+                break
         else:
-            await _revive(connection)
-        reusable = True
+            connection = await self._connect()
         try:
-            await send_packed_async(connection, pack(args))
-            return await connection.read_response()
-        except redis.exceptions.ResponseError:
-            raise  # an error reply, read whole: the connection is fine
+            reply = await connection.command(pack(args))
         except BaseException:
-            # Anything else (a timeout, a cancellation) may leave a reply half read:
-            # the connection is closed (redis-py does too) and not reused.
-            reusable = False
-            await connection.disconnect(nowait=True)
+            # A timeout, a cancellation, a lost connection: its reply may still come.
+            connection.close()
             raise
-        finally:
-            if reusable:
-                if self._closed:
-                    await connection.disconnect()
-                else:
-                    self._idle.append(connection)
+        if self._closed:
+            connection.close()
+        else:
+            idle.append(connection)
+        if isinstance(reply, redis.exceptions.RedisError):
+            raise reply  # an error reply, read whole: the connection is fine
+        return reply
+
+    async def _connect(self) -> _Connection:
+        opened = self._make()
+        await opened.connect()  # redis-py's: connect timeout, TLS, AUTH, SELECT
+        writer = opened._writer
+        # The socket is the lane's from here. redis-py's connection lets it go
+        # without closing it; its stream writer stays with the lane's connection,
+        # whose socket it would close when collected.
+        opened._reader = opened._writer = None
+        connection = _Connection(writer.transport, opened.socket_timeout, writer)
+        writer.transport.set_protocol(connection)
+        return connection
 
     async def evalsha(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
         """Run a registered script (redis-py's ``Script``: its ``sha`` and ``script``)
@@ -113,4 +189,4 @@ class AsyncLane:
         """Close the idle connections; one in use is closed when its command ends."""
         self._closed = True
         while self._idle:
-            await self._idle.pop().disconnect()
+            self._idle.pop().close()
