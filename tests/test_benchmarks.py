@@ -169,9 +169,9 @@ def test_consumers_quick():
 def test_profile_request_quick_on_redis():
     """The in-process profile's Redis rows run, the floor (the store's two scripts by
     hand) included: it raises unless every request claimed a new key."""
+    wanted = ["redis-trivial", "redis-floor", "redis-handler", "redis-replay"]
     done = subprocess.run(
-        [sys.executable, str(HERE / "profile_request.py"), "--quick", "--json"]
-        + ["redis-trivial", "redis-floor", "redis-handler", "redis-replay"],
+        [sys.executable, str(HERE / "profile_request.py"), "--quick", "--json", *wanted],
         capture_output=True,
         text=True,
         timeout=280,
@@ -179,7 +179,7 @@ def test_profile_request_quick_on_redis():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {row["row"]: row for row in json.loads(done.stdout)}
-    assert set(rows) == {"redis-trivial", "redis-floor", "redis-handler", "redis-replay"}
+    assert set(rows) == set(wanted)
     for name, row in rows.items():
         assert row["cpu us"] > 0, name
     assert rows["redis-floor"]["baseline"] == "redis-trivial"

@@ -545,6 +545,36 @@ def test_f1_a_reply_that_came_too_late_never_answers_a_later_command(
             store.close()
 
 
+def test_f1_a_cancelled_commands_late_reply_never_answers_a_later_command() -> None:
+    """An async claim cancelled while it waits (the client went away) may still run on
+    the server, and its reply come later on that connection: the connection is
+    closed, never put back, so the next claims read their own answers."""
+    with redis_server() as server:
+
+        async def main() -> None:
+            async with AsyncRedisStore(server.url, timeout=5) as store:
+                assert (await store.claim(request("s"))).outcome is Outcome.EXECUTE
+                server.freeze()
+                try:
+                    waiting = asyncio.ensure_future(store.claim(request("s", "k2")))
+                    await asyncio.sleep(0.2)
+                    waiting.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await waiting
+                finally:
+                    server.freeze(False)
+                # No pause: the next claim goes out before the late reply is read, so
+                # a connection put back would take that reply ({1, now}: EXECUTE) as
+                # its answer for k1, which is held.
+                for key in ("k1", "k2"):  # k2's claim ran late on the server: k2 is held
+                    claim = await store.claim(request("s", key))
+                    assert claim.outcome is Outcome.IN_PROGRESS, key
+                    assert claim.record.key == key
+                assert (await store.claim(request("s", "k3"))).record.key == "k3"
+
+        asyncio.run(main())
+
+
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_the_scripts_are_loaded_again_after_the_server_forgot_them(
     flavour: str, loop_thread: EventLoopThread
