@@ -21,6 +21,7 @@ from idempotence import (
     LockLost,
     Outcome,
     StoredResponse,
+    TransactionEnded,
     key_state,
 )
 from tests.support.stores import StoreKind
@@ -480,6 +481,90 @@ def test_finish_at_commit_needs_a_transaction(store: Any, scope: str) -> None:
     with pytest.raises(ValueError, match="tx="):
         store.finish(lease, response(1), at_commit=True)
     assert store.get(scope, "key-1").finished_at is None
+
+
+# -- R2, F1: a transaction is usable inside its block only --------------------------------
+
+STALE_USES = ["execute", "connection", "finish", "finish at commit", "checkpoint", "end_phase"]
+
+
+def use_stale(store: Any, kept: Any, use: str, scope: str, lease: Any) -> None:
+    """One use of ``kept``, a transaction whose block has ended."""
+    if use == "execute":
+        kept.execute(
+            "INSERT INTO side_effects (scope, note) VALUES (:scope, :note)",
+            {"scope": scope, "note": "stale"},
+        )
+    elif use == "connection":
+        kept.connection  # noqa: B018 - the read is the use
+    elif use == "finish":
+        store.finish(lease, response(666), tx=kept)
+    elif use == "finish at commit":
+        store.finish(lease, response(666), tx=kept, at_commit=True)
+    elif use == "checkpoint":
+        store.checkpoint(kept, lease, "stale")
+    elif use == "end_phase":
+        store.end_phase(kept, lease, response=response(666))
+    else:
+        store.claim(request(scope, key="key-stale"), tx=kept)
+
+
+@pytest.mark.parametrize("use", [*STALE_USES, "claim"])
+@pytest.mark.parametrize("ending", ["commit", "rollback", "commit with its claim"])
+def test_r2_f1_a_transaction_kept_past_its_block_refuses_every_use(
+    store: Any, store_kind: StoreKind, scope: str, ending: str, use: str
+) -> None:
+    # Its connection is the store's again (on PostgreSQL the pool's, for another
+    # request's transaction): a statement or a fenced write through it would join, or
+    # be deferred to the COMMIT of, a transaction that is not its own.
+    make_side_table(store)
+    lease = store.claim(request(scope)).lease
+    if ending == "commit":
+        with store.transaction() as kept:
+            write_note(kept, store_kind, scope, "inside")
+    elif ending == "rollback":
+        with pytest.raises(RuntimeError), store.transaction() as kept:
+            write_note(kept, store_kind, scope, "rolled back")
+            raise RuntimeError("the phase failed")
+    else:
+        with store.transaction(claim=request(scope, key="key-2")) as kept:
+            write_note(kept, store_kind, scope, "inside")
+            store.finish(kept.claim.lease, response(2), tx=kept, at_commit=True)
+    before = store.get(scope, "key-1")
+
+    with pytest.raises(TransactionEnded, match="block has ended") as refused:
+        use_stale(store, kept, use, scope, lease)
+    assert "inside its `with` block" in str(refused.value)
+
+    # Nothing of the stale call was written, now or at the next commit ...
+    with store.transaction() as tx:
+        write_note(tx, store_kind, scope, "next")
+        tx.execute("SELECT 1")
+    expected = ["next"] if ending == "rollback" else ["inside", "next"]
+    assert side_notes(store, store_kind, scope) == expected
+    assert store.get(scope, "key-1") == before
+    assert store.get(scope, "key-stale") is None
+    # ... and a new transaction works normally: the key's holder finishes it in one.
+    with store.transaction() as tx:
+        lease = store.checkpoint(tx, lease, "charged")
+        store.finish(lease, response(3), tx=tx, at_commit=True)
+    assert store.claim(request(scope)).response == response(3)
+
+
+def test_r2_f3_a_replays_transaction_kept_past_its_block_refuses_it_too(
+    store: Any, store_kind: StoreKind, scope: str
+) -> None:
+    # A claim answered by a replay (on a cached store, from Redis, with no transaction
+    # open at all) ends its block like any other.
+    make_side_table(store)
+    store.finish(store.claim(request(scope)).lease, response(1))
+    with store.transaction(claim=request(scope)) as kept:
+        assert kept.claim.outcome is Outcome.REPLAY
+    for _ in range(2):  # for good, not once
+        with pytest.raises(TransactionEnded):
+            write_note(kept, store_kind, scope, "stale")
+    assert kept.claim.response == response(1)  # what it answered stays readable
+    assert side_notes(store, store_kind, scope) == []
 
 
 # -- F3 with a fixed response: the claim writes the key finished --------------------------

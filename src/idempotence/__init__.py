@@ -32,6 +32,7 @@ from .errors import (
     StoreError,
     StoreInTransaction,
     StoreUnavailable,
+    TransactionEnded,
 )
 from .flows import Advance, Finish, Flow, FlowRegistry, FlowResult, NoOp, ResultKind
 from .observability import Instrumentation
@@ -115,6 +116,7 @@ __all__ = [
     "StoreUnavailable",
     "StoredResponse",
     "Transaction",
+    "TransactionEnded",
     "TransientError",
     "arbitrate",
     "key_state",

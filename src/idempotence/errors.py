@@ -107,6 +107,16 @@ class StoreInTransaction(ConfigurationError):
     pass ``tx=`` (claim, finish) or call it after the transaction ends."""
 
 
+class TransactionEnded(ConfigurationError):
+    """This transaction's block has ended: use the transaction inside its `with` block.
+
+    Once the block has committed or rolled back, the connection is the store's again
+    (on PostgreSQL the pool's, for another request's transaction): a statement, or a
+    ``tx=`` write, through a transaction kept past its block would run in someone
+    else's, so it raises this at the call, before anything is sent.
+    """
+
+
 # -- the client's errors: an idempotent request got no final answer (DESIGN 10) --------
 
 

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from idempotence import ClaimRequest, Outcome, StoredResponse
+from idempotence import ClaimRequest, Outcome, StoredResponse, TransactionEnded
 from idempotence.contrib.sqlalchemy import (
     AsyncSQLAlchemyStore,
     SQLAlchemyStore,
@@ -116,6 +116,26 @@ def test_a_session_rollback_aborts_the_whole_transaction_and_says_so(
         tx.session.rollback()  # the claim goes with it
         store.finish(tx.claim.lease, RESPONSE, tx=tx, at_commit=True)
     assert census(store, claim.key) == (0, None)
+
+
+def test_r2_a_transaction_kept_past_its_block_refuses_its_session_and_tx(
+    store: SQLAlchemyStore,
+) -> None:
+    claim = request()
+    with store.transaction(claim=claim) as kept:
+        assert kept.claim is not None and kept.claim.lease is not None
+        lease = kept.claim.lease
+    for use in (
+        lambda: kept.session,
+        lambda: kept.connection,
+        lambda: kept.execute("DELETE FROM rows"),
+        lambda: store.finish(lease, RESPONSE, tx=kept, at_commit=True),
+    ):
+        with pytest.raises(TransactionEnded, match="block has ended"):
+            use()
+    assert census(store, claim.key) == (0, None)  # claimed, and nothing else written
+    store.finish(lease, RESPONSE)
+    assert census(store, claim.key) == (0, Outcome.REPLAY)
 
 
 # SQLite has one writer: there a duplicate's BEGIN IMMEDIATE waits for the first

@@ -60,8 +60,13 @@ class BlockingTransaction:
     def __init__(self, tx: Any, run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
         self._tx = tx
         self._run = run
-        self.connection = tx.connection
         self.claim = tx.claim
+
+    @property
+    def connection(self) -> Any:
+        # Read at each use, as on the store's own transaction: one kept past its
+        # block refuses it.
+        return self._tx.connection
 
     def execute(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._run(self._tx.execute(sql, params))
@@ -79,7 +84,9 @@ class Blocking:
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.run(coro, self._contexts.context)
 
-    def claim(self, request: Any) -> Any:
+    def claim(self, request: Any, *, tx: BlockingTransaction | None = None) -> Any:
+        if tx is not None:
+            return self._run(self.store.claim(request, tx=tx._tx))
         return self._run(self.store.claim(request))
 
     def checkpoint(

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .._concurrency import Lock
 from ..errors import StoreUnavailable
@@ -254,9 +254,9 @@ class SQLAlchemyTransaction(Transaction):
         """The ORM session in this transaction: what it writes commits with the claim
         and the stored response, or not at all. Its ``commit()`` only flushes (the
         store commits); its ``rollback()`` aborts the whole transaction."""
-        conn = self._conn
-        assert isinstance(conn, _SqlConnection)
-        return conn.session()
+        # Not an isinstance assert: past its block the connection is one that refuses
+        # every use with TransactionEnded (stores._nesting.ENDED), and so must this.
+        return cast(_SqlConnection, self._conn).session()
 
 
 def _resolve(

@@ -31,6 +31,7 @@ from ._cache import (
     close_redis,
     connect_redis,
 )
+from ._nesting import ENDED
 from ._ops import Dialect, Op
 from ._redis_lane import Lane
 from ._store import Store, Transaction
@@ -227,7 +228,11 @@ class CachedStore(Store):
         if claim is not None:
             cached, _ = self._cached(claim, self._cache.name(claim.scope, claim.key))
             if cached is not None:
-                yield Transaction(NO_CONNECTION, self.primary._dialect, cached)
+                tx = Transaction(NO_CONNECTION, self.primary._dialect, cached)
+                try:
+                    yield tx
+                finally:
+                    tx._conn = ENDED  # as the primary's transactions end (_nesting.ENDED)
                 return
         with self.primary.transaction(claim=claim, finished=finished) as tx:
             yield tx

@@ -29,6 +29,7 @@ from ._cache import (
     close_redis_async,
     connect_redis_async,
 )
+from ._nesting import ENDED
 from ._ops import Dialect, Op
 from ._redis_lane_async import AsyncLane
 from ._store_async import AsyncStore, AsyncTransaction
@@ -227,7 +228,11 @@ class AsyncCachedStore(AsyncStore):
         if claim is not None:
             cached, _ = await self._cached(claim, self._cache.name(claim.scope, claim.key))
             if cached is not None:
-                yield AsyncTransaction(NO_CONNECTION, self.primary._dialect, cached)
+                tx = AsyncTransaction(NO_CONNECTION, self.primary._dialect, cached)
+                try:
+                    yield tx
+                finally:
+                    tx._conn = ENDED  # as the primary's transactions end (_nesting.ENDED)
                 return
         async with self.primary.transaction(claim=claim, finished=finished) as tx:
             yield tx

@@ -1,6 +1,6 @@
 """The one gate every SQL store's own connections go through, sync and async alike.
 
-Two rules, the same on every store and every source:
+Three rules, the same on every store and every source:
 
 * Inside a store's open transaction, the same thread or task must not ask the store
   for a connection of its own (an operation without ``tx=``, a second
@@ -10,6 +10,11 @@ Two rules, the same on every store and every source:
   :class:`~idempotence.errors.StoreInTransaction` at once, everywhere.
 * After ``close()`` the store takes no connection at all, even from an application's
   pool or connection that stays open: :class:`~idempotence.errors.StoreUnavailable`.
+* A transaction object is usable inside its block only. When the block ends, the
+  store swaps the transaction's connection for :data:`ENDED`, which refuses every use
+  (a statement, ``tx.connection``, ``tx=`` on any operation: they all go through it)
+  with :class:`~idempotence.errors.TransactionEnded`, before anything is sent: the
+  connection is the source's again, maybe already in another request's transaction.
 
 "The same thread or task" is a :class:`contextvars.ContextVar`: each thread has a
 context of its own, each asyncio task a copy of its creator's. So a task created
@@ -20,8 +25,9 @@ same), and a thread started inside it does not (it waits its turn like any other
 from __future__ import annotations
 
 from contextvars import ContextVar
+from typing import Any, NoReturn
 
-from ..errors import StoreInTransaction, StoreUnavailable
+from ..errors import StoreInTransaction, StoreUnavailable, TransactionEnded
 
 #: The gates of the stores that have a transaction open in the current context.
 _OPEN: ContextVar[frozenset[Gate]] = ContextVar(
@@ -42,6 +48,11 @@ _NESTED_TRANSACTION = (
     "store's operations), or open the second after the first ends."
 )
 _CLOSED = "This store is closed (close() is final): open a new store to use the database."
+_ENDED = (
+    "This transaction's block has ended (it committed or rolled back): use the "
+    "transaction, its statements and tx= on the store's operations, inside its `with` "
+    "block only, and open a new store.transaction() for later writes."
+)
 
 
 class Gate:
@@ -95,3 +106,24 @@ class _Marked:
 
     async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         self.__exit__(kind, exc, tb)
+
+
+class _Ended:
+    """The connection of every transaction whose block has ended.
+
+    Swapping it in is the whole cost of the rule, paid once at the block's exit:
+    every use of a transaction's connection already looks an attribute up on it, so
+    no use needs a check of its own, and none can forget one."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> NoReturn:
+        if name.startswith("__"):
+            # Introspection (copy, pickle, a debugger) asks for optional dunders and
+            # expects AttributeError when there is none.
+            raise AttributeError(name)
+        raise TransactionEnded(_ENDED)
+
+
+#: Stands in for the connection of a transaction whose block has ended.
+ENDED: Any = _Ended()

@@ -21,7 +21,7 @@ from . import _ops
 from ._batcher import Batcher
 from ._connection import Connection, Source
 from ._driver import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
-from ._nesting import Gate
+from ._nesting import ENDED, Gate
 from ._ops import Dialect, Op, Query, Row
 
 T = TypeVar("T")
@@ -34,6 +34,11 @@ class Transaction:
     or :meth:`execute`; :meth:`Store.checkpoint` or :meth:`Store.finish`
     given this transaction is its last statement, and the whole lot commits or rolls
     back together.
+
+    It is usable inside its block only: afterwards every use (:meth:`execute`,
+    :attr:`connection`, ``tx=`` on the store's operations) raises
+    :class:`~idempotence.errors.TransactionEnded` at the call; :attr:`claim` stays
+    readable.
     """
 
     def __init__(self, conn: Connection, dialect: Dialect, claim: Claim | None = None) -> None:
@@ -176,22 +181,35 @@ class Store:
         if finished is not None and claim is None:
             raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
         with self._gate.transaction(), self._source.connection() as conn:
-            if claim is None:
-                with conn.atomic():
-                    yield self._transaction_type(conn, self._dialect)
-                return
-            op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim, finished))
+            op = (
+                None
+                if claim is None
+                else watched_claim(
+                    self._instrumentation, claim, self._dialect.claim(claim, finished)
+                )
+            )
             entered = False
             try:
                 with conn.atomic(op) as got:
                     entered = True
-                    yield self._transaction_type(conn, self._dialect, got)
+                    tx = self._transaction_type(conn, self._dialect, got)
+                    try:
+                        yield tx
+                    finally:
+                        # Ended as the block ends, before the COMMIT (and what was
+                        # deferred to it) and the connection's return: from now on
+                        # nothing runs through this tx (see _nesting.ENDED).
+                        tx._conn = ENDED
                 return
             except KeyHeld:
-                if entered:
+                if entered or claim is None:
                     raise
             held = conn.perform(_ops.claim_held(self._dialect, claim), atomic=False, write=False)
-            yield self._transaction_type(conn, self._dialect, held)
+            tx = self._transaction_type(conn, self._dialect, held)
+            try:
+                yield tx
+            finally:
+                tx._conn = ENDED
 
     def checkpoint(
         self,
@@ -208,9 +226,12 @@ class Store:
         it clears it. Raises :class:`~idempotence.errors.LockLost` when another worker
         holds the key now; the caller must then let ``tx`` roll back.
         """
+        # The connection first: a tx whose block ended refuses there (TransactionEnded),
+        # before a refusal below is counted as a fenced write.
+        run = tx._conn.run_in_transaction
         _ops.refuse_after_finished_claim(tx.claim, lease, "checkpoint", self._instrumentation)
         op = _ops.checkpoint(self._dialect, lease, recovery_point, calling)
-        return tx._conn.run_in_transaction(fenced(self._instrumentation, "checkpoint", op))
+        return run(fenced(self._instrumentation, "checkpoint", op))
 
     def finish(
         self,
@@ -229,15 +250,17 @@ class Store:
         comes out of the transaction's exit, with everything in it rolled back.
         """
         op = functools.partial(_ops.finish, self._dialect, lease, response, error)
-        if tx is not None:
-            _ops.refuse_after_finished_claim(tx.claim, lease, "finish", self._instrumentation)
-        if tx is not None and at_commit:
-            tx._conn.defer(fenced(self._instrumentation, "finish", op()))
-        elif tx is not None:
-            tx._conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
-        else:
+        if tx is None:
             _no_commit(at_commit)
             self._finish_own(lease, op)
+        elif at_commit:
+            defer = tx._conn.defer  # first, as in checkpoint
+            _ops.refuse_after_finished_claim(tx.claim, lease, "finish", self._instrumentation)
+            defer(fenced(self._instrumentation, "finish", op()))
+        else:
+            run = tx._conn.run_in_transaction  # first, as in checkpoint
+            _ops.refuse_after_finished_claim(tx.claim, lease, "finish", self._instrumentation)
+            run(fenced(self._instrumentation, "finish", op()))
 
     def _finish_own(self, lease: Lease, op: Callable[[], Op[T]]) -> T:
         """A finish outside any transaction: batched while another is out (DESIGN 11)."""
@@ -287,10 +310,11 @@ class Store:
     ) -> Lease:
         """Close a phase in ``tx``: stage ``jobs``, then store ``response`` or
         checkpoint ``recovery_point`` (the same one when None), fenced."""
+        run = tx._conn.run_in_transaction  # first, as in checkpoint
         operation = "checkpoint" if response is None else "finish"
         _ops.refuse_after_finished_claim(tx.claim, lease, operation, self._instrumentation)
         op = _ops.end_phase(self._dialect, lease, list(jobs), recovery_point, response)
-        return tx._conn.run_in_transaction(fenced(self._instrumentation, operation, op))
+        return run(fenced(self._instrumentation, operation, op))
 
     def forget(self, lease: Lease) -> None:
         """Delete a key still at ``started``, fenced: a rejected request stores nothing (R5)."""

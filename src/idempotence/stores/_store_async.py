@@ -19,7 +19,7 @@ from . import _ops
 from ._batcher import AsyncBatcher
 from ._connection_async import AsyncConnection, AsyncSource
 from ._driver import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
-from ._nesting import Gate
+from ._nesting import ENDED, Gate
 from ._ops import Dialect, Op, Query, Row
 
 T = TypeVar("T")
@@ -32,6 +32,11 @@ class AsyncTransaction:
     or :meth:`execute`; :meth:`AsyncStore.checkpoint` or :meth:`AsyncStore.finish`
     given this transaction is its last statement, and the whole lot commits or rolls
     back together.
+
+    It is usable inside its block only: afterwards every use (:meth:`execute`,
+    :attr:`connection`, ``tx=`` on the store's operations) raises
+    :class:`~idempotence.errors.TransactionEnded` at the call; :attr:`claim` stays
+    readable.
     """
 
     def __init__(self, conn: AsyncConnection, dialect: Dialect, claim: Claim | None = None) -> None:
@@ -178,24 +183,37 @@ class AsyncStore:
         if finished is not None and claim is None:
             raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
         async with self._gate.transaction(), self._source.connection() as conn:
-            if claim is None:
-                async with conn.atomic():
-                    yield self._transaction_type(conn, self._dialect)
-                return
-            op = watched_claim(self._instrumentation, claim, self._dialect.claim(claim, finished))
+            op = (
+                None
+                if claim is None
+                else watched_claim(
+                    self._instrumentation, claim, self._dialect.claim(claim, finished)
+                )
+            )
             entered = False
             try:
                 async with conn.atomic(op) as got:
                     entered = True
-                    yield self._transaction_type(conn, self._dialect, got)
+                    tx = self._transaction_type(conn, self._dialect, got)
+                    try:
+                        yield tx
+                    finally:
+                        # Ended as the block ends, before the COMMIT (and what was
+                        # deferred to it) and the connection's return: from now on
+                        # nothing runs through this tx (see _nesting.ENDED).
+                        tx._conn = ENDED
                 return
             except KeyHeld:
-                if entered:
+                if entered or claim is None:
                     raise
             held = await conn.perform(
                 _ops.claim_held(self._dialect, claim), atomic=False, write=False
             )
-            yield self._transaction_type(conn, self._dialect, held)
+            tx = self._transaction_type(conn, self._dialect, held)
+            try:
+                yield tx
+            finally:
+                tx._conn = ENDED
 
     async def checkpoint(
         self,
@@ -212,9 +230,12 @@ class AsyncStore:
         it clears it. Raises :class:`~idempotence.errors.LockLost` when another worker
         holds the key now; the caller must then let ``tx`` roll back.
         """
+        # The connection first: a tx whose block ended refuses there (TransactionEnded),
+        # before a refusal below is counted as a fenced write.
+        run = tx._conn.run_in_transaction
         _ops.refuse_after_finished_claim(tx.claim, lease, "checkpoint", self._instrumentation)
         op = _ops.checkpoint(self._dialect, lease, recovery_point, calling)
-        return await tx._conn.run_in_transaction(fenced(self._instrumentation, "checkpoint", op))
+        return await run(fenced(self._instrumentation, "checkpoint", op))
 
     async def finish(
         self,
@@ -233,15 +254,17 @@ class AsyncStore:
         comes out of the transaction's exit, with everything in it rolled back.
         """
         op = functools.partial(_ops.finish, self._dialect, lease, response, error)
-        if tx is not None:
-            _ops.refuse_after_finished_claim(tx.claim, lease, "finish", self._instrumentation)
-        if tx is not None and at_commit:
-            tx._conn.defer(fenced(self._instrumentation, "finish", op()))
-        elif tx is not None:
-            await tx._conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
-        else:
+        if tx is None:
             _no_commit(at_commit)
             await self._finish_own(lease, op)
+        elif at_commit:
+            defer = tx._conn.defer  # first, as in checkpoint
+            _ops.refuse_after_finished_claim(tx.claim, lease, "finish", self._instrumentation)
+            defer(fenced(self._instrumentation, "finish", op()))
+        else:
+            run = tx._conn.run_in_transaction  # first, as in checkpoint
+            _ops.refuse_after_finished_claim(tx.claim, lease, "finish", self._instrumentation)
+            await run(fenced(self._instrumentation, "finish", op()))
 
     async def _finish_own(self, lease: Lease, op: Callable[[], Op[T]]) -> T:
         """A finish outside any transaction: batched while another is out (DESIGN 11)."""
@@ -291,10 +314,11 @@ class AsyncStore:
     ) -> Lease:
         """Close a phase in ``tx``: stage ``jobs``, then store ``response`` or
         checkpoint ``recovery_point`` (the same one when None), fenced."""
+        run = tx._conn.run_in_transaction  # first, as in checkpoint
         operation = "checkpoint" if response is None else "finish"
         _ops.refuse_after_finished_claim(tx.claim, lease, operation, self._instrumentation)
         op = _ops.end_phase(self._dialect, lease, list(jobs), recovery_point, response)
-        return await tx._conn.run_in_transaction(fenced(self._instrumentation, operation, op))
+        return await run(fenced(self._instrumentation, operation, op))
 
     async def forget(self, lease: Lease) -> None:
         """Delete a key still at ``started``, fenced: a rejected request stores nothing (R5)."""
