@@ -38,7 +38,6 @@ import redis.exceptions
 from redis._parsers.base import BaseParser
 
 from ._redis_base import AsyncRedis
-from ._redis_lane import pack
 
 hiredis: Any
 try:
@@ -151,7 +150,8 @@ class AsyncLane:
         else:
             connection = await self._connect()
         try:
-            reply = await connection.command(pack(args))
+            # hiredis's packer (in C) takes the store's bytes, text and integers alike.
+            reply = await connection.command(hiredis.pack_command(args))
         except BaseException:
             # A timeout, a cancellation, a lost connection: its reply may still come.
             connection.close()
