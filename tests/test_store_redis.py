@@ -408,6 +408,48 @@ def test_the_lane_packs_bytes_text_and_integers_and_nothing_else() -> None:
         pack(("SET", b"k", 1.5))  # a float would be sent truncated
 
 
+def test_f1_an_out_of_band_push_never_shifts_the_async_lanes_replies(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """A RESP3 push (redis-py 8 speaks RESP3 by default; a server sends pushes for
+    maintenance notices, invalidations...) is not a command's reply: it is never read
+    as one, and one that comes after a reply is not left for the next command, which
+    would read its predecessor's answer, and every later command too."""
+    key = f"{redis_prefix}:tracked".encode()
+
+    async def main() -> None:
+        async with AsyncRedisStore(redis_url, prefix=redis_prefix) as store:
+            lane = store._lane
+            assert lane is not None
+            # One connection (commands one after another): tracking makes the server
+            # push an invalidation to it when it writes a key it read.
+            assert await lane.execute("CLIENT", "TRACKING", "ON") == b"OK"
+            assert await lane.execute("GET", key) is None
+            assert await lane.execute("SET", key, b"v") == b"OK"
+            assert await lane.execute("PING") == b"PONG"
+            assert await lane.execute("GET", key) == b"v"
+            assert await lane.execute("ECHO", b"hello") == b"hello"
+            assert await lane.execute("DEL", key) == 1
+
+    asyncio.run(main())
+
+
+def test_a_resp3_false_reply_is_a_reply_not_a_reply_still_on_its_way(redis_url: str) -> None:
+    """hiredis reads RESP3's boolean false as False, which is also what its reader
+    says of a reply not yet whole: the lane must tell them apart (not wait for the
+    rest of a reply that has come, until the timeout)."""
+
+    async def main() -> None:
+        async with AsyncRedisStore(redis_url, timeout=2) as store:
+            assert store._lane is not None
+            script = "redis.setresp(3); return false"
+            reply = await store._lane.execute("EVAL", script, 0)
+            assert reply is False or reply is None  # RESP3's false; RESP2's nil
+            assert await store._lane.execute("PING") == b"PONG"
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize(
     "headers",
     [

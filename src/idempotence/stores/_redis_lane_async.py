@@ -16,14 +16,16 @@ hiredis as it arrives and bounded by the client's ``socket_timeout`` (one timer)
 
 A connection carries one command at a time and is used again only after its whole
 reply was read: a timeout, a cancellation or a lost connection closes it, so a reply
-that comes late is never read as the answer to a later command (F1). An error reply
+that comes late is never read as the answer to a later command (F1). Nor is a RESP3
+push (redis-py speaks RESP3 by default; a server pushes maintenance notices): it is
+skipped, and its connection closed once its command has its reply. An error reply
 raises redis-py's own exception (``NoScriptError``, ``ResponseError``...), and a
 server that is gone or silent ``ConnectionError`` / ``TimeoutError``, as from the
 client.
 
 Only for a plain server (not a cluster, whose client routes by slot), only for a
 client the store opened (an application's client keeps its own pool, limits and
-instrumentation), and only where hiredis is installed (``lane_for``). The sync lane
+instrumentation), and only where hiredis is installed (``AsyncLane.of``). The sync lane
 (:mod:`._redis_lane`) is not generated from this module: a blocking socket needs no
 protocol.
 """
@@ -45,6 +47,13 @@ try:
 except ImportError:  # pragma: no cover - hiredis ships wheels for CPython only
     hiredis = None
 
+#: What the reader returns for a reply not yet whole (its default, False, is also
+#: RESP3's boolean false).
+_PARTIAL = object()
+#: A RESP3 push (a maintenance notice, an invalidation): never a command's reply
+#: (hiredis >= 3.2, as the redis extra requires; no type at all without hiredis).
+_PUSH: Any = getattr(hiredis, "PushNotification", ())
+
 
 class _Connection(asyncio.Protocol):
     """One socket of the lane, read as a protocol: one command in flight at most."""
@@ -55,11 +64,13 @@ class _Connection(asyncio.Protocol):
         self._timeout = timeout
         # Error replies come back as redis-py's exceptions (NOSCRIPT: NoScriptError).
         self._reader = hiredis.Reader(
-            protocolError=redis.exceptions.InvalidResponse, replyError=BaseParser.parse_error
+            protocolError=redis.exceptions.InvalidResponse,
+            replyError=BaseParser.parse_error,
+            notEnoughData=_PARTIAL,
         )
         self._waiting: asyncio.Future[Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        #: False once closed or broken: never used again.
+        #: False once closed, broken or retired (a push came): never used again.
         self.usable = True
 
     async def command(self, packed: bytes) -> Any:
@@ -75,24 +86,36 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         reader = self._reader
         reader.feed(data)
-        try:
-            reply = reader.gets()
-        except redis.exceptions.InvalidResponse as exc:
-            self._fail(exc)
-            return
-        if reply is False:
-            return  # the rest of the reply is still on its way
-        waiting = self._waiting
-        if waiting is None or waiting.done():
-            # A reply nobody waits for (one that came after its command was given up):
-            # never read as another command's answer.
-            self._fail(None)
-            return
-        self._waiting = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        waiting.set_result(reply)
+        # Every message the data completes, not only the first: one left in the
+        # reader would be read as the next command's reply, and each later command
+        # would read its predecessor's.
+        while True:
+            try:
+                reply = reader.gets()
+            except redis.exceptions.InvalidResponse as exc:
+                self._fail(exc)
+                return
+            if reply is _PARTIAL:
+                return  # the rest is still on its way
+            if isinstance(reply, _PUSH):
+                # Not an answer. The connection ends its command (its reply is still
+                # to come) and is then closed, as one redis-py would act on (a
+                # maintenance notice: this endpoint moves, or its timeouts change).
+                self.usable = False
+                if self._waiting is None:
+                    self.close()
+                continue
+            waiting = self._waiting
+            if waiting is None or waiting.done():
+                # A reply nobody waits for (one that came after its command was given
+                # up): never read as another command's answer.
+                self._fail(None)
+                return
+            self._waiting = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            waiting.set_result(reply)
 
     def eof_received(self) -> None:
         self._fail(None)
@@ -156,7 +179,7 @@ class AsyncLane:
             # A timeout, a cancellation, a lost connection: its reply may still come.
             connection.close()
             raise
-        if self._closed:
+        if self._closed or not connection.usable:
             connection.close()
         else:
             idle.append(connection)
