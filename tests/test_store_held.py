@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from idempotence import ClaimRequest, Outcome, StoredResponse
+from idempotence import ClaimRequest, Outcome, StoredResponse, TransactionEnded
 from idempotence.stores.postgres import PostgresStore
 
 HOLD = 3.0  # how long the holder's transaction stays open
@@ -84,6 +84,20 @@ def test_f8_a_claim_on_a_key_an_open_transaction_inserted_is_held_not_blocked(
     # The holder committed: the next claim replays its response (P3).
     claim, _ = claim_in_transaction(store, req(scope))
     assert claim.outcome is Outcome.REPLAY and claim.response == RESPONSE
+
+
+def test_r2_a_held_claims_transaction_kept_past_its_block_refuses_every_use(
+    store: PostgresStore, scope: str
+) -> None:
+    # A held claim is answered from a read on the connection after its claim rolled
+    # back: that transaction object ends with its block like any other.
+    with holding(store, req(scope), finish=True):
+        with store.transaction(claim=req(scope)) as kept:
+            assert kept.claim is not None and kept.claim.held
+        for use in (lambda: kept.execute("SELECT 1"), lambda: kept.connection):
+            with pytest.raises(TransactionEnded, match="block has ended"):
+                use()
+        assert kept.claim.outcome is Outcome.IN_PROGRESS  # what it answered stays
 
 
 @pytest.mark.parametrize("taken_over", [False, True], ids=["new key", "takeover"])
