@@ -551,6 +551,28 @@ def test_r2_f1_a_transaction_kept_past_its_block_refuses_every_use(
     assert store.claim(request(scope)).response == response(3)
 
 
+@pytest.mark.parametrize("write", ["finish", "finish at commit", "checkpoint", "end_phase"])
+def test_r2_f3_a_kept_transaction_whose_claim_was_given_its_response_says_it_ended(
+    store: Any, scope: str, write: str
+) -> None:
+    # A fenced write of the key that such a claim finished is refused (LockLost) inside
+    # the block; past the block, the stale transaction is the caller's bug and says so,
+    # rather than a lost lock counted as one.
+    with store.transaction(claim=request(scope), finished=response(2)) as kept:
+        assert kept.claim.outcome is Outcome.EXECUTE
+    lease = kept.claim.lease
+    with pytest.raises(TransactionEnded):
+        if write == "finish":
+            store.finish(lease, response(3), tx=kept)
+        elif write == "finish at commit":
+            store.finish(lease, response(3), tx=kept, at_commit=True)
+        elif write == "checkpoint":
+            store.checkpoint(kept, lease, "charged")
+        else:
+            store.end_phase(kept, lease, recovery_point="charged")
+    assert store.claim(request(scope)).response == response(2)
+
+
 def test_r2_f3_a_replays_transaction_kept_past_its_block_refuses_it_too(
     store: Any, store_kind: StoreKind, scope: str
 ) -> None:

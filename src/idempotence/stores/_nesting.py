@@ -122,8 +122,14 @@ class _Ended:
             # Introspection (copy, pickle, a debugger) asks for optional dunders and
             # expects AttributeError when there is none.
             raise AttributeError(name)
-        raise TransactionEnded(_ENDED)
+        refuse_ended()
 
 
 #: Stands in for the connection of a transaction whose block has ended.
 ENDED: Any = _Ended()
+
+
+def refuse_ended() -> NoReturn:
+    """Raise :class:`~idempotence.errors.TransactionEnded`: a transaction was used
+    after its block."""
+    raise TransactionEnded(_ENDED)

@@ -21,7 +21,7 @@ from . import _ops
 from ._batcher import Batcher
 from ._connection import Connection, Source
 from ._driver import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
-from ._nesting import ENDED, Gate
+from ._nesting import ENDED, Gate, refuse_ended
 from ._ops import Dialect, Op, Query, Row
 
 T = TypeVar("T")
@@ -74,6 +74,17 @@ class Transaction:
         ... )
         """
         return self._conn.fetch(self._dialect.application(sql, params))
+
+    def _fenced(self, lease: Lease, operation: str, instrumentation: Any) -> Connection:
+        """The connection for a fenced write of ``lease`` in this transaction, refused
+        first if the block has ended (TransactionEnded: the caller's bug, not a lost
+        lock), then if the transaction's claim wrote that key finished (LockLost,
+        reported as any refused fenced write)."""
+        conn = self._conn
+        if conn is ENDED:
+            refuse_ended()
+        _ops.refuse_after_finished_claim(self.claim, lease, operation, instrumentation)
+        return conn
 
 
 def _no_commit(at_commit: bool) -> None:
@@ -181,13 +192,10 @@ class Store:
         if finished is not None and claim is None:
             raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
         with self._gate.transaction(), self._source.connection() as conn:
-            op = (
-                None
-                if claim is None
-                else watched_claim(
-                    self._instrumentation, claim, self._dialect.claim(claim, finished)
-                )
-            )
+            op = None
+            if claim is not None:
+                claimed = self._dialect.claim(claim, finished)
+                op = watched_claim(self._instrumentation, claim, claimed)
             entered = False
             try:
                 with conn.atomic(op) as got:
@@ -226,12 +234,9 @@ class Store:
         it clears it. Raises :class:`~idempotence.errors.LockLost` when another worker
         holds the key now; the caller must then let ``tx`` roll back.
         """
-        # The connection first: a tx whose block ended refuses there (TransactionEnded),
-        # before a refusal below is counted as a fenced write.
-        run = tx._conn.run_in_transaction
-        _ops.refuse_after_finished_claim(tx.claim, lease, "checkpoint", self._instrumentation)
+        conn = tx._fenced(lease, "checkpoint", self._instrumentation)
         op = _ops.checkpoint(self._dialect, lease, recovery_point, calling)
-        return run(fenced(self._instrumentation, "checkpoint", op))
+        return conn.run_in_transaction(fenced(self._instrumentation, "checkpoint", op))
 
     def finish(
         self,
@@ -253,14 +258,12 @@ class Store:
         if tx is None:
             _no_commit(at_commit)
             self._finish_own(lease, op)
-        elif at_commit:
-            defer = tx._conn.defer  # first, as in checkpoint
-            _ops.refuse_after_finished_claim(tx.claim, lease, "finish", self._instrumentation)
-            defer(fenced(self._instrumentation, "finish", op()))
+            return
+        conn = tx._fenced(lease, "finish", self._instrumentation)
+        if at_commit:
+            conn.defer(fenced(self._instrumentation, "finish", op()))
         else:
-            run = tx._conn.run_in_transaction  # first, as in checkpoint
-            _ops.refuse_after_finished_claim(tx.claim, lease, "finish", self._instrumentation)
-            run(fenced(self._instrumentation, "finish", op()))
+            conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
 
     def _finish_own(self, lease: Lease, op: Callable[[], Op[T]]) -> T:
         """A finish outside any transaction: batched while another is out (DESIGN 11)."""
@@ -310,11 +313,10 @@ class Store:
     ) -> Lease:
         """Close a phase in ``tx``: stage ``jobs``, then store ``response`` or
         checkpoint ``recovery_point`` (the same one when None), fenced."""
-        run = tx._conn.run_in_transaction  # first, as in checkpoint
         operation = "checkpoint" if response is None else "finish"
-        _ops.refuse_after_finished_claim(tx.claim, lease, operation, self._instrumentation)
+        conn = tx._fenced(lease, operation, self._instrumentation)
         op = _ops.end_phase(self._dialect, lease, list(jobs), recovery_point, response)
-        return run(fenced(self._instrumentation, operation, op))
+        return conn.run_in_transaction(fenced(self._instrumentation, operation, op))
 
     def forget(self, lease: Lease) -> None:
         """Delete a key still at ``started``, fenced: a rejected request stores nothing (R5)."""
