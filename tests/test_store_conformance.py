@@ -560,16 +560,8 @@ def test_r2_f3_a_kept_transaction_whose_claim_was_given_its_response_says_it_end
     # rather than a lost lock counted as one.
     with store.transaction(claim=request(scope), finished=response(2)) as kept:
         assert kept.claim.outcome is Outcome.EXECUTE
-    lease = kept.claim.lease
     with pytest.raises(TransactionEnded):
-        if write == "finish":
-            store.finish(lease, response(3), tx=kept)
-        elif write == "finish at commit":
-            store.finish(lease, response(3), tx=kept, at_commit=True)
-        elif write == "checkpoint":
-            store.checkpoint(kept, lease, "charged")
-        else:
-            store.end_phase(kept, lease, recovery_point="charged")
+        use_stale(store, kept, write, scope, kept.claim.lease)
     assert store.claim(request(scope)).response == response(2)
 
 
