@@ -18,6 +18,7 @@
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -430,14 +431,17 @@ def settled_redis(claimed: int, packed: bytes) -> tuple[int, bytes, bool]:
 
 
 class RespConnection(asyncio.Protocol):
-    """One connection to Redis: a command at a time, its reply parsed by hiredis."""
+    """One connection to Redis carrying every command in flight: the commands of a
+    turn of the event loop go out in one write, and each reply, parsed by hiredis,
+    answers the oldest command waiting (as the store's lane does)."""
 
     def __init__(self) -> None:
         import hiredis
 
         self.reader = hiredis.Reader()
         self.pack = hiredis.pack_command
-        self.waiting: asyncio.Future[Any] | None = None
+        self.waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self.out: list[bytes] = []
         self.transport: Any = None
 
     def connection_made(self, transport: Any) -> None:
@@ -445,25 +449,31 @@ class RespConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
-        reply = self.reader.gets()
-        if reply is not False and self.waiting is not None:
-            waiting, self.waiting = self.waiting, None
-            waiting.set_result(reply)
+        while (reply := self.reader.gets()) is not False:
+            self.waiting.popleft().set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.waiting is not None and not self.waiting.done():
-            self.waiting.set_exception(ConnectionError("Redis closed the connection"))
+        while self.waiting:
+            self.waiting.popleft().set_exception(ConnectionError("Redis closed the connection"))
+
+    def flush(self) -> None:
+        self.transport.write(b"".join(self.out))
+        self.out.clear()
 
     def call(self, *args: Any) -> asyncio.Future[Any]:
-        self.transport.write(self.pack(args))
-        self.waiting = asyncio.get_running_loop().create_future()
-        return self.waiting
+        loop = asyncio.get_running_loop()
+        if not self.out:
+            loop.call_soon(self.flush)
+        self.out.append(self.pack(args))
+        waiting = loop.create_future()
+        self.waiting.append(waiting)
+        return waiting
 
 
 class RedisHand:
     """The hand-written rows on Redis: the store's own claim and finish scripts
-    (``redis.lua``, loaded at the first connection) sent by EVALSHA on asyncio
-    protocols that parse replies with hiredis, one connection per command in flight;
+    (``redis.lua``, loaded at the first connection) sent by EVALSHA on one asyncio
+    protocol that parses replies with hiredis and carries every command in flight;
     no redis-py, no library code per request. What any guard that claims and finishes
     a key with these two scripts costs at least."""
 
@@ -477,17 +487,24 @@ class RedisHand:
         self.db = int(parts.path.strip("/") or 0)
         self.scripts = {name: SCRIPTS[name] for name in ("claim", "finish")}
         self.sha: dict[str, bytes] = {}
-        self.idle: list[RespConnection] = []
+        self.opened: asyncio.Future[RespConnection] | None = None
 
     async def connection(self) -> RespConnection:
-        if self.idle:
-            return self.idle.pop()
+        if self.opened is None:
+            self.opened = asyncio.ensure_future(self._open())
+        return await self.opened
+
+    async def _open(self) -> RespConnection:
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(RespConnection, *self.address)
         await conn.call(b"SELECT", self.db)
         for name, text in self.scripts.items():
             self.sha[name] = await conn.call(b"SCRIPT", b"LOAD", text)
         return conn
+
+    async def close(self) -> None:
+        if self.opened is not None:
+            (await self.opened).transport.close()
 
     async def guarded(self, key: str, path: str, body: bytes) -> tuple[int, bytes, bool]:
         """Handler mode: claim, answer, finish; a key the claim did not take is
@@ -500,13 +517,11 @@ class RedisHand:
             b"http", b"{}", 10_000_000, 86_400_000_000, record_id,
         )  # fmt: skip
         if len(claimed) == 3:
-            self.idle.append(conn)
             return settled_redis(claimed[0], claimed[2])
         done = await conn.call(
             b"EVALSHA", self.sha["finish"], 1, record, record_id, b"1", 201,
             b'[["content-type", "application/json"]]', body, b"0", b"", b"bench:settled",
         )  # fmt: skip
-        self.idle.append(conn)
         if done != 1:
             raise RuntimeError("the floor's finish was refused")
         return 201, body, False

@@ -45,7 +45,8 @@ Rows on each server (``ratio`` is req/s over the row named in ``vs``):
 On Redis and on the cached store only ``trivial``, ``handler``, ``replay`` and their
 ``@c1`` rows run (no request-as-transaction on Redis), and on Redis its floors:
 ``handler-floor`` and ``replay-floor`` send the store's own claim and finish scripts
-(``redis.lua``) by EVALSHA on bare asyncio connections with hiredis's parser. On the
+(``redis.lua``) by EVALSHA on one bare asyncio connection, pipelined as the store's
+own, with hiredis's parser. On the
 cached store ``handler`` pays the PostgreSQL claim and finish plus the write of the
 finished response to Redis, and ``replay`` is answered from Redis alone.
 

@@ -21,8 +21,8 @@ the same run): the same endpoint without the middleware (``trivial``), or, for
 request-as-transaction, the endpoint doing its one INSERT in a transaction of its own
 (``insert``). ``pg-floor`` is the handler-mode floor: the trivial endpoint running the
 store's own claim and finish statements by hand on a psycopg pool, no library code;
-``redis-floor`` the same with the Redis store's two scripts, sent by EVALSHA on bare
-asyncio connections (``_harness.RedisHand``: no redis-py).
+``redis-floor`` the same with the Redis store's two scripts, sent by EVALSHA on a bare
+asyncio connection (``_harness.RedisHand``: no redis-py).
 Instruction counts are the same however busy the machine is, so two
 runs on a shared machine compare. ``--cpu`` reports CPU microseconds per request
 instead (process time, noisier), with ``--concurrency`` clients at once.
@@ -227,8 +227,7 @@ def _redis_floor(target: str) -> Any:
             raise RuntimeError(f"the Redis floor did not claim {key!r}: {status}")
 
     async def close() -> None:
-        while hand.idle:
-            hand.idle.pop().transport.close()
+        await hand.close()
 
     scripts.close = close  # type: ignore[attr-defined]
     return scripts

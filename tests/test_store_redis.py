@@ -589,8 +589,8 @@ def test_f1_a_reply_that_came_too_late_never_answers_a_later_command(
 
 def test_f1_a_cancelled_commands_late_reply_never_answers_a_later_command() -> None:
     """An async claim cancelled while it waits (the client went away) may still run on
-    the server, and its reply come later on that connection: the connection is
-    closed, never put back, so the next claims read their own answers."""
+    the server, and its reply come later on that connection: the reply keeps its
+    command's place and is dropped, so the next claims read their own answers."""
     with redis_server() as server:
 
         async def main() -> None:
@@ -613,6 +613,102 @@ def test_f1_a_cancelled_commands_late_reply_never_answers_a_later_command() -> N
                     assert claim.outcome is Outcome.IN_PROGRESS, key
                     assert claim.record.key == key
                 assert (await store.claim(request("s", "k3"))).record.key == "k3"
+
+        asyncio.run(main())
+
+
+def test_f1_commands_in_flight_share_one_connection_and_each_reads_its_own_reply(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """The async lane sends every command in flight on one connection and matches the
+    replies to them in order: 300 at once, some answered with an error, each reads
+    its own reply, and the server saw one connection of the lane's, not 300."""
+    names = [f"{redis_prefix}:many:{i}".encode() for i in range(300)]
+
+    async def main() -> None:
+        async with AsyncRedisStore(redis_url, prefix=redis_prefix) as store:
+            lane = store._lane
+            assert lane is not None
+            await asyncio.gather(*(lane.execute("SET", n, b"v%d" % i) for i, n in enumerate(names)))
+            opened = await lane.execute("CLIENT", "ID")
+
+            async def one(i: int) -> Any:
+                if i % 7 == 3:  # an error reply is its command's alone
+                    with pytest.raises(redis.ResponseError, match="not an integer"):
+                        await lane.execute("INCR", names[i])
+                    return "error"
+                return await lane.execute("GET", names[i])
+
+            replies = await asyncio.gather(*(one(i) for i in range(len(names))))
+            assert replies == ["error" if i % 7 == 3 else b"v%d" % i for i in range(len(names))]
+            assert await lane.execute("CLIENT", "ID") == opened  # the same connection
+            await lane.execute("DEL", *names)
+
+    asyncio.run(main())
+
+
+def test_f1_claims_cancelled_in_the_middle_of_a_pipeline_shift_no_reply() -> None:
+    """Claims in flight together, some given up while the server is stalled: their
+    replies still come, in their places, and are dropped; every other claim reads
+    its own outcome. A given-up claim had been sent, so it ran: its key is held."""
+    keys = [f"k{i}" for i in range(12)]
+    with redis_server() as server:
+
+        async def main() -> None:
+            async with AsyncRedisStore(server.url, timeout=5) as store:
+                assert (await store.claim(request("s", "warm"))).outcome is Outcome.EXECUTE
+                server.freeze()
+                try:
+                    claims = [asyncio.ensure_future(store.claim(request("s", k))) for k in keys]
+                    await asyncio.sleep(0.2)
+                    for given_up in claims[1::2]:
+                        given_up.cancel()
+                finally:
+                    server.freeze(False)
+                for key, kept in zip(keys[::2], claims[::2], strict=True):
+                    claim = await kept
+                    assert (claim.outcome, claim.record.key) == (Outcome.EXECUTE, key)
+                for key, given_up in zip(keys[1::2], claims[1::2], strict=True):
+                    with pytest.raises(asyncio.CancelledError):
+                        await given_up
+                    claim = await store.claim(request("s", key))
+                    assert (claim.outcome, claim.record.key) == (Outcome.IN_PROGRESS, key)
+
+        asyncio.run(main())
+
+
+def test_f1_p11_a_stalled_server_fails_every_command_in_flight_then_serves_again() -> None:
+    """Commands in flight when the server stalls all fail within the timeout
+    (StoreUnavailable: nothing runs, P11), none waits forever behind another; once
+    the server answers again, a new connection serves, and the late replies on the
+    old one answer nothing."""
+    with redis_server() as server:
+
+        async def main() -> None:
+            async with AsyncRedisStore(server.url, timeout=0.5) as store:
+                assert (await store.claim(request("s", "k0"))).outcome is Outcome.EXECUTE
+                server.freeze()
+                started = time.monotonic()
+                try:
+                    results = await asyncio.gather(
+                        *(store.claim(request("s", f"k{i}")) for i in range(1, 6)),
+                        return_exceptions=True,
+                    )
+                finally:
+                    server.freeze(False)
+                assert time.monotonic() - started < 3
+                assert all(isinstance(r, StoreUnavailable) for r in results), results
+                await asyncio.sleep(0.2)  # the late replies come to the failed connection
+                # k1..k5 may have run late on the server (held) or not (free): either
+                # way each claim reads its own key's outcome.
+                held = await store.claim(request("s", "k0"))
+                assert (held.outcome, held.record.key) == (Outcome.IN_PROGRESS, "k0")
+                for i in range(1, 6):
+                    claim = await store.claim(request("s", f"k{i}"))
+                    assert claim.record.key == f"k{i}"
+                    assert claim.outcome in (Outcome.IN_PROGRESS, Outcome.EXECUTE)
+                claim = await store.claim(request("s", "k6"))
+                assert (claim.outcome, claim.record.key) == (Outcome.EXECUTE, "k6")
 
         asyncio.run(main())
 
