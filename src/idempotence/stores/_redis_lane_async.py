@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.exceptions
@@ -207,14 +207,22 @@ class AsyncLane:
         """Send one command and return its reply; a Redis error reply raises
         ``ResponseError`` (``NoScriptError``...), a dead or slow server
         ``ConnectionError`` / ``TimeoutError``, as from the client."""
-        connection = self._connection
-        if connection is None or not connection.usable:
-            connection = await self._connect()
-        # hiredis's packer (in C) takes the store's bytes, text and integers alike.
-        reply = await connection.command(hiredis.pack_command(args))
+        reply = await self._send(args)
         if isinstance(reply, redis.exceptions.RedisError):
             raise reply  # an error reply, read whole: the connection is fine
         return reply
+
+    def _send(self, args: tuple[Any, ...]) -> Awaitable[Any]:
+        """The reply to ``args`` to come (an error reply as an exception instance)."""
+        connection = self._connection
+        if connection is None or not connection.usable:
+            return self._send_connecting(args)
+        # hiredis's packer (in C) takes the store's bytes, text and integers alike.
+        return connection.command(hiredis.pack_command(args))
+
+    async def _send_connecting(self, args: tuple[Any, ...]) -> Any:
+        connection = await self._connect()
+        return await connection.command(hiredis.pack_command(args))
 
     async def _connect(self) -> _Connection:
         if self._closed:
@@ -241,11 +249,14 @@ class AsyncLane:
     async def evalsha(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
         """Run a registered script (redis-py's ``Script``: its ``sha`` and ``script``)
         by EVALSHA, loading it first on ``NOSCRIPT`` (a restarted server)."""
-        try:
-            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
-        except redis.exceptions.NoScriptError:
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        reply = await self._send(command)
+        if isinstance(reply, redis.exceptions.NoScriptError):
             await self.execute("SCRIPT", "LOAD", script.script)
-            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self.execute(*command)
+        if isinstance(reply, redis.exceptions.RedisError):
+            raise reply
+        return reply
 
     async def close(self) -> None:
         """Take no new command; the connection closes once those in flight are
