@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from ._frozen import quick_init
+
 #: The recovery point of a key that has just been claimed for the first time.
 STARTED = "started"
 #: The recovery point of a key whose response is stored.
@@ -64,6 +66,7 @@ class KeyState(enum.Enum):
     EXPIRED = "expired"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
     """A response as stored for replay: status, headers (ordered pairs) and body."""
@@ -85,6 +88,7 @@ class StoredResponse:
         return cls(status=status, headers=tuple((str(k), str(v)) for k, v in pairs), body=raw)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
     """A snapshot of one key row (DESIGN 3). Times come from the database clock."""
@@ -125,6 +129,7 @@ class KeyRecord:
         return expires is not None and expires > now
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ClaimRequest:
     """Everything a claim needs to know about the request (DESIGN 4).
@@ -145,6 +150,7 @@ class ClaimRequest:
     retention: timedelta | None = DEFAULT_RETENTION
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Lease:
     """Proof that this worker holds a key's lock: the fencing token (F1).
@@ -168,6 +174,7 @@ class Lease:
         return replace(self, recovery_point=recovery_point, calling=calling)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Claim:
     """The single outcome a claim produced, and what the caller needs to act on it."""
@@ -196,6 +203,7 @@ class Claim:
         return self.lease is not None and self.lease.token > 1
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StagedJob:
     """A job a phase staged (R7): delivered after its phase commits, deduplicated by

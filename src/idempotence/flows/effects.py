@@ -8,6 +8,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from .._frozen import quick_init
 from ..states import STARTED, ClaimRequest, KeyRecord, Lease, StoredResponse
 from .contexts import FlowInfo, PhaseContext
 from .results import Captured, FlowResult
@@ -16,11 +17,13 @@ from .steps import ForeignStep, HandlerStep, PhaseFn, Settle
 # -- effects: what the engine asks its driver to do ---------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DoClaim:
     request: ClaimRequest
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DoPhase:
     """Run ``fn`` in a transaction, then close the phase; the driver returns
@@ -36,6 +39,7 @@ class DoPhase:
         return f"phase:{self.context.lease.recovery_point}:{moment}"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DoCall:
     """Run a foreign call outside any transaction; the driver returns its value."""
@@ -49,6 +53,7 @@ class DoCall:
         return f"call:{self.step.name}:{moment}"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DoHandle:
     """Run the application handler with no transaction of the store open (F6): the
@@ -73,6 +78,7 @@ class DoHandle:
     beat_every: float | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class HandlerBody:
     """The body of a request-as-transaction run of a handler (F3): the driver runs
@@ -94,6 +100,7 @@ class HandlerBody:
         return step.stored(captured)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DoInTransaction:
     """F3: claim, run ``fn`` and store its response in one transaction.
@@ -111,6 +118,7 @@ class DoInTransaction:
         return f"phase:{STARTED}:{moment}"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DoCheckpoint:
     """Commit ``recovery_point`` in a transaction of its own, with ``calling`` (the
@@ -122,6 +130,7 @@ class DoCheckpoint:
     calling: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DoFinish:
     lease: Lease
@@ -129,16 +138,19 @@ class DoFinish:
     error: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DoRelease:
     lease: Lease
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DoForget:
     lease: Lease
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DoWait:
     """P10: wait up to ``seconds`` for the twin holding ``request``'s key to settle,

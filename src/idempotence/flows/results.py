@@ -7,12 +7,14 @@ import json
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from .._frozen import quick_init
 from ..problems import Problem, ProblemDetails
 from ..states import Claim, Outcome, StoredResponse
 
 # -- what a phase returns (R2) ----------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Advance:
     """Commit the phase and continue from ``recovery_point``."""
@@ -20,6 +22,7 @@ class Advance:
     recovery_point: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Finish:
     """Commit the phase and store ``response``: the key is finished. A status of 400
@@ -28,6 +31,7 @@ class Finish:
     response: StoredResponse
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class NoOp:
     """Commit the phase's writes, keep the recovery point, and end this attempt: the
@@ -69,6 +73,7 @@ class ResultKind(enum.Enum):
     SENT = "sent"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class FlowResult:
     """The end of one run of a flow."""
@@ -116,6 +121,7 @@ STORED_SERVER_ERROR = ProblemDetails.of(
 ).stored()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Captured:
     """What an application handler answered: status, headers (as sent), body.

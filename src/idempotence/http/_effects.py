@@ -15,6 +15,7 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from .._frozen import quick_init
 from ..flows.effects import DoHandle as RunApp
 from ..flows.effects import Effect as EngineEffect
 from ..flows.flow import Flow
@@ -39,6 +40,7 @@ __all__ = [
 # -- effects: what the lifecycle asks its driver to do ------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ResolveScope:
     """Call ``fn(request)`` (awaiting it in ASGI if it is a coroutine); returns the tenant."""
@@ -47,6 +49,7 @@ class ResolveScope:
     request: RequestInfo
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ReadBody:
     """Read the whole request body; raise BodyTooLarge past ``limit`` bytes."""
@@ -54,6 +57,7 @@ class ReadBody:
     limit: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ReadKey:
     """Read the key's record without claiming it; returns a KeyRecord or None."""
@@ -62,6 +66,7 @@ class ReadKey:
     key: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Detach:
     """Start ``flow`` on ``request`` in the background (a task, or a thread) and
@@ -130,6 +135,7 @@ class ReplyKind(enum.Enum):
     SENT = "sent"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Reply:
     kind: ReplyKind

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._frozen import quick_init
 from ..errors import InvalidBody, InvalidKey
 from ..fingerprint import fingerprint, media_type
 from ..keys import parse_idempotency_key_header
@@ -23,6 +24,7 @@ __all__ = ["RequestInfo"]
 KEY_HEADER = "idempotency-key"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RequestInfo:
     """A request as the middleware sees it: what a scope callable receives.

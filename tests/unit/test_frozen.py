@@ -1,0 +1,114 @@
+"""quick_init: a frozen slotted dataclass's cheaper ``__init__`` builds the same
+instances as the one dataclasses writes, with the same signature and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+import idempotence.flows  # the modules whose classes are checked
+import idempotence.http
+import idempotence.states
+from idempotence._frozen import QUICK, quick_init
+
+
+def twins() -> tuple[type[Any], type[Any]]:
+    def make() -> type[Any]:
+        @dataclass(frozen=True, slots=True)
+        class Sample:
+            a: int
+            b: str = "b"
+            c: list[int] = field(default_factory=list)
+            d: int = field(default=4, init=False)
+            e: tuple[int, ...] = field(default=(), kw_only=True)
+            f: int = field(kw_only=True, default=0)
+
+        return Sample
+
+    return make(), quick_init(make())
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((1,), {}), ((1, "x"), {}), ((1, "x", [2]), {"e": (3,)}), ((), {"a": 1, "f": 9})],
+)
+def test_the_same_instances_as_the_dataclass_init(args: tuple[Any, ...], kwargs: Any) -> None:
+    plain, quick = twins()
+    ours, theirs = quick(*args, **kwargs), plain(*args, **kwargs)
+    assert repr(ours).split("(", 1)[1] == repr(theirs).split("(", 1)[1]
+    assert dataclasses.astuple(ours) == dataclasses.astuple(theirs)
+
+
+def test_each_instance_gets_its_own_default_from_the_factory() -> None:
+    _, quick = twins()
+    one, two = quick(1), quick(1)
+    assert one.c == [] and one.c is not two.c
+
+
+def test_still_frozen_and_the_same_errors_for_bad_calls() -> None:
+    plain, quick = twins()
+    made = quick(1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.a = 2
+    response = idempotence.states.StoredResponse(201, (("a", "b"),), b"x")
+    assert hash(response) == hash(idempotence.states.StoredResponse(201, (("a", "b"),), b"x"))
+    for call in (lambda cls: cls(), lambda cls: cls(1, d=5), lambda cls: cls(1, "b", [], 3)):
+        with pytest.raises(TypeError):
+            call(plain)
+        with pytest.raises(TypeError):
+            call(quick)
+
+
+def test_refuses_a_class_it_would_get_wrong() -> None:
+    @dataclass(slots=True)
+    class Thawed:
+        a: int
+
+    @dataclass(frozen=True, slots=True)
+    class Checked:
+        a: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    for cls in (Thawed, Checked):
+        with pytest.raises(TypeError):
+            quick_init(cls)
+
+
+def _reference(cls: type[Any]) -> inspect.Signature:
+    """The signature dataclasses would give ``cls``'s fields."""
+    specs = [
+        (
+            f.name,
+            f.type,
+            field(
+                default=f.default, default_factory=f.default_factory, init=f.init, kw_only=f.kw_only
+            ),  # type: ignore[call-overload]
+        )
+        for f in dataclasses.fields(cls)
+    ]
+    return inspect.signature(dataclasses.make_dataclass(cls.__name__, specs, frozen=True))
+
+
+def _shape(signature: inspect.Signature) -> list[tuple[str, Any, bool]]:
+    return [
+        (p.name, p.kind, p.default is inspect.Parameter.empty)
+        for p in signature.parameters.values()
+    ]
+
+
+def test_every_library_class_keeps_the_dataclass_signature() -> None:
+    ours = [cls for cls in QUICK if cls.__module__.startswith("idempotence.")]
+    assert len(ours) >= 20  # the records, effects and results a request builds
+    for cls in ours:
+        ours, reference = inspect.signature(cls), _reference(cls)
+        assert _shape(ours) == _shape(reference), cls
+        for name, parameter in reference.parameters.items():
+            default = parameter.default
+            if default is not inspect.Parameter.empty and repr(default) != "<factory>":
+                assert ours.parameters[name].default == default, (cls, name)
