@@ -431,9 +431,9 @@ def settled_redis(claimed: int, packed: bytes) -> tuple[int, bytes, bool]:
 
 
 class RespConnection(asyncio.Protocol):
-    """One connection to Redis carrying every command in flight: the commands of a
-    turn of the event loop go out in one write, and each reply, parsed by hiredis,
-    answers the oldest command waiting (as the store's lane does)."""
+    """One connection to Redis carrying every command in flight: while commands are
+    in flight, those of a turn of the event loop go out in one write, and each reply,
+    parsed by hiredis, answers the oldest command waiting (as the store's lane does)."""
 
     def __init__(self) -> None:
         import hiredis
@@ -450,11 +450,15 @@ class RespConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
-            self.waiting.popleft().set_result(reply)
+            waiting = self.waiting.popleft()
+            if not waiting.done():  # a call given up keeps its place
+                waiting.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         while self.waiting:
-            self.waiting.popleft().set_exception(ConnectionError("Redis closed the connection"))
+            waiting = self.waiting.popleft()
+            if not waiting.done():
+                waiting.set_exception(ConnectionError("Redis closed the connection"))
 
     def flush(self) -> None:
         self.transport.write(b"".join(self.out))
@@ -462,9 +466,12 @@ class RespConnection(asyncio.Protocol):
 
     def call(self, *args: Any) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
-        if not self.out:
-            loop.call_soon(self.flush)
-        self.out.append(self.pack(args))
+        if self.out or self.waiting:
+            if not self.out:
+                loop.call_soon(self.flush)
+            self.out.append(self.pack(args))
+        else:
+            self.transport.write(self.pack(args))  # idle: nothing to batch with
         waiting = loop.create_future()
         self.waiting.append(waiting)
         return waiting

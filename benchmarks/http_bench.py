@@ -46,9 +46,9 @@ On Redis and on the cached store only ``trivial``, ``handler``, ``replay`` and t
 ``@c1`` rows run (no request-as-transaction on Redis), and on Redis its floors:
 ``handler-floor`` and ``replay-floor`` send the store's own claim and finish scripts
 (``redis.lua``) by EVALSHA on one bare asyncio connection, pipelined as the store's
-own, with hiredis's parser. On the
-cached store ``handler`` pays the PostgreSQL claim and finish plus the write of the
-finished response to Redis, and ``replay`` is answered from Redis alone.
+own, with hiredis's parser. On the cached store ``handler`` pays the PostgreSQL claim
+and finish plus the write of the finished response to Redis, and ``replay`` is
+answered from Redis alone.
 
 CPU per request comes from /proc: ``app ms`` is the uvicorn process, ``db ms`` the
 PostgreSQL backends of the benchmark's database (``all-db ms``: the whole cluster, WAL

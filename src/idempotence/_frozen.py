@@ -23,6 +23,8 @@ same instances (still frozen, hashable and compared by value), for half the cost
 from __future__ import annotations
 
 import dataclasses
+import sys
+import types
 from typing import Any, TypeVar, cast
 
 __all__ = ["quick_init"]
@@ -31,8 +33,8 @@ T = TypeVar("T")
 
 #: A default factory's field left out of the call.
 _MISSING: Any = object()
-#: Every class given a quick ``__init__`` (its tests compare each with dataclasses').
-QUICK: list[type[Any]] = []
+#: The file name of every quick ``__init__`` (its tests find the classes by it).
+SOURCE = "<quick_init>"
 
 
 def quick_init(cls: type[T]) -> type[T]:
@@ -42,37 +44,62 @@ def quick_init(cls: type[T]) -> type[T]:
         raise TypeError(f"{cls.__name__} is not a dataclass(frozen=True, slots=True)")
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__} has a __post_init__, which quick_init does not call")
-    namespace: dict[str, Any] = {"_MISSING": _MISSING}
+    # Handed to the __init__ as closure variables, as dataclasses does.
+    helpers: dict[str, Any] = {"_MISSING": _MISSING}
     positional: list[str] = []
     keywords: list[str] = []
     body: list[str] = []
+    annotations: dict[str, Any] = {}
     for spec in dataclasses.fields(cast(Any, cls)):
         name = spec.name
-        # The slot's own descriptor sets it, past the class's refusing __setattr__.
-        namespace[f"_set_{name}"] = cls.__dict__[name].__set__
-        if spec.default is not dataclasses.MISSING:
-            namespace[f"_default_{name}"] = spec.default
-            value, parameter = name, f"{name}=_default_{name}"
-        elif spec.default_factory is not dataclasses.MISSING:
-            namespace[f"_factory_{name}"] = spec.default_factory
-            value = f"_factory_{name}() if {name} is _MISSING else {name}"
-            parameter = f"{name}=_MISSING"
-        else:
-            value, parameter = name, name
+        helpers[f"_set_{name}"] = _slot(cls, name).__set__  # past the refusing __setattr__
+        has_default = spec.default is not dataclasses.MISSING
+        has_factory = spec.default_factory is not dataclasses.MISSING
+        if has_default:
+            helpers[f"_default_{name}"] = spec.default
+        if has_factory:
+            helpers[f"_factory_{name}"] = spec.default_factory
         if not spec.init:
-            # Not a parameter: always its default (dataclasses refuses one without).
-            value = f"_default_{name}" if spec.default is not dataclasses.MISSING else ""
-            value = value or f"_factory_{name}()"
+            # Not a parameter: its default, or (as dataclasses does) left unset.
+            if has_default or has_factory:
+                value = f"_default_{name}" if has_default else f"_factory_{name}()"
+                body.append(f"    _set_{name}(self, {value})")
+            continue
+        annotations[name] = spec.type
+        if has_default:
+            parameter, value = f"{name}=_default_{name}", name
+        elif has_factory:
+            parameter = f"{name}=_MISSING"
+            value = f"_factory_{name}() if {name} is _MISSING else {name}"
         else:
-            (keywords if spec.kw_only else positional).append(parameter)
+            parameter, value = name, name
+        (keywords if spec.kw_only else positional).append(parameter)
         body.append(f"    _set_{name}(self, {value})")
     signature = ", ".join(["self", *positional, *(["*", *keywords] if keywords else [])])
-    source = f"def __init__({signature}):\n" + ("\n".join(body) or "    pass") + "\n"
-    exec(source, namespace)
-    init = namespace["__init__"]
+    source = (
+        f"def __create__({', '.join(helpers)}):\n"
+        f"  def __init__({signature}):\n"
+        + ("\n".join("  " + line for line in body) or "    pass")
+        + "\n  return __init__\n"
+    )
+    namespace: dict[str, Any] = {}
+    # The class's module as the globals: get_type_hints resolves the annotations there.
+    module = sys.modules.get(cls.__module__)
+    exec(compile(source, SOURCE, "exec"), vars(module) if module else {}, namespace)
+    init = namespace["__create__"](**helpers)
     init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
+    init.__annotations__ = {**annotations, "return": None}
     init.__doc__ = cls.__init__.__doc__
     type.__setattr__(cls, "__init__", init)
-    QUICK.append(cls)
     return cls
+
+
+def _slot(cls: type[Any], name: str) -> Any:
+    """The member descriptor of slot ``name`` (the class's own, or a base's)."""
+    for klass in cls.__mro__:
+        found = klass.__dict__.get(name)
+        if found is not None:
+            if isinstance(found, types.MemberDescriptorType):
+                return found
+            break
+    raise TypeError(f"{cls.__name__}.{name} is not a slot")

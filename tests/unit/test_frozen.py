@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 import idempotence.flows  # the modules whose classes are checked
 import idempotence.http
 import idempotence.states
-from idempotence._frozen import QUICK, quick_init
+from idempotence._frozen import SOURCE, quick_init
 
 
 def twins() -> tuple[type[Any], type[Any]]:
@@ -54,13 +56,39 @@ def test_still_frozen_and_the_same_errors_for_bad_calls() -> None:
     made = quick(1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.a = 2
-    response = idempotence.states.StoredResponse(201, (("a", "b"),), b"x")
-    assert hash(response) == hash(idempotence.states.StoredResponse(201, (("a", "b"),), b"x"))
     for call in (lambda cls: cls(), lambda cls: cls(1, d=5), lambda cls: cls(1, "b", [], 3)):
         with pytest.raises(TypeError):
             call(plain)
         with pytest.raises(TypeError):
             call(quick)
+
+
+def test_a_field_out_of_init_without_a_default_is_left_unset_as_dataclasses_does() -> None:
+    def make() -> type[Any]:
+        @dataclass(frozen=True, slots=True)
+        class Later:
+            a: int
+            b: int = field(init=False)
+
+        return Later
+
+    for made in (make()(1), quick_init(make())(1)):
+        assert made.a == 1
+        with pytest.raises(AttributeError):
+            _ = made.b
+
+
+def test_fields_of_a_base_class_are_set_too() -> None:
+    @dataclass(frozen=True, slots=True)
+    class Base:
+        a: int
+
+    @quick_init
+    @dataclass(frozen=True, slots=True)
+    class Derived(Base):
+        b: int = 2
+
+    assert (Derived(1).a, Derived(1).b) == (1, 2)
 
 
 def test_refuses_a_class_it_would_get_wrong() -> None:
@@ -86,28 +114,47 @@ def _reference(cls: type[Any]) -> inspect.Signature:
         (
             f.name,
             f.type,
-            field(
+            field(  # type: ignore[call-overload]
                 default=f.default, default_factory=f.default_factory, init=f.init, kw_only=f.kw_only
-            ),  # type: ignore[call-overload]
+            ),
         )
         for f in dataclasses.fields(cls)
     ]
     return inspect.signature(dataclasses.make_dataclass(cls.__name__, specs, frozen=True))
 
 
-def _shape(signature: inspect.Signature) -> list[tuple[str, Any, bool]]:
+def _shape(signature: inspect.Signature) -> list[tuple[str, Any, Any, bool]]:
     return [
-        (p.name, p.kind, p.default is inspect.Parameter.empty)
+        (p.name, p.kind, p.annotation, p.default is inspect.Parameter.empty)
         for p in signature.parameters.values()
     ]
 
 
+def _quick_classes() -> list[type[Any]]:
+    modules = [idempotence.states, idempotence.flows, idempotence.http]
+    modules += [
+        module
+        for name, module in sorted(sys.modules.items())
+        if name.startswith(("idempotence.flows.", "idempotence.http."))
+    ]
+    found = {
+        value
+        for module in modules
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and getattr(getattr(value.__init__, "__code__", None), "co_filename", None) == SOURCE
+    }
+    return sorted(found, key=lambda cls: cls.__qualname__)
+
+
 def test_every_library_class_keeps_the_dataclass_signature() -> None:
-    ours = [cls for cls in QUICK if cls.__module__.startswith("idempotence.")]
-    assert len(ours) >= 20  # the records, effects and results a request builds
-    for cls in ours:
+    classes = _quick_classes()
+    assert len(classes) >= 20  # the records, effects and results a request builds
+    for cls in classes:
         ours, reference = inspect.signature(cls), _reference(cls)
         assert _shape(ours) == _shape(reference), cls
+        if cls.__module__ == "idempotence.states":  # no names imported for typing alone
+            assert typing.get_type_hints(cls.__init__)  # its annotations resolve
         for name, parameter in reference.parameters.items():
             default = parameter.default
             if default is not inspect.Parameter.empty and repr(default) != "<factory>":

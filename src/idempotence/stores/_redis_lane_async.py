@@ -11,22 +11,25 @@ it and parsing its reply (callgrind, benchmarks/profile_request.py ``redis-floor
 as much as a guarded request's two scripts cost the server. Here redis-py still makes
 and opens the connection (its host, TLS, password, database and connect timeout, as
 the client's), and the lane then reads its socket as an asyncio protocol
-(:class:`_Connection`): a command is a buffered write and a future, its reply parsed
-by hiredis as it arrives.
+(:class:`_Connection`): a command is a write and a future, its reply parsed by
+hiredis as it arrives.
 
 Every command in flight shares the one connection (Redis answers a connection's
-commands in the order it read them): the commands of one turn of the event loop go
-out in one write, and the replies that arrive together are read in one go. Under load
+commands in the order it read them): a command to an idle connection is written at
+once, and while commands are in flight, those of one turn of the event loop go out
+together at its end, in one write; the replies that arrive together are read in one
+go. Under load
 that is one system call for many commands, on each side: a connection per command
 cost the app's process a write, a wake-up and a read each (about a quarter of a
 guarded request's CPU on Redis, benchmarks/http_bench.py), and the server as much.
 
 Each reply answers the oldest command still waiting, so a reply is never read as
 another command's (F1): a command given up (cancelled: the client went away) keeps
-its place, and its reply is read and dropped. A command unanswered after the client's
-``socket_timeout`` fails the connection, every command on it with
-``TimeoutError``, as a lost connection does with ``ConnectionError``, and the next
-command opens another. A RESP3 push (redis-py speaks RESP3 by default; a server
+its place, and its reply is read and dropped. A command unanswered the client's
+``socket_timeout`` after it was written fails the connection, every command on it
+with ``TimeoutError``, as a lost connection does with ``ConnectionError``, and the
+next command opens another: one attempt, whose failure every command waiting for it
+gets. A RESP3 push (redis-py speaks RESP3 by default; a server
 pushes maintenance notices) is never a reply: it is skipped, and its connection takes
 no new command and closes once those in flight are answered. An error reply raises
 redis-py's own exception (``NoScriptError``, ``ResponseError``...) for its command
@@ -42,6 +45,7 @@ protocol.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -65,6 +69,23 @@ _PARTIAL = object()
 _PUSH: Any = getattr(hiredis, "PushNotification", ())
 
 
+#: A command past its deadline gets this long more before it times out: a loop that
+#: was held up (a blocking call in a callback) runs its timers before it reads the
+#: replies that came meanwhile.
+_GRACE = 0.01
+
+
+class _Write:
+    """One write to a connection: its commands not yet answered, and when they time out."""
+
+    __slots__ = ("deadline", "late", "left")
+
+    def __init__(self, left: int, deadline: float) -> None:
+        self.left = left
+        self.deadline = deadline
+        self.late = False
+
+
 class _Connection(asyncio.Protocol):
     """One socket of the lane, read as a protocol: every command in flight on it,
     answered in the order sent (Redis answers a connection's commands in order)."""
@@ -80,43 +101,56 @@ class _Connection(asyncio.Protocol):
             replyError=BaseParser.parse_error,
             notEnoughData=_PARTIAL,
         )
-        #: The commands sent and not yet answered, oldest first, with their deadlines.
-        self._pending: deque[tuple[asyncio.Future[Any], float]] = deque()
-        self._timer: asyncio.TimerHandle | None = None
+        #: Every command's future, written or about to be, oldest first.
+        self._waiting: deque[asyncio.Future[Any]] = deque()
+        #: The writes not answered in full, oldest first.
+        self._writes: deque[_Write] = deque()
+        #: The commands of this turn of the loop, to go out together at its end.
         self._out: list[bytes] = []
+        self._timer: asyncio.TimerHandle | None = None
         #: False once closed, broken or retired (a push came): given no new command.
         self.usable = True
 
     def command(self, packed: bytes) -> asyncio.Future[Any]:
-        """Send one packed command; a future of its reply (an error reply as an
-        exception instance, not raised)."""
-        loop = self._loop
-        waiting = loop.create_future()
+        """Queue one packed command; a future of its reply (an error reply as an
+        exception instance, not raised). It is written at once to an idle connection,
+        else with the others of this turn of the loop, at its end."""
+        waiting = self._loop.create_future()
+        self._waiting.append(waiting)
         out = self._out
-        if not out:
-            loop.call_soon(self._flush)
-        out.append(packed)
-        timeout = self._timeout
-        if timeout is None:
-            self._pending.append((waiting, 0.0))
+        if out:
+            out.append(packed)
+        elif self._writes:
+            # Commands in flight: their replies come in a later turn, so the ones
+            # sent meanwhile wait for the end of this turn and go out together.
+            out.append(packed)
+            self._loop.call_soon(self._flush)
         else:
-            deadline = loop.time() + timeout
-            self._pending.append((waiting, deadline))
-            if self._timer is None:
-                self._timer = loop.call_at(deadline, self._check)
+            self._write(packed, 1)
         return waiting
 
     def _flush(self) -> None:
-        """Write the commands of a turn of the loop, in one system call."""
         out = self._out
         if out:  # nothing when the connection failed meanwhile (close() empties it)
-            self._transport.write(out[0] if len(out) == 1 else b"".join(out))
+            self._write(out[0] if len(out) == 1 else b"".join(out), len(out))
             out.clear()
+
+    def _write(self, data: bytes, commands: int) -> None:
+        self._transport.write(data)
+        # A command's time runs from its write, not from its call.
+        timeout = self._timeout
+        if timeout is None:
+            self._writes.append(_Write(commands, math.inf))
+            return
+        deadline = self._loop.time() + timeout
+        self._writes.append(_Write(commands, deadline))
+        if self._timer is None:
+            self._timer = self._loop.call_at(deadline, self._check)
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader
         reader.feed(data)
-        pending = self._pending
+        writes, waiting = self._writes, self._waiting
         # Every message the data completes, each to the oldest command waiting.
         while True:
             try:
@@ -132,14 +166,18 @@ class _Connection(asyncio.Protocol):
                 # maintenance notice: this endpoint moves, or its timeouts change).
                 self.usable = False
                 continue
-            if not pending:
-                self._fail(None)  # an answer to nothing: the stream is not ours
+            if not writes:
+                self._fail(None)  # an answer to nothing sent: the stream is not ours
                 return
-            waiting, _ = pending.popleft()
+            oldest = writes[0]
+            oldest.left -= 1
+            if not oldest.left:
+                writes.popleft()
+            answered = waiting.popleft()
             # A command given up (cancelled) still has its answer read, and dropped.
-            if not waiting.done():
-                waiting.set_result(reply)
-        if not self.usable and not pending:
+            if not answered.done():
+                answered.set_result(reply)
+        if not self.usable and not waiting:
             self.close()
 
     def eof_received(self) -> None:
@@ -149,30 +187,34 @@ class _Connection(asyncio.Protocol):
         self._fail(None)
 
     def _check(self) -> None:
-        """The oldest command's deadline came: it timed out unless answered since."""
+        """The oldest write's deadline came: it timed out unless answered since."""
         self._timer = None
-        if not self._pending:
+        if not self._writes:
             return
-        deadline = self._pending[0][1]
-        if deadline > self._loop.time():
-            self._timer = self._loop.call_at(deadline, self._check)
-            return
-        self._fail(redis.exceptions.TimeoutError("Timeout reading from Redis"))
+        oldest, now = self._writes[0], self._loop.time()
+        if oldest.deadline > now:
+            self._timer = self._loop.call_at(oldest.deadline, self._check)
+        elif not oldest.late:
+            oldest.late = True  # its replies may be in, not yet read: one more poll
+            self._timer = self._loop.call_at(now + _GRACE, self._check)
+        else:
+            self._fail(redis.exceptions.TimeoutError("Timeout reading from Redis"))
 
     def _fail(self, error: Exception | None) -> None:
         self.close()
-        pending = self._pending
-        while pending:
-            waiting, _ = pending.popleft()
-            if not waiting.done():
-                waiting.set_exception(
+        self._writes.clear()
+        waiting = self._waiting
+        while waiting:
+            answered = waiting.popleft()
+            if not answered.done():
+                answered.set_exception(
                     error or redis.exceptions.ConnectionError("Connection closed by server.")
                 )
 
     def retire(self) -> None:
         """Take no new command; close once those in flight are answered."""
         self.usable = False
-        if not self._pending:
+        if not self._waiting:
             self.close()
 
     def close(self) -> None:
@@ -187,14 +229,15 @@ class _Connection(asyncio.Protocol):
 class AsyncLane:
     """One connection of ``client``'s kind (made and opened by its pool's
     ``make_connection``, so with its host, database, timeouts and protocol), carrying
-    every command in flight: each is written as it comes, and the replies, read
-    together as they arrive, answer them in order."""
+    every command in flight: they are written together, a turn of the loop at a
+    time, and the replies, read together as they arrive, answer them in order."""
 
     def __init__(self, client: AsyncRedis) -> None:
         # redis-py leaves make_connection untyped.
         self._make: Callable[[], Any] = client.connection_pool.make_connection
         self._connection: _Connection | None = None
-        self._connecting: asyncio.Lock | None = None
+        #: The one attempt to open a connection, while it runs.
+        self._opening: asyncio.Future[_Connection] | None = None
         self._closed = False
 
     @classmethod
@@ -225,26 +268,43 @@ class AsyncLane:
         return await connection.command(hiredis.pack_command(args))
 
     async def _connect(self) -> _Connection:
+        """The connection, opened once for every command that needs it: one attempt,
+        whose failure each of them gets at once (not an attempt each, one after the
+        other, each waiting out the connect timeout)."""
+        connection = self._connection
+        if connection is not None and connection.usable:
+            return connection
         if self._closed:
             raise redis.exceptions.ConnectionError("the Redis key store is closed")
-        lock = self._connecting = self._connecting or asyncio.Lock()
-        async with lock:  # one connection at a time, the others wait for it
-            connection = self._connection
-            if connection is not None and connection.usable:
-                return connection
-            if connection is not None:
-                connection.retire()
-            opened = self._make()
-            await opened.connect()  # redis-py's: connect timeout, TLS, AUTH, SELECT
-            writer = opened._writer
-            # The socket is the lane's from here. redis-py's connection lets it go
-            # without closing it; its stream writer stays with the lane's connection,
-            # whose socket it would close when collected.
-            opened._reader = opened._writer = None
-            connection = _Connection(writer.transport, opened.socket_timeout, writer)
-            writer.transport.set_protocol(connection)
-            self._connection = connection
-            return connection
+        opening = self._opening
+        if opening is None:
+            opening = self._opening = asyncio.ensure_future(self._open())
+            opening.add_done_callback(self._opened)
+        # One command given up (cancelled) leaves the attempt to the others.
+        return await asyncio.shield(opening)
+
+    def _opened(self, opening: asyncio.Future[_Connection]) -> None:
+        self._opening = None
+        if not opening.cancelled():
+            opening.exception()  # each command waiting raises it; none may be left
+
+    async def _open(self) -> _Connection:
+        if self._connection is not None:
+            self._connection.retire()
+        opened = self._make()
+        await opened.connect()  # redis-py's: connect timeout, TLS, AUTH, SELECT
+        writer = opened._writer
+        # The socket is the lane's from here. redis-py's connection lets it go
+        # without closing it; its stream writer stays with the lane's connection,
+        # whose socket it would close when collected.
+        opened._reader = opened._writer = None
+        connection = _Connection(writer.transport, opened.socket_timeout, writer)
+        writer.transport.set_protocol(connection)
+        if self._closed:  # closed while it connected: never used, never left open
+            connection.close()
+            raise redis.exceptions.ConnectionError("the Redis key store is closed")
+        self._connection = connection
+        return connection
 
     async def evalsha(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
         """Run a registered script (redis-py's ``Script``: its ``sha`` and ``script``)
@@ -260,7 +320,7 @@ class AsyncLane:
 
     async def close(self) -> None:
         """Take no new command; the connection closes once those in flight are
-        answered."""
+        answered (one still opening, as it opens)."""
         self._closed = True
         if self._connection is not None:
             self._connection.retire()
