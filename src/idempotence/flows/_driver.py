@@ -74,21 +74,9 @@ def drive(
 
 
 def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
-    """Perform one effect of the engine on ``store``. A claim and a settle are the
-    store's own call, returned as it is: the async driver awaits the store's
-    coroutine with no frame of ours in between (a guarded request crosses four)."""
+    """Perform one effect of the engine on ``store`` and return its result."""
     if isinstance(effect, DoClaim):
         return store.claim(effect.request)
-    if isinstance(effect, DoFinish):
-        return store.finish(effect.lease, effect.response, error=effect.error)
-    if isinstance(effect, DoRelease):
-        return store.release(effect.lease)
-    if isinstance(effect, DoForget):
-        return store.forget(effect.lease)
-    return _perform(effect, store, observer)
-
-
-def _perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
     if isinstance(effect, DoHandle):
         beat = _heartbeat(store, effect.lease)
         with Periodic("idempotence-heartbeat", effect.beat_every, beat) as beating:
@@ -96,6 +84,12 @@ def _perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
             if effect.on_overflow is not None:
                 overflow = _overflow(effect, store, beating)
             return effect.app.run_app(effect, None, overflow)
+    if isinstance(effect, DoFinish):
+        return store.finish(effect.lease, effect.response, error=effect.error)
+    if isinstance(effect, DoRelease):
+        return store.release(effect.lease)
+    if isinstance(effect, DoForget):
+        return store.forget(effect.lease)
     if isinstance(effect, DoWait):
         request = effect.request
         if effect.poll:

@@ -71,24 +71,10 @@ async def drive_async(
             error = exc
 
 
-def perform_async(
-    effect: Effect, store: AsyncKeyStore, observer: Observer | None
-) -> Awaitable[Any]:
-    """Perform one effect of the engine on ``store``. A claim and a settle are the
-    store's own call, returned as it is: the async driver awaits the store's
-    coroutine with no frame of ours in between (a guarded request crosses four)."""
+async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer | None) -> Any:
+    """Perform one effect of the engine on ``store`` and return its result."""
     if isinstance(effect, DoClaim):
-        return store.claim(effect.request)
-    if isinstance(effect, DoFinish):
-        return store.finish(effect.lease, effect.response, error=effect.error)
-    if isinstance(effect, DoRelease):
-        return store.release(effect.lease)
-    if isinstance(effect, DoForget):
-        return store.forget(effect.lease)
-    return _perform_async(effect, store, observer)
-
-
-async def _perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer | None) -> Any:
+        return await store.claim(effect.request)
     if isinstance(effect, DoHandle):
         beat = _heartbeat_async(store, effect.lease)
         async with AsyncPeriodic("idempotence-heartbeat", effect.beat_every, beat) as beating:
@@ -96,6 +82,12 @@ async def _perform_async(effect: Effect, store: AsyncKeyStore, observer: Observe
             if effect.on_overflow is not None:
                 overflow = _overflow_async(effect, store, beating)
             return await effect.app.run_app(effect, None, overflow)
+    if isinstance(effect, DoFinish):
+        return await store.finish(effect.lease, effect.response, error=effect.error)
+    if isinstance(effect, DoRelease):
+        return await store.release(effect.lease)
+    if isinstance(effect, DoForget):
+        return await store.forget(effect.lease)
     if isinstance(effect, DoWait):
         request = effect.request
         if effect.poll:

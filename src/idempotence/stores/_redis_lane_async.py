@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import redis.exceptions
@@ -118,15 +118,14 @@ class _Connection(asyncio.Protocol):
         waiting = self._loop.create_future()
         self._waiting.append(waiting)
         out = self._out
-        if out:
-            out.append(packed)
-        elif self._writes:
+        if out or self._writes:
             # Commands in flight: their replies come in a later turn, so the ones
             # sent meanwhile wait for the end of this turn and go out together.
+            if not out:
+                self._loop.call_soon(self._flush)
             out.append(packed)
-            self._loop.call_soon(self._flush)
         else:
-            self._write(packed, 1)
+            self._write(packed, 1)  # an idle connection: nothing to wait for
         return waiting
 
     def _flush(self) -> None:
@@ -139,12 +138,9 @@ class _Connection(asyncio.Protocol):
         self._transport.write(data)
         # A command's time runs from its write, not from its call.
         timeout = self._timeout
-        if timeout is None:
-            self._writes.append(_Write(commands, math.inf))
-            return
-        deadline = self._loop.time() + timeout
+        deadline = math.inf if timeout is None else self._loop.time() + timeout
         self._writes.append(_Write(commands, deadline))
-        if self._timer is None:
+        if self._timer is None and timeout is not None:
             self._timer = self._loop.call_at(deadline, self._check)
 
     def data_received(self, data: bytes) -> None:
@@ -250,22 +246,14 @@ class AsyncLane:
         """Send one command and return its reply; a Redis error reply raises
         ``ResponseError`` (``NoScriptError``...), a dead or slow server
         ``ConnectionError`` / ``TimeoutError``, as from the client."""
-        reply = await self._send(args)
+        connection = self._connection
+        if connection is None or not connection.usable:
+            connection = await self._connect()
+        # hiredis's packer (in C) takes the store's bytes, text and integers alike.
+        reply = await connection.command(hiredis.pack_command(args))
         if isinstance(reply, redis.exceptions.RedisError):
             raise reply  # an error reply, read whole: the connection is fine
         return reply
-
-    def _send(self, args: tuple[Any, ...]) -> Awaitable[Any]:
-        """The reply to ``args`` to come (an error reply as an exception instance)."""
-        connection = self._connection
-        if connection is None or not connection.usable:
-            return self._send_connecting(args)
-        # hiredis's packer (in C) takes the store's bytes, text and integers alike.
-        return connection.command(hiredis.pack_command(args))
-
-    async def _send_connecting(self, args: tuple[Any, ...]) -> Any:
-        connection = await self._connect()
-        return await connection.command(hiredis.pack_command(args))
 
     async def _connect(self) -> _Connection:
         """The connection, opened once for every command that needs it: one attempt,
@@ -309,14 +297,11 @@ class AsyncLane:
     async def evalsha(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
         """Run a registered script (redis-py's ``Script``: its ``sha`` and ``script``)
         by EVALSHA, loading it first on ``NOSCRIPT`` (a restarted server)."""
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        reply = await self._send(command)
-        if isinstance(reply, redis.exceptions.NoScriptError):
+        try:
+            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
             await self.execute("SCRIPT", "LOAD", script.script)
-            return await self.execute(*command)
-        if isinstance(reply, redis.exceptions.RedisError):
-            raise reply
-        return reply
+            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
 
     async def close(self) -> None:
         """Take no new command; the connection closes once those in flight are
