@@ -26,7 +26,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
@@ -36,6 +36,7 @@ from redis.asyncio import Redis as AsyncRedis
 from ..errors import StoreError, StoreUnavailable
 from ..observability import Instrumentation
 from ..states import Claim, ClaimRequest, KeyRecord, Lease, Outcome, StoredResponse
+from ._redis_base import EPOCH, MICROSECOND
 
 __all__ = ["AsyncRedis", "Redis"]
 
@@ -68,8 +69,6 @@ _VERSION = 1
 _ENTRY = b"E"
 _TOMBSTONE = b"T"
 _DIGITS = 20
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICRO = timedelta(microseconds=1)
 #: One decoder for every entry (json.loads of bytes sniffs their encoding first).
 _JSON = json.JSONDecoder()
 
@@ -313,7 +312,7 @@ class Cache:
         until = record.finished_at + self._ttl
         if record.expires_at is not None:
             until = min(until, record.expires_at - self._skew)
-        ms = (until - _EPOCH) // timedelta(milliseconds=1)
+        ms = (until - EPOCH) // timedelta(milliseconds=1)
         if ms <= time.time() * 1000:
             return None
         body = json.dumps(_encode(record), separators=(",", ":")).encode()
@@ -389,7 +388,7 @@ def _held(lease: Lease) -> tuple[str, str, int, int]:
 
 
 def _time(value: datetime | None) -> int | None:
-    return None if value is None else (value - _EPOCH) // _MICRO
+    return None if value is None else (value - EPOCH) // MICROSECOND
 
 
 def _encode(r: KeyRecord) -> dict[str, Any]:
@@ -407,7 +406,7 @@ def _encode(r: KeyRecord) -> dict[str, Any]:
         "point": r.recovery_point,
         "token": r.lock_token,
         "locked_at": _time(r.locked_at),
-        "lock_timeout": r.lock_timeout // _MICRO,
+        "lock_timeout": r.lock_timeout // MICROSECOND,
         "status": r.response.status,
         "headers": r.response.headers,
         "body": base64.b64encode(r.response.body).decode(),
@@ -445,13 +444,13 @@ def _decode(d: dict[str, Any]) -> KeyRecord | None:
         flow=str(d["flow"]),
         recovery_point=str(d["point"]),
         lock_token=int(d["token"]),
-        locked_at=None if locked is None else _EPOCH + locked * _MICRO,
-        lock_timeout=int(d["lock_timeout"]) * _MICRO,
+        locked_at=None if locked is None else EPOCH + locked * MICROSECOND,
+        lock_timeout=int(d["lock_timeout"]) * MICROSECOND,
         response=response,
         error=d["error"],
-        created_at=_EPOCH + created * _MICRO,
-        last_run_at=None if last_run is None else _EPOCH + last_run * _MICRO,
-        finished_at=_EPOCH + finished * _MICRO,
-        expires_at=None if expires is None else _EPOCH + expires * _MICRO,
+        created_at=EPOCH + created * MICROSECOND,
+        last_run_at=None if last_run is None else EPOCH + last_run * MICROSECOND,
+        finished_at=EPOCH + finished * MICROSECOND,
+        expires_at=None if expires is None else EPOCH + expires * MICROSECOND,
         calling=d["calling"],
     )

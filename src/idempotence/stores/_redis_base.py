@@ -194,8 +194,10 @@ def _json_params(params: Any) -> str:
     return json.dumps(params, separators=(",", ":"))
 
 
-_MICROSECOND = timedelta(microseconds=1)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: Times are stored as integer microseconds since the Unix epoch (here and in the
+#: cached store's entries).
+MICROSECOND = timedelta(microseconds=1)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _load_params(raw: bytes | str) -> Any:
@@ -204,12 +206,12 @@ def _load_params(raw: bytes | str) -> Any:
 
 
 def _us(value: timedelta) -> int:
-    return value // _MICROSECOND
+    return value // MICROSECOND
 
 
 def timestamp(raw: bytes | int | str) -> datetime:
     """A time as the scripts store it (microseconds since the epoch, server clock)."""
-    return _EPOCH + int(raw) * _MICROSECOND
+    return EPOCH + int(raw) * MICROSECOND
 
 
 #: The fields a claim script reads back, in the order of ``READ_FIELDS`` in
@@ -284,14 +286,14 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
         flow=fields[b"flow"].decode("utf-8", _TEXT),
         recovery_point=fields[b"rp"].decode("utf-8", _TEXT),
         lock_token=int(fields[b"token"]),
-        locked_at=None if locked is None else _EPOCH + int(locked) * _MICROSECOND,
-        lock_timeout=int(fields[b"lto"]) * _MICROSECOND,
+        locked_at=None if locked is None else EPOCH + int(locked) * MICROSECOND,
+        lock_timeout=int(fields[b"lto"]) * MICROSECOND,
         response=response,
         error=None if error is None else error.decode("utf-8", _TEXT),
-        created_at=_EPOCH + int(fields[b"created"]) * _MICROSECOND,
-        last_run_at=None if last_run is None else _EPOCH + int(last_run) * _MICROSECOND,
-        finished_at=None if finished is None else _EPOCH + int(finished) * _MICROSECOND,
-        expires_at=None if expires is None else _EPOCH + int(expires) * _MICROSECOND,
+        created_at=EPOCH + int(fields[b"created"]) * MICROSECOND,
+        last_run_at=None if last_run is None else EPOCH + int(last_run) * MICROSECOND,
+        finished_at=None if finished is None else EPOCH + int(finished) * MICROSECOND,
+        expires_at=None if expires is None else EPOCH + int(expires) * MICROSECOND,
         calling=None if calling is None else calling.decode("utf-8", _TEXT),
     )
 
