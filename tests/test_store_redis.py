@@ -253,6 +253,23 @@ def test_a_locked_key_never_expires_while_its_lock_is_live(redis_store: Any, sco
     assert 0 < ttl_ms(redis_store, scope) <= 200 + 1
 
 
+def test_a_taken_over_key_lives_until_its_new_lock_ends(redis_store: Any, scope: str) -> None:
+    short = {"retention": timedelta(milliseconds=300), "lock_timeout": timedelta(milliseconds=300)}
+    redis_store.release(redis_store.claim(request(scope, **short)).lease)
+    time.sleep(0.2)
+    # The takeover's lock (2 s) outlasts the first claim's retention and lock: the
+    # record must outlast them too, or a twin would find the key new and run it again.
+    lease = redis_store.claim(request(scope, lock_timeout=timedelta(seconds=2))).lease
+    assert lease.token == 2
+    assert ttl_ms(redis_store, scope) > 1500
+    time.sleep(0.5)
+    record = redis_store.get(scope, "k1")
+    assert record is not None and record.lock_token == 2
+    assert redis_store.claim(request(scope)).outcome is Outcome.IN_PROGRESS
+    redis_store.finish(lease, response())
+    assert redis_store.claim(request(scope)).outcome is Outcome.REPLAY
+
+
 def test_retention_none_sets_no_ttl(redis_store: Any, scope: str) -> None:
     lease = redis_store.claim(request(scope, retention=None)).lease
     assert ttl_ms(redis_store, scope) == -1  # kept forever (a ledger), locked or not
@@ -515,6 +532,26 @@ def test_p10_a_waiting_twin_is_woken_when_the_key_settles(redis_store: Any, scop
     thread.join(timeout=15)
     assert woken and 0.4 < woken[0] < 2.0, woken  # by the message, not the 10 s bound
     assert redis_store.claim(request(scope)).outcome is Outcome.REPLAY
+
+
+@pytest.mark.parametrize("settle", ["release", "forget"])
+def test_p10_a_waiting_twin_is_woken_when_the_key_is_released_or_forgotten(
+    redis_store: Any, scope: str, settle: str
+) -> None:
+    lease = redis_store.claim(request(scope)).lease
+    woken: list[float] = []
+
+    def twin() -> None:
+        started = time.monotonic()
+        redis_store.wait_for_settle(scope, "k1", 10)
+        woken.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=twin)
+    thread.start()
+    time.sleep(0.3)
+    getattr(redis_store, settle)(lease)
+    thread.join(timeout=15)
+    assert woken and 0.2 < woken[0] < 2.0, woken  # by the message, not the 10 s bound
 
 
 def test_p10_a_wait_on_a_settled_key_returns_at_once(redis_store: Any, scope: str) -> None:
