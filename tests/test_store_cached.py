@@ -455,6 +455,29 @@ def test_a_redis_that_hangs_costs_a_request_its_short_timeout_at_most(
             server.freeze(False)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_redis_that_refuses_writes_costs_no_finish_and_no_replay(
+    kind: str, request: pytest.FixtureRequest, loop_thread: EventLoopThread, scope: str
+) -> None:
+    with (
+        redis_server() as server,
+        open_cached(kind, request, loop_thread, server.url, prefix="full", pause=0.05) as made,
+    ):
+        # Out of memory, evicting nothing: it answers reads and refuses every write
+        # with an error reply (not a dropped connection).
+        made.redis.config_set("maxmemory-policy", "noeviction")
+        made.redis.config_set("maxmemory", 1)
+        store = made.face
+        for i in range(3):
+            lease = store.claim(claim_request(scope, key=f"k{i}")).lease
+            store.finish(lease, response(i))  # the primary committed: no error here
+            replay = store.claim(claim_request(scope, key=f"k{i}"))
+            assert replay.outcome is Outcome.REPLAY and replay.response == response(i)
+            time.sleep(0.06)  # past the pause: every finish tries Redis again
+        assert made.store.cache_stats.errors >= 3
+        assert made.events.events.count("error") == made.store.cache_stats.errors
+
+
 # -- keys of every shape ------------------------------------------------------------------
 
 
