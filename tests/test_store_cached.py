@@ -32,6 +32,7 @@ from idempotence import (
     AsyncStore,
     ClaimRequest,
     Instrumentation,
+    LockLost,
     Outcome,
     SqliteStore,
     Store,
@@ -323,6 +324,27 @@ SYNC_ONLY = pytest.mark.parametrize("cached", ["postgres-sync", "sqlite-sync"], 
 
 
 @SYNC_ONLY
+@pytest.mark.parametrize("taker_first", [True, False], ids=["taker-first", "zombie-first"])
+def test_f1_a_zombies_refused_finish_puts_nothing_in_the_cache(
+    cached: Cached, scope: str, taker_first: bool
+) -> None:
+    store, short = cached.face, timedelta(milliseconds=300)
+    zombie = store.claim(request(scope, lock_timeout=short)).lease
+    time.sleep(0.4)
+    taker = store.claim(request(scope)).lease  # took over: the zombie's token is stale
+    assert taker.token == zombie.token + 1
+    if taker_first:
+        store.finish(taker, response(2))
+    with pytest.raises(LockLost):
+        store.finish(zombie, response(666))
+    if not taker_first:
+        # Still the taker's to finish: a replay here would answer the zombie's work.
+        assert store.claim(request(scope)).outcome is Outcome.IN_PROGRESS
+        store.finish(taker, response(2))
+    for _ in range(3):  # the primary's answer, then the cache's
+        assert store.claim(request(scope)).response == response(2)
+
+
 def test_evict_through_the_cache_forgets_the_response(cached: Cached, scope: str) -> None:
     store = cached.face
     lease = store.claim(request(scope)).lease
