@@ -23,6 +23,7 @@ from idempotence.stores.cached import AsyncCachedStore
 from tests.http import apps
 from tests.http.clients import async_store
 from tests.http.servers import uvicorn_server
+from tests.http.test_http_servers import Racers, race_trials
 from tests.support.redis import redis_server
 
 BACKENDS = ["postgres", "sqlite"]
@@ -133,3 +134,17 @@ def test_redis_killed_mid_run_answers_every_request_from_the_primary(
         assert store.cache_stats.errors >= 1  # the degradation is counted
         # ... and every retry before the kill was a replay, from Redis.
         assert hits_before == 4 * 10 * 2
+
+
+@pytest.mark.slow
+def test_p6_concurrent_identical_posts_execute_once_on_a_cached_store(
+    backend: str, target: str, scope: str
+) -> None:
+    # The race of the SQL stores' suite, through the cache: the first request's
+    # finish fills it while its twins claim, and none of them may run the work again.
+    with redis_server() as redis, serve(backend, target, redis.url, "race") as (url, _, effects):
+        racers = Racers(url, scope)
+        try:
+            race_trials(racers, effects)
+        finally:
+            racers.close()
