@@ -210,6 +210,24 @@ def test_times_are_the_servers_clock(redis_store: Any, scope: str) -> None:
     assert record.expires_at - record.created_at == timedelta(hours=24)
 
 
+def test_a_client_whose_clock_is_wrong_changes_no_time(
+    redis_store: Any, scope: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The app server's clock an hour ahead: the record's times, its lock and its
+    # expiry still follow the server's (a client clock would age every lock at once).
+    ahead = 3600.0
+    real_time, real_ns = time.time, time.time_ns
+    monkeypatch.setattr(time, "time", lambda: real_time() + ahead)
+    monkeypatch.setattr(time, "time_ns", lambda: real_ns() + int(ahead * 1e9))
+    before = raw_time()
+    short = timedelta(milliseconds=300)
+    record = redis_store.claim(request(scope, lock_timeout=short)).record
+    after = raw_time()
+    assert before <= record.created_at <= after
+    assert redis_store.claim(request(scope)).outcome is Outcome.IN_PROGRESS
+    assert 0 < ttl_ms(redis_store, scope) <= 24 * 3600 * 1000 + 1
+
+
 def raw_time() -> Any:
     from datetime import UTC, datetime
 
