@@ -2,7 +2,9 @@
 
     python -m tests.http.crash_server uvicorn|waitress sqlite|postgres|redis TARGET DIR
 
-(On Redis, a KeyStore, only the plain handler endpoint ``/handle/{name}`` exists.)
+(On Redis, a KeyStore, only the plain handler endpoint ``/handle/{name}`` exists; so
+on ``cached-sqlite|cached-postgres`` with TARGET ``PRIMARY|REDIS_URL``: a cached store,
+the crash tests of plain handlers through its cache.)
 
 It prints its port on stdout, then serves. Its effects are rows in ``crash_effects``
 on the store's database, so they outlive the process. While ``DIR/hang`` exists, an
@@ -114,7 +116,7 @@ def rides_flow(backend: str, hang: Hang, *, asynchronous: bool) -> Flow:
 
 def config(store: Any, backend: str, hang: Hang, *, asynchronous: bool) -> Idempotency:
     handler = [Endpoint("POST /handle/{name}", Policy(lock_timeout=LOCK_TIMEOUT))]
-    if backend == "redis":  # a KeyStore: plain handler endpoints only
+    if backend == "redis" or backend.startswith("cached-"):  # plain handlers only
         return Idempotency(
             store=store, scope=single_tenant("crash"), endpoints=handler, default=None
         )
@@ -141,11 +143,18 @@ def asgi_app(backend: str, target: str, hang: Hang) -> Any:
     from idempotence.http import IdempotencyMiddleware
     from idempotence.stores.postgres import AsyncPostgresStore
 
-    store: Any = AsyncPostgresStore(target) if backend == "postgres" else AsyncSqliteStore(target)
-    if backend == "redis":
+    if backend.startswith("cached-"):
+        from idempotence.stores.cached import AsyncCachedStore
+
+        primary, redis_url = target.rsplit("|", 1)
+        kind = AsyncPostgresStore if backend == "cached-postgres" else AsyncSqliteStore
+        store: Any = AsyncCachedStore(kind(primary), redis_url)
+    elif backend == "redis":
         from idempotence.stores.redis import AsyncRedisStore
 
         store = AsyncRedisStore(target)
+    else:
+        store = AsyncPostgresStore(target) if backend == "postgres" else AsyncSqliteStore(target)
 
     async def transfer(request: Request) -> JSONResponse:
         lease = current_lease()
@@ -176,11 +185,18 @@ def wsgi_app(backend: str, target: str, hang: Hang) -> Any:
     from idempotence.contrib.flask import install
     from idempotence.stores.postgres import PostgresStore
 
-    store: Any = PostgresStore(target) if backend == "postgres" else SqliteStore(target)
-    if backend == "redis":
+    if backend.startswith("cached-"):
+        from idempotence.stores.cached import CachedStore
+
+        primary, redis_url = target.rsplit("|", 1)
+        kind = PostgresStore if backend == "cached-postgres" else SqliteStore
+        store: Any = CachedStore(kind(primary), redis_url)
+    elif backend == "redis":
         from idempotence.stores.redis import RedisStore
 
         store = RedisStore(target)
+    else:
+        store = PostgresStore(target) if backend == "postgres" else SqliteStore(target)
     app = Flask("crash-server")
 
     @app.post("/tx/<name>")

@@ -21,6 +21,7 @@ import pytest
 
 from idempotence.stores.cached import AsyncCachedStore
 from tests.http import apps
+from tests.http import test_http_crash as crash
 from tests.http.clients import async_store
 from tests.http.servers import uvicorn_server
 from tests.http.test_http_servers import Racers, race_trials
@@ -148,3 +149,22 @@ def test_p6_concurrent_identical_posts_execute_once_on_a_cached_store(
             race_trials(racers, effects)
         finally:
             racers.close()
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "waitress"])
+@pytest.mark.parametrize(
+    "crash_test",
+    [
+        crash.test_f2_a_killed_handlers_key_is_taken_over_within_its_lock_timeout,
+        crash.test_f2_a_live_handler_slower_than_its_lock_timeout_is_never_taken_over,
+    ],
+    ids=["killed-is-taken-over", "live-is-never-taken-over"],
+)
+def test_f2_crash_and_retry_through_the_cache(
+    server: str, crash_test: Any, backend: str, target: str, tmp_path: Path
+) -> None:
+    # The SQL stores' crash tests of plain handlers, each server process with a cached
+    # store of its own on one primary and one Redis: the survivor takes the killed
+    # worker's key over, and its answer is the one replayed from Redis.
+    with redis_server() as redis:
+        crash_test(server, f"cached-{backend}", f"{target}|{redis.url}", tmp_path)
