@@ -323,7 +323,6 @@ def test_an_entry_of_an_older_row_is_replaced_when_the_primary_shows_a_newer_one
 SYNC_ONLY = pytest.mark.parametrize("cached", ["postgres-sync", "sqlite-sync"], indirect=True)
 
 
-@SYNC_ONLY
 @pytest.mark.parametrize("taker_first", [True, False], ids=["taker-first", "zombie-first"])
 def test_f1_a_zombies_refused_finish_puts_nothing_in_the_cache(
     cached: Cached, scope: str, taker_first: bool
@@ -345,6 +344,7 @@ def test_f1_a_zombies_refused_finish_puts_nothing_in_the_cache(
         assert store.claim(request(scope)).response == response(2)
 
 
+@SYNC_ONLY
 def test_evict_through_the_cache_forgets_the_response(cached: Cached, scope: str) -> None:
     store = cached.face
     lease = store.claim(request(scope)).lease
