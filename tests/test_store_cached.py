@@ -340,7 +340,7 @@ def test_f1_a_zombies_refused_finish_puts_nothing_in_the_cache(
         # Still the taker's to finish: a replay here would answer the zombie's work.
         assert store.claim(request(scope)).outcome is Outcome.IN_PROGRESS
         store.finish(taker, response(2))
-    for _ in range(3):  # the primary's answer, then the cache's
+    for _ in range(3):  # from the cache, which the taker's finish wrote
         assert store.claim(request(scope)).response == response(2)
 
 
@@ -478,7 +478,7 @@ def test_a_redis_that_hangs_costs_a_request_its_short_timeout_at_most(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_redis_that_refuses_writes_costs_no_finish_and_no_replay(
+def test_a_redis_that_refuses_writes_fails_no_finish_and_no_replay(
     kind: str, request: pytest.FixtureRequest, loop_thread: EventLoopThread, scope: str
 ) -> None:
     with (

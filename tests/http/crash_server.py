@@ -1,10 +1,12 @@
 """A guarded app in a server process of its own, for the kill-and-restart tests.
 
-    python -m tests.http.crash_server uvicorn|waitress sqlite|postgres|redis TARGET DIR
+    python -m tests.http.crash_server uvicorn|waitress BACKEND TARGET DIR
 
-(On Redis, a KeyStore, only the plain handler endpoint ``/handle/{name}`` exists; so
-on ``cached-sqlite|cached-postgres`` with TARGET ``PRIMARY|REDIS_URL``: a cached store,
-the crash tests of plain handlers through its cache.)
+BACKEND is ``sqlite``, ``postgres`` or ``redis`` (TARGET: the store's path or URL),
+or ``cached-sqlite`` / ``cached-postgres``, a cached store (TARGET:
+``PRIMARY|REDIS_URL``). On Redis, a KeyStore, only the plain handler endpoint
+``/handle/{name}`` exists, and a cached store serves only that one too: the suites
+run only the plain handlers' crash tests through a cache.
 
 It prints its port on stdout, then serves. Its effects are rows in ``crash_effects``
 on the store's database, so they outlive the process. While ``DIR/hang`` exists, an
@@ -116,7 +118,8 @@ def rides_flow(backend: str, hang: Hang, *, asynchronous: bool) -> Flow:
 
 def config(store: Any, backend: str, hang: Hang, *, asynchronous: bool) -> Idempotency:
     handler = [Endpoint("POST /handle/{name}", Policy(lock_timeout=LOCK_TIMEOUT))]
-    if backend == "redis" or backend.startswith("cached-"):  # plain handlers only
+    # Redis runs nothing else; a cached store could, but only its handlers' tests use it.
+    if backend == "redis" or backend.startswith("cached-"):
         return Idempotency(
             store=store, scope=single_tenant("crash"), endpoints=handler, default=None
         )

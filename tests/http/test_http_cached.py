@@ -152,19 +152,12 @@ def test_p6_concurrent_identical_posts_execute_once_on_a_cached_store(
 
 
 @pytest.mark.parametrize("server", ["uvicorn", "waitress"])
-@pytest.mark.parametrize(
-    "crash_test",
-    [
-        crash.test_f2_a_killed_handlers_key_is_taken_over_within_its_lock_timeout,
-        crash.test_f2_a_live_handler_slower_than_its_lock_timeout_is_never_taken_over,
-    ],
-    ids=["killed-is-taken-over", "live-is-never-taken-over"],
-)
+@crash.HANDLER_CRASH_TESTS
 def test_f2_crash_and_retry_through_the_cache(
     server: str, crash_test: Any, backend: str, target: str, tmp_path: Path
 ) -> None:
     # The SQL stores' crash tests of plain handlers, each server process with a cached
-    # store of its own on one primary and one Redis: the survivor takes the killed
-    # worker's key over, and its answer is the one replayed from Redis.
+    # store of its own on one primary and one Redis: the heartbeat and the takeover
+    # go through the cached store to the primary.
     with redis_server() as redis:
         crash_test(server, f"cached-{backend}", f"{target}|{redis.url}", tmp_path)

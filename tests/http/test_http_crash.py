@@ -223,3 +223,15 @@ def test_f2_a_killed_handlers_key_is_taken_over_within_its_lock_timeout(
     # The last beat was at most lock / 3 before the kill: the lock lapses by then.
     assert taken_over < lock + 1.5, taken_over
     assert executions(tmp_path, key) == [executions(tmp_path, key)[0], done.json()["execution"]]
+
+
+#: The plain handlers' crash tests, which the Redis and cached-store suites run too
+#: (``crash_test(server, backend, target, tmp_path)``).
+HANDLER_CRASH_TESTS = pytest.mark.parametrize(
+    "crash_test",
+    [
+        test_f2_a_killed_handlers_key_is_taken_over_within_its_lock_timeout,
+        test_f2_a_live_handler_slower_than_its_lock_timeout_is_never_taken_over,
+    ],
+    ids=["killed-is-taken-over", "live-is-never-taken-over"],
+)

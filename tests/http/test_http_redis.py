@@ -83,14 +83,7 @@ def test_p6_concurrent_identical_posts_execute_once_on_redis(
 
 
 @pytest.mark.parametrize("server", ["uvicorn", "waitress"])
-@pytest.mark.parametrize(
-    "crash_test",
-    [
-        crash.test_f2_a_killed_handlers_key_is_taken_over_within_its_lock_timeout,
-        crash.test_f2_a_live_handler_slower_than_its_lock_timeout_is_never_taken_over,
-    ],
-    ids=["killed-is-taken-over", "live-is-never-taken-over"],
-)
+@crash.HANDLER_CRASH_TESTS
 def test_f2_crash_and_retry_on_redis(
     server: str, crash_test: Any, own_redis: RedisServer, tmp_path: Path
 ) -> None:
