@@ -24,7 +24,7 @@ from tests.http import apps
 from tests.http import test_http_crash as crash
 from tests.http.clients import async_store
 from tests.http.servers import uvicorn_server
-from tests.http.test_http_servers import Racers, race_trials
+from tests.http.test_http_servers import race_trials, racers_at
 from tests.support.redis import redis_server
 
 BACKENDS = ["postgres", "sqlite"]
@@ -143,12 +143,12 @@ def test_p6_concurrent_identical_posts_execute_once_on_a_cached_store(
 ) -> None:
     # The race of the SQL stores' suite, through the cache: the first request's
     # finish fills it while its twins claim, and none of them may run the work again.
-    with redis_server() as redis, serve(backend, target, redis.url, "race") as (url, _, effects):
-        racers = Racers(url, scope)
-        try:
-            race_trials(racers, effects)
-        finally:
-            racers.close()
+    with (
+        redis_server() as redis,
+        serve(backend, target, redis.url, "race") as (url, _, effects),
+        racers_at(url, scope) as racers,
+    ):
+        race_trials(racers, effects)
 
 
 @pytest.mark.parametrize("server", ["uvicorn", "waitress"])

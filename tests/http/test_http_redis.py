@@ -32,7 +32,7 @@ from idempotence.stores.redis import AsyncRedisStore, RedisStore
 from tests.http import apps
 from tests.http import test_http_crash as crash
 from tests.http.servers import uvicorn_server, waitress_server
-from tests.http.test_http_servers import Racers, race_trials
+from tests.http.test_http_servers import race_trials, racers_at
 from tests.support.redis import RedisServer, redis_server
 
 
@@ -71,12 +71,8 @@ def running(server: str, url: str) -> Iterator[tuple[str, apps.Effects]]:
 def test_p6_concurrent_identical_posts_execute_once_on_redis(
     server: str, own_redis: RedisServer, scope: str
 ) -> None:
-    with running(server, own_redis.url) as (url, effects):
-        racers = Racers(url, scope)
-        try:
-            race_trials(racers, effects)
-        finally:
-            racers.close()
+    with running(server, own_redis.url) as (url, effects), racers_at(url, scope) as racers:
+        race_trials(racers, effects)
 
 
 # -- a server killed mid-handler (F2, P5), as on the SQL stores ------------------------------

@@ -96,20 +96,21 @@ class Racers:
             client.close()
 
 
+@contextmanager
+def racers_at(base_url: str, tenant: str) -> Iterator[Racers]:
+    """Racers, closed at the end of the ``with`` (before the server stops: a server
+    waits for its open connections)."""
+    racers = Racers(base_url, tenant)
+    try:
+        yield racers
+    finally:
+        racers.close()
+
+
 @pytest.fixture
 def racers_for(scope: str) -> Any:
-    """Opens Racers, closed at the end of the ``with`` that ``make`` returns (before
-    the server stops: a server waits for its open connections)."""
-
-    @contextmanager
-    def make(base_url: str) -> Iterator[Racers]:
-        racers = Racers(base_url, scope)
-        try:
-            yield racers
-        finally:
-            racers.close()
-
-    return make
+    """:func:`racers_at` for the test's scope: ``with racers_for(url) as racers``."""
+    return lambda base_url: racers_at(base_url, scope)
 
 
 def check_trial(responses: list[httpx.Response], *, allow_409: bool) -> None:
