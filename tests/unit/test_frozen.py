@@ -56,6 +56,8 @@ def test_still_frozen_and_the_same_errors_for_bad_calls() -> None:
     made = quick(1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.a = 2
+    response = idempotence.states.StoredResponse(201, (("a", "b"),), b"x")
+    assert hash(response) == hash(idempotence.states.StoredResponse(201, (("a", "b"),), b"x"))
     for call in (lambda cls: cls(), lambda cls: cls(1, d=5), lambda cls: cls(1, "b", [], 3)):
         with pytest.raises(TypeError):
             call(plain)

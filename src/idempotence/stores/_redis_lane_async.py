@@ -18,22 +18,21 @@ Every command in flight shares the one connection (Redis answers a connection's
 commands in the order it read them): a command to an idle connection is written at
 once, and while commands are in flight, those of one turn of the event loop go out
 together at its end, in one write; the replies that arrive together are read in one
-go. Under load
-that is one system call for many commands, on each side: a connection per command
-cost the app's process a write, a wake-up and a read each (about a quarter of a
-guarded request's CPU on Redis, benchmarks/http_bench.py), and the server as much.
+go. Under load that is one system call for many commands, on each side: a connection
+per command cost the app's process a write, a wake-up and a read each (about a quarter
+of a guarded request's CPU on Redis, benchmarks/http_bench.py), and the server as
+much.
 
 Each reply answers the oldest command still waiting, so a reply is never read as
-another command's (F1): a command given up (cancelled: the client went away) keeps
-its place, and its reply is read and dropped. A command unanswered the client's
-``socket_timeout`` after it was written fails the connection, every command on it
-with ``TimeoutError``, as a lost connection does with ``ConnectionError``, and the
-next command opens another: one attempt, whose failure every command waiting for it
-gets. A RESP3 push (redis-py speaks RESP3 by default; a server
-pushes maintenance notices) is never a reply: it is skipped, and its connection takes
-no new command and closes once those in flight are answered. An error reply raises
-redis-py's own exception (``NoScriptError``, ``ResponseError``...) for its command
-alone.
+another command's (F1): a command given up (cancelled: the client went away) keeps its
+place, and its reply is read and dropped. A command still unanswered the client's
+``socket_timeout`` after its write fails the connection, every command on it with
+``TimeoutError``, as a lost connection does with ``ConnectionError``, and the next
+command opens another: one attempt, whose failure every command waiting for it gets. A
+RESP3 push (redis-py speaks RESP3 by default; a server pushes maintenance notices) is
+never a reply: it is skipped, and its connection takes no new command and closes once
+those in flight are answered. An error reply raises redis-py's own exception
+(``NoScriptError``, ``ResponseError``...) for its command alone.
 
 Only for a plain server (not a cluster, whose client routes by slot), only for a
 client the store opened (an application's client keeps its own pool, limits and
@@ -259,9 +258,6 @@ class AsyncLane:
         """The connection, opened once for every command that needs it: one attempt,
         whose failure each of them gets at once (not an attempt each, one after the
         other, each waiting out the connect timeout)."""
-        connection = self._connection
-        if connection is not None and connection.usable:
-            return connection
         if self._closed:
             raise redis.exceptions.ConnectionError("the Redis key store is closed")
         opening = self._opening
@@ -297,11 +293,12 @@ class AsyncLane:
     async def evalsha(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
         """Run a registered script (redis-py's ``Script``: its ``sha`` and ``script``)
         by EVALSHA, loading it first on ``NOSCRIPT`` (a restarted server)."""
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
-            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self.execute(*command)
         except redis.exceptions.NoScriptError:
             await self.execute("SCRIPT", "LOAD", script.script)
-            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self.execute(*command)
 
     async def close(self) -> None:
         """Take no new command; the connection closes once those in flight are
