@@ -50,6 +50,10 @@ own, with hiredis's parser. On the cached store ``handler`` pays the PostgreSQL 
 and finish plus the write of the finished response to Redis, and ``replay`` is
 answered from Redis alone.
 
+Below the table, each guarded row against its floor on the same server
+(``redis: handler / handler-floor = 0.78``): req/s over the floor's, the share of
+the hand-written statements' throughput the library keeps.
+
 CPU per request comes from /proc: ``app ms`` is the uvicorn process, ``db ms`` the
 PostgreSQL backends of the benchmark's database (``all-db ms``: the whole cluster, WAL
 writer and checkpointer included; on the machine's shared server also other tenants'
@@ -113,6 +117,29 @@ def rows(server: str, backend: str) -> list[harness.Row]:
         found.append(row(server, "insert", "/plain/insert", None, connections=1))
         found.append(row(server, "transaction", "/guarded/tx", "insert", connections=1))
     return found
+
+
+#: What the summary compares: (the row, its floor), on every server that has both.
+FLOORS = (
+    ("handler", "handler-floor"),
+    ("replay", "replay-floor"),
+    ("transaction", "transaction-floor"),
+)
+
+
+def against_floors(table: list[dict[str, Any]]) -> list[str]:
+    """Each guarded row's req/s over its floor's on the same server, in the same run:
+    the share of the hand-written statements' throughput the library keeps. Unlike
+    the ratio to the unguarded endpoint, it leaves out what the database round trips
+    cost whoever sends them."""
+    rps = {(row["server"], row["row"]): row["rps"] for row in table}
+    lines = []
+    for server in dict.fromkeys(row["server"] for row in table):
+        for name, floor in FLOORS:
+            ours, hand = rps.get((server, name)), rps.get((server, floor))
+            if ours and hand:
+                lines.append(f"{server}: {name} / {floor} = {ours / hand:.2f}")
+    return lines
 
 
 # -- the server process ------------------------------------------------------------------------
@@ -538,7 +565,7 @@ def main() -> None:
             servers[name] = harness.Server(name, port, pid, meter, what)
             table_rows += rows(name, backend)
         table = harness.measure(servers, table_rows, args)
-    harness.emit(table, servers, args, harness.head(args, "1 process"))
+    harness.emit(table, servers, args, harness.head(args, "1 process"), against_floors(table))
 
 
 if __name__ == "__main__":

@@ -91,6 +91,13 @@ def test_http_bench_quick():
         "insert @c1",
         "transaction @c1",
     }
+    # Below the table, every guarded row against its floor, on both servers.
+    against = [line.split(" = ")[0] for line in table["summary"]]
+    assert against == [
+        f"{server}: {row} / {row}-floor"
+        for server in ("pg-fast", "sqlite-normal")
+        for row in ("handler", "replay", "transaction")
+    ]
     for row in rows:
         if row["server"] == "pg-fast" and row["row"] not in ("trivial", "trivial @c1"):
             # Every row that touches PostgreSQL shows CPU in its backends.
@@ -117,6 +124,10 @@ def test_http_bench_quick_on_redis():
     for server, name in [*measured, ("redis", "handler-floor"), ("redis", "replay-floor")]:
         assert by[server, name]["redis_ms"] > 0, (server, name)
     assert by["redis", "handler"]["db_ms"] is None  # no PostgreSQL on that server
+    # The summary sets each Redis row against its floor (the cached store has none).
+    against = dict(line.split(" = ") for line in table["summary"])
+    assert set(against) == {"redis: handler / handler-floor", "redis: replay / replay-floor"}
+    assert all(float(ratio) > 0 for ratio in against.values())
     assert by["pg-fast+cache", "handler"]["db_ms"] > 0
     assert by["pg-fast+cache", "replay"]["db_ms"] < by["pg-fast+cache", "handler"]["db_ms"] / 10
 
