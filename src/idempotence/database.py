@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 from .errors import ConfigurationError
 from .observability import Instrumentation
 from .stores import AsyncStore, Store
+from .stores._redis_url import check_redis_url
 
 if TYPE_CHECKING:
     from .stores.redis import AsyncRedisStore, RedisStore
@@ -84,6 +85,10 @@ class DatabaseUrl:
             return cls("sqlite", rest[1:])
         if scheme in REDIS_SCHEMES:
             _check_ports(rest)
+            # The database too: redis-py would read one it cannot parse as 0.
+            check_redis_url(
+                scheme.removesuffix("+cluster") + "://" + rest, cluster=scheme.endswith("+cluster")
+            )
             return cls("redis", scheme + "://" + rest)
         raise ConfigurationError(
             f"unsupported database {scheme!r} in {url!r}: use postgresql://, sqlite:///relative "

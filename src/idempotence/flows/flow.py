@@ -248,6 +248,7 @@ class Flow:
         ``wait`` makes a run that finds the key in progress elsewhere wait for it that
         long (P10), then replay it or take it over, instead of ending IN_PROGRESS.
         """
+        self._check_store(store, Store)
         engine = watched(store.instrumentation, self.name, request, self.engine(request, wait=wait))
         return drive(engine, store, observer)
 
@@ -262,8 +263,19 @@ class Flow:
         """Run this flow on an async SQL store (:class:`~idempotence.AsyncStore`, for
         the reason given in :meth:`run`); phases and calls may be coroutines.
         ``observer`` is a plain function, as for :meth:`run`."""
+        self._check_store(store, AsyncStore)
         engine = watched(store.instrumentation, self.name, request, self.engine(request, wait=wait))
         return await drive_async(engine, store, observer)
+
+    def _check_store(self, store: object, kind: type) -> None:
+        """Refuse a store without transactions before anything is claimed: a run
+        that failed at its first phase would leave the key locked until its timeout."""
+        if not isinstance(store, kind):
+            raise ConfigurationError(
+                f"flow {self.name!r} needs a SQL store ({kind.__name__}: PostgreSQL or "
+                f"SQLite, or a cached store in front of one), not {type(store).__name__}: "
+                "each phase commits in the store's transaction (R2)"
+            )
 
     def engine(
         self, request: ClaimRequest, *, wait: timedelta | None = None, app: Any = None

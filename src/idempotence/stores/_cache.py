@@ -36,7 +36,7 @@ from redis.asyncio import Redis as AsyncRedis
 from ..errors import StoreError, StoreUnavailable
 from ..observability import Instrumentation
 from ..states import Claim, ClaimRequest, KeyRecord, Lease, Outcome, StoredResponse
-from ._redis_base import EPOCH, MICROSECOND
+from ._redis_base import EPOCH, MICROSECOND, check_timeout, open_client
 
 __all__ = ["AsyncRedis", "Redis"]
 
@@ -93,7 +93,7 @@ def connect_redis_async(target: str | AsyncRedis, timeout: float) -> tuple[Async
     """The asyncio client for ``target`` (a ``redis://`` URL or a client), and whether
     the store owns it (opened it from a URL, and so closes it)."""
     if isinstance(target, str):
-        return AsyncRedis.from_url(target, **_options(timeout)), True
+        return open_client(AsyncRedis, target, _options(timeout)), True
     if not isinstance(target, AsyncRedis):
         raise TypeError(
             f"AsyncCachedStore needs a redis:// URL or a redis.asyncio.Redis client, "
@@ -105,7 +105,7 @@ def connect_redis_async(target: str | AsyncRedis, timeout: float) -> tuple[Async
 def connect_redis(target: str | Redis, timeout: float) -> tuple[Redis, bool]:
     """The sync twin of :func:`connect_redis_async`: a ``redis.Redis``."""
     if isinstance(target, str):
-        return Redis.from_url(target, **_options(timeout)), True
+        return open_client(Redis, target, _options(timeout)), True
     if not isinstance(target, Redis):
         raise TypeError(
             f"CachedStore needs a redis:// URL or a redis.Redis client, not {type(target).__name__}"
@@ -126,6 +126,7 @@ def close_redis(client: Redis) -> None:
 def _options(timeout: float) -> dict[str, Any]:
     # No retries: a failed call falls back to the primary at once, and the pause
     # keeps a down cache from being asked again for a while.
+    timeout = check_timeout(timeout)
     return {
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,

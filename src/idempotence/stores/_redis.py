@@ -32,6 +32,7 @@ from ._redis_base import (
     channel,
     check_prefix,
     claim_args,
+    client_kinds,
     client_options,
     close,
     cluster_url,
@@ -40,6 +41,7 @@ from ._redis_base import (
     encoded_record_key,
     finish_args,
     no_retry,
+    open_client,
     record,
     record_pattern,
     timestamp,
@@ -149,14 +151,20 @@ class RedisStore:
             options = client_options(timeout) | {"retry": no_retry()}
             self._lane: Lane | None = None
             if cluster is not None:
-                self._client = RedisCluster.from_url(cluster, **options)
+                self._client = open_client(RedisCluster, cluster, options)
             else:
-                self._client = Redis.from_url(target, **options)
+                client: Redis = open_client(Redis, target, options)
+                self._client = client
                 # The scripts go past the client's per-command machinery (see
                 # _redis_lane); a cluster's client routes them by slot.
-                self._lane = Lane.of(self._client)
+                self._lane = Lane.of(client)
             self._owned = True
         else:
+            if not isinstance(target, Redis | RedisCluster):
+                raise ConfigurationError(
+                    f"{type(self).__name__} needs a redis:// URL or a client of "
+                    f"{client_kinds(Redis, RedisCluster)}, not {type(target).__name__}"
+                )
             if target.get_encoder().decode_responses:
                 raise ConfigurationError(
                     "the Redis store needs a client with decode_responses=False"
@@ -186,8 +194,7 @@ class RedisStore:
         return encoded_record_key(self._prefix_bytes, scope, key)
 
     def _run(self, name: str, keys: list[bytes], args: list[Any]) -> Any:
-        if self._closed:
-            raise StoreUnavailable("the Redis key store is closed")
+        self._check_open()
         with translated():
             if self._lane is not None:
                 return self._lane.evalsha(self._scripts[name], keys, args)
@@ -234,8 +241,7 @@ class RedisStore:
 
     def get(self, scope: str, key: str) -> KeyRecord | None:
         """The key's current record, or None."""
-        if self._closed:
-            raise StoreUnavailable("the Redis key store is closed")
+        self._check_open()
         with translated():
             fields = self._client.hgetall(self.record_key(scope, key))
         return record(fields) if fields else None
@@ -250,8 +256,7 @@ class RedisStore:
         """Every record of ``scope`` (of every scope when None), found by SCAN (never
         KEYS, which blocks the server): the operator's listing (F5). A record that
         expires during the scan is left out."""
-        if self._closed:
-            raise StoreUnavailable("the Redis key store is closed")
+        self._check_open()
         found = []
         with translated():
             for name in self._client.scan_iter(
@@ -282,9 +287,14 @@ class RedisStore:
 
     def server_time(self) -> datetime:
         """The server's clock (``TIME``)."""
+        self._check_open()
         with translated():
             seconds, micros = self._client.time()
         return timestamp(seconds * 1_000_000 + micros)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable("the Redis key store is closed")
 
     def close(self) -> None:
         """Stop the listener and close the client the store opened (an application's

@@ -30,6 +30,7 @@ from ._redis_base import (
     channel,
     check_prefix,
     claim_args,
+    client_kinds,
     client_options,
     close_async,
     cluster_url,
@@ -38,6 +39,7 @@ from ._redis_base import (
     encoded_record_key,
     finish_args,
     no_retry_async,
+    open_client,
     record,
     record_pattern,
     timestamp,
@@ -149,14 +151,20 @@ class AsyncRedisStore:
             options = client_options(timeout) | {"retry": no_retry_async()}
             self._lane: AsyncLane | None = None
             if cluster is not None:
-                self._client = AsyncRedisCluster.from_url(cluster, **options)
+                self._client = open_client(AsyncRedisCluster, cluster, options)
             else:
-                self._client = AsyncRedis.from_url(target, **options)
+                client: AsyncRedis = open_client(AsyncRedis, target, options)
+                self._client = client
                 # The scripts go past the client's per-command machinery (see
                 # _redis_lane_async); a cluster's client routes them by slot.
-                self._lane = AsyncLane.of(self._client)
+                self._lane = AsyncLane.of(client)
             self._owned = True
         else:
+            if not isinstance(target, AsyncRedis | AsyncRedisCluster):
+                raise ConfigurationError(
+                    f"{type(self).__name__} needs a redis:// URL or a client of "
+                    f"{client_kinds(AsyncRedis, AsyncRedisCluster)}, not {type(target).__name__}"
+                )
             if target.get_encoder().decode_responses:
                 raise ConfigurationError(
                     "the Redis store needs a client with decode_responses=False"
@@ -186,8 +194,7 @@ class AsyncRedisStore:
         return encoded_record_key(self._prefix_bytes, scope, key)
 
     async def _run(self, name: str, keys: list[bytes], args: list[Any]) -> Any:
-        if self._closed:
-            raise StoreUnavailable("the Redis key store is closed")
+        self._check_open()
         with translated():
             if self._lane is not None:
                 return await self._lane.evalsha(self._scripts[name], keys, args)
@@ -236,8 +243,7 @@ class AsyncRedisStore:
 
     async def get(self, scope: str, key: str) -> KeyRecord | None:
         """The key's current record, or None."""
-        if self._closed:
-            raise StoreUnavailable("the Redis key store is closed")
+        self._check_open()
         with translated():
             fields = await self._client.hgetall(self.record_key(scope, key))
         return record(fields) if fields else None
@@ -252,8 +258,7 @@ class AsyncRedisStore:
         """Every record of ``scope`` (of every scope when None), found by SCAN (never
         KEYS, which blocks the server): the operator's listing (F5). A record that
         expires during the scan is left out."""
-        if self._closed:
-            raise StoreUnavailable("the Redis key store is closed")
+        self._check_open()
         found = []
         with translated():
             async for name in self._client.scan_iter(
@@ -284,9 +289,14 @@ class AsyncRedisStore:
 
     async def server_time(self) -> datetime:
         """The server's clock (``TIME``)."""
+        self._check_open()
         with translated():
             seconds, micros = await self._client.time()
         return timestamp(seconds * 1_000_000 + micros)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable("the Redis key store is closed")
 
     async def close(self) -> None:
         """Stop the listener and close the client the store opened (an application's

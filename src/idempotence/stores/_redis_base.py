@@ -19,6 +19,7 @@ from typing import Any
 from .. import _queries
 from ..errors import ConfigurationError, StoreError, StoreUnavailable
 from ..states import STARTED, Claim, ClaimRequest, KeyRecord, StoredResponse, claim_from
+from ._redis_url import check_redis_url
 
 try:
     import redis
@@ -60,6 +61,10 @@ _DOWN = (
     redis.exceptions.ClusterDownError,
     redis.exceptions.TryAgainError,
     redis.exceptions.MasterDownError,
+    # Not a RedisError: a cluster client that reaches no node, or finds its slots
+    # uncovered or the node not in cluster mode, raises it while it discovers the
+    # cluster (a 503 that names the reason, never a 500).
+    redis.exceptions.RedisClusterException,
 )
 
 _TEXT = "surrogatepass"  # any Python str survives the trip, even a lone surrogate
@@ -115,7 +120,7 @@ def encoded_record_key(prefix: bytes, scope: str, key: str) -> bytes:
 def record_pattern(prefix: str, scope: str | None) -> bytes:
     """The SCAN pattern of the records of ``scope`` (every scope when None)."""
     if scope is None:
-        return encode(prefix) + b":{*}:*"
+        return _glob(encode(prefix)) + b":{*}:*"
     s = encode(scope)
     return b"%s:{*}:%d:%s:*" % (_glob(encode(prefix)), len(s), _glob(s))
 
@@ -373,7 +378,42 @@ def cluster_url(url: str) -> str | None:
     return None
 
 
+def open_client(kind: Any, url: str, options: Mapping[str, Any]) -> Any:
+    """``kind.from_url(url, **options)`` for a URL checked first (:mod:`._redis_url`).
+    What redis-py would refuse only at the first command, an option it does not know
+    or an option's bad value, is refused here; a cluster that the sync client cannot
+    discover while it starts is unavailable (P11)."""
+    cluster = kind is RedisCluster or kind is AsyncRedisCluster
+    check_redis_url(url, cluster=cluster)
+    try:
+        with translated():
+            client = kind.from_url(url, **options)
+        if not cluster:
+            # A connection made, not connected: its arguments are the URL's options.
+            pool = client.connection_pool
+            pool.connection_class(**pool.connection_kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(f"invalid option in the Redis URL: {exc}") from None
+    return client
+
+
+def client_kinds(*kinds: type) -> str:
+    """``redis.asyncio.client.Redis or ...``: the client classes a store takes."""
+    return " or ".join(f"{kind.__module__}.{kind.__qualname__}" for kind in kinds)
+
+
+def check_timeout(timeout: float) -> float:
+    """``timeout`` if it is a positive number of seconds (redis-py would take 0 as a
+    failure of every command, and refuse a negative one only at the first)."""
+    if not timeout > 0:  # NaN too
+        raise ConfigurationError(
+            f"a Redis timeout is a positive number of seconds, not {timeout!r}"
+        )
+    return timeout
+
+
 def client_options(timeout: float) -> dict[str, Any]:
+    timeout = check_timeout(timeout)
     return {
         "socket_connect_timeout": timeout,
         "socket_timeout": timeout,
