@@ -297,3 +297,34 @@ def test_a_prefix_with_glob_characters_lists_its_own_records_only(redis_prefix: 
         for name in client.scan_iter(match=f"{redis_prefix}*"):
             client.delete(name)
         client.close()
+
+
+def test_the_cli_reads_a_redis_store_under_its_own_prefix(redis_prefix: str, tmp_path: Any) -> None:
+    url = require(SHARED_URL)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=60)
+
+    store = RedisStore(url, prefix=redis_prefix)
+    try:
+        store.claim(request("acct", "prefixed"))
+        # Without it the CLI looks under the default prefix, and finds nothing there.
+        hidden = cli("keys", "list", "--scope", "acct", "--database", url)
+        assert "prefixed" not in hidden.stdout
+        found = cli("keys", "list", "--database", url, "--redis-prefix", redis_prefix)
+        assert found.returncode == 0 and "prefixed" in found.stdout, found.stderr
+        shown = cli("keys", "show", "acct", "prefixed", "--database", url)
+        assert shown.returncode == 4  # not under the default prefix
+        args = ("acct", "prefixed", "--database", url, "--redis-prefix", redis_prefix)
+        assert cli("keys", "show", *args).returncode == 0
+        stats = cli("stats", "--scope", "acct", "--database", url, "--redis-prefix", redis_prefix)
+        assert stats.returncode == 0 and "total keys       1" in stats.stdout, stats.stdout
+        assert cli("keys", "evict", *args, "--force").returncode == 0
+        assert store.get("acct", "prefixed") is None
+    finally:
+        store.close()
+    braces = cli("keys", "list", "--database", url, "--redis-prefix", "a{b}")
+    assert braces.returncode == 2 and "without braces" in braces.stderr
+    sqlite = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    refused = cli("keys", "list", "--database", sqlite, "--redis-prefix", redis_prefix)
+    assert refused.returncode == 2 and "for a redis:// database" in refused.stderr

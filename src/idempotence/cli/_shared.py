@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from ..database import ENV_VAR, DatabaseUrl, open_async_sql_store, open_sql_store, open_store
+from ..database import ENV_VAR, DatabaseUrl, open_async_sql_store, open_sql_store
 from ..errors import (
     ConfigurationError,
     IdempotenceError,
@@ -97,6 +97,16 @@ database_option = click.option(
     required=True,
     help=f"postgresql://USER@HOST/DB, sqlite:///PATH or redis://HOST:PORT/DB (default: "
     f"${ENV_VAR}).",
+)
+#: The key prefix of a Redis store opened with ``RedisStore(prefix=...)``.
+REDIS_PREFIX_ENV_VAR = "IDEMPOTENCE_REDIS_PREFIX"
+redis_prefix_option = click.option(
+    "--redis-prefix",
+    envvar=REDIS_PREFIX_ENV_VAR,
+    default=None,
+    metavar="PREFIX",
+    help="The key prefix of a redis:// database's store, when it was opened with "
+    f"RedisStore(prefix=...) (default: idempotence). [env: {REDIS_PREFIX_ENV_VAR}]",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 batch_option = click.option(
@@ -230,15 +240,28 @@ def refuse_redis(database: DatabaseUrl | None) -> None:
 
 
 @contextmanager
-def open_cli_key_store(database: DatabaseUrl) -> Iterator[Store | RedisStore]:
-    """Any store, SQL or Redis, for the commands that only read and evict keys."""
+def open_cli_key_store(
+    database: DatabaseUrl, redis_prefix: str | None = None
+) -> Iterator[Store | RedisStore]:
+    """Any store, SQL or Redis, for the commands that only read and evict keys; a
+    Redis store under ``redis_prefix`` if given."""
     if database.sql:
+        if redis_prefix is not None:
+            fail("--redis-prefix is for a redis:// database", ExitStatus.USAGE)
         with open_cli_store(database) as store:
             yield store
         return
     require_driver(database)
+    from ..stores.redis import DEFAULT_PREFIX, RedisStore
+
     try:
-        with open_store(database) as store:
+        opened = RedisStore(database.target, prefix=redis_prefix or DEFAULT_PREFIX)
+    except ConfigurationError as exc:
+        fail(exc.message, ExitStatus.USAGE)
+    except IdempotenceError as exc:
+        fail_on(exc)
+    try:
+        with opened as store:
             yield store
     except IdempotenceError as exc:
         fail_on(exc)

@@ -34,6 +34,7 @@ from ._shared import (
     flows_option,
     json_option,
     open_cli_key_store,
+    redis_prefix_option,
     refuse_redis,
 )
 
@@ -57,12 +58,18 @@ def keys() -> None:
 )
 @click.option("--scope", default=None, help="Only keys of this scope (a consumer's name).")
 @click.option("--limit", type=click.IntRange(1, admin.MAX_LIMIT), default=50, show_default=True)
+@redis_prefix_option
 @json_option
 def list_command(
-    database: DatabaseUrl, state: str | None, scope: str | None, limit: int, as_json: bool
+    database: DatabaseUrl,
+    state: str | None,
+    scope: str | None,
+    limit: int,
+    redis_prefix: str | None,
+    as_json: bool,
 ) -> None:
     """Keys, newest first (errored keys wait for a human: --state errored)."""
-    with open_cli_key_store(database) as store:
+    with open_cli_key_store(database, redis_prefix) as store:
         rows = admin.list_keys(
             store, state=KeyState(state) if state else None, scope=scope, limit=limit
         )
@@ -78,10 +85,13 @@ def list_command(
 @database_option
 @click.argument("scope")
 @click.argument("key")
+@redis_prefix_option
 @json_option
-def show_command(database: DatabaseUrl, scope: str, key: str, as_json: bool) -> None:
+def show_command(
+    database: DatabaseUrl, scope: str, key: str, redis_prefix: str | None, as_json: bool
+) -> None:
     """Every field of one key, its stored response included."""
-    with open_cli_key_store(database) as store:
+    with open_cli_key_store(database, redis_prefix) as store:
         row = _found(lambda: admin.show_key(store, scope, key))
     if as_json:
         click.echo(json.dumps(_format.key_json(row, full=True)))
@@ -113,6 +123,7 @@ CACHE_ENV_VAR = "IDEMPOTENCE_CACHE_URL"
     show_default=True,
     help="The CachedStore's prefix.",
 )
+@redis_prefix_option
 @json_option
 def evict_command(
     database: DatabaseUrl,
@@ -121,13 +132,14 @@ def evict_command(
     force: bool,
     cache: str | None,
     cache_prefix: str,
+    redis_prefix: str | None,
     as_json: bool,
 ) -> None:
     """Delete one key: its next request runs afresh. A key a worker is running
     right now (a live lock) needs --force, and that worker's writes are refused.
     If a CachedStore serves replays from Redis, pass its --cache: without it the
     cached response would still be replayed until it expires."""
-    with open_cli_key_store(database) as store, contextlib.ExitStack() as stack:
+    with open_cli_key_store(database, redis_prefix) as store, contextlib.ExitStack() as stack:
         if cache is not None:
             from ..stores.cached import CachedStore
 
@@ -160,10 +172,13 @@ def _found(get: Any) -> Any:
 @click.command()
 @database_option
 @click.option("--scope", default=None, help="Only keys of this scope (a consumer's name).")
+@redis_prefix_option
 @json_option
-def stats(database: DatabaseUrl, scope: str | None, as_json: bool) -> None:
+def stats(
+    database: DatabaseUrl, scope: str | None, redis_prefix: str | None, as_json: bool
+) -> None:
     """Keys per state, the oldest pending key's age, and lock takeovers."""
-    with open_cli_key_store(database) as store:
+    with open_cli_key_store(database, redis_prefix) as store:
         result = admin.stats(store, scope=scope)
     click.echo(json.dumps(_format.stats_json(result)) if as_json else _format.stats_text(result))
 
