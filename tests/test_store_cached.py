@@ -363,6 +363,32 @@ def test_evict_through_the_cache_forgets_the_response(cached: Cached, scope: str
 
 
 @SYNC_ONLY
+def test_evict_deletes_only_the_row_whose_response_it_refused(cached: Cached, scope: str) -> None:
+    # Between the eviction's refusal of row X's cached response and its DELETE, X goes
+    # (another eviction) and a new request's row Y is finished and cached. Deleting Y
+    # too would leave Y's response in the cache, replayed for a row that is gone.
+    store = cached.store
+    assert isinstance(store, CachedStore)
+    store.finish(store.claim(request(scope)).lease, response(1))
+    refuse = store._invalidate
+
+    def meanwhile(scope_: str, key: str, row_id: int) -> None:
+        refuse(scope_, key, row_id)
+        store._invalidate = refuse  # type: ignore[method-assign]
+        admin.evict_key(store, scope, "k")  # X goes
+        taken = store.claim(request(scope, fingerprint="b" * 64)).lease  # row Y
+        store.finish(taken, response(2))
+
+    store._invalidate = meanwhile  # type: ignore[method-assign]
+    evicted = admin.evict_key(store, scope, "k")
+    # It evicted the key as it now was (Y, refused from the cache first), not X again.
+    assert evicted.record.response == response(2)
+    assert store.get(scope, "k") is None
+    again = store.claim(request(scope, fingerprint="b" * 64))
+    assert again.outcome is Outcome.EXECUTE, again.response
+
+
+@SYNC_ONLY
 def test_evict_is_refused_while_the_cache_is_down(
     cached: Cached, scope: str, tmp_path: Path
 ) -> None:
@@ -398,6 +424,39 @@ def test_entries_end_with_the_retention_minus_the_clock_skew(
         assert made.redis.get(made.name("s")) is None
         assert Reaper(store).run_once().deleted >= 1  # through the cached store
         assert store.claim(claim_request("s")).outcome is Outcome.EXECUTE  # not the old replay
+
+
+@pytest.mark.parametrize("kind", ["postgres-sync", "sqlite-sync"])
+def test_a_late_writer_of_an_evicted_row_stays_refused_after_a_newer_entry_expires(
+    kind: str,
+    request: pytest.FixtureRequest,
+    loop_thread: EventLoopThread,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    # The eviction's tombstone is the floor that refuses row X's entry. A newer row Y's
+    # entry replaces it, and Y's entry may live a shorter time than the tombstone
+    # would have: once it was gone, nothing refused X's entry any more.
+    skew = timedelta(seconds=3)
+    with open_cached(
+        kind, request, loop_thread, redis_url, prefix=redis_prefix, clock_skew=skew
+    ) as made:
+        store = made.face
+        primary = store.primary
+        primary.finish(primary.claim(claim_request("s")).lease, response(1))
+        late = made.store._cache.entry(primary.get("s", "k"))  # read before the eviction
+        admin.evict_key(store, "s", "k")
+        other = claim_request("s", fingerprint="b" * 64, retention=timedelta(seconds=4))
+        store.finish(store.claim(other).lease, response(2))  # its entry: about 1 s
+        assert store.claim(other).outcome is Outcome.REPLAY
+        time.sleep(1.2)  # Y's entry is past its own expiry
+        made.put(made.name("s"), late)  # the late writer
+        again = store.claim(claim_request("s"))
+        assert again.outcome is Outcome.MISMATCH, again.response  # the primary's answer
+        # And Y's entry, kept as a floor, is not replayed past its own expiry.
+        hits = made.store.cache_stats.hits
+        assert store.claim(other).outcome is Outcome.REPLAY  # from the primary
+        assert made.store.cache_stats.hits == hits
 
 
 # -- Redis down ---------------------------------------------------------------------------

@@ -574,6 +574,19 @@ def test_p10_a_wait_on_a_settled_key_returns_at_once(redis_store: Any, scope: st
     assert time.monotonic() - started < 2
 
 
+def test_p10_a_wait_on_a_lock_past_its_timeout_returns_at_once(
+    redis_store: Any, scope: str
+) -> None:
+    # Its holder died: no one will settle it, and the waiter may take it over now (P5),
+    # as on PostgreSQL, whose mark_waiter marks only a live lock.
+    redis_store.claim(request(scope, lock_timeout=timedelta(milliseconds=100)))
+    time.sleep(0.2)
+    started = time.monotonic()
+    redis_store.wait_for_settle(scope, "k1", 10)
+    assert time.monotonic() - started < 2
+    assert redis_store.claim(request(scope)).outcome is Outcome.EXECUTE
+
+
 # -- failure: fail closed, quickly ----------------------------------------------------------
 
 
@@ -858,6 +871,27 @@ def test_a_closed_store_is_unavailable(redis_prefix: str) -> None:
     store.close()
     with pytest.raises(StoreUnavailable):
         store.claim(request("s"))
+
+
+def test_a_record_that_scan_returns_twice_is_listed_once(redis_prefix: str) -> None:
+    # SCAN may return a key more than once while Redis resizes its table; the listing
+    # (keys list, stats) must not count it twice.
+    store = RedisStore(SHARED_URL, prefix=redis_prefix)
+    for key in ("a", "b", "c"):
+        store.claim(request("s", key))
+    scan = store.client.scan_iter
+
+    def each_twice(*args: Any, **kw: Any) -> Iterator[bytes]:
+        for name in scan(*args, **kw):
+            yield name
+            yield name
+
+    store.client.scan_iter = each_twice  # type: ignore[method-assign]
+    try:
+        assert sorted(found.key for found in store.records()) == ["a", "b", "c"]
+        assert sorted(found.key for found in store.records("s")) == ["a", "b", "c"]
+    finally:
+        store.close()
 
 
 # -- URLs, configuration -------------------------------------------------------------------

@@ -310,7 +310,8 @@ def job_stats(d: Dialect) -> Op[dict[str, int]]:
     return {row["status"]: int(row["jobs"]) for row in rows}
 
 
-def evict(d: Dialect, scope: str, key: str, force: bool) -> Op[bool]:
-    """Delete one key unless a live lock protects it (or ``force``); True if deleted."""
-    rows = yield d.query("evict_key", scope=scope, key=key, force=force)
+def evict(d: Dialect, scope: str, key: str, id: int, force: bool) -> Op[bool]:
+    """Delete one key's row ``id`` unless a live lock protects it (or ``force``); True
+    if deleted."""
+    rows = yield d.query("evict_key", scope=scope, key=key, id=id, force=force)
     return bool(rows)

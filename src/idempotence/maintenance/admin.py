@@ -13,6 +13,7 @@ classified by :func:`idempotence.key_state` itself, on the server's clock.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -73,6 +74,11 @@ def show_key(store: Store | RedisStore, scope: str, key: str) -> KeyRow:
     return rows[0]
 
 
+#: How many incarnations of a key ``evict_key`` chases when each is replaced by a new
+#: request while it evicts the one before.
+_EVICT_ATTEMPTS = 3
+
+
 def evict_key(store: Store | RedisStore, scope: str, key: str, *, force: bool = False) -> KeyRow:
     """Delete one key, so that its next request runs afresh; return it as it was.
 
@@ -80,19 +86,27 @@ def evict_key(store: Store | RedisStore, scope: str, key: str, *, force: bool = 
     :class:`KeyIsLocked` unless ``force``, and with ``force`` the worker's later
     fenced writes find no row and roll back (F1).
     """
-    row = show_key(store, scope, key)
-    if isinstance(store, Store):
-        # A cache in front of the store (CachedStore) refuses the row's cached response
-        # before the row goes, so no replay of it outlives it; a cache that cannot be
-        # reached raises StoreUnavailable here, with nothing evicted.
-        store._invalidate(scope, key, row.record.id)
-        evicted = bool(store._perform(lambda d: _ops.evict(d, scope, key, force)))
-    else:
-        evicted = bool(store.evict(scope, key, force=force))
-    if evicted:
-        return row
-    # The conditional delete refused: the key is locked now (or is gone already).
-    locked_at = show_key(store, scope, key).record.locked_at
+    for _ in range(_EVICT_ATTEMPTS):
+        row = show_key(store, scope, key)
+        if isinstance(store, Store):
+            # A cache in front of the store (CachedStore) refuses the row's cached
+            # response before the row goes, so no replay of it outlives it; a cache
+            # that cannot be reached raises StoreUnavailable here, with nothing
+            # evicted. Only that row is deleted: a newer one has no tombstone.
+            row_id = row.record.id
+            store._invalidate(scope, key, row_id)
+            evict = functools.partial(_ops.evict, scope=scope, key=key, id=row_id, force=force)
+            evicted = bool(store._perform(evict))
+        else:
+            evicted = bool(store.evict(scope, key, force=force))
+        if evicted:
+            return row
+        # Refused: the row is locked now, or it is gone (KeyNotFound) or was replaced
+        # by a new request's meanwhile, which is evicted in turn.
+        now = show_key(store, scope, key)
+        if now.record.id == row.record.id:
+            break
+    locked_at = now.record.locked_at
     since = f" (locked since {locked_at:%Y-%m-%d %H:%M:%S} UTC)" if locked_at else ""
     raise KeyIsLocked(
         f"key {key!r} in scope {scope!r} is being processed{since}; pass --force to "

@@ -75,16 +75,31 @@ _JSON = json.JSONDecoder()
 #: Store ARGV[1] (an entry or a tombstone) with absolute expiry ARGV[2] (Unix ms),
 #: unless what is there is an entry or a tombstone of a higher floor (characters
 #: 2-21, the row id or the tombstone's lowest id, zero-padded so that strings compare
-#: as numbers). Anything else there (a foreign value) is overwritten.
+#: as numbers). Anything else there (a foreign value) is overwritten. What replaces an
+#: entry or a tombstone keeps its expiry if that is later: the floor it held must last
+#: as long, or a late writer of an older row could store that row once a shorter-lived
+#: newer entry expired. An entry kept past its own expiry is a miss to its readers
+#: (:meth:`Cache.replay`).
 SET_SCRIPT = """
 local current = redis.call('GET', KEYS[1])
+local at = tonumber(ARGV[2])
 if current then
   local kind = string.sub(current, 1, 1)
-  if (kind == 'E' or kind == 'T') and string.sub(current, 2, 21) > string.sub(ARGV[1], 2, 21) then
-    return 0
+  if kind == 'E' or kind == 'T' then
+    if string.sub(current, 2, 21) > string.sub(ARGV[1], 2, 21) then
+      return 0
+    end
+    local left = redis.call('PTTL', KEYS[1])
+    if left > 0 then
+      local now = redis.call('TIME')
+      local until_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + left
+      if until_ms > at then
+        at = until_ms
+      end
+    end
   end
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1], 'PXAT', at)
 return 1
 """
 
@@ -226,6 +241,9 @@ class Cache:
             or record.scope != request.scope
             or record.key != request.key
             or record.fingerprint != request.fingerprint
+            # Kept past its own expiry as a floor (SET_SCRIPT): the reaper may have
+            # deleted its row.
+            or self._until_ms(record) <= time.time() * 1000
         ):
             self._count("miss")
             return None
@@ -310,14 +328,21 @@ class Cache:
         None if it should not be cached (unfinished, or too close to its expiry)."""
         if record.finished_at is None or record.response is None:
             return None
-        until = record.finished_at + self._ttl
-        if record.expires_at is not None:
-            until = min(until, record.expires_at - self._skew)
-        ms = (until - EPOCH) // timedelta(milliseconds=1)
+        ms = self._until_ms(record)
         if ms <= time.time() * 1000:
             return None
         body = json.dumps(_encode(record), separators=(",", ":")).encode()
         return _ENTRY + b"%0*d" % (_DIGITS, record.id) + body, ms
+
+    def _until_ms(self, record: KeyRecord) -> int:
+        """When a finished record's entry expires (Unix ms): its ttl after the finish,
+        or its key's expiry less the clock skew if that is sooner."""
+        if record.finished_at is None:
+            return 0  # no entry of an unfinished record is ever written: a foreign one
+        until = record.finished_at + self._ttl
+        if record.expires_at is not None:
+            until = min(until, record.expires_at - self._skew)
+        return (until - EPOCH) // timedelta(milliseconds=1)
 
     def tombstone(self, key_id: int) -> tuple[bytes, int]:
         """A tombstone refusing the entries of row ``key_id`` and older, living as

@@ -259,11 +259,14 @@ class AsyncRedisStore:
         KEYS, which blocks the server): the operator's listing (F5). A record that
         expires during the scan is left out."""
         self._check_open()
-        found = []
+        found, seen = [], set()
         with translated():
             async for name in self._client.scan_iter(
                 match=record_pattern(self._prefix, scope), count=1000
             ):
+                if name in seen:
+                    continue  # SCAN may return a key twice (while Redis resizes its table)
+                seen.add(name)
                 fields = await self._client.hgetall(name)
                 if not fields:
                     continue

@@ -227,10 +227,12 @@ return 1
 
 -- mark_waiter --
 -- P10: ask for a message on the channel when the key settles. Returns 0 when there
--- is nothing to wait for (no record, finished, or unlocked): the caller claims again.
+-- is nothing to wait for (no record, finished, or no live lock: a lock past its
+-- timeout is free to take over now, and no one will settle it): the caller claims
+-- again.
 local k = KEYS[1]
-local cur = redis.call('HMGET', k, 'finished', 'locked')
-if cur[1] or not cur[2] then
+local cur = redis.call('HMGET', k, 'finished', 'locked', 'lto')
+if cur[1] or not cur[2] or tonumber(cur[2]) + tonumber(cur[3]) <= now_us() then
   return 0
 end
 redis.call('HSET', k, 'waiting', '1')

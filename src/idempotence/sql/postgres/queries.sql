@@ -651,8 +651,9 @@ SELECT status, count(*) AS jobs FROM idempotence_jobs GROUP BY status;
 -- evict_key --
 -- The operator removes one key (its retries then run afresh). A live lock means a
 -- worker is running it right now, so that needs force; the holder's later fenced
--- writes then find no row and roll back (F1).
+-- writes then find no row and roll back (F1). Only the row read before, by its id:
+-- a cache in front has refused that row's response, and no other incarnation's.
 DELETE FROM idempotency_keys AS k
-WHERE k.scope = %(scope)s AND k.key = %(key)s
+WHERE k.scope = %(scope)s AND k.key = %(key)s AND k.id = %(id)s
   AND (%(force)s OR k.locked_at IS NULL OR k.locked_at + k.lock_timeout <= now())
 RETURNING k.id;

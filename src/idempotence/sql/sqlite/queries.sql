@@ -354,7 +354,7 @@ SELECT status, count(*) AS jobs FROM idempotence_jobs GROUP BY status;
 
 -- evict_key --
 DELETE FROM idempotency_keys
-WHERE scope = :scope AND key = :key
+WHERE scope = :scope AND key = :key AND id = :id
   AND (:force
        OR locked_at IS NULL
        OR locked_at + lock_timeout <= (julianday('now') - 2440587.5) * 86400.0)
