@@ -437,7 +437,7 @@ def test_a_late_writer_of_an_evicted_row_stays_refused_after_a_newer_entry_expir
     # The eviction's tombstone is the floor that refuses row X's entry. A newer row Y's
     # entry replaces it, and Y's entry may live a shorter time than the tombstone
     # would have: once it was gone, nothing refused X's entry any more.
-    skew = timedelta(seconds=3)
+    skew = timedelta(seconds=8)
     with open_cached(
         kind, request, loop_thread, redis_url, prefix=redis_prefix, clock_skew=skew
     ) as made:
@@ -446,10 +446,12 @@ def test_a_late_writer_of_an_evicted_row_stays_refused_after_a_newer_entry_expir
         primary.finish(primary.claim(claim_request("s")).lease, response(1))
         late = made.store._cache.entry(primary.get("s", "k"))  # read before the eviction
         admin.evict_key(store, "s", "k")
-        other = claim_request("s", fingerprint="b" * 64, retention=timedelta(seconds=4))
-        store.finish(store.claim(other).lease, response(2))  # its entry: about 1 s
+        other = claim_request("s", fingerprint="b" * 64, retention=timedelta(seconds=10))
+        store.finish(store.claim(other).lease, response(2))  # its entry: about 2 s
+        hits = made.store.cache_stats.hits
         assert store.claim(other).outcome is Outcome.REPLAY
-        time.sleep(1.2)  # Y's entry is past its own expiry
+        assert made.store.cache_stats.hits == hits + 1  # Y's entry is there, over X's floor
+        time.sleep(2.3)  # Y's entry is past its own expiry (its row lives 10 s)
         made.put(made.name("s"), late)  # the late writer
         again = store.claim(claim_request("s"))
         assert again.outcome is Outcome.MISMATCH, again.response  # the primary's answer

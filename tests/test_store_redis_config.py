@@ -46,7 +46,7 @@ def host_port() -> str:
 
 # -- URLs --------------------------------------------------------------------------------------
 
-#: URLs redis-py would read otherwise than written (the database: as 0), or refuse
+#: URLs redis-py would read otherwise than written (another database), or refuse
 #: only at the first command; and what the refusal says.
 BAD_URLS = [
     ("redis://{hp}/abc", "invalid database 'abc'"),
@@ -56,7 +56,8 @@ BAD_URLS = [
     ("redis://{hp}/-1", "invalid database '-1'"),
     ("redis://{hp}/12?prefix=x", "invalid option in the Redis URL: .*'prefix'"),
     ("redis://{hp}/12?socket_timeout=soon", "invalid option in the Redis URL: .*socket_timeout"),
-    ("redis://[::1/0", "invalid Redis URL: Invalid IPv6 URL"),
+    ("redis://[::1/0", "invalid Redis URL: write redis://"),
+    ("redis://{hp}/1?protocol=4", "invalid option in the Redis URL"),
     ("redis://{hp}:x/0", "invalid Redis URL"),
     ("http://{hp}/0", "unsupported scheme 'http'"),
 ]
@@ -106,6 +107,10 @@ def test_the_database_url_of_the_cli_checks_the_redis_database(url: str) -> None
         "rediss://{hp}/2?ssl_cert_reqs=none",
         "redis://{hp}/1?client_name=app&socket_keepalive=true",
         "unix:///tmp/redis.sock?db=2",
+        "redis://{hp}/0/",
+        "redis://{hp}/%31",
+        "redis://{hp}/1?db=",
+        "redis://user:p%2Fw%40rd@{hp}/0",
     ],
 )
 def test_the_urls_redis_py_reads_as_written_are_taken(url: str) -> None:
@@ -114,6 +119,18 @@ def test_the_urls_redis_py_reads_as_written_are_taken(url: str) -> None:
         closing = store.close()
         if asyncio.iscoroutine(closing):
             asyncio.run(closing)
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [("redis://default:ab/cd==@{hp}/0", "'ab'"), ("redis://:x@y/z@{hp}/0", "z@")],
+)
+def test_a_refused_url_never_shows_a_password(url: str, secret: str) -> None:
+    # An unencoded '/' in a password breaks the URL at the wrong place: the refusal
+    # says how to write it, without quoting what it found there.
+    with pytest.raises(ConfigurationError, match="percent-encode") as refused:
+        RedisStore(url.format(hp=host_port()))
+    assert secret not in str(refused.value)
 
 
 def test_a_cluster_has_database_0_only() -> None:
@@ -156,7 +173,7 @@ def test_a_client_of_the_other_flavour_is_refused() -> None:
         AsyncRedisStore(redis.Redis.from_url(url))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("timeout", [0, -1, float("nan")])
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), None, "1"])
 def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(
     timeout: float, tmp_path: Any
 ) -> None:
@@ -310,7 +327,7 @@ def test_the_cli_reads_a_redis_store_under_its_own_prefix(redis_prefix: str, tmp
         store.claim(request("acct", "prefixed"))
         # Without it the CLI looks under the default prefix, and finds nothing there.
         hidden = cli("keys", "list", "--scope", "acct", "--database", url)
-        assert "prefixed" not in hidden.stdout
+        assert hidden.returncode == 0 and "prefixed" not in hidden.stdout, hidden.stderr
         found = cli("keys", "list", "--database", url, "--redis-prefix", redis_prefix)
         assert found.returncode == 0 and "prefixed" in found.stdout, found.stderr
         shown = cli("keys", "show", "acct", "prefixed", "--database", url)

@@ -99,6 +99,15 @@ def show_command(
         click.echo(_format.key_detail(row))
 
 
+def checked_cache_url(ctx: click.Context, param: click.Parameter, url: str | None) -> str | None:
+    """``--cache``, checked as the CachedStore will read it: a usage error now, not a
+    tombstone in the wrong database."""
+    try:
+        return url if url is None else check_redis_url(url)
+    except ConfigurationError as exc:
+        raise click.BadParameter(exc.message) from None
+
+
 #: Where ``keys evict`` finds the Redis cache in front of the database, if any.
 CACHE_ENV_VAR = "IDEMPOTENCE_CACHE_URL"
 
@@ -113,7 +122,7 @@ CACHE_ENV_VAR = "IDEMPOTENCE_CACHE_URL"
     envvar=CACHE_ENV_VAR,
     default=None,
     metavar="redis://HOST:PORT/DB",
-    callback=lambda _ctx, _param, url: _cache_url(url),
+    callback=checked_cache_url,
     help="The Redis of the CachedStore in front of the database: its cached response "
     f"is refused first (required when there is one). [env: {CACHE_ENV_VAR}]",
 )
@@ -151,15 +160,6 @@ def evict_command(
         click.echo(json.dumps({"evicted": _format.key_json(row, full=True)}))
         return
     click.echo(f"evicted key {key!r} in scope {scope!r} (it was {row.state.value})")
-
-
-def _cache_url(url: str | None) -> str | None:
-    """``--cache``, checked as the CachedStore will read it: a usage error now, not a
-    tombstone in the wrong database."""
-    try:
-        return url if url is None else check_redis_url(url)
-    except ConfigurationError as exc:
-        raise click.BadParameter(exc.message) from None
 
 
 def _found(get: Any) -> Any:

@@ -106,6 +106,13 @@ def evict_key(store: Store | RedisStore, scope: str, key: str, *, force: bool = 
         now = show_key(store, scope, key)
         if now.record.id == row.record.id:
             break
+    else:
+        raise KeyIsLocked(
+            f"key {key!r} in scope {scope!r} was replaced by new requests "
+            f"{_EVICT_ATTEMPTS} times while it was evicted; retry",
+            scope=scope,
+            key=key,
+        )
     locked_at = now.record.locked_at
     since = f" (locked since {locked_at:%Y-%m-%d %H:%M:%S} UTC)" if locked_at else ""
     raise KeyIsLocked(

@@ -338,7 +338,7 @@ class Cache:
         """When a finished record's entry expires (Unix ms): its ttl after the finish,
         or its key's expiry less the clock skew if that is sooner."""
         if record.finished_at is None:
-            return 0  # no entry of an unfinished record is ever written: a foreign one
+            return 0  # an unfinished record is never cached: as good as expired
         until = record.finished_at + self._ttl
         if record.expires_at is not None:
             until = min(until, record.expires_at - self._skew)

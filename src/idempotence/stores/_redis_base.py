@@ -389,10 +389,11 @@ def open_client(kind: Any, url: str, options: Mapping[str, Any]) -> Any:
         with translated():
             client = kind.from_url(url, **options)
         if not cluster:
-            # A connection made, not connected: its arguments are the URL's options.
+            # A connection object made only to check its arguments, the URL's options:
+            # never connected, nothing to close.
             pool = client.connection_pool
             pool.connection_class(**pool.connection_kwargs)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, redis.exceptions.RedisError) as exc:
         raise ConfigurationError(f"invalid option in the Redis URL: {exc}") from None
     return client
 
@@ -405,7 +406,7 @@ def client_kinds(*kinds: type) -> str:
 def check_timeout(timeout: float) -> float:
     """``timeout`` if it is a positive number of seconds (redis-py would take 0 as a
     failure of every command, and refuse a negative one only at the first)."""
-    if not timeout > 0:  # NaN too
+    if not isinstance(timeout, int | float) or not timeout > 0:  # NaN too
         raise ConfigurationError(
             f"a Redis timeout is a positive number of seconds, not {timeout!r}"
         )

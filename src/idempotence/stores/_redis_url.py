@@ -1,10 +1,10 @@
 """Redis URLs, checked before redis-py reads them (without the driver: the CLI checks
 a URL before it opens anything).
 
-redis-py reads a database it cannot parse (``/abc``, ``/1/2``) as database 0. A store
-or a cache given such a URL would share database 0's records with whoever else uses
-it, and an eviction's tombstone would miss the cache it was meant for: so the database
-is checked here, and refused with what to write instead.
+redis-py reads a database it cannot parse as another one (``/abc`` as database 0,
+``/1/2`` as 12). A store or a cache given such a URL would share that database's
+records with whoever else uses it, and an eviction's tombstone would miss the cache it
+was meant for: so the database is checked here, and refused with what to write instead.
 """
 
 from __future__ import annotations
@@ -34,9 +34,13 @@ def check_redis_url(url: str, *, cluster: bool = False) -> str:
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a port that is no port
-        query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
-    except ValueError as exc:
-        raise ConfigurationError(f"invalid Redis URL: {exc}") from None
+        query = urllib.parse.parse_qs(parts.query)
+    except ValueError:
+        # Not the parser's message: it may quote a password's text.
+        raise ConfigurationError(
+            "invalid Redis URL: write redis://[USER:PASSWORD@]HOST:PORT/DB, with '/', ':' "
+            "and '@' in a password percent-encoded"
+        ) from None
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
         raise ConfigurationError(
@@ -44,13 +48,16 @@ def check_redis_url(url: str, *, cluster: bool = False) -> str:
             "rediss://HOST:PORT/DB (TLS) or unix:///PATH?db=DB"
         )
     databases = list(query.get("db", []))
-    if scheme != "unix" and parts.path not in ("", "/"):
-        databases.insert(0, parts.path[1:])  # a socket's path is no database
+    path = urllib.parse.unquote(parts.path).strip("/")  # as redis-py reads it
+    if scheme != "unix" and path:
+        databases.insert(0, path)  # a socket's path is no database
     for database in databases:
         if not (database.isascii() and database.isdigit()):
+            # Quoted only if it cannot be a password's text that broke the URL.
+            shown = "" if "@" in database or ":" in database else f" {database!r}"
             raise ConfigurationError(
-                f"invalid database {database!r} in the Redis URL: a database is a number, "
-                "as in redis://HOST:PORT/0"
+                f"invalid database{shown} in the Redis URL: a database is a number, as in "
+                "redis://HOST:PORT/0 (percent-encode '/', ':' and '@' in a password)"
             )
         if cluster and int(database) != 0:
             raise ConfigurationError(
