@@ -34,6 +34,15 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- Whether a lock taken at `locked` (absent: unlocked) for `lto` microseconds still
+-- holds at `now`: the one test of P4 (states.arbitrate), shared by every script.
+local function live(locked, lto, now)
+  if not locked then
+    return false
+  end
+  return tonumber(locked) + tonumber(lto) > now
+end
+
 -- A number as Redis stores it: digits, never an exponent (tostring gives 1.7e+15).
 local function int(n)
   return string.format('%.0f', n)
@@ -134,8 +143,7 @@ if not cur[1] then
 end
 -- P2 (another request's key) before P3 (finished) before P4 (a live lock): the key is
 -- only read, and the caller says which of the three it is.
-if cur[1] ~= ARGV[3] or cur[2]
-    or (cur[3] and tonumber(cur[3]) + tonumber(cur[4]) > now) then
+if cur[1] ~= ARGV[3] or cur[2] or live(cur[3], cur[4], now) then
   return {0, int(now), read(k)}
 end
 -- P5: unlocked, or its holder's lock expired: take over with a new token (F1).
@@ -232,7 +240,7 @@ return 1
 -- again.
 local k = KEYS[1]
 local cur = redis.call('HMGET', k, 'finished', 'locked', 'lto')
-if cur[1] or not cur[2] or tonumber(cur[2]) + tonumber(cur[3]) <= now_us() then
+if cur[1] or not live(cur[2], cur[3], now_us()) then
   return 0
 end
 redis.call('HSET', k, 'waiting', '1')
@@ -246,8 +254,7 @@ local cur = redis.call('HMGET', k, 'fp', 'locked', 'lto', 'finished')
 if not cur[1] then
   return -1
 end
-local live = cur[2] and not cur[4] and tonumber(cur[2]) + tonumber(cur[3]) > now_us()
-if live and ARGV[1] ~= '1' then
+if not cur[4] and live(cur[2], cur[3], now_us()) and ARGV[1] ~= '1' then
   return 0
 end
 redis.call('DEL', k)
