@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import suppress
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from .._concurrency import Background, Wakeup
 from ..errors import ConfigurationError, StoreError, StoreUnavailable
@@ -51,6 +51,7 @@ from ._redis_base import claim_result as _claim_result
 from ._redis_base import pubsub as make_pubsub
 from ._redis_lane import Lane
 from ._waiters import Waiters
+from .capabilities import Capability
 
 Client = Redis | RedisCluster
 
@@ -132,6 +133,10 @@ class RedisStore:
     >>> store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
     ... # doctest: +SKIP
     """
+
+    #: Nothing beyond the key-store operations: every operation is one script, and
+    #: no transaction is shared with the application (no F3, no atomic phases).
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
 
     def __init__(
         self,

@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from .._concurrency import sleep
 from ..observability import Instrumentation, combine, fenced, watched_claim
@@ -23,6 +23,7 @@ from ._connection import Connection, Source
 from ._driver import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 from ._nesting import ENDED, Gate, refuse_ended
 from ._ops import Dialect, Op, Query, Row
+from .capabilities import Capability
 
 T = TypeVar("T")
 
@@ -116,6 +117,10 @@ class Store:
 
     #: What :meth:`transaction` yields (a store on an ORM's connections adds its session).
     _transaction_type: type[Transaction] = Transaction
+
+    #: What the store can do beyond the key-store operations: a SQL store shares its
+    #: transactions with the application (R2, F3).
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.TRANSACTIONS})
 
     def __init__(
         self,

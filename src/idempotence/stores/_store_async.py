@@ -10,7 +10,7 @@ import functools
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from .._concurrency import sleep_async
 from ..observability import Instrumentation, combine, fenced, watched_claim
@@ -21,6 +21,7 @@ from ._connection_async import AsyncConnection, AsyncSource
 from ._driver import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 from ._nesting import ENDED, Gate, refuse_ended
 from ._ops import Dialect, Op, Query, Row
+from .capabilities import Capability
 
 T = TypeVar("T")
 
@@ -114,6 +115,10 @@ class AsyncStore:
 
     #: What :meth:`transaction` yields (a store on an ORM's connections adds its session).
     _transaction_type: type[AsyncTransaction] = AsyncTransaction
+
+    #: What the store can do beyond the key-store operations: a SQL store shares its
+    #: transactions with the application (R2, F3).
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.TRANSACTIONS})
 
     def __init__(
         self,
