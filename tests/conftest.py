@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from idempotence import AsyncSqliteStore, SqliteStore
-from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from idempotence import SqliteStore
+from idempotence.stores.capabilities import Capability
+from idempotence.stores.postgres import PostgresStore
 from tests.support.postgres import (
     ProvidedServer,
     create_database,
@@ -25,29 +26,25 @@ from tests.support.postgres import (
     provide_server_info,
 )
 from tests.support.sources import SOURCES, OnSource, open_on
-from tests.support.stores import Blocking, EventLoopThread, StoreKind
+from tests.support.stores import STORES, Blocking, EventLoopThread, StoreKind, opener
 
-STORE_IDS = ["postgres-sync", "postgres-async", "sqlite-sync", "sqlite-async"]
-#: The Redis stores join the matrix in the tests marked ``keystore``: those that use
-#: only the KeyStore operations (no transaction, no checkpoint, no SQL).
-REDIS_IDS = ["redis-sync", "redis-async"]
+#: The stores the suites that need a SQL store run on: those sharing transactions.
+STORE_IDS = [
+    kind for kind, (cls, _) in STORES.items() if Capability.TRANSACTIONS in cls.capabilities
+]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Run every ``store_kind`` test on each SQL store, and a ``keystore``-marked one on
-    Redis too; a test that parametrizes ``store_kind`` itself, or a module that names
-    its own ``STORE_KINDS``, decides alone."""
+    """Run every ``store_kind`` test on each SQL store; a test that parametrizes
+    ``store_kind`` itself, or a module that names its own ``STORE_KINDS``, decides
+    alone."""
     if "store_kind" not in metafunc.fixturenames:
         return
     for marker in metafunc.definition.iter_markers("parametrize"):
         if "store_kind" in str(marker.args[0]).replace(" ", "").split(","):
             return
-    ids = getattr(metafunc.module, "STORE_KINDS", None)
-    if ids is None:
-        ids = list(STORE_IDS)
-        if metafunc.definition.get_closest_marker("keystore") is not None:
-            ids += REDIS_IDS
-    metafunc.parametrize("store_kind", ids, indirect=True)
+    ids = getattr(metafunc.module, "STORE_KINDS", STORE_IDS)
+    metafunc.parametrize("store_kind", list(ids), indirect=True)
 
 
 _server_description = "not started (no test needed it)"
@@ -123,28 +120,9 @@ def loop_thread() -> Iterator[EventLoopThread]:
 
 @pytest.fixture
 def store_kind(request: pytest.FixtureRequest) -> StoreKind:
-    """Each store the library ships, in each flavour (the conformance matrix)."""
+    """Each store the library ships, in each flavour (tests/support/stores.py)."""
     backend, flavour = request.param.split("-")
-    if backend == "redis":
-        from idempotence.stores.redis import AsyncRedisStore, RedisStore
-
-        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("redis_prefix")
-        opener: Any = (
-            (lambda: RedisStore(url, prefix=prefix))
-            if flavour == "sync"
-            else (lambda: AsyncRedisStore(url, prefix=prefix))
-        )
-    elif backend == "postgres":
-        url = request.getfixturevalue("pg_url")
-        opener = (
-            (lambda: PostgresStore(url)) if flavour == "sync" else (lambda: AsyncPostgresStore(url))
-        )
-    else:
-        path = request.getfixturevalue("sqlite_path")
-        opener = (
-            (lambda: SqliteStore(path)) if flavour == "sync" else (lambda: AsyncSqliteStore(path))
-        )
-    return StoreKind(backend, flavour, opener)
+    return StoreKind(backend, flavour, opener(request.param, request))
 
 
 @pytest.fixture

@@ -1,40 +1,44 @@
 """The store conformance suite (DESIGN 4, F1, F2, R2, F3) on CachedStore: Redis in
 front of PostgreSQL and of SQLite, sync and async (DESIGN 8).
 
-The tests are those of tests/test_store_conformance.py, collected here again with the
-``store`` fixture opening a cached store over each primary: the shared Redis, a key
-prefix of the test's own, deleted at the end (never FLUSHALL). Every replay in them
-after a finish made through the store is served from Redis.
+The cache is on the shared Redis under a key prefix of the test's own, deleted at the
+end (never FLUSHALL). Every replay in the suite after a finish made through the store
+is served from Redis. The locks are the primary's rows, aged there.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
-
 from idempotence import AsyncSqliteStore, SqliteStore
 from idempotence.stores.cached import AsyncCachedStore, CachedStore
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
-from tests.support.stores import StoreKind
-from tests.test_store_conformance import *  # noqa: F403 - the same tests, collected here
+from idempotence.testing.conformance import suite
+from tests.support.clock import age_lock
 
-#: The conftest's hook parametrizes ``store_kind`` with these, and no Redis store.
-STORE_KINDS = ["postgres-sync", "postgres-async", "sqlite-sync", "sqlite-async"]
-
-
-@pytest.fixture
-def store_kind(request: pytest.FixtureRequest, redis_url: str, redis_prefix: str) -> StoreKind:
-    """A cached store over each primary, in each flavour."""
-    backend, flavour = request.param.split("-")
-    target = request.getfixturevalue("pg_url" if backend == "postgres" else "sqlite_path")
-    primary: Any = {
-        ("postgres", "sync"): PostgresStore,
-        ("postgres", "async"): AsyncPostgresStore,
-        ("sqlite", "sync"): SqliteStore,
-        ("sqlite", "async"): AsyncSqliteStore,
-    }[backend, flavour]
-    cached: Any = CachedStore if flavour == "sync" else AsyncCachedStore
-    return StoreKind(
-        backend, flavour, lambda: cached(primary(target), redis_url, prefix=redis_prefix)
-    )
+TestCachedPostgres = suite(
+    CachedStore,
+    lambda pg_url, redis_url, redis_prefix: CachedStore(
+        PostgresStore(pg_url), redis_url, prefix=redis_prefix
+    ),
+    age_lock=age_lock,
+)
+TestAsyncCachedPostgres = suite(
+    AsyncCachedStore,
+    lambda pg_url, redis_url, redis_prefix: AsyncCachedStore(
+        AsyncPostgresStore(pg_url), redis_url, prefix=redis_prefix
+    ),
+    age_lock=age_lock,
+)
+TestCachedSqlite = suite(
+    CachedStore,
+    lambda sqlite_path, redis_url, redis_prefix: CachedStore(
+        SqliteStore(sqlite_path), redis_url, prefix=redis_prefix
+    ),
+    age_lock=age_lock,
+)
+TestAsyncCachedSqlite = suite(
+    AsyncCachedStore,
+    lambda sqlite_path, redis_url, redis_prefix: AsyncCachedStore(
+        AsyncSqliteStore(sqlite_path), redis_url, prefix=redis_prefix
+    ),
+    age_lock=age_lock,
+)

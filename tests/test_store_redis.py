@@ -3,7 +3,7 @@
 Against the machine's real Redis under a key prefix of each test's own (deleted
 afterwards), or a ``redis-server`` of the test's own where a test stops one, and a
 real three-node Redis Cluster for the hash tags. The P1-P5 and F1/F2 basics run in
-tests/test_store_conformance.py (the ``keystore`` tests), sync and async.
+the conformance suite (tests/test_store_conformance.py), sync and async.
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sqlite3
 import threading
 import uuid
 from collections.abc import Callable
@@ -13,12 +12,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import psycopg
-from psycopg.rows import dict_row
-
 from idempotence import AsyncStore, ClaimRequest, Store, StoredResponse
 from idempotence import maintenance as m
 from idempotence.states import Claim, Lease
+from tests.support.clock import Rows
 from tests.support.stores import EventLoopThread
 
 LIVE = timedelta(hours=1)
@@ -78,18 +75,12 @@ class Backend:
 
     # -- raw SQL, written with %(name)s parameters for both ---------------------------
 
+    @property
+    def rows(self) -> Rows:
+        return Rows(self.kind, self.url)
+
     def execute(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        if self.kind == "postgres":
-            with psycopg.connect(self.url, autocommit=True, row_factory=dict_row) as pg:
-                cur = pg.execute(sql.encode(), params or {})
-                return list(cur.fetchall()) if cur.description else []
-        lite = sqlite3.connect(self.url.removeprefix("sqlite:///"), isolation_level=None)
-        try:
-            lite.row_factory = sqlite3.Row
-            rows = lite.execute(re.sub(r"%\((\w+)\)s", r":\1", sql), params or {}).fetchall()
-            return [dict(row) for row in rows]
-        finally:
-            lite.close()
+        return self.rows.execute(sql, params)
 
     def sql(self, sql: str) -> str:
         """``sql`` in the store's own parameter style (for ``tx.execute``)."""
@@ -97,17 +88,8 @@ class Backend:
 
     def backdate(self, scope: str, key: str | None, age: timedelta, *columns: str) -> None:
         """Move the ``columns`` of one key (every key of ``scope`` if None) ``age``
-        into the past."""
-        seconds = age.total_seconds()
-        if self.kind == "postgres":
-            sets = ", ".join(f"{c} = {c} - make_interval(secs => %(s)s)" for c in columns)
-        else:
-            sets = ", ".join(f"{c} = {c} - %(s)s" for c in columns)
-        which = "" if key is None else " AND key = %(key)s"
-        self.execute(
-            f"UPDATE idempotency_keys SET {sets} WHERE scope = %(scope)s{which}",
-            {"s": seconds, "scope": scope, "key": key},
-        )
+        into the past (tests/support/clock.py)."""
+        self.rows.backdate(scope, key, age, *columns)
 
     def row(self, scope: str, key: str) -> dict[str, Any] | None:
         rows = self.execute(

@@ -1,0 +1,156 @@
+"""The store conformance suite: the behaviour every key store promises, as pytest tests.
+
+One call in a test module runs the whole suite on a store: pass the store's class and
+a function that opens one, and bind the class it returns to a name pytest collects
+(``Test...``):
+
+```python
+# tests/test_my_store.py
+from idempotence.testing.conformance import suite
+from my_package import MyStore
+
+TestMyStore = suite(MyStore, lambda tmp_path: MyStore(tmp_path / "keys.db"))
+```
+
+The suite checks the claim and its outcomes in their order of precedence (mismatch,
+replay, in progress, execute and take over: P1-P6), fencing by the lock token (F1),
+heartbeats (F2), retention, errored keys, and, for a store that shares transactions
+with the application, phases in one transaction (R2) and request-as-transaction (F3),
+including transactions used past their block.
+
+**The store's class** says what the store can do in its ``capabilities`` attribute
+(:class:`~idempotence.stores.capabilities.Capability`): the suite runs the tests of
+a capability only on the stores that declare it, so a store without transactions
+(as Redis) runs the key-store tests alone, none of them skipped. A store without
+the attribute declares nothing beyond the key-store operations. An async store is
+driven through a sync face, so its tests read the same.
+
+**The opening function** is called for every test, and its parameters are pytest
+fixtures, looked up by name as for a fixture (``tmp_path`` above; the conftest's
+own fixtures too): take a database or a key prefix of the test's own there. It
+returns a store whose schema is in place (migrated); the suite closes it after the
+test. Every test works in a scope of its own.
+
+**Aging a lock.** Some tests need a lock to expire or to be refreshed in time, which
+takes up to a second of waiting each. Pass ``age_lock`` to move the lock's time into
+the past instead: ``age_lock(store, scope, key, by)`` makes the lock of ``(scope,
+key)`` ``by`` older, as if ``by`` had passed (on a SQL table, ``locked_at = locked_at
+- by``); ``store`` is the store as the suite drives it (an async store behind the
+sync face, whose ``transaction()`` is a plain ``with``).
+
+The suite needs pytest (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+from uuid import uuid4
+
+import pytest
+
+from ...stores.capabilities import Capability
+from .._blocking import Blocking, EventLoopThread
+from . import _keys, _transactions
+from ._support import AgeLock, Clock, required
+
+__all__ = ["AgeLock", "Capability", "suite"]
+
+
+def suite(
+    store_type: type[Any],
+    open_store: Callable[..., Any],
+    *,
+    age_lock: AgeLock | None = None,
+) -> type[Any]:
+    """The conformance suite for ``store_type``, as a test class to bind to a
+    ``Test...`` name in a test module.
+
+    Args:
+        store_type: The store's class; its ``capabilities`` attribute (a set of
+            :class:`~idempotence.stores.capabilities.Capability`) decides which tests
+            run. Sync or async.
+        open_store: Opens a migrated store for one test. Its parameters name pytest
+            fixtures, which it receives.
+        age_lock: Makes a key's lock older without waiting, as
+            ``age_lock(store, scope, key, by)``; without it, the tests that need a
+            lock to age wait for the time to pass.
+
+    Returns:
+        A class of pytest tests, one per guarantee the store's capabilities cover.
+
+    Raises:
+        TypeError: When ``store_type`` is not a class, or (in the test) when
+            ``open_store`` returns something else than a ``store_type``.
+
+    Example:
+        ```python
+        from idempotence import SqliteStore
+        from idempotence.testing.conformance import suite
+
+        def open_store(tmp_path):
+            store = SqliteStore(str(tmp_path / "keys.db"))
+            store.migrate()
+            return store
+
+        TestSqlite = suite(SqliteStore, open_store)
+        ```
+    """
+    if not isinstance(store_type, type):
+        raise TypeError(
+            f"suite() takes the store's class first, then the function that opens one; "
+            f"got {store_type!r}"
+        )
+    capabilities = frozenset(getattr(store_type, "capabilities", frozenset()))
+    fixtures = list(inspect.signature(open_store).parameters)
+    namespace: dict[str, Any] = {
+        "__doc__": f"The store conformance suite on {store_type.__qualname__}.",
+        "__module__": getattr(open_store, "__module__", __name__),
+    }
+    for module in (_keys, _transactions):
+        for name, test in vars(module).items():
+            if name.startswith("test_") and required(test) <= capabilities:
+                namespace[name] = staticmethod(test)
+
+    def store(self: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+        """The store under test, behind a sync face when it is async."""
+        opened = open_store(**{name: request.getfixturevalue(name) for name in fixtures})
+        if not isinstance(opened, store_type):
+            raise TypeError(
+                f"the function given to suite() opened a {type(opened).__qualname__}, "
+                f"not a {store_type.__qualname__}"
+            )
+        if not inspect.iscoroutinefunction(opened.claim):
+            try:
+                yield opened
+            finally:
+                opened.close()
+            return
+        loop = EventLoopThread()
+        face = Blocking(opened, loop)
+        try:
+            yield face
+        finally:
+            try:
+                face.close()
+            finally:
+                loop.close()
+
+    def scope(self: Any) -> str:
+        """A scope of this test's own."""
+        return f"conformance-{uuid4().hex[:12]}"
+
+    def clock(self: Any, store: Any) -> Clock:
+        """Ages the test's locks (``age_lock``), or waits."""
+        return Clock(store, age_lock)
+
+    def declared(self: Any) -> frozenset[Capability]:
+        """What the store's class declares it can do."""
+        return capabilities
+
+    namespace["store"] = pytest.fixture(store)
+    namespace["scope"] = pytest.fixture(scope)
+    namespace["clock"] = pytest.fixture(clock)
+    namespace["declared"] = pytest.fixture(declared)
+    return type(f"Test{store_type.__name__}Conformance", (), namespace)
