@@ -113,9 +113,9 @@ def suite(
             if name.startswith("test_") and required(test) <= capabilities:
                 namespace[name] = staticmethod(test)
 
-    def store(self: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    def store(self: Any, **requested: Any) -> Iterator[Any]:
         """The store under test, behind a sync face when it is async."""
-        opened = open_store(**{name: request.getfixturevalue(name) for name in fixtures})
+        opened = open_store(**{name: requested[name] for name in fixtures})
         if not isinstance(opened, store_type):
             raise TypeError(
                 f"the function given to suite() opened a {type(opened).__qualname__}, "
@@ -149,6 +149,12 @@ def suite(
         """What the store's class declares it can do."""
         return capabilities
 
+    # The opener's fixtures are the store fixture's own, so that pytest resolves them,
+    # a parametrized one included, as for any fixture.
+    store.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in fixtures]
+    )
     namespace["store"] = pytest.fixture(store)
     namespace["scope"] = pytest.fixture(scope)
     namespace["clock"] = pytest.fixture(clock)
