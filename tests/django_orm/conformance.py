@@ -6,7 +6,6 @@ Not collected by the main run: its name does not start with ``test_``."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import django
 import pytest
@@ -42,12 +41,11 @@ django.setup()
 
 
 @pytest.fixture(scope="module")
-def migrated() -> Iterator[None]:
+def migrated() -> None:
     """The key tables, made by ``manage.py migrate`` as a Django project makes them."""
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0, interactive=False)
-    yield
 
 
 def open_store(migrated: None) -> DjangoStore:
