@@ -31,6 +31,9 @@ from idempotence.metrics import Metrics, PrometheusInstrumentation
 from idempotence.states import KeyState, StoredResponse
 from idempotence.stores.postgres import PostgresStore
 from tests.consumers.running import async_store, sync_store
+from tests.support.clock import Rows
+
+TIMES = ("created_at", "last_run_at", "finished_at", "expires_at")
 
 
 def _insert(url: str) -> str:
@@ -243,7 +246,10 @@ def test_m4_retention_per_consumer_and_reaped_like_any_key(consumer_pg_url: str)
         kept = store.get("weekly", "a")
         assert kept is not None and kept.expires_at is not None and kept.finished_at is not None
         assert kept.expires_at - kept.finished_at == timedelta(days=7)
-        time.sleep(1.5)
+        # Two days pass for both keys (their times move back): past the brief
+        # consumer's retention of a second, well inside the weekly one's.
+        for scope, key in (("weekly", "a"), ("brief", "b")):
+            Rows("postgres", consumer_pg_url).backdate(scope, key, timedelta(days=2), *TIMES)
         Reaper(store).run_once()
         assert store.get("brief", "b") is None
         assert store.get("weekly", "a") is not None

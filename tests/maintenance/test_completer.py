@@ -204,7 +204,7 @@ def test_b2_two_completers_at_once_never_resume_a_key_twice(db: Backend, flavour
     # The pick moves last_run_at to now, so with a grace period a key one completer
     # picked is not old enough for the other: that is what keeps them apart. (With no
     # grace at all a key may be attempted twice; the claim still runs it once.)
-    time.sleep(1.1)
+    db.backdate(scope, None, timedelta(seconds=1.1), "created_at", "last_run_at")
     config = CompleterConfig(grace=timedelta(seconds=1), batch_size=4, batch_pause=0.0)
     one = flavour(Completer, config, flows=registry, node=True)
     two = flavour(Completer, config, flows=registry, node=True)
