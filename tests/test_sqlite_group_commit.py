@@ -40,6 +40,7 @@ from idempotence.stores import _sqlite_base
 from idempotence.stores import sqlite as sqlite_module
 from idempotence.stores._group import Groups
 from idempotence.stores._ops import Dialect, Op
+from tests.support.polling import eventually, eventually_async
 
 CONCURRENCY = 32
 KEYS = 200
@@ -207,20 +208,6 @@ def committing(groups: Groups[Any]) -> bool:
     return groups._busy and len(groups) == 0
 
 
-def until(condition: Callable[[], bool], failure: str) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, failure
-        time.sleep(0.001)
-
-
-async def until_async(condition: Callable[[], bool], failure: str) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, failure
-        await asyncio.sleep(0.001)
-
-
 def _in_one_group(
     store: SqliteStore, writes: list[Callable[[], Any]], hold: Callable[[], Callable[[], None]]
 ) -> list[Any]:
@@ -240,9 +227,9 @@ def _in_one_group(
     with ThreadPoolExecutor(len(writes) + 1) as pool:
         first = pool.submit(store.heartbeat, blocker)
         # The first write is in flight (waiting for the lock): it took its group.
-        until(lambda: committing(groups), "the first write never went out")
+        eventually(lambda: committing(groups), "the first write went out", interval=0.001)
         results = [pool.submit(outcome, write) for write in writes]
-        until(lambda: len(groups) == len(writes), "the writes never queued")
+        eventually(lambda: len(groups) == len(writes), "the writes queued", interval=0.001)
         unlock()
         first.result(timeout=30)
         return [result.result(timeout=30) for result in results]
@@ -380,12 +367,12 @@ def test_async_writes_queued_behind_a_commit_go_in_one_group(
             queued = store._source._shared.groups._groups  # type: ignore[attr-defined]
             first = asyncio.create_task(store.heartbeat(blocker))
             # The first write is in flight (waiting for the lock): it took its group.
-            await until_async(lambda: committing(queued), "the first write never went out")
+            await eventually_async(lambda: committing(queued), "the first write went out")
             finishes = [store.finish(lease, response(lease.key)) for lease in leases]
             finishes.insert(2, store.finish(zombie, response("zombie")))
             tasks = [asyncio.create_task(f) for f in finishes]
-            await until_async(  # every finish waits behind the blocked commit
-                lambda: len(queued) == len(finishes), "the finishes never queued"
+            await eventually_async(  # every finish waits behind the blocked commit
+                lambda: len(queued) == len(finishes), "the finishes queued"
             )
             unlock()
             await first

@@ -25,6 +25,7 @@ from idempotence import ClaimRequest, StoredResponse
 from idempotence.stores._listener_base import APPLICATION_NAME
 from idempotence.stores._waiters import parse
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from tests.support.polling import eventually
 from tests.support.stores import Blocking, EventLoopThread
 
 CHANNEL = "idempotence_settled"
@@ -86,16 +87,8 @@ def waiters_flag(url: str, scope: str, key: str) -> bool | None:
     return None if row is None else bool(row[0])
 
 
-def until(check: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        time.sleep(0.01)
-
-
 def wait_marked(url: str, scope: str, key: str) -> None:
-    until(lambda: waiters_flag(url, scope, key) is True, f"{key!r} is marked as waited for")
+    eventually(lambda: waiters_flag(url, scope, key) is True, f"{key!r} is marked as waited for")
 
 
 @contextmanager
@@ -304,7 +297,7 @@ def test_p10_the_listener_is_one_connection_opened_at_the_first_wait_and_closed_
     ours = set(listener_pids(pg_url)) - before
     assert len(ours) == 1
     store.close()
-    until(lambda: not ours & set(listener_pids(pg_url)), "the listener connection closed")
+    eventually(lambda: not ours & set(listener_pids(pg_url)), "the listener connection closed")
 
 
 def test_p10_a_killed_listener_costs_a_wait_its_bound_and_the_next_wait_reconnects(
@@ -319,7 +312,7 @@ def test_p10_a_killed_listener_costs_a_wait_its_bound_and_the_next_wait_reconnec
     assert len(ours) == 1
     with psycopg.connect(pg_url, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (ours.pop(),))
-    until(lambda: "listener connection failed" in caplog.text, "the failure is logged")
+    eventually(lambda: "listener connection failed" in caplog.text, "the failure is logged")
     pg_store.finish(lease, response())  # its NOTIFY reaches nobody
     assert 1.3 <= waiting.join() < 5  # the wait ended by its bound: polling
 

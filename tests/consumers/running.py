@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,14 +16,6 @@ from idempotence.consumers.rabbitmq_pika import PikaConsumer
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 
 Settled = list[tuple[Message, Disposition]]
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(0.05)
 
 
 def sync_store(url: str) -> Any:

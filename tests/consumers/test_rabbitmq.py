@@ -5,6 +5,7 @@ broker restarted mid-run, graceful shutdown (DESIGN 9)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -23,9 +24,13 @@ from idempotence.consumers._rabbitmq import ATTEMPT_HEADER, REASON_HEADER
 from idempotence.maintenance import admin
 from idempotence.states import KeyState
 from tests.consumers.broker import Broker, OwnNode, queue_for_test
-from tests.consumers.running import Settled, running, sync_store, wait_for
+from tests.consumers.running import Settled, running, sync_store
+from tests.support import polling
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: A broker delivers, redelivers and dead-letters within a minute on a loaded machine.
+eventually = functools.partial(polling.eventually, timeout=60.0, interval=0.05)
 
 
 def _mark(url: str) -> str:
@@ -125,14 +130,14 @@ def test_m2_two_consumers_racing_one_message_make_one_effect(
             running("pika", consumer(False), url, amqp_url, queue, settled, check_done, prefetch=1),
             running("aio", consumer(True), url, amqp_url, queue, settled, check_done, prefetch=1),
         ):
-            wait_for(lambda: _consumers(broker, queue) == 2, what="two consumers")
+            eventually(lambda: _consumers(broker, queue) == 2, what="two consumers")
             broker.publish(queue, b"{}", "the-message")
             time.sleep(0.3)  # A has it, and is in its handler
             broker.publish(queue, b"{}", "the-message")  # the redelivery
-            wait_for(
+            eventually(
                 lambda: acked_early or {"processed", "duplicate"} <= {d.outcome for _, d in settled}
             )
-            wait_for(lambda: not broker.count(queue) and not broker.count(queue + ".delay"))
+            eventually(lambda: not broker.count(queue) and not broker.count(queue + ".delay"))
         outcomes = sorted(d.outcome for _, d in settled)
         assert _effects(url) == 1, outcomes
         assert not acked_early, f"acked before the key was done: {acked_early}"
@@ -163,9 +168,9 @@ def test_m1_batched_acks_follow_the_commits_and_none_is_left_once_idle(
         for i in range(37):
             broker.publish(queue, b"{}", f"m-{i}")
         with running("pika", consumer, url, amqp_url, queue, settled, check_done, prefetch=16):
-            wait_for(lambda: len(settled) == 37, what="37 settled deliveries")
+            eventually(lambda: len(settled) == 37, what="37 settled deliveries")
             # Idle, still consuming: the last batch went out without a stop.
-            wait_for(lambda: broker.unacked(queue) == 0, what="every delivery acked")
+            eventually(lambda: broker.unacked(queue) == 0, what="every delivery acked")
         assert broker.count(queue) == 0
     assert not acked_early, f"settled before the commit: {acked_early}"
     assert _effects(url) == 37
@@ -195,8 +200,8 @@ def test_m1_a_dead_lettered_delivery_is_acked_at_once_with_those_before_it(
             broker.publish(queue, b"{}", f"after-{i}")
         with running("pika", consumer, url, amqp_url, queue, settled, prefetch=16,
                      hook=after_the_copy):  # fmt: skip
-            wait_for(lambda: len(settled) == 11, what="11 settled deliveries")
-            wait_for(lambda: broker.unacked(queue) == 0, what="every delivery acked")
+            eventually(lambda: len(settled) == 11, what="11 settled deliveries")
+            eventually(lambda: broker.unacked(queue) == 0, what="every delivery acked")
         assert broker.count(queue + ".dead") == 1
     # All 11 were delivered at once (prefetch 16): the 5 after the copy are unacked.
     assert unacked == [5]
@@ -230,8 +235,8 @@ def test_m3_poison_message_is_dead_lettered_with_its_key_errored(
             broker.publish(queue, b"{}", "bad")
             for i in range(10, 20):
                 broker.publish(queue, b"{}", f"good-{i}")
-            wait_for(lambda: broker.count(queue + ".dead") == 1, what="the dead letter")
-            wait_for(lambda: _effects(url) == 20, what="the other messages")
+            eventually(lambda: broker.count(queue + ".dead") == 1, what="the dead letter")
+            eventually(lambda: _effects(url) == 20, what="the other messages")
         ((properties, _body),) = broker.drain(queue + ".dead")
         assert properties.message_id == "bad"
         assert properties.headers[ATTEMPT_HEADER] == 3
@@ -274,8 +279,8 @@ def test_hostile_messages_are_dead_lettered_and_the_consumer_keeps_running(
             broker.publish(queue, json.dumps({"id": "x" * 10_000}).encode())
             broker.publish(queue, b'{"id": "\xff\xfe"}')
             broker.publish(queue, json.dumps({"id": "fine"}).encode())
-            wait_for(lambda: _effects(url) == 1, what="the good message")
-            wait_for(lambda: broker.count(queue + ".dead") == 3, what="three dead letters")
+            eventually(lambda: _effects(url) == 1, what="the good message")
+            eventually(lambda: broker.count(queue + ".dead") == 3, what="three dead letters")
             assert thread.is_alive()
         reasons = [p.headers[REASON_HEADER] for p, _ in broker.drain(queue + ".dead")]
     assert reasons == [
@@ -312,7 +317,7 @@ def test_sigterm_finishes_the_current_message_and_stops(
         args = [adapter, "transaction", consumer_pg_url, queue, amqp_url]
         proc = subprocess.Popen([sys.executable, "-m", "tests.consumers.worker", *args], env=env)
         try:
-            wait_for(lambda: (tmp_path / "started-m-0").exists(), what="the first message")
+            eventually(lambda: (tmp_path / "started-m-0").exists(), what="the first message")
             assert (tmp_path / f"ready-{proc.pid}").exists()
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
@@ -356,14 +361,14 @@ def test_broker_restarted_mid_run_consumers_reconnect(
             running("pika", consumer(False), url, node.url, "restart", settled, **options),
             running("aio", consumer(True), url, node.url, "restart", settled, **options),
         ):
-            wait_for(lambda: _effects(url) >= 10, what="the first messages")
+            eventually(lambda: _effects(url) >= 10, what="the first messages")
             node.stop()
             assert _effects(url) < total, "too late: every message was processed already"
             time.sleep(1)
             node.start()
-            wait_for(lambda: _distinct(url) == total, timeout=120, what="every message")
+            eventually(lambda: _distinct(url) == total, timeout=120, what="every message")
             broker = Broker(node.url)
-            wait_for(lambda: not broker.count("restart") and not broker.count("restart.delay"))
+            eventually(lambda: not broker.count("restart") and not broker.count("restart.delay"))
         assert broker.count("restart") == 0  # the consumers stopped: nothing was unacked
         broker.close()
     finally:

@@ -10,7 +10,6 @@ it started, at the end.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import pytest
 
 from rocket_rides.run import StackProcess, free_port, start_stack
 from rocket_rides.stack import StackConfig
+from tests.support.polling import eventually
 from tests.support.postgres import ProvidedServer, create_database, drop_database
 
 #: A short lock timeout: the crash tests wait it out.
@@ -44,14 +44,15 @@ class Service:
 
 def assert_group_gone(pgid: int, timeout: float = 5.0) -> None:
     """No process of the group ``pgid`` is left (the supervisor and its children)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def gone() -> bool:
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
-            return
-        assert time.monotonic() < deadline, f"processes of group {pgid} are still running"
-        time.sleep(0.05)
+            return True
+        return False
+
+    eventually(gone, f"no process of group {pgid} is left", timeout=timeout, interval=0.05)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

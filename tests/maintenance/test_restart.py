@@ -23,6 +23,7 @@ import pytest
 
 from idempotence import ClaimRequest
 from idempotence.stores.postgres import PostgresStore
+from tests.support.polling import eventually
 from tests.support.postgres import ProvidedServer, throwaway_cluster
 
 CLI = Path(sys.executable).parent / "idempotence"
@@ -49,15 +50,10 @@ def _crashed(url: str, key: str) -> None:
         assert store.claim(request).lease is not None
 
 
-def _swept(url: str, key: str, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
+def _swept(url: str, key: str) -> bool:
     with PostgresStore(url) as store:
-        while time.monotonic() < deadline:
-            record = store.get("restart", key)
-            if record is not None and record.locked_at is None:
-                return True
-            time.sleep(0.1)
-    return False
+        record = store.get("restart", key)
+    return record is not None and record.locked_at is None
 
 
 @pytest.mark.parametrize(
@@ -74,13 +70,15 @@ def test_p11_the_worker_outlives_a_restart_with_one_line_per_outage(
         proc = subprocess.Popen(args, cwd=ROOT, env=_env(), stderr=stderr, text=True)
     try:
         _crashed(cluster.url, f"before-{flavour}")
-        assert _swept(cluster.url, f"before-{flavour}", 10), log.read_text()
+        eventually(lambda: _swept(cluster.url, f"before-{flavour}"), log.read_text, interval=0.1)
         cluster.halt(mode)
         time.sleep(3.0)  # about fifteen passes of every service
         assert proc.poll() is None, log.read_text()
         cluster.resume()
         _crashed(cluster.url, f"after-{flavour}")
-        assert _swept(cluster.url, f"after-{flavour}", 5), log.read_text()
+        eventually(
+            lambda: _swept(cluster.url, f"after-{flavour}"), log.read_text, timeout=5, interval=0.1
+        )
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=15)
     finally:
