@@ -1,10 +1,19 @@
-"""The key-store interface (issue 2): every SQL store is a KeyStore, and a key store
-without shared transactions runs the claim lifecycle through the protocol alone."""
+"""The key-store interface (issue 2): every store has the KeyStore operations with
+their signatures, and a key store without shared transactions runs the claim
+lifecycle through the protocol alone.
+
+``isinstance`` on the runtime-checkable protocols only sees method names (which the
+sync and the async interface share), so the stores are checked here method by
+method: each operation of the protocol is there, a coroutine function exactly on an
+async store, and takes the protocol's parameters by the same names and kinds."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from datetime import datetime, timedelta
+
+import pytest
 
 from idempotence import (
     AsyncKeyStore,
@@ -18,8 +27,8 @@ from idempotence import (
     StoredResponse,
 )
 from idempotence.stores._interface import is_async, is_sync
-from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from tests.support.keystores import AsyncNoSharedTransactions, NoSharedTransactions
+from tests.support.stores import STORES, opener
 
 # What a transactional (SQL) store adds: none of it is part of the interface.
 SQL_ONLY = ("transaction", "checkpoint", "end_phase", "stage_jobs", "_perform", "migrate")
@@ -31,24 +40,72 @@ def _request(scope: str, key: str = "k", fingerprint: str = "f") -> ClaimRequest
     )
 
 
-def test_sqlite_stores_are_key_stores(sqlite_path):
-    with SqliteStore(sqlite_path) as store:
-        assert isinstance(store, KeyStore)
-        assert is_sync(store) and not is_async(store)
-    store_async = AsyncSqliteStore(sqlite_path)
-    assert isinstance(store_async, AsyncKeyStore)
-    assert is_async(store_async) and not is_sync(store_async)
-    asyncio.run(store_async.close())
+def conforms(store: object, protocol: type) -> list[str]:
+    """How ``store`` departs from ``protocol``'s operations (nothing: it conforms)."""
+    wrong = []
+    for name in ("claim", "finish", "release", "heartbeat", "forget", "get"):
+        wanted = getattr(protocol, name)
+        method = getattr(store, name, None)
+        if method is None:
+            wrong.append(f"{name}: missing")
+            continue
+        if inspect.iscoroutinefunction(method) != inspect.iscoroutinefunction(wanted):
+            wrong.append(f"{name}: async where the protocol is sync, or the reverse")
+        have = inspect.signature(method).parameters
+        params = inspect.signature(wanted).parameters
+        for param in list(params.values())[1:]:  # not self
+            mine = have.get(param.name)
+            if mine is None or mine.kind != param.kind:
+                wrong.append(f"{name}: no {param.kind.description} parameter {param.name!r}")
+        extra = [
+            p.name
+            for p in have.values()
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        wrong += [
+            f"{name}: requires {p!r}"
+            for p in extra
+            if p not in inspect.signature(wanted).parameters
+        ]
+    for name in ("wait_for_settle", "close"):
+        method = getattr(store, name, None)
+        if method is None or inspect.iscoroutinefunction(method) != inspect.iscoroutinefunction(
+            getattr(protocol, name)
+        ):
+            wrong.append(f"{name}: missing, or of the other flavour")
+    return wrong
 
 
-def test_postgres_stores_are_key_stores(pg_url):
-    with PostgresStore(pg_url) as store:
-        assert isinstance(store, KeyStore)
-        assert is_sync(store)
-    store_async = AsyncPostgresStore(pg_url)
-    assert isinstance(store_async, AsyncKeyStore)
-    assert is_async(store_async)
-    asyncio.run(store_async.close())
+@pytest.mark.parametrize("kind", list(STORES))
+def test_every_store_has_the_key_store_operations(kind: str, request: pytest.FixtureRequest):
+    store = opener(kind, request)()
+    try:
+        if is_async(store):
+            assert conforms(store, AsyncKeyStore) == []
+            assert conforms(store, KeyStore) != []  # the check tells the flavours apart
+        else:
+            assert is_sync(store)
+            assert conforms(store, KeyStore) == []
+            assert conforms(store, AsyncKeyStore) != []
+    finally:
+        close = store.close()
+        if inspect.iscoroutine(close):
+            asyncio.run(close)
+
+
+def test_the_check_sees_a_missing_parameter_and_an_extra_required_one(sqlite_path):
+    class Partial(NoSharedTransactions):
+        def finish(self, lease, response):  # no error=
+            ...
+
+        def get(self, scope, key, shard):  # one more, required
+            ...
+
+    with SqliteStore(sqlite_path) as inner:
+        assert conforms(Partial(inner), KeyStore) == [
+            "finish: no keyword-only parameter 'error'",
+            "get: requires 'shard'",
+        ]
 
 
 def test_the_interface_holds_nothing_that_needs_a_shared_transaction():
@@ -59,7 +116,8 @@ def test_the_interface_holds_nothing_that_needs_a_shared_transaction():
 
 def test_a_key_store_without_transactions_runs_the_claim_lifecycle(sqlite_path, scope):
     store = NoSharedTransactions(SqliteStore(sqlite_path))
-    assert isinstance(store, KeyStore) and not isinstance(store, Store)
+    assert conforms(store, KeyStore) == []
+    assert not isinstance(store, Store)
     assert not any(hasattr(store, name) for name in SQL_ONLY)
     try:
         claim = store.claim(_request(scope))
@@ -89,7 +147,7 @@ def test_a_key_store_without_transactions_runs_the_claim_lifecycle(sqlite_path, 
 def test_an_async_key_store_without_transactions_runs_the_claim_lifecycle(sqlite_path, scope):
     async def main() -> None:
         store = AsyncNoSharedTransactions(AsyncSqliteStore(sqlite_path))
-        assert isinstance(store, AsyncKeyStore) and is_async(store)
+        assert conforms(store, AsyncKeyStore) == []
         try:
             claim = await store.claim(_request(scope))
             assert claim.outcome is Outcome.EXECUTE and claim.lease is not None

@@ -98,27 +98,36 @@ def test_the_database_url_of_the_cli_checks_the_redis_database(url: str) -> None
 
 
 @pytest.mark.parametrize(
-    "url",
+    ("url", "db"),
     [
-        "redis://{hp}",
-        "redis://{hp}/",
-        "redis://{hp}/15",
-        "redis://{hp}?db=3",
-        "rediss://{hp}/2?ssl_cert_reqs=none",
-        "redis://{hp}/1?client_name=app&socket_keepalive=true",
-        "unix:///tmp/redis.sock?db=2",
-        "redis://{hp}/0/",
-        "redis://{hp}/%31",
-        "redis://{hp}/1?db=",
-        "redis://user:p%2Fw%40rd@{hp}/0",
+        ("redis://{hp}", 0),
+        ("redis://{hp}/", 0),
+        ("redis://{hp}/15", 15),
+        ("redis://{hp}?db=3", 3),
+        ("rediss://{hp}/2?ssl_cert_reqs=none", 2),
+        ("redis://{hp}/1?client_name=app&socket_keepalive=true", 1),
+        ("unix:///tmp/redis.sock?db=2", 2),
+        ("redis://{hp}/0/", 0),
+        ("redis://{hp}/%31", 1),
+        ("redis://{hp}/1?db=", 1),
+        ("redis://user:p%2Fw%40rd@{hp}/0", 0),
     ],
 )
-def test_the_urls_redis_py_reads_as_written_are_taken(url: str) -> None:
+def test_the_urls_redis_py_reads_as_written_are_taken(url: str, db: int) -> None:
+    # Taken, and read as written: the client the store opened talks to that database
+    # (and with that password), as redis-py itself reads the URL.
+    written = url.format(hp=host_port())
     for kind in (RedisStore, AsyncRedisStore):
-        store = kind(url.format(hp=host_port()))
-        closing = store.close()
-        if asyncio.iscoroutine(closing):
-            asyncio.run(closing)
+        store = kind(written)
+        try:
+            options = store._client.connection_pool.connection_kwargs
+            assert options.get("db", 0) == db  # redis-py leaves out the default
+            if "user:" in written:
+                assert (options["username"], options["password"]) == ("user", "p/w@rd")
+        finally:
+            closing = store.close()
+            if asyncio.iscoroutine(closing):
+                asyncio.run(closing)
 
 
 @pytest.mark.parametrize(

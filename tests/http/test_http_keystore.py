@@ -20,6 +20,7 @@ from idempotence.http import (
     Idempotency,
     IdempotencyMiddleware,
     IdempotencyWSGIMiddleware,
+    Mode,
     Policy,
     single_tenant,
 )
@@ -65,15 +66,26 @@ def test_a_default_policy_that_shares_the_transaction_is_refused(key_store, defa
 
 
 def test_the_same_endpoints_are_accepted_on_a_sql_store_or_left_unguarded(key_store, tmp_path):
-    endpoints = [Endpoint("POST /x", Policy(transaction=True)), Endpoint("POST /f", None)]
-    Idempotency(store=SqliteStore(":memory:"), scope=single_tenant(), endpoints=endpoints)
-    Idempotency(
-        store=AsyncSqliteStore(str(tmp_path / "k.db")),
-        scope=single_tenant(),
-        default=Policy(flow=Flow("keystore-sql")),
+    # Accepted, and kept as configured: the request-as-transaction endpoint, the flow
+    # default and the unguarded endpoint resolve to what they were given.
+    transaction, flow = Policy(transaction=True), Policy(flow=Flow("keystore-sql"))
+    endpoints = [Endpoint("POST /x", transaction), Endpoint("POST /f", None)]
+    sql = Idempotency(store=SqliteStore(":memory:"), scope=single_tenant(), endpoints=endpoints)
+    assert sql.resolve("POST", "/x") == (transaction, {})
+    assert sql.resolve("POST", "/f") is None
+    flows = Idempotency(
+        store=AsyncSqliteStore(str(tmp_path / "k.db")), scope=single_tenant(), default=flow
     )
+    assert flows.resolve("POST", "/anything") == (flow, {})
     # Unguarded (policy None) and handler endpoints need no shared transaction.
-    Idempotency(store=key_store, scope=single_tenant(), endpoints=[Endpoint("POST /f", None)])
+    plain = Idempotency(
+        store=key_store,
+        scope=single_tenant(),
+        endpoints=[Endpoint("POST /f", None), Endpoint("POST /h", Policy())],
+    )
+    assert plain.resolve("POST", "/f") is None
+    resolved = plain.resolve("POST", "/h")
+    assert resolved is not None and resolved[0].mode is Mode.HANDLER
 
 
 def test_each_middleware_refuses_the_wrong_kind_of_key_store(key_store, sqlite_path):
