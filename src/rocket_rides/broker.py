@@ -53,8 +53,6 @@ from .schema import fetch
 if TYPE_CHECKING:
     import aio_pika.abc
 
-    from .stack import StackConfig
-
 __all__ = [
     "CONSUMER",
     "BrokerConfig",
@@ -265,19 +263,19 @@ class _Chaos:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def consume(config: StackConfig) -> None:
-    """One consumer process: receipts from the run's queue into ``rocket_receipts``,
-    through the guard, until SIGTERM."""
+def consume(broker: BrokerConfig, *, database: str, data_dir: str, chaos: bool) -> None:
+    """One consumer process: receipts from ``broker``'s queue into ``rocket_receipts``
+    of ``database``, through the guard, until SIGTERM; ``chaos`` kills it at random
+    points (the run's ``crash_rate``). It takes the stack's settings it needs, not the
+    stack's whole configuration, so this module stays below the stack's."""
     from idempotence.consumers.rabbitmq_pika import PikaConsumer
 
-    broker = config.broker
-    assert broker is not None
-    chaos = _Chaos(broker.crash_rate if config.chaos else 0.0)
-    ledger = Ledger(config.data_dir)
+    killer = _Chaos(broker.crash_rate if chaos else 0.0)
+    ledger = Ledger(data_dir)
 
     def message_id(message: Message) -> str | None:
-        chaos.plan()
-        chaos.reached("before_claim")
+        killer.plan()
+        killer.reached("before_claim")
         return message.message_id
 
     def write_receipt(ctx: MessageContext) -> None:
@@ -293,7 +291,7 @@ def consume(config: StackConfig) -> None:
                 "sent_at": time.time(),
             },
         )
-        chaos.reached("in_transaction")
+        killer.reached("in_transaction")
 
     def settled(message: Message, disposition: Disposition) -> None:
         ledger.write(
@@ -303,7 +301,7 @@ def consume(config: StackConfig) -> None:
             outcome=disposition.outcome,
             redelivered=message.redelivered,
         )
-        chaos.reached("after_settle")
+        killer.reached("after_settle")
 
     consumer = Consumer(
         name=CONSUMER,
@@ -313,7 +311,7 @@ def consume(config: StackConfig) -> None:
         message_id=message_id,
         retry_delay=timedelta(milliseconds=200),
     )
-    with open_sql_store(config.database) as store:
+    with open_sql_store(database) as store:
         worker = PikaConsumer(
             consumer,
             store,

@@ -313,7 +313,13 @@ def run_stack(config: StackConfig, announce: Callable[[Event], None]) -> int:
         ]
         plan.append(_Child("worker", None, functools.partial(_worker, config)))
         if config.broker is not None:
-            consumer = functools.partial(consume, config)
+            consumer = functools.partial(
+                consume,
+                config.broker,
+                database=config.database,
+                data_dir=config.data_dir,
+                chaos=config.chaos,
+            )
             plan += [_Child("consumer", None, consumer) for _ in range(config.broker.consumers)]
         for child in plan:
             _start(child, children, config, announce)
