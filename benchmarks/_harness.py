@@ -1,8 +1,8 @@
 """The machinery that http_bench.py, peers.py and drivers.py share (not a benchmark).
 
-* the benchmarks' own dependencies (``benchmarks/requirements.txt``), installed with
-  ``pip install --target benchmarks/.deps`` and put at the END of ``sys.path``;
-* ``wrk`` (C), installed with apt-get when missing, driven by a Lua script that gives
+* the benchmarks' own dependencies (``benchmarks/requirements.txt``), installed by
+  ``benchmarks/setup.sh`` into ``benchmarks/.deps`` and put at the END of ``sys.path``;
+* ``wrk`` (C), installed by ``benchmarks/setup.sh`` too, driven by a Lua script that gives
   each request a unique Idempotency-Key (or one fixed key, for replay rows) and prints
   its summary as JSON;
 * app servers: uvicorn with uvloop and httptools, one process per server, on a socket
@@ -49,20 +49,20 @@ BODY = b'{"amount": 100}'
 # -- the benchmarks' own dependencies ------------------------------------------------------
 
 
+#: What to run when a dependency or wrk is missing: the benchmarks never install.
+SETUP = "bash benchmarks/setup.sh"
+
+
 def ensure_deps() -> Path:
-    """Install benchmarks/requirements.txt into benchmarks/.deps (once per content)."""
+    """benchmarks/.deps, installed from the current benchmarks/requirements.txt by
+    benchmarks/setup.sh; exit with one line naming it when not."""
     stamp = DEPS / ".requirements.sha256"
     wanted = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
-    if stamp.exists() and stamp.read_text() == wanted:
-        return DEPS
-    print(f"installing the benchmarks' dependencies into {DEPS} ...", file=sys.stderr)
-    shutil.rmtree(DEPS, ignore_errors=True)
-    command = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    command += ["--no-deps", "--target", str(DEPS), "-r", str(REQUIREMENTS)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        sys.exit(f"cannot install {REQUIREMENTS.name}: {done.stderr.strip().splitlines()[-1:]}")
-    stamp.write_text(wanted)
+    if not stamp.exists() or stamp.read_text().strip() != wanted:
+        sys.exit(
+            f"the benchmarks' dependencies ({REQUIREMENTS.name}) are not installed in "
+            f"{DEPS}, or are out of date: run `{SETUP}`"
+        )
     return DEPS
 
 
@@ -81,21 +81,11 @@ def use_repo() -> None:
 
 
 def ensure_wrk() -> str:
-    """The path of ``wrk``, installed with apt-get if missing, or exit with one line."""
+    """The path of ``wrk``; exit with one line naming benchmarks/setup.sh when missing."""
     found = shutil.which("wrk")
     if found:
         return found
-    if shutil.which("apt-get") and os.geteuid() == 0:
-        print("installing wrk (apt-get install -y wrk) ...", file=sys.stderr)
-        install = ["apt-get", "install", "-y", "-q", "wrk"]
-        quiet = {"capture_output": True, "check": False}
-        if subprocess.run(install, **quiet).returncode != 0:  # type: ignore[call-overload]
-            subprocess.run(["apt-get", "update", "-q"], **quiet)  # type: ignore[call-overload]
-            subprocess.run(install, **quiet)  # type: ignore[call-overload]
-        found = shutil.which("wrk")
-        if found:
-            return found
-    sys.exit("wrk (the load generator, in C) is missing: install it with `apt-get install wrk`")
+    sys.exit(f"wrk (the load generator, in C) is missing: run `{SETUP}` (apt-get install wrk)")
 
 
 # -- wrk -----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ Run it from the repository root::
     .venv/bin/python benchmarks/drivers.py --quick    # a smoke run, about 15 seconds
     .venv/bin/python benchmarks/drivers.py --postgres-kind machine --json
 
-asyncpg is installed into ``benchmarks/.deps`` (``benchmarks/requirements.txt``), never
+asyncpg is installed into ``benchmarks/.deps`` by ``bash benchmarks/setup.sh``, never
 into the package's dependencies. Both drivers run on uvloop, in this one process, each
 on its own connections to one database (by default on a throwaway cluster with
 fsync=off and synchronous_commit=off, so the disk does not set the pace; ``--postgres-kind

@@ -7,11 +7,11 @@ Run it from the repository root::
     .venv/bin/python benchmarks/peers.py --quick     # a smoke run, about 40 seconds
     .venv/bin/python benchmarks/peers.py --postgres-kind machine --json
 
-The peers are never the package's dependencies: the script installs
+The peers are never the package's dependencies: ``bash benchmarks/setup.sh`` installs
 ``benchmarks/requirements.txt`` (idemkit, asyncpg, redis, uvloop, httptools) into
-``benchmarks/.deps`` with ``pip install --target`` and appends that directory to the
-server processes' ``sys.path``, so every guard runs on the same FastAPI, Starlette,
-uvicorn, uvloop and httptools.
+``benchmarks/.deps`` with ``pip install --target``, and the script appends that
+directory to the server processes' ``sys.path``, so every guard runs on the same
+FastAPI, Starlette, uvicorn, uvloop and httptools.
 
 Guards (``--guard``, repeatable; all by default), each in a uvicorn process of its own:
 

@@ -6,15 +6,19 @@ like a standard-library module (it was ``http.py``) would shadow it for every im
 of the library, and the README's commands would fail before measuring anything.
 Files named ``_*.py`` are the benchmarks' shared machinery, not scripts.
 
-The quick runs install the benchmarks' own dependencies (benchmarks/requirements.txt,
-into benchmarks/.deps) and ``wrk`` if they are missing, and fail loudly if they cannot.
-No number is judged here (speed is for the scripts to print): only that every row ran,
-answered every request as it should, and was measured.
+The HTTP, peer and driver runs need the benchmarks' own dependencies
+(benchmarks/requirements.txt, in benchmarks/.deps) and ``wrk``, which
+``bash benchmarks/setup.sh`` installs (``.ci/run`` runs it first). A test never installs
+them: without them it fails, saying to run that script, and never skips. These runs
+are the slow tier (``-m slow``). No number is judged here (speed is for the scripts to
+print): only that every row ran, answered every request as it should, and was measured.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +50,20 @@ def test_a_benchmark_script_starts(script: Path):
     assert "usage:" in done.stdout
 
 
+SETUP = "bash benchmarks/setup.sh"
+
+
+def require_benchmark_tools() -> None:
+    """benchmarks/.deps current and wrk on the PATH, or the test fails naming the
+    script that installs them."""
+    stamp = HERE / ".deps" / ".requirements.sha256"
+    wanted = hashlib.sha256((HERE / "requirements.txt").read_bytes()).hexdigest()
+    if not stamp.exists() or stamp.read_text().strip() != wanted:
+        pytest.fail(f"the benchmarks' dependencies are missing or out of date: run `{SETUP}`")
+    if shutil.which("wrk") is None:
+        pytest.fail(f"wrk (the load generator) is not installed: run `{SETUP}`")
+
+
 def quick(script: str, *options: str) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, str(HERE / script), "--quick", "--json", *options],
@@ -72,6 +90,7 @@ def assert_every_row_served(rows: list[dict[str, Any]], servers: set[str]) -> No
 
 
 def test_http_bench_quick():
+    require_benchmark_tools()
     table = quick("http_bench.py", "--server", "pg-fast", "--server", "sqlite-normal")
     rows = table["rows"]
     assert_every_row_served(rows, {"pg-fast", "sqlite-normal"})
@@ -110,6 +129,7 @@ def test_http_bench_quick_on_redis():
     """Our Redis store and the cached store (PostgreSQL behind Redis) get their rows,
     and the cached store's replays are answered by Redis: its PostgreSQL backends do
     nothing for them, while its handler rows claim and finish there."""
+    require_benchmark_tools()
     table = quick("http_bench.py", "--server", "redis", "--server", "pg-fast+cache")
     rows = table["rows"]
     assert_every_row_served(rows, {"redis", "pg-fast+cache"})
@@ -133,6 +153,7 @@ def test_http_bench_quick_on_redis():
 
 
 def test_peers_quick():
+    require_benchmark_tools()
     guards = ["ours-pg", "idemkit-pg", "ours-redis", "idemkit-redis", "ours-cached"]
     table = quick("peers.py", *(option for g in guards for option in ("--guard", g)))
     rows = table["rows"]
@@ -156,6 +177,7 @@ def test_peers_quick():
 
 
 def test_drivers_quick():
+    require_benchmark_tools()
     table = quick("drivers.py", "--tasks", "4")
     found = {(row["driver"], row["kind"], row["tasks"]) for row in table["rows"]}
     assert found == {
