@@ -24,9 +24,9 @@ import psycopg
 import pytest
 
 from idempotence import ClaimRequest, StoredResponse, _queries
-from idempotence.stores._ops import Query
-from idempotence.stores._postgres_base import SESSION_PLANNING, bounded_claim
+from idempotence.stores._sql.ops import Query
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from idempotence.stores.postgres._store_shared import SESSION_PLANNING, bounded_claim
 from tests.support.postgres import ProvidedServer, create_database, drop_database
 
 #: Statements that read many rows by design: the cross-scope maintenance scans (each

@@ -36,10 +36,10 @@ from idempotence import (
     StoredResponse,
 )
 from idempotence.errors import LockLost, StoreError, StoreUnavailable
-from idempotence.stores import _sqlite_base
-from idempotence.stores import sqlite as sqlite_module
-from idempotence.stores._group import Groups
-from idempotence.stores._ops import Dialect, Op
+from idempotence.stores._sql.ops import Dialect, Op
+from idempotence.stores.sqlite import _store as sqlite_module
+from idempotence.stores.sqlite import _store_shared as _sqlite_base
+from idempotence.stores.sqlite._group import Groups
 
 CONCURRENCY = 32
 KEYS = 200

@@ -25,10 +25,10 @@ from idempotence import (
     StoreUnavailable,
     TransientError,
 )
-from idempotence.stores import _postgres as postgres
-from idempotence.stores._breaker import FAIL_FAST
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from idempotence.stores.postgres import _store as postgres
 from idempotence.stores.postgres import translate as translate_pg
+from idempotence.stores.postgres._breaker import FAIL_FAST
 from tests.support.postgres import ProvidedServer, throwaway_cluster
 
 FP = "c" * 64

@@ -24,9 +24,9 @@ from idempotence import (
     StoreUnavailable,
 )
 from idempotence.consumers import Consumer, Message, process
-from idempotence.stores import _sqlite_base
-from idempotence.stores import sqlite as sqlite_store
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from idempotence.stores.sqlite import _store as sqlite_store
+from idempotence.stores.sqlite import _store_shared as _sqlite_base
 from tests.support.roundtrips import RoundTrips, round_trips
 
 INSERT = "INSERT INTO side_effects (note) VALUES (:note)"

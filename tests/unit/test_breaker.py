@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from idempotence.errors import StoreUnavailable
-from idempotence.stores import _breaker
-from idempotence.stores._breaker import FAIL_FAST, PROBE_INTERVAL, Breaker
+from idempotence.stores.postgres import _breaker
+from idempotence.stores.postgres._breaker import FAIL_FAST, PROBE_INTERVAL, Breaker
 
 
 @pytest.fixture

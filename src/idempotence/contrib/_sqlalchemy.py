@@ -39,10 +39,10 @@ from typing import Any, TypeVar, cast
 from .._concurrency import Lock
 from ..errors import StoreUnavailable
 from ..observability import Instrumentation
-from ..stores._connection import run
-from ..stores._driver import Blocks
-from ..stores._ops import Dialect, Op, Query, Row
-from ..stores._store import Store, Transaction
+from ..stores._retry import Blocks
+from ..stores._sql.connection import run
+from ..stores._sql.ops import Dialect, Op, Query, Row
+from ..stores._sql.store import Store, Transaction
 from ._sqlalchemy_base import (
     JOIN_MODE,
     Connection,
@@ -185,7 +185,7 @@ class _Claiming:
         conn = self._conn
         if conn._dialect.name != "postgres":
             return conn.fetch(query)
-        from ..stores._postgres_base import bounded_claim
+        from ..stores.postgres._store_shared import bounded_claim
 
         with translated(conn._dialect, claim=True):
             # The claim statement bounds its own lock wait and restores the setting.

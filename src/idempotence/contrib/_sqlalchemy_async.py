@@ -37,10 +37,10 @@ from typing import Any, TypeVar, cast
 from .._concurrency import AsyncLock
 from ..errors import StoreUnavailable
 from ..observability import Instrumentation
-from ..stores._connection_async import run_async
-from ..stores._driver import Blocks
-from ..stores._ops import Dialect, Op, Query, Row
-from ..stores._store_async import AsyncStore, AsyncTransaction
+from ..stores._retry import Blocks
+from ..stores._sql.connection_async import run_async
+from ..stores._sql.ops import Dialect, Op, Query, Row
+from ..stores._sql.store_async import AsyncStore, AsyncTransaction
 from ._sqlalchemy_base import (
     JOIN_MODE,
     AsyncConnection,
@@ -183,7 +183,7 @@ class _Claiming:
         conn = self._conn
         if conn._dialect.name != "postgres":
             return await conn.fetch(query)
-        from ..stores._postgres_base import bounded_claim
+        from ..stores.postgres._store_shared import bounded_claim
 
         with translated(conn._dialect, claim=True):
             # The claim statement bounds its own lock wait and restores the setting.

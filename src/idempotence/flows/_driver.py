@@ -26,7 +26,7 @@ from .._concurrency import Periodic, sleep
 from ..errors import IdempotenceError, LockLost, StoreError
 from ..states import Lease, Outcome
 from ..stores import KeyStore, Store
-from ._steps import NOT_SYNC, after_call, closing, require_finish, watch
+from ._driver_shared import NOT_SYNC, after_call, closing, require_finish, watch
 from .contexts import ForeignContext, Observer, PhaseContext
 from .effects import (
     DoCall,

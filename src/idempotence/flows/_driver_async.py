@@ -24,7 +24,7 @@ from .._concurrency import AsyncPeriodic, sleep_async
 from ..errors import IdempotenceError, LockLost, StoreError
 from ..states import Lease, Outcome
 from ..stores import AsyncKeyStore, AsyncStore
-from ._steps import NOT_SYNC, after_call, closing, require_finish, watch
+from ._driver_shared import NOT_SYNC, after_call, closing, require_finish, watch
 from .contexts import ForeignContext, Observer, PhaseContext
 from .effects import (
     DoCall,

@@ -24,8 +24,8 @@ foreign calls, are resumed by :class:`AsyncCompleter`.
 0
 """
 
-from ._base import ServiceConfig, Signals
 from ._ops import ExpiredKey, Job, KeyRow, PickedKey, SweptKey
+from ._service_shared import ServiceConfig, Signals
 from ._stop import stop_on_signals
 from .admin import KeyIsLocked, Stats, evict_key, list_keys, show_key, stats
 from .completer import (

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..states import KeyRecord, KeyState, StagedJob, StoredResponse
-from ..stores._ops import Dialect, Op
+from ..stores._sql.ops import Dialect, Op
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Generic
 from .._concurrency import Event, wait_until_set
 from ..errors import StoreUnavailable
 from ..stores import Store
-from ._base import MAX_NAP, ConfigT, Progress, ResultT, Signals, jittered, log_pass
+from ._service_shared import MAX_NAP, ConfigT, Progress, ResultT, Signals, jittered, log_pass
 from .metrics import Metrics, default_metrics
 
 

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Generic
 from .._concurrency import AsyncEvent, wait_until_set_async
 from ..errors import StoreUnavailable
 from ..stores import AsyncStore
-from ._base import MAX_NAP, ConfigT, Progress, ResultT, Signals, jittered, log_pass
+from ._service_shared import MAX_NAP, ConfigT, Progress, ResultT, Signals, jittered, log_pass
 from .metrics import Metrics, default_metrics
 
 

@@ -41,8 +41,7 @@ from ..flows import flows as default_flows
 from ..states import KeyRecord, Outcome
 from ..stores import Store
 from . import _ops
-from ._base import Progress, Signals
-from ._completion import (
+from ._completer_shared import (
     GAVE_UP_RESPONSE,
     CompleterConfig,
     CompleteResult,
@@ -57,6 +56,7 @@ from ._completion import (
 )
 from ._ops import PickedKey
 from ._service import Service
+from ._service_shared import Progress, Signals
 from .metrics import Metrics
 
 __all__ = [

@@ -39,8 +39,7 @@ from ..flows import flows as default_flows
 from ..states import KeyRecord, Outcome
 from ..stores import AsyncStore
 from . import _ops
-from ._base import Progress, Signals
-from ._completion import (
+from ._completer_shared import (
     GAVE_UP_RESPONSE,
     CompleterConfig,
     CompleteResult,
@@ -55,6 +54,7 @@ from ._completion import (
 )
 from ._ops import PickedKey
 from ._service_async import AsyncService
+from ._service_shared import Progress, Signals
 from .metrics import Metrics
 
 __all__ = [

@@ -27,9 +27,9 @@ from .._concurrency import Event
 from ..states import StagedJob
 from ..stores import Store, Transaction
 from . import _ops
-from ._base import Progress, Signals
-from ._enqueue import EnqueuerConfig, EnqueueResult, enqueue_summary
+from ._enqueuer_shared import EnqueuerConfig, EnqueueResult, enqueue_summary
 from ._service import Service
+from ._service_shared import Progress, Signals
 from .metrics import Metrics
 
 __all__ = [

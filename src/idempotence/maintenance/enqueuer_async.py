@@ -25,9 +25,9 @@ from .._concurrency import AsyncEvent
 from ..states import StagedJob
 from ..stores import AsyncStore, AsyncTransaction
 from . import _ops
-from ._base import Progress, Signals
-from ._enqueue import EnqueuerConfig, EnqueueResult, enqueue_summary
+from ._enqueuer_shared import EnqueuerConfig, EnqueueResult, enqueue_summary
 from ._service_async import AsyncService
+from ._service_shared import Progress, Signals
 from .metrics import Metrics
 
 __all__ = [

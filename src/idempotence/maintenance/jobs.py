@@ -30,8 +30,7 @@ from .._awaitables import settle
 from .._concurrency import Event
 from ..stores import Store
 from . import _ops
-from ._base import Progress, Signals
-from ._jobs import (
+from ._jobs_shared import (
     NOT_SYNC_JOB,
     JobFn,
     JobRegistry,
@@ -45,6 +44,7 @@ from ._jobs import (
 )
 from ._ops import Job
 from ._service import Service
+from ._service_shared import Progress, Signals
 from .metrics import Metrics
 
 __all__ = [

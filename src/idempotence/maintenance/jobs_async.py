@@ -28,8 +28,7 @@ from .._awaitables import settle_async
 from .._concurrency import AsyncEvent
 from ..stores import AsyncStore
 from . import _ops
-from ._base import Progress, Signals
-from ._jobs import (
+from ._jobs_shared import (
     NOT_SYNC_JOB,
     JobFn,
     JobRegistry,
@@ -43,6 +42,7 @@ from ._jobs import (
 )
 from ._ops import Job
 from ._service_async import AsyncService
+from ._service_shared import Progress, Signals
 from .metrics import Metrics
 
 __all__ = [

@@ -25,10 +25,10 @@ from typing import Any
 from .._concurrency import Event
 from ..stores import Store
 from . import _ops
-from ._base import Progress, Signals
 from ._ops import SweptKey
 from ._service import Service
-from ._sweep import SweeperConfig, SweepResult, log_swept, sweep_summary
+from ._service_shared import Progress, Signals
+from ._sweeper_shared import SweeperConfig, SweepResult, log_swept, sweep_summary
 from .metrics import Metrics
 
 __all__ = ["Sweeper", "SweepResult", "SweeperConfig"]

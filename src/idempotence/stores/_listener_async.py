@@ -11,8 +11,8 @@ import psycopg
 
 from .._concurrency import AsyncBackground, AsyncWakeup, sleep_async
 from ..errors import StoreError
-from ._listener_base import APPLICATION_NAME, STOP_CHECK, ListenerBase, logger
-from ._ops import Dialect
+from ._listener_shared import APPLICATION_NAME, STOP_CHECK, ListenerBase, logger
+from ._sql.ops import Dialect
 from ._waiters import Waiters, notifiable
 
 

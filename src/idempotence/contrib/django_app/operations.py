@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db.migrations.operations.base import Operation  # type: ignore[import-untyped]
 
-from ...stores import _ops
+from ...stores._sql import ops as _ops
 from .store import DjangoStore
 
 

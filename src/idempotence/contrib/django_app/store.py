@@ -22,10 +22,10 @@ from typing import Any, TypeVar, cast
 
 from ...errors import ConfigurationError, StoreError, StoreUnavailable
 from ...observability import Instrumentation
-from ...stores._connection import Fetcher, run
-from ...stores._driver import Blocks
-from ...stores._ops import Dialect, Op, Query, Row
-from ...stores._store import Store
+from ...stores._retry import Blocks
+from ...stores._sql.connection import Fetcher, run
+from ...stores._sql.ops import Dialect, Op, Query, Row
+from ...stores._sql.store import Store
 
 __all__ = ["DjangoStore"]
 
@@ -55,14 +55,15 @@ class _Vendor:
 
     def __init__(self, vendor: str, alias: str) -> None:
         if vendor == "postgresql":
-            from ...stores import _postgres, _postgres_base
+            from ...stores.postgres import _store as _postgres
+            from ...stores.postgres import _store_shared as _postgres_base
 
             self.dialect: Dialect = _postgres_base.PostgresDialect()
             self.statement: Callable[[Any], Any] = _postgres._Connection
             self.claimer: Callable[[Any], Fetcher] = _postgres._Bounded
             self.translate: Callable[[BaseException], StoreError] = _postgres_base.translate
         elif vendor == "sqlite":
-            from ...stores import sqlite
+            from ...stores.sqlite import _store as sqlite
 
             self.dialect = sqlite.SqliteDialect()
             self.statement = sqlite._Connection
