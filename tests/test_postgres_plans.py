@@ -1,5 +1,5 @@
 """The plans PostgreSQL caches for the store's statements (see SESSION_PLANNING in
-``stores/_postgres_base.py``).
+``stores/postgres/_store_shared.py``).
 
 A prepared statement is planned once per connection (a generic plan) and the plan is
 kept until an ANALYZE of its table replaces it; with autovacuum off, for ever. So the

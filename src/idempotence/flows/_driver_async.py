@@ -2,7 +2,7 @@
 
 The engine (:meth:`~.flow.Flow.engine`) decides; the driver only does what
 it asks and sends back the result, or throws back the exception. Each phase and
-foreign call is wrapped in the store's instrumentation (:func:`~._steps.watch`).
+foreign call is wrapped in the store's instrumentation (:func:`~._driver_shared.watch`).
 
 A handler run (:mod:`.handler`) needs only a key store; phases, foreign calls and
 request-as-transaction runs need the SQL store, which the entry point checked

@@ -1,4 +1,4 @@
-"""The maintenance operations, written once, without I/O (see :mod:`..stores._ops`).
+"""The maintenance operations, written once, without I/O (see :mod:`..stores._sql.ops`).
 
 Each is a generator of named queries from the ``maintenance`` section of the
 dialect's ``queries.sql``; a store runs it with its private ``_perform``, which hands

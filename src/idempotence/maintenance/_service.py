@@ -11,7 +11,7 @@ database. :meth:`Service.run_forever` repeats passes, a jittered ``interval``
 apart, until its stop event is set; it survives a failed pass (the database
 restarting, say) and tries again at the next interval.
 
-The configuration and the signals, which need no store, are in :mod:`._base`, shared
+The configuration and the signals, which need no store, are in :mod:`._service_shared`, shared
 by both flavours (F7).
 """
 

@@ -4,8 +4,9 @@ their configuration, test signals and the arithmetic of their pauses.
 The services themselves are written once, async (:mod:`._service_async` and the
 ``*_async`` modules beside it), and their sync twins are generated from them by
 ``scripts/unasync.py``; everything that needs no store lives here, or in each
-service's own pure module (:mod:`._sweep`, :mod:`._reap`, :mod:`._completion`,
-:mod:`._enqueue`, :mod:`._jobs`), so it is defined once.
+service's own shared module (:mod:`._sweeper_shared`, :mod:`._reaper_shared`,
+:mod:`._completer_shared`, :mod:`._enqueuer_shared`, :mod:`._jobs_shared`), so it is
+defined once.
 """
 
 from __future__ import annotations

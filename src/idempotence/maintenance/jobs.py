@@ -12,7 +12,7 @@ idempotency key, or record it in the same transaction as the function's writes).
 job that raises is retried after an exponential, jittered backoff, up to
 ``max_attempts`` times, and is then marked ``dead`` for a human.
 
-The registry is in :mod:`._jobs`, shared by both flavours (F7).
+The registry is in :mod:`._jobs_shared`, shared by both flavours (F7).
 
 >>> jobs = JobRegistry()
 >>> @jobs.register("send_receipt")

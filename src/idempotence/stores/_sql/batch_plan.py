@@ -5,7 +5,7 @@ of that scope wait; when it is back, everything that waited goes out as one
 statement (``claim_batch``, ``finish_batch`` in the dialect's queries), and each
 caller gets its own row back. This module decides what goes in a batch, how the
 single statements' parameters become the batch's, and whose rows are whose. The
-waiting itself is :mod:`._batcher`'s.
+waiting itself is :mod:`.batcher`'s.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any, Protocol, TypeVar
 
 from ...errors import StoreUnavailable, TransientError
 
-#: A row as the stores return it (``_ops.Row``; not imported: ``_ops`` imports this).
+#: A row as the stores return it (``ops.Row``; not imported: ``ops`` imports this).
 Row = dict[str, Any]
 
 
 class Query(Protocol):
-    """What a batch reads of a statement (``_ops.Query``)."""
+    """What a batch reads of a statement (``ops.Query``)."""
 
     @property
     def name(self) -> str: ...

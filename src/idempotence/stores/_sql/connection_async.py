@@ -1,7 +1,7 @@
 """The thin I/O layer: a connection runs one query, a runner feeds an operation's
 queries to it.
 
-A store operation (:mod:`._ops`) is a generator of queries. :func:`run_async` feeds it
+A store operation (:mod:`.ops`) is a generator of queries. :func:`run_async` feeds it
 from a connection until it returns. Connections wrap a database driver's connection and
 translate its errors into the library's (:class:`~idempotence.errors.StoreError` and
 friends, always ``from`` the driver's exception).
@@ -83,7 +83,7 @@ async def body_async(
 ) -> AsyncIterator[T | None]:
     """The inside of a transaction block that runs its statements one by one: run
     ``first`` and yield its result, then run what was deferred to the commit (see
-    :class:`~._driver.Blocks`)."""
+    :class:`~.._retry.Blocks`)."""
     with blocks.block() as deferred:
         yield None if first is None else await run_async(first, conn)
         blocks.seal(deferred)

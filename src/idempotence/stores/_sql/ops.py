@@ -1,10 +1,11 @@
 """The store operations, written once, without I/O.
 
 Each operation is a generator: it yields :class:`Query` objects and receives their
-rows back, and returns its result. A thin driver (:mod:`._driver`) runs it on a sync
-or an async connection, so the logic of every store exists exactly once and the sync
-and async stores cannot drift. A :class:`Dialect` holds what differs between
-databases: the query file, value conversions, and the shape of the claim.
+rows back, and returns its result. A thin runner (:mod:`.connection_async`,
+:mod:`.connection`) runs it on a sync or an async connection, so the logic of every
+store exists exactly once and the sync and async stores cannot drift. A
+:class:`Dialect` holds what differs between databases: the query file, value
+conversions, and the shape of the claim.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ class Dialect(abc.ABC):
 
     def batch(self, queries: list[Query]) -> Query:
         """``queries`` (of one kind and one scope) as the one statement that runs them
-        all: the query file's ``<name>_batch`` (DESIGN 11, see :mod:`._batch`)."""
+        all: the query file's ``<name>_batch`` (DESIGN 11, see :mod:`.batch_plan`)."""
         name = f"{queries[0].name}_batch"
         return Query(name, self.queries[name], _batch.params(queries))
 
@@ -187,7 +188,7 @@ class Dialect(abc.ABC):
 
 
 def _fenced(lease: Lease) -> dict[str, Any]:
-    # The key as well as the id: see SESSION_PLANNING in ._postgres_base.
+    # The key as well as the id: see SESSION_PLANNING in stores/postgres/_store_shared.py.
     return {"scope": lease.scope, "key": lease.key, "id": lease.id, "token": lease.token}
 
 

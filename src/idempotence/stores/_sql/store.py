@@ -3,7 +3,7 @@
 """The SQL key stores: one method per operation (DESIGN 4, 6).
 
 The store only chooses a connection and a transaction and hands the operation from
-:mod:`._ops` to it; the logic lives in the ops and the dialect.
+:mod:`.ops` to it; the logic lives in the ops and the dialect.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class Store:
                     finally:
                         # Ended as the block ends, before the COMMIT (and what was
                         # deferred to it) and the connection's return: from now on
-                        # nothing runs through this tx (see _nesting.ENDED).
+                        # nothing runs through this tx (see gate.ENDED).
                         tx._conn = ENDED
                 return
             except KeyHeld:
@@ -394,7 +394,7 @@ class Store:
         self.close()
 
     def _send_batch(self, queries: list[Query]) -> list[list[Row]]:
-        """Send statements of one kind and scope as one (see :mod:`._batcher`)."""
+        """Send statements of one kind and scope as one (see :mod:`.batcher`)."""
         return self._own(lambda: _ops.batch(self._dialect, queries))
 
     def _own(self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True) -> T:

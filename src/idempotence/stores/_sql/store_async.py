@@ -1,7 +1,7 @@
 """The SQL key stores: one method per operation (DESIGN 4, 6).
 
 The store only chooses a connection and a transaction and hands the operation from
-:mod:`._ops` to it; the logic lives in the ops and the dialect.
+:mod:`.ops` to it; the logic lives in the ops and the dialect.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ class AsyncStore:
                     finally:
                         # Ended as the block ends, before the COMMIT (and what was
                         # deferred to it) and the connection's return: from now on
-                        # nothing runs through this tx (see _nesting.ENDED).
+                        # nothing runs through this tx (see gate.ENDED).
                         tx._conn = ENDED
                 return
             except KeyHeld:
@@ -400,7 +400,7 @@ class AsyncStore:
         await self.close()
 
     async def _send_batch(self, queries: list[Query]) -> list[list[Row]]:
-        """Send statements of one kind and scope as one (see :mod:`._batcher`)."""
+        """Send statements of one kind and scope as one (see :mod:`.batcher`)."""
         return await self._own(lambda: _ops.batch(self._dialect, queries))
 
     async def _own(

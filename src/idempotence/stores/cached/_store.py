@@ -4,7 +4,7 @@
 
 Written once, async: the sync store is generated from this module (F7). The
 decisions (what an entry says, when it is stale, a degraded cache) are in
-:mod:`._cache`; this module only makes the Redis calls around the primary's
+:mod:`._store_shared`; this module only makes the Redis calls around the primary's
 operations.
 """
 
@@ -106,7 +106,7 @@ class CachedStore(Store):
         self._redis, self._owns_redis = connect_redis(redis, timeout)
         self._set = self._redis.register_script(SET_SCRIPT)
         # A client the store opened is a plain server's: its GET and its writes go
-        # past redis-py's per-command machinery (see _redis_lane).
+        # past redis-py's per-command machinery (see redis/_lane.py).
         self._lane = Lane.of(self._redis) if self._owns_redis else None
 
     @property

@@ -2,7 +2,7 @@
 
 Written once, async: the sync store is generated from this module (F7). The
 decisions (what an entry says, when it is stale, a degraded cache) are in
-:mod:`._cache`; this module only makes the Redis calls around the primary's
+:mod:`._store_shared`; this module only makes the Redis calls around the primary's
 operations.
 """
 
@@ -104,7 +104,7 @@ class AsyncCachedStore(AsyncStore):
         self._redis, self._owns_redis = connect_redis_async(redis, timeout)
         self._set = self._redis.register_script(SET_SCRIPT)
         # A client the store opened is a plain server's: its GET and its writes go
-        # past redis-py's per-command machinery (see _redis_lane_async).
+        # past redis-py's per-command machinery (see redis/_lane_async.py).
         self._lane = AsyncLane.of(self._redis) if self._owns_redis else None
 
     @property

@@ -1,6 +1,6 @@
 """The Redis cache of finished responses in front of a SQL store, without its I/O.
 
-:mod:`._cached_async` (and the generated :mod:`._cached`) performs the Redis calls;
+:mod:`._store_async` (and the generated :mod:`._store`) performs the Redis calls;
 what they send and how an answer is judged lives here, once: the Redis key of a
 (scope, key), the cache entry's encoding, its expiry, the floor that refuses stale
 writes, and the bookkeeping of a degraded cache (counted, logged at most every

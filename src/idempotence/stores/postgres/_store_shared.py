@@ -1,8 +1,8 @@
 """What the PostgreSQL stores share, sync or async: the dialect, the translation of
 psycopg's errors, the pieces of a pipelined transaction, and the pool settings.
 
-The stores themselves are in :mod:`._postgres_async` (the source) and
-:mod:`._postgres` (generated from it); :mod:`.postgres` is their public face.
+The stores themselves are in :mod:`._store_async` (the source) and
+:mod:`._store` (generated from it); :mod:`idempotence.stores.postgres` is their public face.
 """
 
 from __future__ import annotations

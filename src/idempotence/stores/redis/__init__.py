@@ -7,7 +7,7 @@ operation is one Lua script (``redis.lua``); a Redis Cluster is served by hash t
 (``redis+cluster://host:port``, or a ``RedisCluster`` client). Read
 :class:`AsyncRedisStore` for what it guarantees and what it cannot.
 
-:class:`AsyncRedisStore` is written in :mod:`._redis_async`; :class:`RedisStore` is
+:class:`AsyncRedisStore` is written in :mod:`._store_async`; :class:`RedisStore` is
 generated from it (``scripts/unasync.py``).
 """
 

@@ -13,7 +13,7 @@ reconnect and translate errors as the client's would (``socket_timeout``,
 
 Only for a plain server (not a cluster, whose client routes by slot) and only for a
 client the store opened (an application's client keeps its own pool, limits and
-instrumentation). The async lane (:mod:`._redis_lane_async`) is not this module's
+instrumentation). The async lane (:mod:`._lane_async`) is not this module's
 twin: it reads replies as an asyncio protocol, which a blocking socket has no use for.
 """
 

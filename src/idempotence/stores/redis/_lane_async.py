@@ -37,7 +37,7 @@ those in flight are answered. An error reply raises redis-py's own exception
 Only for a plain server (not a cluster, whose client routes by slot), only for a
 client the store opened (an application's client keeps its own pool, limits and
 instrumentation), and only where hiredis is installed (``AsyncLane.of``). The sync lane
-(:mod:`._redis_lane`) is not generated from this module: a blocking socket needs no
+(:mod:`._lane`) is not generated from this module: a blocking socket needs no
 protocol.
 """
 

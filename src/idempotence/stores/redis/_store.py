@@ -57,7 +57,7 @@ Client = Redis | RedisCluster
 
 class _RedisListener(Listener):
     """P10: the store's one subscription to its channel, read by a background job;
-    the waiting itself is :class:`Listener`'s (see :mod:`._listener_base`)."""
+    the waiting itself is :class:`Listener`'s (see :mod:`.._listener_shared`)."""
 
     backend = "Redis"
 
@@ -156,7 +156,7 @@ class RedisStore:
                 client: Redis = open_client(Redis, target, options)
                 self._client = client
                 # The scripts go past the client's per-command machinery (see
-                # _redis_lane); a cluster's client routes them by slot.
+                # _lane); a cluster's client routes them by slot.
                 self._lane = Lane.of(client)
             self._owned = True
         else:

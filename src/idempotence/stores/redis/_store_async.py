@@ -55,7 +55,7 @@ AsyncClient = AsyncRedis | AsyncRedisCluster
 
 class _AsyncRedisListener(AsyncListener):
     """P10: the store's one subscription to its channel, read by a background job;
-    the waiting itself is :class:`AsyncListener`'s (see :mod:`._listener_base`)."""
+    the waiting itself is :class:`AsyncListener`'s (see :mod:`.._listener_shared`)."""
 
     backend = "Redis"
 
@@ -156,7 +156,7 @@ class AsyncRedisStore:
                 client: AsyncRedis = open_client(AsyncRedis, target, options)
                 self._client = client
                 # The scripts go past the client's per-command machinery (see
-                # _redis_lane_async); a cluster's client routes them by slot.
+                # _lane_async); a cluster's client routes them by slot.
                 self._lane = AsyncLane.of(client)
             self._owned = True
         else:

@@ -2,7 +2,7 @@
 record's encoding and the translation of redis-py's errors (DESIGN 8).
 
 No I/O here. The scripts live in ``redis.lua`` beside this module; the store itself is
-written once in :mod:`._redis_async` (:mod:`._redis` is generated from it).
+written once in :mod:`._store_async` (:mod:`._store` is generated from it).
 """
 
 from __future__ import annotations

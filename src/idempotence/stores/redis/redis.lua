@@ -1,11 +1,11 @@
 -- The Redis key store's scripts (DESIGN 4, 6, 8): one Lua script per operation, so
--- each operation is atomic on the server. Read by stores/_redis_base.py: every block
+-- each operation is atomic on the server. Read by stores/redis/_store_shared.py: every block
 -- opened by a `-- name --` line is one script, with the `prelude` block put in front
 -- of each (comment lines are stripped, as in the SQL query files). redis-py loads a
 -- script once (SCRIPT LOAD) and runs it by EVALSHA, loading it again on NOSCRIPT.
 --
 -- One record is one hash, KEYS[1], whose name carries the scope and the key behind a
--- hash tag of their digest (stores/_redis_base.py: record_key), so a record never
+-- hash tag of their digest (stores/redis/_store_shared.py: record_key), so a record never
 -- spans two cluster slots. Its fields:
 --   id        a random number chosen by the first claim: a lease names the record's
 --             incarnation, so a zombie of a forgotten or expired key cannot write to
@@ -65,10 +65,10 @@ end
 
 -- The record's values as ONE string: the length of each value as a 4-byte big-endian
 -- signed integer (-1 for an absent field), then the values that are present, one after
--- the other (stores/_redis_base.py: unpack, which reads the lengths in one call). A
+-- the other (stores/redis/_store_shared.py: unpack, which reads the lengths in one call). A
 -- reply of twenty-odd elements costs the client a parser call per element (pure Python
 -- in redis-py without hiredis: most of a replay's CPU); one bulk string costs one.
--- The fields, in this order, are stores/_redis_base.py's READ_FIELDS (the same list).
+-- The fields, in this order, are stores/redis/_store_shared.py's READ_FIELDS (the same list).
 -- The list is built here, not in the prelude: the prelude runs at every call of every
 -- script, and building it there cost every call some 4 000 server instructions
 -- (callgrind), a third of what a command called from a script costs.
@@ -112,7 +112,7 @@ end
 -- Returns {1 if this claim took the lock else 0, now, the record's values (read)}; the
 -- caller names the outcome with states.claim_from, which checks that this script and
 -- states.arbitrate agree. A new key returns {1, now} only: its record is the request
--- as written here, which the caller rebuilds (stores/_redis_base.py: new_record)
+-- as written here, which the caller rebuilds (stores/redis/_store_shared.py: new_record)
 -- rather than have every fresh claim read some forty values back.
 local k = KEYS[1]
 local now = now_us()

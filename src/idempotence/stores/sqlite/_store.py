@@ -44,7 +44,7 @@ from .._sql.store_async import AsyncStore
 from ._group import Groups
 
 #: Seconds a connection waits for another's write lock before the attempt fails (and
-#: the store retries it a few times, see ``_store.TRANSIENT_ATTEMPTS``).
+#: the store retries it a few times, see ``_sql.store.TRANSIENT_ATTEMPTS``).
 from ._store_shared import (
     DEFAULT_BUSY_TIMEOUT as DEFAULT_BUSY_TIMEOUT,
 )
@@ -149,7 +149,7 @@ class _SingleSource:
         self._conn = _Connection(raw)
         # Not re-entrant, like the PostgreSQL single source: a thread inside
         # store.transaction() never asks for it again, the store's gate refuses that
-        # (StoreInTransaction, see _nesting), and a plain lock is cheaper.
+        # (StoreInTransaction, see _sql/gate.py), and a plain lock is cheaper.
         self._lock = threading.Lock()
         self._owned = owned
 

@@ -24,7 +24,7 @@ from .._sql.ops import Dialect, Op, Query, Row, claim_in_transaction
 from ._group import Groups
 
 #: Seconds a connection waits for another's write lock before the attempt fails (and
-#: the store retries it a few times, see ``_store.TRANSIENT_ATTEMPTS``).
+#: the store retries it a few times, see ``_sql.store.TRANSIENT_ATTEMPTS``).
 DEFAULT_BUSY_TIMEOUT = 5.0
 
 #: The values of ``PRAGMA synchronous`` a store accepts (``None`` keeps SQLite's
