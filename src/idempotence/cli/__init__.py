@@ -357,7 +357,7 @@ def worker(
         Worker,
         stop_on_signals,
     )
-    from ..maintenance.metrics import AVAILABLE
+    from ..metrics import AVAILABLE
 
     registry, runner_jobs = flow_registry(flows), job_registry(jobs)
     every: dict[str, Any] = {} if interval is None else {"interval": interval}

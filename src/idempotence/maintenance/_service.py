@@ -26,9 +26,9 @@ from typing import Any, ClassVar, Generic
 
 from .._concurrency import Event, wait_until_set
 from ..errors import StoreUnavailable
+from ..metrics import Metrics, default_metrics
 from ..stores import Store
 from ._service_shared import MAX_NAP, ConfigT, Progress, ResultT, Signals, jittered, log_pass
-from .metrics import Metrics, default_metrics
 
 
 class Service(abc.ABC, Generic[ConfigT, ResultT]):

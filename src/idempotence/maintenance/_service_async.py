@@ -24,9 +24,9 @@ from typing import Any, ClassVar, Generic
 
 from .._concurrency import AsyncEvent, wait_until_set_async
 from ..errors import StoreUnavailable
+from ..metrics import Metrics, default_metrics
 from ..stores import AsyncStore
 from ._service_shared import MAX_NAP, ConfigT, Progress, ResultT, Signals, jittered, log_pass
-from .metrics import Metrics, default_metrics
 
 
 class AsyncService(abc.ABC, Generic[ConfigT, ResultT]):

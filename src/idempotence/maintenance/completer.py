@@ -38,6 +38,7 @@ from .._concurrency import Event
 from ..errors import ConfigurationError, LockLost
 from ..flows import Flow, FlowRegistry, FlowResult
 from ..flows import flows as default_flows
+from ..metrics import Metrics
 from ..states import KeyRecord, Outcome
 from ..stores import Store
 from . import _ops
@@ -57,7 +58,6 @@ from ._completer_shared import (
 from ._ops import PickedKey
 from ._service import Service
 from ._service_shared import Progress, Signals
-from .metrics import Metrics
 
 __all__ = [
     "GAVE_UP_RESPONSE",

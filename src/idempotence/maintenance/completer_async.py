@@ -36,6 +36,7 @@ from .._concurrency import AsyncEvent
 from ..errors import ConfigurationError, LockLost
 from ..flows import Flow, FlowRegistry, FlowResult
 from ..flows import flows as default_flows
+from ..metrics import Metrics
 from ..states import KeyRecord, Outcome
 from ..stores import AsyncStore
 from . import _ops
@@ -55,7 +56,6 @@ from ._completer_shared import (
 from ._ops import PickedKey
 from ._service_async import AsyncService
 from ._service_shared import Progress, Signals
-from .metrics import Metrics
 
 __all__ = [
     "GAVE_UP_RESPONSE",

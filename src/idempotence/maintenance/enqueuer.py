@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from .._concurrency import Event
+from ..metrics import Metrics
 from ..states import StagedJob
 from ..stores import Store, Transaction
 from . import _ops
 from ._enqueuer_shared import EnqueuerConfig, EnqueueResult, enqueue_summary
 from ._service import Service
 from ._service_shared import Progress, Signals
-from .metrics import Metrics
 
 __all__ = [
     "Enqueuer",

@@ -28,6 +28,7 @@ from typing import Any
 
 from .._awaitables import settle
 from .._concurrency import Event
+from ..metrics import Metrics
 from ..stores import Store
 from . import _ops
 from ._jobs_shared import (
@@ -45,7 +46,6 @@ from ._jobs_shared import (
 from ._ops import Job
 from ._service import Service
 from ._service_shared import Progress, Signals
-from .metrics import Metrics
 
 __all__ = [
     "JobRunner",

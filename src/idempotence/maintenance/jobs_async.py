@@ -26,6 +26,7 @@ from typing import Any
 
 from .._awaitables import settle_async
 from .._concurrency import AsyncEvent
+from ..metrics import Metrics
 from ..stores import AsyncStore
 from . import _ops
 from ._jobs_shared import (
@@ -43,7 +44,6 @@ from ._jobs_shared import (
 from ._ops import Job
 from ._service_async import AsyncService
 from ._service_shared import Progress, Signals
-from .metrics import Metrics
 
 __all__ = [
     "AsyncJobRunner",

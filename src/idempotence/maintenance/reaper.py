@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from .._concurrency import Event
+from ..metrics import Metrics
 from ..stores import Store
 from . import _ops
 from ._ops import ExpiredKey
@@ -39,7 +40,6 @@ from ._reaper_shared import (
 )
 from ._service import Service
 from ._service_shared import Progress, Signals
-from .metrics import Metrics
 
 __all__ = ["EXPIRED_RESPONSE", "Reaper", "ReapResult", "ReaperConfig", "Retention"]
 

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from .._concurrency import AsyncEvent
+from ..metrics import Metrics
 from ..stores import AsyncStore
 from . import _ops
 from ._ops import ExpiredKey
@@ -37,7 +38,6 @@ from ._reaper_shared import (
 )
 from ._service_async import AsyncService
 from ._service_shared import Progress, Signals
-from .metrics import Metrics
 
 __all__ = ["EXPIRED_RESPONSE", "AsyncReaper", "ReapResult", "ReaperConfig", "Retention"]
 

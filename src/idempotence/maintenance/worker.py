@@ -27,6 +27,7 @@ from typing import Any
 
 from .._concurrency import Event, run_until_stopped
 from ..flows import FlowRegistry
+from ..metrics import Metrics
 from ..stores import Store
 from ._completer_shared import CompleterConfig
 from ._enqueuer_shared import EnqueuerConfig
@@ -39,7 +40,6 @@ from ._sweeper_shared import SweeperConfig
 from .completer import Completer
 from .enqueuer import Enqueuer, JobSink
 from .jobs import JobRunner
-from .metrics import Metrics
 from .reaper import Reaper
 from .sweeper import Sweeper
 

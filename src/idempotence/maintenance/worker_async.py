@@ -25,6 +25,7 @@ from typing import Any
 
 from .._concurrency import AsyncEvent, run_until_stopped_async
 from ..flows import FlowRegistry
+from ..metrics import Metrics
 from ..stores import AsyncStore
 from ._completer_shared import CompleterConfig
 from ._enqueuer_shared import EnqueuerConfig
@@ -37,7 +38,6 @@ from ._sweeper_shared import SweeperConfig
 from .completer_async import AsyncCompleter
 from .enqueuer_async import AsyncEnqueuer, AsyncJobSink
 from .jobs_async import AsyncJobRunner
-from .metrics import Metrics
 from .reaper_async import AsyncReaper
 from .sweeper_async import AsyncSweeper
 
