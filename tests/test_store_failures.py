@@ -167,13 +167,13 @@ def test_p6_the_postgres_claim_is_one_statement_in_autocommit(
     pg_url: str, scope: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent: list[tuple[str, bool]] = []
-    fetch = postgres._Connection.fetch
+    fetch = postgres.PostgresConnection.fetch
 
     def counting(self: Any, query: Any) -> Any:
         sent.append((query.name, self.raw.autocommit))
         return fetch(self, query)
 
-    monkeypatch.setattr(postgres._Connection, "fetch", counting)
+    monkeypatch.setattr(postgres.PostgresConnection, "fetch", counting)
     store = PostgresStore(pg_url)
     first = store.claim(req(scope))
     store.claim(req(scope))  # in progress

@@ -276,13 +276,13 @@ def test_f3_on_postgres_a_connection_lost_before_the_commit_commits_nothing(
 def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The name of every statement a SQLite store runs (the application's: "application")."""
     seen: list[str] = []
-    real = _sqlite_base._Connection.fetch
+    real = _sqlite_base.SqliteConnection.fetch
 
     def counted(self: Any, query: Any) -> Any:
         seen.append(query.name)
         return real(self, query)
 
-    monkeypatch.setattr(_sqlite_base._Connection, "fetch", counted)
+    monkeypatch.setattr(_sqlite_base.SqliteConnection, "fetch", counted)
     return seen
 
 

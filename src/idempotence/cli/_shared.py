@@ -188,7 +188,7 @@ def _reachable(database: DatabaseUrl, create: bool) -> None:
     require_driver(database)
     import psycopg
 
-    from ..stores.postgres._store_shared import DEFAULT_CONNECT_TIMEOUT, translate
+    from ..stores.postgres import DEFAULT_CONNECT_TIMEOUT, translate
 
     try:
         psycopg.connect(database.target, connect_timeout=int(DEFAULT_CONNECT_TIMEOUT)).close()

@@ -52,7 +52,7 @@ from ..http._effects import Capture, Captured, Reply, ReplyKind
 from ..http._request import RequestInfo
 from ..http.wsgi import environ_headers
 from ..stores import KeyStore, Transaction
-from ..stores._interface import is_sync
+from ..stores.keyvalue import is_sync
 from .django_app.store import DjangoStore
 
 __all__ = ["IdempotencyMiddleware"]

@@ -35,7 +35,7 @@ from typing import Any
 from ..errors import BodyTooLarge, ConfigurationError
 from ..flows.effects import DoHandle
 from ..stores import AsyncKeyStore, AsyncTransaction
-from ..stores._interface import is_async
+from ..stores.keyvalue import is_async
 from ._config import Idempotency
 from ._context import bound
 from ._core import lifecycle

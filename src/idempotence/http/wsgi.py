@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import BodyTooLarge, ConfigurationError
 from ..flows.effects import DoHandle
 from ..stores import KeyStore, Transaction
-from ..stores._interface import is_sync
+from ..stores.keyvalue import is_sync
 from ._config import Idempotency
 from ._context import bound
 from ._core import lifecycle

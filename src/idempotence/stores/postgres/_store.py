@@ -70,7 +70,7 @@ T = TypeVar("T")
 # a transaction already open) psycopg's transaction() is used, one statement a trip.
 
 
-class _Connection:
+class PostgresConnection:
     def __init__(self, raw: psycopg.Connection[Any], *, own: bool = False) -> None:
         self.raw = raw
         #: The statements that open a transaction: on the store's own connections the
@@ -167,7 +167,7 @@ class _Connection:
                 self._control().execute("BEGIN")
                 cur.execute(bounded_claim(query, self._planning), query.params)
             rows = cur.fetchall() if has_rows(cur) else []
-        return run(first, _Bounded(self), rows)
+        return run(first, BoundedClaim(self), rows)
 
     def _commit(self, deferred: list[Op[Any]]) -> None:
         cursors: list[psycopg.Cursor[Row]] = []
@@ -218,11 +218,11 @@ class _Connection:
         return run(op, self)
 
 
-class _Bounded:
+class BoundedClaim:
     """The claim's connection for its further statements (a claim may run again, see
     ``claim_in_one_statement``): each waits for a lock no longer than the first."""
 
-    def __init__(self, conn: _Connection) -> None:
+    def __init__(self, conn: PostgresConnection) -> None:
         self._conn = conn
 
     def fetch(self, query: Query) -> list[Row]:
@@ -256,16 +256,16 @@ class _PoolSource:
         self._turn = Lock()
         #: The store's view of each of the pool's connections, made once per connection
         #: (a view holds its connection: see :meth:`view` for how the map stays small).
-        self._views: dict[psycopg.Connection[Any], _Connection] = {}
+        self._views: dict[psycopg.Connection[Any], PostgresConnection] = {}
 
-    def view(self, raw: psycopg.Connection[Any]) -> _Connection:
+    def view(self, raw: psycopg.Connection[Any]) -> PostgresConnection:
         conn = self._views.get(raw)
         if conn is None:
             # A connection the map has not seen replaces one the pool closed (or adds
             # one): forget the closed, so the map holds no more than the pool.
             for closed in [known for known in self._views if known.closed]:
                 del self._views[closed]
-            conn = self._views[raw] = _Connection(raw, own=self._owned)
+            conn = self._views[raw] = PostgresConnection(raw, own=self._owned)
         return conn
 
     def connection(self) -> _Checkout:
@@ -364,7 +364,7 @@ class _Checkout:
         self._source = source
         self._raw: psycopg.Connection[Any] | None = None
 
-    def __enter__(self) -> _Connection:
+    def __enter__(self) -> PostgresConnection:
         raw = self._raw = self._source.checkout()
         return self._source.view(raw)
 
@@ -388,11 +388,11 @@ class _SingleSource:
     """The application's one connection; operations take turns on it."""
 
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
-        self._conn = _Connection(raw)
+        self._conn = PostgresConnection(raw)
         self._lock = Lock()
 
     @contextmanager
-    def connection(self) -> Iterator[_Connection]:
+    def connection(self) -> Iterator[PostgresConnection]:
         with self._lock:
             yield self._conn
 

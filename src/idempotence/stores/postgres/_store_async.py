@@ -68,7 +68,7 @@ T = TypeVar("T")
 # a transaction already open) psycopg's transaction() is used, one statement a trip.
 
 
-class _AsyncConnection:
+class AsyncPostgresConnection:
     def __init__(self, raw: psycopg.AsyncConnection[Any], *, own: bool = False) -> None:
         self.raw = raw
         #: The statements that open a transaction: on the store's own connections the
@@ -165,7 +165,7 @@ class _AsyncConnection:
                 await self._control().execute("BEGIN")
                 await cur.execute(bounded_claim(query, self._planning), query.params)
             rows = await cur.fetchall() if has_rows(cur) else []
-        return await run_async(first, _Bounded(self), rows)
+        return await run_async(first, AsyncBoundedClaim(self), rows)
 
     async def _commit(self, deferred: list[Op[Any]]) -> None:
         cursors: list[psycopg.AsyncCursor[Row]] = []
@@ -216,11 +216,11 @@ class _AsyncConnection:
         return await run_async(op, self)
 
 
-class _Bounded:
+class AsyncBoundedClaim:
     """The claim's connection for its further statements (a claim may run again, see
     ``claim_in_one_statement``): each waits for a lock no longer than the first."""
 
-    def __init__(self, conn: _AsyncConnection) -> None:
+    def __init__(self, conn: AsyncPostgresConnection) -> None:
         self._conn = conn
 
     async def fetch(self, query: Query) -> list[Row]:
@@ -255,16 +255,16 @@ class _AsyncPoolSource:
         self._turn = AsyncLock()
         #: The store's view of each of the pool's connections, made once per connection
         #: (a view holds its connection: see :meth:`view` for how the map stays small).
-        self._views: dict[psycopg.AsyncConnection[Any], _AsyncConnection] = {}
+        self._views: dict[psycopg.AsyncConnection[Any], AsyncPostgresConnection] = {}
 
-    def view(self, raw: psycopg.AsyncConnection[Any]) -> _AsyncConnection:
+    def view(self, raw: psycopg.AsyncConnection[Any]) -> AsyncPostgresConnection:
         conn = self._views.get(raw)
         if conn is None:
             # A connection the map has not seen replaces one the pool closed (or adds
             # one): forget the closed, so the map holds no more than the pool.
             for closed in [known for known in self._views if known.closed]:
                 del self._views[closed]
-            conn = self._views[raw] = _AsyncConnection(raw, own=self._owned)
+            conn = self._views[raw] = AsyncPostgresConnection(raw, own=self._owned)
         return conn
 
     def connection(self) -> _AsyncCheckout:
@@ -365,7 +365,7 @@ class _AsyncCheckout:
         self._source = source
         self._raw: psycopg.AsyncConnection[Any] | None = None
 
-    async def __aenter__(self) -> _AsyncConnection:
+    async def __aenter__(self) -> AsyncPostgresConnection:
         raw = self._raw = await self._source.checkout()
         return self._source.view(raw)
 
@@ -389,11 +389,11 @@ class _AsyncSingleSource:
     """The application's one connection; operations take turns on it."""
 
     def __init__(self, raw: psycopg.AsyncConnection[Any]) -> None:
-        self._conn = _AsyncConnection(raw)
+        self._conn = AsyncPostgresConnection(raw)
         self._lock = AsyncLock()
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[_AsyncConnection]:
+    async def connection(self) -> AsyncIterator[AsyncPostgresConnection]:
         async with self._lock:
             yield self._conn
 

@@ -14,7 +14,7 @@ connection that never waits (:class:`_LoopReader`).
 At the default durability each commit waits for an fsync, so on a file the store's
 own autocommit writes commit in groups: the writes queued while one commit is in
 flight go in the next, one savepoint each, answered after the COMMIT
-(:mod:`._group`, :meth:`_Connection.commit_group`; docs/design.md section 8).
+(:mod:`._group`, :meth:`SqliteConnection.commit_group`; docs/design.md section 8).
 """
 
 from __future__ import annotations
@@ -42,35 +42,16 @@ from .._sql.ops import Op, Query, Row
 from .._sql.store import Store
 from .._sql.store_async import AsyncStore
 from ._group import Groups
-
-#: Seconds a connection waits for another's write lock before the attempt fails (and
-#: the store retries it a few times, see ``_sql.store.TRANSIENT_ATTEMPTS``).
 from ._store_shared import (
-    DEFAULT_BUSY_TIMEOUT as DEFAULT_BUSY_TIMEOUT,
-)
-from ._store_shared import (
-    MAX_IDLE_CONNECTIONS as MAX_IDLE_CONNECTIONS,
-)
-from ._store_shared import (
-    SYNCHRONOUS as SYNCHRONOUS,
-)
-from ._store_shared import (
-    SqliteDialect as SqliteDialect,
-)
-from ._store_shared import (
+    DEFAULT_BUSY_TIMEOUT,
+    MAX_IDLE_CONNECTIONS,
+    SqliteConnection,
+    SqliteDialect,
     _check_synchronous,
     _fail,
     _ThreadGroups,
     _Write,
-)
-from ._store_shared import (
-    _Connection as _Connection,
-)
-from ._store_shared import (
-    connect as connect,
-)
-from ._store_shared import (
-    translate as translate,
+    connect,
 )
 
 T = TypeVar("T")
@@ -92,7 +73,7 @@ class _FileSource:
     def connection(self) -> _FileCheckout:
         return _FileCheckout(self)
 
-    def checkout(self) -> _Connection:
+    def checkout(self) -> SqliteConnection:
         with self._lock:
             if self._closed:
                 raise StoreUnavailable("the SQLite store is closed")
@@ -103,9 +84,9 @@ class _FileSource:
             )
         # A wrapper per checkout, not per connection: a transaction object kept past its
         # block then holds a wrapper no other operation uses (its defer() refuses).
-        return _Connection(raw, self._writer, self._groups)
+        return SqliteConnection(raw, self._writer, self._groups)
 
-    def checkin(self, conn: _Connection) -> None:
+    def checkin(self, conn: SqliteConnection) -> None:
         if conn.raw.in_transaction:  # an interrupted operation; never reuse it half-done
             conn.raw.rollback()
         with self._lock:
@@ -131,9 +112,9 @@ class _FileCheckout:
 
     def __init__(self, source: _FileSource) -> None:
         self._source = source
-        self._conn: _Connection | None = None
+        self._conn: SqliteConnection | None = None
 
-    def __enter__(self) -> _Connection:
+    def __enter__(self) -> SqliteConnection:
         conn = self._conn = self._source.checkout()
         return conn
 
@@ -146,7 +127,7 @@ class _SingleSource:
     """One connection (the application's, or an in-memory database); turns are taken."""
 
     def __init__(self, raw: sqlite3.Connection, *, owned: bool) -> None:
-        self._conn = _Connection(raw)
+        self._conn = SqliteConnection(raw)
         # Not re-entrant, like the PostgreSQL single source: a thread inside
         # store.transaction() never asks for it again, the store's gate refuses that
         # (StoreInTransaction, see _sql/gate.py), and a plain lock is cheaper.
@@ -154,7 +135,7 @@ class _SingleSource:
         self._owned = owned
 
     @contextmanager
-    def connection(self) -> Iterator[_Connection]:
+    def connection(self) -> Iterator[SqliteConnection]:
         with self._lock:
             yield self._conn
 
@@ -222,7 +203,7 @@ class _ThreadedConnection:
         shared: _Shared | None = None,
     ) -> None:
         self.raw = raw
-        self._conn = _Connection(raw)
+        self._conn = SqliteConnection(raw)
         self._executor = executor
         self._writer = writer
         self._shared = shared
@@ -250,7 +231,7 @@ class _ThreadedConnection:
     @asynccontextmanager
     async def atomic(self, first: Op[T] | None = None) -> AsyncIterator[T | None]:
         # Tasks queue for the one writer here, on the event loop, rather than in
-        # SQLite's busy handler on their threads (see _Connection). The BEGIN and
+        # SQLite's busy handler on their threads (see SqliteConnection). The BEGIN and
         # ``first`` make one trip to the thread, and the deferred operations and the
         # COMMIT another: the write lock is held for no trip more than the bare
         # transaction needs.
@@ -418,7 +399,7 @@ class _LoopReader:
 
     def __init__(self, opener: Callable[[], sqlite3.Connection]) -> None:
         self._opener = opener
-        self._conn: _Connection | None = None
+        self._conn: SqliteConnection | None = None
         self._closed = False
 
     async def read(self, op: Op[T], conn: _ThreadedConnection) -> T:
@@ -429,13 +410,13 @@ class _LoopReader:
             )
         return await run_async(op, _ReadOnLoop(reader, conn))
 
-    async def _open(self) -> _Connection | None:
+    async def _open(self) -> SqliteConnection | None:
         raw = await asyncio.to_thread(self._opener)
         if self._closed or self._conn is not None:  # closed, or opened by another task
             raw.close()
             return self._conn
         raw.execute("PRAGMA busy_timeout = 0")
-        self._conn = _Connection(raw)
+        self._conn = SqliteConnection(raw)
         return self._conn
 
     def close(self) -> None:
@@ -446,7 +427,7 @@ class _LoopReader:
 
 
 class _ReadOnLoop:
-    def __init__(self, reader: _Connection, conn: _ThreadedConnection) -> None:
+    def __init__(self, reader: SqliteConnection, conn: _ThreadedConnection) -> None:
         self._reader = reader
         self._conn = conn
 

@@ -95,7 +95,7 @@ def translate(exc: sqlite3.Error, *, own: bool = True) -> StoreError:
 _translated = translator(sqlite3.Error, translate)
 
 
-class _Connection:
+class SqliteConnection:
     _savepoints = itertools.count()
 
     def __init__(
@@ -306,7 +306,7 @@ class _ThreadGroups:
         self._groups: Groups[_ThreadWrite[Any]] = Groups()
         self._lock = threading.Lock()
 
-    def write(self, conn: _Connection, op: Op[T], *, atomic: bool) -> T:
+    def write(self, conn: SqliteConnection, op: Op[T], *, atomic: bool) -> T:
         with self._lock:
             alone = self._groups.lead()
         if alone:
