@@ -43,17 +43,13 @@ The suite needs pytest (the ``test`` extra).
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-from uuid import uuid4
-
-import pytest
 
 from ...stores.capabilities import Capability
-from .._blocking import Blocking, EventLoopThread
 from . import _keys, _transactions
-from ._support import AgeLock, Clock, required
+from ._fixtures import fixtures_for
+from ._support import AgeLock, required
 
 __all__ = ["AgeLock", "Capability", "suite"]
 
@@ -103,7 +99,6 @@ def suite(
             f"got {store_type!r}"
         )
     capabilities = frozenset(getattr(store_type, "capabilities", frozenset()))
-    fixtures = list(inspect.signature(open_store).parameters)
     namespace: dict[str, Any] = {
         "__doc__": f"The store conformance suite on {store_type.__qualname__}.",
         "__module__": getattr(open_store, "__module__", __name__),
@@ -113,50 +108,5 @@ def suite(
             if name.startswith("test_") and required(test) <= capabilities:
                 namespace[name] = staticmethod(test)
 
-    def store(self: Any, **requested: Any) -> Iterator[Any]:
-        """The store under test, behind a sync face when it is async."""
-        opened = open_store(**{name: requested[name] for name in fixtures})
-        if not isinstance(opened, store_type):
-            raise TypeError(
-                f"the function given to suite() opened a {type(opened).__qualname__}, "
-                f"not a {store_type.__qualname__}"
-            )
-        if not inspect.iscoroutinefunction(opened.claim):
-            try:
-                yield opened
-            finally:
-                opened.close()
-            return
-        loop = EventLoopThread()
-        face = Blocking(opened, loop)
-        try:
-            yield face
-        finally:
-            try:
-                face.close()
-            finally:
-                loop.close()
-
-    def scope(self: Any) -> str:
-        """A scope of this test's own."""
-        return f"conformance-{uuid4().hex[:12]}"
-
-    def clock(self: Any, store: Any) -> Clock:
-        """Ages the test's locks (``age_lock``), or waits."""
-        return Clock(store, age_lock)
-
-    def declared(self: Any) -> frozenset[Capability]:
-        """What the store's class declares it can do."""
-        return capabilities
-
-    # The opener's fixtures are the store fixture's own, so that pytest resolves them,
-    # a parametrized one included, as for any fixture.
-    store.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in fixtures]
-    )
-    namespace["store"] = pytest.fixture(store)
-    namespace["scope"] = pytest.fixture(scope)
-    namespace["clock"] = pytest.fixture(clock)
-    namespace["declared"] = pytest.fixture(declared)
+    namespace.update(fixtures_for(store_type, open_store, age_lock))
     return type(f"Test{store_type.__name__}Conformance", (), namespace)
