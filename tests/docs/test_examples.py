@@ -47,6 +47,8 @@ NOT_RUN = {
     ("README.md", "an excerpt of examples/django_shop/orders/views.py"),
     ("README.md", "runs until SIGTERM"),
     ("docs/quickstart.md", "installs from the package index"),
+    ("docs/contributing/testing.md", "installs the benchmarks' dependencies and wrk"),
+    ("docs/contributing/testing.md", "the next example runs the same suite, with age_lock"),
 }
 
 
