@@ -28,6 +28,9 @@ import pytest
 
 from tests.consumers.broker import broker_url
 
+#: The slow tier: every benchmark script runs in a process of its own.
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).parent.parent / "benchmarks"
 BENCHMARKS = sorted(path for path in HERE.glob("*.py") if not path.name.startswith("_"))
 

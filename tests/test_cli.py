@@ -20,6 +20,9 @@ import pytest
 
 from tests.support.postgres import ProvidedServer, _with_dbname
 
+#: The slow tier: the CLI in processes of its own.
+pytestmark = pytest.mark.slow
+
 CLI = Path(sys.executable).parent / "idempotence"
 ENV_VAR = "IDEMPOTENCE_DATABASE_URL"
 

@@ -29,6 +29,9 @@ from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from idempotence.stores.postgres._store_shared import SESSION_PLANNING, bounded_claim
 from tests.support.postgres import ProvidedServer, create_database, drop_database
 
+#: The slow tier: query plans on tables of thousands of rows (about 10 s each).
+pytestmark = pytest.mark.slow
+
 #: Statements that read many rows by design: the cross-scope maintenance scans (each
 #: marked `-- cross-scope:` in queries.sql), the job runner's batches, the operator's
 #: counts; and those that read no table. Anything else is held to one row.

@@ -24,6 +24,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 from tests.support import postgres as pg
 
+#: The slow tier: throwaway PostgreSQL clusters are started here.
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 

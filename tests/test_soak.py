@@ -24,6 +24,9 @@ import pytest
 
 from tests.support.postgres import ProvidedServer
 
+#: The slow tier: soak runs under crashes.
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).parent.parent / "benchmarks" / "soak.py"
 
 

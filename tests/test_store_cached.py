@@ -464,6 +464,7 @@ def test_a_late_writer_of_an_evicted_row_stays_refused_after_a_newer_entry_expir
 # -- Redis down ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_redis_down_degrades_to_the_primary_counted_and_logged_once(
     kind: str,
@@ -651,6 +652,7 @@ def test_p6_32_concurrent_first_claims_200_times_through_the_cache(
     race_with_threads(racing, scope, TRIALS)
 
 
+@pytest.mark.slow
 def test_p6_claims_racing_the_finish_and_the_cache_fill_get_one_answer(
     racing: CachedStore, scope: str
 ) -> None:

@@ -8,25 +8,32 @@ is served from Redis. The locks are the primary's rows, aged there.
 
 from __future__ import annotations
 
+import pytest
+
 from idempotence import AsyncSqliteStore, SqliteStore
 from idempotence.stores.cached import AsyncCachedStore, CachedStore
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from idempotence.testing.conformance import suite
 from tests.support.clock import age_lock
 
-TestCachedPostgres = suite(
-    CachedStore,
-    lambda pg_url, redis_url, redis_prefix: CachedStore(
-        PostgresStore(pg_url), redis_url, prefix=redis_prefix
-    ),
-    age_lock=age_lock,
+# The fast tier runs one pass (the sync store over SQLite); the others are slow.
+TestCachedPostgres = pytest.mark.slow(
+    suite(
+        CachedStore,
+        lambda pg_url, redis_url, redis_prefix: CachedStore(
+            PostgresStore(pg_url), redis_url, prefix=redis_prefix
+        ),
+        age_lock=age_lock,
+    )
 )
-TestAsyncCachedPostgres = suite(
-    AsyncCachedStore,
-    lambda pg_url, redis_url, redis_prefix: AsyncCachedStore(
-        AsyncPostgresStore(pg_url), redis_url, prefix=redis_prefix
-    ),
-    age_lock=age_lock,
+TestAsyncCachedPostgres = pytest.mark.slow(
+    suite(
+        AsyncCachedStore,
+        lambda pg_url, redis_url, redis_prefix: AsyncCachedStore(
+            AsyncPostgresStore(pg_url), redis_url, prefix=redis_prefix
+        ),
+        age_lock=age_lock,
+    )
 )
 TestCachedSqlite = suite(
     CachedStore,
@@ -35,10 +42,12 @@ TestCachedSqlite = suite(
     ),
     age_lock=age_lock,
 )
-TestAsyncCachedSqlite = suite(
-    AsyncCachedStore,
-    lambda sqlite_path, redis_url, redis_prefix: AsyncCachedStore(
-        AsyncSqliteStore(sqlite_path), redis_url, prefix=redis_prefix
-    ),
-    age_lock=age_lock,
+TestAsyncCachedSqlite = pytest.mark.slow(
+    suite(
+        AsyncCachedStore,
+        lambda sqlite_path, redis_url, redis_prefix: AsyncCachedStore(
+            AsyncSqliteStore(sqlite_path), redis_url, prefix=redis_prefix
+        ),
+        age_lock=age_lock,
+    )
 )

@@ -97,6 +97,7 @@ def _settle(store: PostgresStore, request: ClaimRequest) -> Any:
     raise AssertionError("the store never came back after the restart")
 
 
+@pytest.mark.slow
 def test_a_restarted_postgres_loses_nothing_and_answers_no_wrong_outcome(
     own_server: ProvidedServer, scope: str
 ) -> None:
@@ -229,6 +230,7 @@ def _grow(url: str, scope: str, rows: int) -> None:
         )
 
 
+@pytest.mark.slow
 def test_postgres_claims_stay_on_the_key_index_as_the_table_grows(empty_pg_url: str) -> None:
     # The store's statements are prepared on its connections. A plan made while the key
     # table was empty cannot tell its two indexes apart, and one cached then looked a

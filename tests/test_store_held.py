@@ -18,6 +18,9 @@ import pytest
 from idempotence import ClaimRequest, Outcome, StoredResponse, TransactionEnded
 from idempotence.stores.postgres import PostgresStore
 
+#: The slow tier: each test waits out a bounded lock wait (F8, seconds).
+pytestmark = pytest.mark.slow
+
 HOLD = 3.0  # how long the holder's transaction stays open
 PROMPT = 1.0  # a held claim answers well before the holder ends
 FP, OTHER_FP = "a" * 64, "b" * 64

@@ -90,6 +90,7 @@ def sync_client(store: Any) -> redis.Redis:
 # -- P6: one execution per key, however many claim it at once ----------------------------
 
 
+@pytest.mark.slow
 def test_p6_32_concurrent_claims_of_200_keys_execute_each_once(
     redis_prefix: str, scope: str
 ) -> None:
@@ -118,6 +119,7 @@ def test_p6_32_concurrent_claims_of_200_keys_execute_each_once(
     assert seen == {Outcome.EXECUTE: 200, Outcome.IN_PROGRESS: 31 * 200}
 
 
+@pytest.mark.slow
 def test_p6_32_concurrent_async_claims_of_200_keys_execute_each_once(
     redis_prefix: str, scope: str
 ) -> None:
@@ -937,6 +939,7 @@ def cluster() -> Iterator[str]:
         yield f"redis+cluster://127.0.0.1:{servers[0].port}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_cluster_keeps_each_record_in_one_slot_and_spreads_the_records(
     cluster: str, flavour: str, loop_thread: EventLoopThread
@@ -969,6 +972,7 @@ def test_cluster_keeps_each_record_in_one_slot_and_spreads_the_records(
         store.close()
 
 
+@pytest.mark.slow
 def test_cluster_wakes_a_waiting_twin(cluster: str) -> None:
     store = RedisStore(cluster)
     scope = uuid.uuid4().hex
@@ -990,6 +994,7 @@ def test_cleanup_helper_deletes_only_its_prefix(redis_prefix: str) -> None:
         assert client.delete(f"{redis_prefix}x:y") == 1
 
 
+@pytest.mark.slow
 def test_the_cli_on_redis(tmp_path: Any) -> None:
     cli = os.path.join(os.path.dirname(os.sys.executable), "idempotence")
 

@@ -247,6 +247,7 @@ def test_p11_an_unreachable_cluster_answers_503_and_runs_nothing(which: str) -> 
     assert ran == []
 
 
+@pytest.mark.slow
 def test_p11_the_cli_on_an_unreachable_cluster_exits_unavailable() -> None:
     done = subprocess.run(
         [CLI, "stats", "--database", "redis+cluster://127.0.0.1:1"],
@@ -325,6 +326,7 @@ def test_a_prefix_with_glob_characters_lists_its_own_records_only(redis_prefix: 
         client.close()
 
 
+@pytest.mark.slow
 def test_the_cli_reads_a_redis_store_under_its_own_prefix(redis_prefix: str, tmp_path: Any) -> None:
     url = require(SHARED_URL)
 

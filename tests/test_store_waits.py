@@ -28,6 +28,9 @@ from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from tests.support.polling import eventually
 from tests.support.stores import Blocking, EventLoopThread
 
+#: The slow tier: waits measured in real time (LISTEN/NOTIFY, bounds).
+pytestmark = pytest.mark.slow
+
 CHANNEL = "idempotence_settled"
 LONG = 10.0  # a wait that only a notification can end well before its bound
 

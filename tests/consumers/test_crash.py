@@ -29,6 +29,9 @@ from idempotence.states import KeyState
 from idempotence.stores.postgres import PostgresStore
 from tests.consumers.broker import queue_for_test
 
+#: The slow tier: consumers killed mid-message, on a real broker.
+pytestmark = pytest.mark.slow
+
 MESSAGES = int(os.environ.get("IDEM_CONSUMER_MESSAGES", "300"))
 BOUNDARIES = ("before_claim", "in_transaction", "after_commit")
 KILLS_PER_BOUNDARY = 4

@@ -27,6 +27,9 @@ from tests.consumers.broker import Broker, OwnNode, queue_for_test
 from tests.consumers.running import Settled, running, sync_store
 from tests.support import polling
 
+#: The slow tier: consumers on a real broker, restarts included.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: A broker delivers, redelivers and dead-letters within a minute on a loaded machine.

@@ -17,6 +17,9 @@ from rocket_rides.run import free_port, start_stack
 from rocket_rides.stack import StackConfig
 from tests.demo.conftest import LOCK_TIMEOUT, Service, assert_group_gone
 
+#: The slow tier: the demo stack in processes of its own.
+pytestmark = pytest.mark.slow
+
 RIDE = {"origin_lat": 48.8809, "origin_lon": 2.3553, "target_lat": 48.7262, "target_lon": 2.3652}
 
 

@@ -23,6 +23,9 @@ from rocket_rides.run import free_port
 from tests.consumers.broker import broker_url
 from tests.demo.conftest import assert_group_gone
 
+#: The slow tier: whole demo runs.
+pytestmark = pytest.mark.slow
+
 RIDES, CLIENTS = 60, 4
 
 

@@ -13,11 +13,15 @@ import urllib.parse
 import uuid
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rocket_rides.rides import FIELDS
 from tests.demo.conftest import Service
+
+#: The slow tier: the demo under a fuzzed workload.
+pytestmark = pytest.mark.slow
 
 _numbers = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),

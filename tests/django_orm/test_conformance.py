@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SUITE = Path(__file__).with_name("conformance.py")
 
 
-@pytest.mark.parametrize("engine", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("engine", [pytest.param("postgresql", marks=pytest.mark.slow), "sqlite"])
 def test_django_store_passes_the_conformance_suite(
     engine: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -32,6 +32,9 @@ from idempotence import SqliteStore
 from idempotence.stores._sql.ops import pending_migrations
 from idempotence.stores.postgres import PostgresStore
 
+#: The slow tier: the example shop in processes of its own.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 SHOP = ROOT / "examples" / "django_shop"
 ORDER = {"item": "tea", "quantity": 2}

@@ -176,6 +176,7 @@ def _console_against(block: Block, cwd: Path, env: dict[str, str]) -> None:
         assert "idempotent-replayed: true" in result.stdout.lower(), result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("block", "backend"), _cases())
 def test_the_example_runs_as_written(
     block: Block, backend: str, tmp_path: Path, request: pytest.FixtureRequest

@@ -10,11 +10,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from idempotence import KeyState, open_async_store
 from idempotence.flows import ResultKind
 from idempotence.testing import FakeProvider, Recovery, crash_test
 from idempotence.testing.example import ride_request, rides_flow
 from tests.flows.test_engine import EXAMPLE_EVENTS
+
+#: The slow tier: the crash harness kills workers at every boundary.
+pytestmark = pytest.mark.slow
 
 EXAMPLE = "idempotence.testing.example:crash_target"
 

@@ -17,6 +17,9 @@ from idempotence.testing import (
     spawn_worker,
 )
 
+#: The slow tier: the crash harness kills workers at every boundary.
+pytestmark = pytest.mark.slow
+
 BROKEN = "tests.flows.targets:broken_target"
 EXAMPLE = "idempotence.testing.example:crash_target"
 

@@ -40,6 +40,9 @@ from tests.http import crash_server
 from tests.http.clients import sync_store
 from tests.http.servers import wait_for_health
 
+#: The slow tier: the retrying client against real servers and their faults.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 FAST = Retry(
     max_attempts=20,

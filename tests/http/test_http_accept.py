@@ -30,6 +30,9 @@ from tests.http import chaos_server
 from tests.http.apps import FRAMEWORKS
 from tests.http.test_client import ChaosServer, chaos
 
+#: The slow tier: asynchronous operations through real servers.
+pytestmark = pytest.mark.slow
+
 __all__ = ["chaos"]
 
 

@@ -27,6 +27,9 @@ from tests.http.servers import uvicorn_server
 from tests.http.test_http_servers import race_trials, racers_at
 from tests.support.redis import redis_server
 
+#: The slow tier: real servers on the cached store.
+pytestmark = pytest.mark.slow
+
 BACKENDS = ["postgres", "sqlite"]
 
 

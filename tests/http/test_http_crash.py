@@ -27,6 +27,9 @@ from tests.http import crash_server
 from tests.http.clients import sync_store
 from tests.http.servers import wait_for_health
 
+#: The slow tier: servers killed mid-request.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

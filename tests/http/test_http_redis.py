@@ -35,6 +35,9 @@ from tests.http.servers import uvicorn_server, waitress_server
 from tests.http.test_http_servers import race_trials, racers_at
 from tests.support.redis import RedisServer, redis_server
 
+#: The slow tier: real servers on Redis, Redis restarted mid-run.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def own_redis() -> Iterator[RedisServer]:

@@ -36,6 +36,9 @@ from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from tests.http.servers import uvicorn_server, waitress_server
 from tests.support.postgres import ProvidedServer, throwaway_cluster
 
+#: The slow tier: servers and databases restarted mid-run.
+pytestmark = pytest.mark.slow
+
 CLIENTS = 4
 DOWN_SECONDS = 2.5
 #: After the server accepts connections again, no 5xx from this long on.

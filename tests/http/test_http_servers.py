@@ -22,6 +22,9 @@ from tests.http import apps
 from tests.http.clients import async_store, sync_store
 from tests.http.servers import uvicorn_server, waitress_server
 
+#: The slow tier: real servers (uvicorn, Hypercorn, Granian, waitress).
+pytestmark = pytest.mark.slow
+
 TRIALS = 50
 CONCURRENCY = 32
 

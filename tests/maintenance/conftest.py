@@ -77,7 +77,9 @@ def pg_db(own_pg_url: str) -> Iterator[Backend]:
         backend.close()
 
 
-@pytest.fixture(params=["sync", "async"])
+# The async services are generated from the same source as the sync ones (F7): the
+# fast tier runs the sync flavour, the slow tier both.
+@pytest.fixture(params=["sync", pytest.param("async", marks=pytest.mark.slow)])
 def flavour(request: pytest.FixtureRequest, db: Backend) -> Flavour:
     """Makes the service under test sync, or async on an async store (F7): each async
     service must do what its generated sync twin does."""

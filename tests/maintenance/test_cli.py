@@ -21,6 +21,9 @@ import pytest
 from tests.maintenance.app import async_checkout, checkout
 from tests.maintenance.support import EXPIRED, Backend, claim, finished, new_scope, pending
 
+#: The slow tier: the maintenance commands in processes of their own.
+pytestmark = pytest.mark.slow
+
 CLI = Path(sys.executable).parent / "idempotence"
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.maintenance.app"

@@ -26,6 +26,9 @@ from idempotence.stores.postgres import PostgresStore
 from tests.support.polling import eventually
 from tests.support.postgres import ProvidedServer, throwaway_cluster
 
+#: The slow tier: workers across a PostgreSQL restart.
+pytestmark = pytest.mark.slow
+
 CLI = Path(sys.executable).parent / "idempotence"
 ROOT = Path(__file__).resolve().parents[2]
 EXPIRED = timedelta(milliseconds=1)

@@ -26,6 +26,9 @@ from tests.sqla.conftest import ROOT, Database
 from tests.support.postgres import ProvidedServer, create_database, drop_database
 from tests.test_schema import pg_snapshot, sqlite_snapshot
 
+#: The slow tier: Alembic in processes of its own.
+pytestmark = pytest.mark.slow
+
 PROJECT = Path(__file__).resolve().parent / "alembic_project"
 
 

@@ -22,7 +22,8 @@ from tests.support.clock import age_lock
 from tests.support.postgres import ProvidedServer, create_database, drop_database
 
 
-@pytest.fixture(scope="module", params=["postgres", "sqlite"])
+# The fast tier runs the sync store on SQLite; PostgreSQL, and the async store, are slow.
+@pytest.fixture(scope="module", params=[pytest.param("postgres", marks=pytest.mark.slow), "sqlite"])
 def migrated(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Database]:
@@ -62,4 +63,4 @@ def open_async(migrated: Database) -> AsyncSQLAlchemyStore:
 
 
 TestSQLAlchemy = suite(SQLAlchemyStore, open_sync, age_lock=age_lock)
-TestAsyncSQLAlchemy = suite(AsyncSQLAlchemyStore, open_async, age_lock=age_lock)
+TestAsyncSQLAlchemy = pytest.mark.slow(suite(AsyncSQLAlchemyStore, open_async, age_lock=age_lock))

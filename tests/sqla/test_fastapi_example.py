@@ -16,6 +16,9 @@ import sqlalchemy as sa
 
 from tests.sqla.conftest import EXAMPLES, Database, uvicorn_process
 
+#: The slow tier: the FastAPI example under uvicorn.
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).resolve().parent
 
 

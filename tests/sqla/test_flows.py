@@ -13,6 +13,9 @@ from idempotence.testing import crash_test
 from tests.sqla.conftest import Database
 from tests.sqla.flow_target import prepare
 
+#: The slow tier: flows on the SQLAlchemy stores under SIGKILL (about a minute each).
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_r2_f4_orm_phases_survive_a_crash_at_every_boundary(
