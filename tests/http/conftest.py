@@ -33,7 +33,8 @@ def framework(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+# The fast tier runs the HTTP contract on SQLite, the slow tier on PostgreSQL too.
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

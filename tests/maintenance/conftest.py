@@ -44,7 +44,10 @@ def own_sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{path}"
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
+# On PostgreSQL every test gets a database of its own (the services scan every scope),
+# which costs a second or two each: the fast tier runs them on SQLite, the slow tier
+# on both.
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.slow), "sqlite"])
 def db(request: pytest.FixtureRequest) -> Iterator[Backend]:
     """A database of the test's own, on each backend."""
     if request.param == "postgres":

@@ -31,7 +31,8 @@ class Database:
     async_url: str
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
+# A PostgreSQL database per test costs a second or two: the fast tier runs SQLite.
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.slow), "sqlite"])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
     if request.param == "sqlite":
         path = tmp_path / "app.sqlite3"
