@@ -31,6 +31,7 @@ from .errors import (
     SchemaMissing,
     StoreError,
     StoreInTransaction,
+    StoreMisconfigured,
     StoreUnavailable,
     TransactionEnded,
 )
@@ -113,6 +114,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreInTransaction",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "StoredResponse",
     "Transaction",

@@ -105,8 +105,9 @@ class DatabaseUrl:
 
 
 def _check_ports(rest: str) -> None:
-    """Refuse a port that is not a number from 1 to 65535 in ``host:port[,host:port]``
-    (libpq would only say so on connecting, after the pool's retries).
+    """Refuse a port that is not a number from 1 to 65535 in ``host:port[,host:port]``,
+    and an IPv6 address without its closing bracket (libpq would only say so on
+    connecting, after the pool's retries, quoting the whole URL and its password).
 
     >>> _check_ports("app@db:5432,replica:5433/app")
     >>> _check_ports("h:99999/db")  # doctest: +ELLIPSIS
@@ -115,6 +116,11 @@ def _check_ports(rest: str) -> None:
     """
     hosts = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
     for host in hosts.split(","):
+        if host.startswith("[") and "]" not in host:
+            raise ConfigurationError(
+                "invalid IPv6 address in the database URL: close its bracket, as in "
+                "postgresql://USER@[::1]:5432/DB"
+            )
         # An IPv6 address is bracketed: [::1]:5432.
         port = host.rpartition("]")[2] if host.startswith("[") else host
         if ":" not in port:
@@ -138,7 +144,9 @@ def _stores(
 ) -> tuple[_Opens[Store | RedisStore], _Opens[AsyncStore | AsyncRedisStore], str]:
     """The sync and the async store class of ``url``'s backend, and what to hand them."""
     parsed = _parsed(url)
-    # Imported here: a backend's driver is an extra, needed only when its URL is opened.
+    # Imported here: a backend's driver is an extra, needed only when its URL is opened;
+    # without it, a ConfigurationError names the extra (not an import traceback).
+    parsed.check_driver()
     if parsed.backend == "redis":
         from .stores.redis import AsyncRedisStore, RedisStore
 

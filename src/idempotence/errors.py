@@ -95,6 +95,17 @@ class ConfigurationError(IdempotenceError):
     """The library is configured in a way that cannot work."""
 
 
+class StoreMisconfigured(StoreUnavailable, ConfigurationError):
+    """The key store's server refuses the store's configuration: fix the database URL.
+
+    A Redis database number the server does not have, or a ``redis+cluster://`` URL
+    for a server that is not in cluster mode: nothing was executed, as when the store
+    is unavailable (the HTTP middleware answers 503 and never runs the request, even
+    where ``fail_open`` would), but no retry cures it, so it is a
+    :class:`ConfigurationError` too (the ``idempotence`` command exits with 2).
+    """
+
+
 class MixedPlaceholders(ConfigurationError):
     """An application statement mixes ``:name`` placeholders with psycopg's
     ``%(name)s`` or ``%s``: write every parameter as ``:name``, which every SQL store

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from idempotence.cli._shared import ExitStatus, fail
 from idempotence.database import DatabaseUrl
 from idempotence.errors import ConfigurationError
 
@@ -44,8 +45,11 @@ def _require_dependencies(broker: bool = False) -> None:
     needs = _NEEDS + _NEEDS_BROKER if broker else _NEEDS
     missing = [dist for module, dist in needs if importlib.util.find_spec(module) is None]
     if missing:
-        raise click.ClickException(
-            f"the demo needs {', '.join(missing)}: pip install {' '.join(missing)}"
+        # The extras, not the distributions: they pin the versions the demo runs on.
+        extras = "demo,rabbitmq" if broker else "demo"
+        fail(
+            f"the demo needs {', '.join(missing)}: pip install 'idempotence[{extras}]'",
+            ExitStatus.USAGE,
         )
 
 

@@ -33,7 +33,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..errors import BodyTooLarge, InvalidBody, InvalidKey, MissingKey, StoreError
+from ..errors import (
+    BodyTooLarge,
+    ConfigurationError,
+    InvalidBody,
+    InvalidKey,
+    MissingKey,
+    StoreError,
+)
 from ..flows import Flow, FlowResult, ResultKind
 from ..flows.flow import watched
 from ..states import ClaimRequest
@@ -181,7 +188,14 @@ def _reply(policy: Policy, profile: Profile, result: FlowResult) -> Reply:
     error = result.error
     if kind is ResultKind.FAILED and isinstance(error, StoreError):
         claimed = result.claim is not None or policy.transaction
-        if not claimed and policy.fail_open and isinstance(error, DOWN):
+        # A store the server refuses (StoreMisconfigured) fails closed even so: an
+        # outage passes, a wrong URL would run every request unguarded until fixed.
+        if (
+            not claimed
+            and policy.fail_open
+            and isinstance(error, DOWN)
+            and not isinstance(error, ConfigurationError)
+        ):
             logger.warning("key store unavailable, running the request unguarded: %s", error)
             return PASS  # P11: an explicit per-endpoint opt-in
         return store_down(policy, profile, error, rolled_back=claimed)

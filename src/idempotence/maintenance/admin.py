@@ -28,7 +28,16 @@ from ._ops import KeyRow, StateCount
 if TYPE_CHECKING:
     from ..stores.redis import RedisStore
 
-__all__ = ["KeyIsLocked", "KeyRow", "Stats", "evict_key", "list_keys", "show_key", "stats"]
+__all__ = [
+    "KeyIsLocked",
+    "KeyRow",
+    "Stats",
+    "evict_key",
+    "list_keys",
+    "list_keys_page",
+    "show_key",
+    "stats",
+]
 
 #: The most rows one listing returns.
 MAX_LIMIT = 10_000
@@ -42,8 +51,28 @@ def list_keys(
     limit: int = 50,
 ) -> list[KeyRow]:
     """Up to ``limit`` keys, newest first, of one ``state`` and ``scope`` if given."""
+    return list_keys_page(store, state=state, scope=scope, limit=limit)[0]
+
+
+def list_keys_page(
+    store: Store | RedisStore,
+    *,
+    state: KeyState | None = None,
+    scope: str | None = None,
+    limit: int = 50,
+) -> tuple[list[KeyRow], bool]:
+    """:func:`list_keys`, and whether more keys than ``limit`` match (so that a listing
+    can say it was cut short)."""
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+    # One row past the limit tells whether there are more.
+    rows = _newest(store, state, scope, limit + 1)
+    return rows[:limit], len(rows) > limit
+
+
+def _newest(
+    store: Store | RedisStore, state: KeyState | None, scope: str | None, limit: int
+) -> list[KeyRow]:
     if not isinstance(store, Store):
         rows = _redis_rows(store, store.records(scope))
         rows = [row for row in rows if state is None or row.state is state]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import struct
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from importlib import resources
 from typing import Any
 
 from .. import _queries
-from ..errors import ConfigurationError, StoreError, StoreUnavailable
+from ..errors import ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
 from ..states import STARTED, Claim, ClaimRequest, KeyRecord, StoredResponse, claim_from
 from ._redis_url import check_redis_url
 
@@ -355,10 +356,37 @@ class _Translated:
         return None
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            return
+        misconfigured = _misconfigured(exc)
+        if misconfigured is not None:
+            raise StoreMisconfigured(misconfigured) from exc
         if isinstance(exc, _DOWN):
             raise StoreUnavailable(f"the Redis key store is unavailable: {exc}") from exc
         if isinstance(exc, redis.exceptions.RedisError):
             raise StoreError(f"the Redis key store failed: {exc}") from exc
+
+
+def _misconfigured(exc: BaseException) -> str | None:
+    """What to fix, when ``exc`` is the server refusing the URL itself: a retry would
+    meet the same refusal, so it is a configuration error, not an outage. redis-py
+    says so only in its messages (the server's reply, or the cluster discovery's)."""
+    text = str(exc)
+    if isinstance(exc, redis.exceptions.ResponseError) and "DB index is out of range" in text:
+        return (
+            "the Redis server has no database of the number the URL gives (after the port, "
+            "as in redis://HOST:PORT/0): a server has databases 0 to 15 unless its "
+            "`databases` setting says more"
+        )
+    if isinstance(exc, redis.exceptions.RedisClusterException) and (
+        "Cluster mode is not enabled" in text or "cluster support disabled" in text
+    ):
+        return (
+            "the Redis server is not a cluster node (cluster mode is not enabled on it): "
+            "use redis://HOST:PORT/DB for a single server, and redis+cluster:// only for a "
+            "Redis Cluster"
+        )
+    return None
 
 
 _TRANSLATED = _Translated()
@@ -393,7 +421,17 @@ def open_client(kind: Any, url: str, options: Mapping[str, Any]) -> Any:
             # never connected, nothing to close.
             pool = client.connection_pool
             pool.connection_class(**pool.connection_kwargs)
-    except (ValueError, TypeError, redis.exceptions.RedisError) as exc:
+    except TypeError as exc:
+        # "Connection.__init__() got an unexpected keyword argument 'foo'": the words
+        # of redis-py's internals; the option's name is what the reader wrote.
+        unknown = re.search(r"unexpected keyword argument '([^']*)'", str(exc))
+        if unknown is None:
+            raise ConfigurationError(f"invalid option in the Redis URL: {exc}") from None
+        raise ConfigurationError(
+            f"unknown option {unknown.group(1)!r} in the Redis URL: remove it (the URL "
+            "takes redis-py's connection settings, as ?socket_timeout=5 or ?protocol=3)"
+        ) from None
+    except (ValueError, redis.exceptions.RedisError) as exc:
         raise ConfigurationError(f"invalid option in the Redis URL: {exc}") from None
     return client
 
