@@ -178,8 +178,8 @@ def demo(ctx: click.Context, /, **options: Any) -> None:
         return
     _require_dependencies(broker=options["broker"] is not None)
     from .progress import Progress
-    from .report import render
     from .run import DemoError, DemoOptions, run_demo
+    from .summary import render
 
     as_json = options.pop("as_json")
     data_dir = options.pop("data_dir")

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +52,15 @@ from .report import TERMINAL, Evidence, MessageCounts, Report, RideRow, assess
 from .schema import fetch
 from .stack import StackConfig
 
-__all__ = ["DemoError", "DemoOptions", "StackProcess", "free_port", "run_demo", "start_stack"]
+__all__ = [
+    "DemoError",
+    "DemoOptions",
+    "StackProcess",
+    "free_port",
+    "rerun_command",
+    "run_demo",
+    "start_stack",
+]
 
 #: How long the processes get to start, and the run to settle after the clients.
 START_TIMEOUT = 30.0
@@ -77,6 +88,38 @@ class DemoOptions:
     broker: str | None = None
     #: With a broker: the share of receipts published twice on purpose.
     duplicate_rate: float = 0.3
+
+
+def rerun_command(options: DemoOptions, seed: int) -> str:
+    """The command that runs ``options``' workload again: the options that differ
+    from the defaults, and the seed (what the clients do, and when they crash their
+    worker, follows from it; the timing of the processes does not). A password in a
+    URL is left out: ``PASSWORD`` stands in for it.
+
+    Example:
+        ```python
+        rerun_command(DemoOptions(rides=20, workers=1), seed=7)
+        # "idempotence demo --rides 20 --workers 1 --seed 7"
+        ```
+    """
+    words = ["idempotence", "demo"]
+    defaults = DemoOptions()
+    for field in dataclasses.fields(DemoOptions):
+        value = getattr(options, field.name)
+        if field.name in ("seed", "data_dir") or value == getattr(defaults, field.name):
+            continue
+        if isinstance(value, str):
+            value = _without_password(value)
+        words += ["--" + field.name.replace("_", "-"), str(value)]
+    return shlex.join([*words, "--seed", str(seed)])
+
+
+def _without_password(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    return parts._replace(netloc=f"{user.partition(':')[0]}:PASSWORD@{host}").geturl()
 
 
 def free_port() -> int:
@@ -236,7 +279,9 @@ def run_demo(
             "clients": options.clients,
             "workers": options.workers,
             "crash_rate": options.crash_rate,
+            "provider_faults": options.provider_faults,
             "seed": seed,
+            "rerun": rerun_command(options, seed),
         }
         if queue is not None:
             settings["broker_queue"] = queue
