@@ -6,8 +6,9 @@ conninfo, with the application's own ``psycopg_pool`` pool, or with one connecti
 the application already has (then its operations share that connection's
 transactions, which is what request-as-transaction mode wants).
 
-:class:`AsyncPostgresStore` is written in :mod:`._postgres_async`;
-:class:`PostgresStore` is generated from it (``scripts/unasync.py``).
+[`AsyncPostgresStore`][idempotence.stores.postgres.AsyncPostgresStore] is written in
+`_postgres_async`; [`PostgresStore`][idempotence.stores.postgres.PostgresStore] is
+generated from it (``scripts/unasync.py``).
 """
 
 from ._postgres import PostgresStore
