@@ -1,8 +1,7 @@
 """What the two RabbitMQ adapters share, without I/O: the queues, and how a delivery
-becomes a [`Message`][idempotence.consumers.Message] and a
-[`Disposition`][idempotence.consumers.Disposition] becomes a publish. The pika adapter
-([`rabbitmq_pika`][idempotence.consumers.rabbitmq_pika]) and the aio-pika one
-([`rabbitmq_aio`][idempotence.consumers.rabbitmq_aio]) only put these on the wire.
+becomes a :class:`~._guard.Message` and a :class:`~._guard.Disposition` becomes a
+publish. The pika adapter (:mod:`.rabbitmq_pika`) and the aio-pika one
+(:mod:`.rabbitmq_aio`) only put these on the wire.
 
 The topology, for a queue ``orders``:
 
@@ -30,13 +29,13 @@ from ._guard import Action, Consumer, Disposition, Message
 
 S = TypeVar("S")
 
+#: The shared broker of a development machine, guest/guest, the default vhost.
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
-"""The shared broker of a development machine, guest/guest, the default vhost."""
 
+#: The header that carries the attempt number of a requeued delivery.
 ATTEMPT_HEADER = "x-idempotence-attempt"
-"""The header that carries the attempt number of a requeued delivery."""
+#: The header that says why a message was dead-lettered.
 REASON_HEADER = "x-idempotence-reason"
-"""The header that says why a message was dead-lettered."""
 _MAX_REASON = 1000
 
 
@@ -65,8 +64,8 @@ class Forward:
 
     routing_key: str
     headers: dict[str, Any]
+    #: Per-message TTL in milliseconds (AMQP ``expiration``), or None.
     delay_ms: int | None = None
-    """Per-message TTL in milliseconds (AMQP ``expiration``), or None."""
 
 
 def incoming(
@@ -75,7 +74,7 @@ def incoming(
     headers: Mapping[str, Any] | None,
     redelivered: bool | None,
 ) -> Message:
-    """A delivery as the guard's [`Message`][idempotence.consumers.Message]."""
+    """A delivery as the guard's :class:`~._guard.Message`."""
     headers = dict(headers or {})
     return Message(
         body=bytes(body),
@@ -110,6 +109,7 @@ def forward(
     return None
 
 
+#: The properties a forwarded copy keeps (pika's and aio-pika's names agree).
 KEPT_PROPERTIES = (
     "content_type",
     "content_encoding",
@@ -120,7 +120,6 @@ KEPT_PROPERTIES = (
     "timestamp",
     "priority",
 )
-"""The properties a forwarded copy keeps (pika's and aio-pika's names agree)."""
 
 
 class Acks:
@@ -139,15 +138,13 @@ class Acks:
     absorbs them (duplicates), as it absorbs the one a consumer dies holding. Delivery
     tags are the channel's: one per session.
 
-    ```python
-    acks = Acks(prefetch=4)
-    acks.settled(1); acks.due(waiting=3)
-    # False
-    acks.settled(2); acks.due(waiting=3), acks.take()
-    # (True, 2)
-    acks.take() is None
-    # True
-    ```
+    >>> acks = Acks(prefetch=4)
+    >>> acks.settled(1); acks.due(waiting=3)
+    False
+    >>> acks.settled(2); acks.due(waiting=3), acks.take()
+    (True, 2)
+    >>> acks.take() is None
+    True
     """
 
     __slots__ = ("_count", "_last", "_limit")
@@ -187,7 +184,7 @@ def described(disposition: Disposition) -> str:
 
 
 class Options(TypedDict, total=False):
-    """The adapters' keyword arguments (see `Settings`)."""
+    """The adapters' keyword arguments (see :class:`Settings`)."""
 
     url: str
     queue: str | None
@@ -199,8 +196,7 @@ class Options(TypedDict, total=False):
 
 
 class Settings(Generic[S]):
-    """What both adapters are given; see
-    [`PikaConsumer`][idempotence.consumers.rabbitmq_pika.PikaConsumer].
+    """What both adapters are given; see :class:`~.rabbitmq_pika.PikaConsumer`.
 
     ``queue`` defaults to the consumer's name; ``prefetch`` is the broker's
     ``basic.qos``; ``declare`` declares the three queues (durable); ``name`` is the

@@ -11,8 +11,7 @@ from ..states import KeyRecord, Lease
 
 
 class FlowInfo(Protocol):
-    """What the steps and the driver of a flow know of it (a
-    [`Flow`][idempotence.testing.harness.Flow])."""
+    """What the steps and the driver of a flow know of it (a :class:`~.flow.Flow`)."""
 
     name: str
 
@@ -32,10 +31,10 @@ class PhaseContext:
     flow: FlowInfo
     record: KeyRecord
     lease: Lease
+    #: The phase's transaction: ``Transaction`` or ``AsyncTransaction``.
     tx: Any
-    """The phase's transaction: ``Transaction`` or ``AsyncTransaction``."""
+    #: For the phase that records a foreign call: the call's return value.
     result: Any = None
-    """For the phase that records a foreign call: the call's return value."""
     jobs: list[tuple[str, str, Any]] = field(default_factory=list)
 
     @property

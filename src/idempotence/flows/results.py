@@ -40,8 +40,6 @@ class NoOp:
 
 
 PhaseResult: TypeAlias = Advance | Finish | NoOp
-"""What a phase returns: go on to the next step, finish with a response, or nothing to
-do."""
 
 
 # -- results ----------------------------------------------------------------------------
@@ -50,29 +48,29 @@ do."""
 class ResultKind(enum.Enum):
     """How a run of a flow ended."""
 
+    #: This run finished the key; ``response`` is stored.
     EXECUTED = "executed"
-    """This run finished the key; ``response`` is stored."""
+    #: The key was finished before; ``response`` is the stored one (P3).
     REPLAYED = "replayed"
-    """The key was finished before; ``response`` is the stored one (P3)."""
+    #: The key belongs to another request (P2).
     MISMATCH = "mismatch"
-    """The key belongs to another request (P2)."""
+    #: Another worker holds the key (P4).
     IN_PROGRESS = "in_progress"
-    """Another worker holds the key (P4)."""
+    #: Another worker took the key over during this run; this run's writes were
+    #: refused (F1).
     LOST = "lost"
-    """Another worker took the key over during this run; this run's writes were
-    refused (F1)."""
+    #: An unexpected error: rolled back, unlocked, ``response`` (500) not stored
+    #: unless the flow stores server errors (R5).
     FAILED = "failed"
-    """An unexpected error: rolled back, unlocked, ``response`` (500) not stored
-    unless the flow stores server errors (R5)."""
+    #: The request was refused before its first phase committed: nothing stored (R5).
     REJECTED = "rejected"
-    """The request was refused before its first phase committed: nothing stored (R5)."""
+    #: A phase returned NoOp: unlocked, to be resumed.
     PAUSED = "paused"
-    """A phase returned NoOp: unlocked, to be resumed."""
+    #: A non-idempotent foreign call failed indeterminately: stored, flagged (R6).
     ERRORED = "errored"
-    """A non-idempotent foreign call failed indeterminately: stored, flagged (R6)."""
+    #: An application handler's response was too large to store: the key was settled
+    #: (:func:`~.handler.overflowed`) and the response went out streamed, as it came.
     SENT = "sent"
-    """An application handler's response was too large to store: the key was settled
-    (`overflowed`) and the response went out streamed, as it came."""
 
 
 @quick_init
@@ -81,49 +79,46 @@ class FlowResult:
     """The end of one run of a flow."""
 
     kind: ResultKind
+    #: The claim this run made; None when a request-as-transaction run rolled back
+    #: (its claim with it).
     claim: Claim | None
-    """The claim this run made; None when a request-as-transaction run rolled back
-    (its claim with it)."""
+    #: The response to send; None for MISMATCH, IN_PROGRESS and LOST, whose wire
+    #: form depends on the HTTP profile. A library problem (FAILED's 500, ERRORED's
+    #: 502) is in neutral form: :meth:`~idempotence.problems.ProblemDetails.from_stored`
+    #: reads it, and the HTTP layer renders it in the endpoint's profile (F6).
     response: StoredResponse | None = None
-    """The response to send; None for MISMATCH, IN_PROGRESS and LOST, whose wire
-    form depends on the HTTP profile. A library problem (FAILED's 500, ERRORED's
-    502) is in neutral form: `from_stored`
-    reads it, and the HTTP layer renders it in the endpoint's profile (F6)."""
+    #: Whether ``response`` is the stored one (replayed to every retry).
     stored: bool = False
-    """Whether ``response`` is the stored one (replayed to every retry)."""
+    #: The exception behind FAILED, ERRORED or LOST.
     error: BaseException | None = None
-    """The exception behind FAILED, ERRORED or LOST."""
+    #: ``response`` is an application handler's own answer, to be sent as the app
+    #: made it (all its headers), not a stored or a library response (F6).
     answered: bool = False
-    """``response`` is an application handler's own answer, to be sent as the app
-    made it (all its headers), not a stored or a library response (F6)."""
 
 
 def problem(status: int, title: str, detail: str) -> StoredResponse:
     """An RFC 9457 problem response of the application's own (a declined card): stored
     and replayed verbatim, whatever the endpoint's wire profile. The library's own
-    problems are `ProblemDetails` instead."""
+    problems are :class:`~idempotence.problems.ProblemDetails` instead."""
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
     return StoredResponse.of(
         status, {"content-type": "application/problem+json"}, json.dumps(body).encode()
     )
 
 
+#: R5: what a run that raised answers, in neutral form (rendered at the edge, F6).
 SERVER_ERROR = ProblemDetails.of(
     Problem.SERVER_ERROR,
     "The request failed and nothing of it was stored. Retry with the same "
     "Idempotency-Key: the work resumes from its last completed step.",
 ).stored()
-"""R5: what a run that raised answers, in neutral form (rendered at the edge, F6)."""
 PAUSED_RESPONSE = StoredResponse.of(202, {"retry-after": "1"}, b"")
-"""The answer of a run whose phase returned [`NoOp`][idempotence.NoOp] (202, retry
-after a second): the key stays unfinished, so a retry with the same key, or the
-background completer, resumes it."""
+#: R5: what a handler that raised stores on a run that stores server errors; neutral,
+#: so every replay renders it in the endpoint's profile.
 STORED_SERVER_ERROR = ProblemDetails.of(
     Problem.SERVER_ERROR,
     "The request failed with an unexpected error. Retrying it returns this answer.",
 ).stored()
-"""R5: what a handler that raised stores on a run that stores server errors; neutral,
-so every replay renders it in the endpoint's profile."""
 
 
 @quick_init

@@ -1,11 +1,11 @@
 """What the sync and async background services share, without I/O (DESIGN 7, F7):
 their configuration, test signals and the arithmetic of their pauses.
 
-The services themselves are written once, async (`_service_async` and the
+The services themselves are written once, async (:mod:`._service_async` and the
 ``*_async`` modules beside it), and their sync twins are generated from them by
 ``scripts/unasync.py``; everything that needs no store lives here, or in each
-service's own pure module (`_sweep`, `_reap`, `_completion`,
-`_enqueue`, `_jobs`), so it is defined once.
+service's own pure module (:mod:`._sweep`, :mod:`._reap`, :mod:`._completion`,
+:mod:`._enqueue`, :mod:`._jobs`), so it is defined once.
 """
 
 from __future__ import annotations
@@ -26,45 +26,39 @@ __all__ = ["MAX_NAP", "Progress", "ServiceConfig", "Signals", "jittered", "log_p
 ResultT = TypeVar("ResultT")
 ConfigT = TypeVar("ConfigT", bound="ServiceConfig")
 
+#: The longest a service sleeps in one go, so that a stop is noticed promptly even if
+#: the stop event is never set (a test that only sets a flag).
 MAX_NAP = 1.0
-"""The longest a service sleeps in one go, so that a stop is noticed promptly even if
-the stop event is never set (a test that only sets a flag)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServiceConfig:
     """Settings every service has; each service's config adds its own and changes the
-    defaults. Invalid values raise
-    [`ConfigurationError`][idempotence.maintenance.completer_async.ConfigurationError]
-    at once.
+    defaults. Invalid values raise :class:`~idempotence.ConfigurationError` at once.
 
-    ```python
-    SweeperConfig(batch_size=500, interval=10.0)
-    ```
+    >>> SweeperConfig(batch_size=500, interval=10.0)          # doctest: +SKIP
     """
 
+    #: Rows per batch (and per transaction).
     batch_size: int = 100
-    """Rows per batch (and per transaction)."""
+    #: Seconds between two passes of ``run_forever``.
     interval: float = 60.0
-    """Seconds between two passes of ``run_forever``."""
+    #: Seconds between two batches of one pass.
     batch_pause: float = 0.05
-    """Seconds between two batches of one pass."""
+    #: Each pause is stretched or shrunk by up to this fraction, at random, so that
+    #: services started together on many nodes drift apart instead of colliding.
     jitter: float = 0.25
-    """Each pause is stretched or shrunk by up to this fraction, at random, so that
-    services started together on many nodes drift apart instead of colliding."""
+    #: Seconds one statement may run (PostgreSQL ``statement_timeout``); None for no
+    #: limit.
     query_timeout: float | None = 30.0
-    """Seconds one statement may run (PostgreSQL ``statement_timeout``); None for no
-    limit."""
+    #: Batches one pass runs at most; None works the backlog off.
     max_batches: int | None = None
-    """Batches one pass runs at most; None works the backlog off."""
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Raise
-        [`ConfigurationError`][idempotence.maintenance.completer_async.ConfigurationError]
-        for a value that cannot work."""
+        """Raise :class:`ConfigurationError` for a value that cannot work."""
         _positive(self, "batch_size", self.batch_size)
         _positive(self, "interval", self.interval)
         if self.batch_pause < 0:
@@ -107,14 +101,12 @@ class Signals:
     ``on(name, fn)`` runs ``fn(payload)`` where the service runs (its thread, or for
     an async service its event loop) when ``name`` is emitted (while a batch's
     transaction is open, for ``batch_locked``), and every event is queued for
-    [`wait`][idempotence.maintenance.Signals.wait], which any thread may call.
+    :meth:`wait`, which any thread may call.
 
-    ```python
-    signals = Signals()
-    signals.emit("pass", 3)
-    signals.wait("pass")
-    # 3
-    ```
+    >>> signals = Signals()
+    >>> signals.emit("pass", 3)
+    >>> signals.wait("pass")
+    3
     """
 
     def __init__(self) -> None:

@@ -1,6 +1,5 @@
 """The enqueuer's settings and result (B4), shared by
-[`AsyncEnqueuer`][idempotence.maintenance.worker_async.AsyncEnqueuer] and the generated
-[`Enqueuer`][idempotence.maintenance.worker.Enqueuer]."""
+:class:`~.enqueuer_async.AsyncEnqueuer` and the generated :class:`~.enqueuer.Enqueuer`."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from ._base import ServiceConfig
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EnqueuerConfig(ServiceConfig):
-    """The enqueuer's settings; see
-    [`ServiceConfig`][idempotence.maintenance.ServiceConfig]. Jobs wait for it, so it
+    """The enqueuer's settings; see :class:`ServiceConfig`. Jobs wait for it, so it
     runs often."""
 
     interval: float = 1.0
@@ -23,10 +21,10 @@ class EnqueuerConfig(ServiceConfig):
 class EnqueueResult:
     """What one pass of the enqueuer did."""
 
+    #: Job keys delivered for the first time, in staging order.
     delivered: tuple[str, ...]
-    """Job keys delivered for the first time, in staging order."""
+    #: Staged jobs the sink already had (their job_key was delivered before).
     duplicates: int
-    """Staged jobs the sink already had (their job_key was delivered before)."""
     batches: int
     seconds: float
 

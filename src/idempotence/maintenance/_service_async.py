@@ -1,16 +1,15 @@
 """The shape every background service has (DESIGN 7): the batch loop, pauses, the
-long-running loop, logging and test signals, on an
-[`AsyncStore`][idempotence.testing.harness.AsyncStore].
+long-running loop, logging and test signals, on an :class:`~idempotence.AsyncStore`.
 
-A service does its work in passes. `AsyncService.run_once` is one pass:
+A service does its work in passes. :meth:`AsyncService.run_once` is one pass:
 batches of at most ``batch_size`` rows, each in a transaction of its own, until a
 batch comes back short (the backlog is worked off), with a short jittered pause
 between batches so that a large backlog never starves the requests that share the
-database. `AsyncService.run_forever` repeats passes, a jittered ``interval``
+database. :meth:`AsyncService.run_forever` repeats passes, a jittered ``interval``
 apart, until its stop event is set; it survives a failed pass (the database
 restarting, say) and tries again at the next interval.
 
-The configuration and the signals, which need no store, are in `_base`, shared
+The configuration and the signals, which need no store, are in :mod:`._base`, shared
 by both flavours (F7).
 """
 
@@ -33,13 +32,13 @@ from .metrics import Metrics, default_metrics
 class AsyncService(abc.ABC, Generic[ConfigT, ResultT]):
     """The shape every maintenance service has (see the module docstring).
 
-    Subclasses implement `_pass`, which drains its work with `_drain`
-    and returns the pass's frozen result; `_summary` says what the result
+    Subclasses implement :meth:`_pass`, which drains its work with :meth:`_drain`
+    and returns the pass's frozen result; :meth:`_summary` says what the result
     means, for the log.
     """
 
+    #: The service's name in logs, metrics and signals.
     name: ClassVar[str]
-    """The service's name in logs, metrics and signals."""
 
     def __init__(
         self,

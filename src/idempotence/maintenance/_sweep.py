@@ -1,6 +1,5 @@
 """The sweeper's settings, its result and its log lines (B1), shared by
-[`AsyncSweeper`][idempotence.maintenance.worker_async.AsyncSweeper] and the generated
-[`Sweeper`][idempotence.maintenance.worker.Sweeper]."""
+:class:`~.sweeper_async.AsyncSweeper` and the generated :class:`~.sweeper.Sweeper`."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from ._ops import SweptKey
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SweeperConfig(ServiceConfig):
-    """The sweeper's settings; see [`ServiceConfig`][idempotence.maintenance.ServiceConfig]."""
+    """The sweeper's settings; see :class:`ServiceConfig`."""
 
     interval: float = 30.0
 
@@ -23,8 +22,8 @@ class SweeperConfig(ServiceConfig):
 class SweepResult:
     """What one pass of the sweeper did."""
 
+    #: The keys unlocked, with their new fencing tokens.
     swept: tuple[SweptKey, ...]
-    """The keys unlocked, with their new fencing tokens."""
     batches: int
     seconds: float
 

@@ -1,11 +1,9 @@
 """The Prometheus metrics of the background services (F5): they live in
-[`idempotence.metrics`][idempotence.metrics], with the store's own, on the same
-registry; this module keeps the old import path working.
+:mod:`idempotence.metrics`, with the store's own, on the same registry; this module
+keeps the old import path working.
 
-```python
-from idempotence.maintenance.metrics import default_metrics
-default_metrics().keys_swept(3)          # counts, or does nothing
-```
+>>> from idempotence.maintenance.metrics import default_metrics
+>>> default_metrics().keys_swept(3)          # counts, or does nothing
 """
 
 from __future__ import annotations

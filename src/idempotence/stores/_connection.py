@@ -3,11 +3,10 @@
 """The thin I/O layer: a connection runs one query, a runner feeds an operation's
 queries to it.
 
-A store operation (`_ops`) is a generator of queries.
-[`run`][idempotence.flows.flow.Flow.run] feeds it from a connection until it
-returns. Connections wrap a database driver's connection and translate its errors into
-the library's ([`StoreError`][idempotence.errors.StoreError] and friends, always
-``from`` the driver's exception).
+A store operation (:mod:`._ops`) is a generator of queries. :func:`run` feeds it
+from a connection until it returns. Connections wrap a database driver's connection and
+translate its errors into the library's (:class:`~idempotence.errors.StoreError` and
+friends, always ``from`` the driver's exception).
 """
 
 from __future__ import annotations
@@ -25,9 +24,9 @@ T = TypeVar("T")
 class Connection(Protocol):
     """A database connection, as the stores use it."""
 
+    #: The driver's own connection (``psycopg.Connection``, ``sqlite3.Connection``),
+    #: for the application's writes inside a phase.
     raw: Any
-    """The driver's own connection (``psycopg.Connection``, ``sqlite3.Connection``),
-    for the application's writes inside a phase."""
 
     def fetch(self, query: Query) -> list[Row]:
         """Run one statement; return its rows (empty for none)."""
@@ -36,14 +35,14 @@ class Connection(Protocol):
         """A write transaction (a savepoint when one is already open).
 
         ``first`` runs as its first statements and its result is what the block
-        yields; an operation handed to `defer` inside the block runs as its last
+        yields; an operation handed to :meth:`defer` inside the block runs as its last
         statements, just before the commit. A driver sends each with the BEGIN or the
         COMMIT in one trip where it can (request-as-transaction, F3, makes no more
         trips than the bare handler).
         """
 
     def defer(self, op: Op[Any]) -> None:
-        """Run ``op`` when the innermost open `atomic` block commits, as its
+        """Run ``op`` when the innermost open :meth:`atomic` block commits, as its
         last statements; if it raises, the block rolls back and its exit raises."""
 
     def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
@@ -84,7 +83,7 @@ def run(op: Op[T], conn: Fetcher, rows: list[Row] | None = None) -> T:
 def body(blocks: Blocks, conn: Connection, first: Op[T] | None) -> Iterator[T | None]:
     """The inside of a transaction block that runs its statements one by one: run
     ``first`` and yield its result, then run what was deferred to the commit (see
-    `Blocks`)."""
+    :class:`~._driver.Blocks`)."""
     with blocks.block() as deferred:
         yield None if first is None else run(first, conn)
         blocks.seal(deferred)

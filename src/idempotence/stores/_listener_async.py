@@ -1,5 +1,5 @@
 """P10 on PostgreSQL: the listener that wakes a duplicate waiting for its twin (see
-`_listener_base` for how a wait goes)."""
+:mod:`._listener_base` for how a wait goes)."""
 
 from __future__ import annotations
 

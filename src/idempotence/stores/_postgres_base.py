@@ -1,8 +1,8 @@
 """What the PostgreSQL stores share, sync or async: the dialect, the translation of
 psycopg's errors, the pieces of a pipelined transaction, and the pool settings.
 
-The stores themselves are in `_postgres_async` (the source) and
-`_postgres` (generated from it); `postgres` is their public face.
+The stores themselves are in :mod:`._postgres_async` (the source) and
+:mod:`._postgres` (generated from it); :mod:`.postgres` is their public face.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from ._listener_async import AsyncListener
 from ._ops import APPLICATION, Dialect, Op, Query, Row, claim_in_one_statement
 from ._placeholders import to_pyformat
 
+#: Seconds to wait for a connection before the store reports itself unavailable
+#: (P11): a request should get its 503 quickly, not after libpq's default minutes.
 DEFAULT_CONNECT_TIMEOUT = 5.0
-"""Seconds to wait for a connection before the store reports itself unavailable
-(P11): a request should get its 503 quickly, not after libpq's default minutes."""
 
 
 class PostgresDialect(Dialect):
@@ -128,7 +128,7 @@ DRIVER_ERRORS = (psycopg.Error, psycopg_pool.PoolTimeout)
 
 
 class _Held:
-    """Inside `translated`: a claim's lock wait that ran out (F8) is KeyHeld."""
+    """Inside :func:`translated`: a claim's lock wait that ran out (F8) is KeyHeld."""
 
     __slots__ = ()
 
@@ -142,8 +142,8 @@ class _Held:
 
 _HELD = _Held()
 
+#: ``with translated(query.name):`` raises the library's error for a psycopg or pool error.
 translated = translator(DRIVER_ERRORS, translate)
-"""``with translated(query.name):`` raises the library's error for a psycopg or pool error."""
 
 
 def held() -> _Held:

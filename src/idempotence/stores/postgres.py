@@ -6,9 +6,8 @@ conninfo, with the application's own ``psycopg_pool`` pool, or with one connecti
 the application already has (then its operations share that connection's
 transactions, which is what request-as-transaction mode wants).
 
-[`AsyncPostgresStore`][idempotence.stores.postgres.AsyncPostgresStore] is written in
-`_postgres_async`; [`PostgresStore`][idempotence.stores.postgres.PostgresStore] is
-generated from it (``scripts/unasync.py``).
+:class:`AsyncPostgresStore` is written in :mod:`._postgres_async`;
+:class:`PostgresStore` is generated from it (``scripts/unasync.py``).
 """
 
 from ._postgres import PostgresStore
