@@ -40,7 +40,7 @@ metadata = Parser().parsestr(zipfile.ZipFile(wheel).read(info).decode())
 problems = []
 for needed in (
     "idempotence/py.typed",
-    "idempotence/stores/redis.lua",
+    "idempotence/stores/redis/redis.lua",
     "idempotence/sql/postgres/schema.sql",
     "idempotence/sql/postgres/queries.sql",
     "idempotence/sql/sqlite/schema.sql",
