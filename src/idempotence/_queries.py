@@ -51,8 +51,8 @@ def migrations(dialect: str) -> list[tuple[str, str]]:
     return found
 
 
-#: How the migration folders name their dialects, for people.
 _DIALECT_NAMES = {"postgres": "PostgreSQL", "sqlite": "SQLite"}
+"""How the migration folders name their dialects, for people."""
 
 
 def numbering_gaps(dialect: str, versions: list[str]) -> list[str]:

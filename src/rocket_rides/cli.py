@@ -31,12 +31,12 @@ if TYPE_CHECKING:
 
 __all__ = ["demo"]
 
-#: What the demo needs beyond the library: (module, distribution).
 _NEEDS = (("starlette", "starlette"), ("uvicorn", "uvicorn"), ("httpx", "httpx"))
+"""What the demo needs beyond the library: (module, distribution)."""
 
 
-#: What ``--broker`` needs on top.
 _NEEDS_BROKER = (("pika", "pika"), ("aio_pika", "aio-pika"))
+"""What ``--broker`` needs on top."""
 
 
 def _require_dependencies(broker: bool = False) -> None:
@@ -75,7 +75,6 @@ def _broker(ctx: click.Context, param: click.Parameter, value: str | None) -> st
     return value
 
 
-#: Both commands take the database the same way.
 database_option = click.option(
     "--database",
     default=None,
@@ -83,6 +82,7 @@ database_option = click.option(
     metavar="URL",
     help="postgresql://… or sqlite:///… (default: SQLite in the data directory).",
 )
+"""Both commands take the database the same way."""
 
 
 @click.group(invoke_without_command=True)

@@ -15,8 +15,8 @@ own file). Exactly-once holds when:
   replay it asked for was the same response;
 * with a broker (``--broker``), every message published was settled by a consumer.
 
-:func:`assess` is pure, so the rules are tested without starting anything;
-:mod:`.summary` renders its report for people.
+`assess` is pure, so the rules are tested without starting anything;
+`summary` renders its report for people.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from .mailer import Receipt
 
 __all__ = ["Evidence", "MessageCounts", "Report", "RideRow", "assess"]
 
-#: Key states that are a final, stored answer.
 TERMINAL = frozenset({"complete", "failed"})
-#: The "state" of a requested key that has no row because its client gave up
-#: before the service claimed it (nothing was booked, as it should be).
+"""Key states that are a final, stored answer."""
 NEVER_CLAIMED = "never claimed"
+"""The "state" of a requested key that has no row because its client gave up
+before the service claimed it (nothing was booked, as it should be)."""
 ACCEPTED = TERMINAL | {NEVER_CLAIMED}
 
 
@@ -54,22 +54,22 @@ class RideRow:
 
 @dataclass(frozen=True, slots=True)
 class MessageCounts:
-    """What went over the broker (:func:`rocket_rides.broker.tally`)."""
+    """What went over the broker (`rocket_rides.broker.tally`)."""
 
-    #: Copies the broker confirmed, duplicates included.
     published: int
-    #: Copies published twice on purpose (the chaos run).
+    """Copies the broker confirmed, duplicates included."""
     duplicates_published: int
-    #: Deliveries the broker flagged as redelivered (their consumer died holding them).
+    """Copies published twice on purpose (the chaos run)."""
     redelivered: int
-    #: Deliveries the guard absorbed: acked, nothing committed.
+    """Deliveries the broker flagged as redelivered (their consumer died holding them)."""
     absorbed: int
-    #: Copies published and never settled by a consumer (lost, or still queued).
+    """Deliveries the guard absorbed: acked, nothing committed."""
     unsettled: int
-    #: The rides whose receipt was published.
+    """Copies published and never settled by a consumer (lost, or still queued)."""
     rides_published: frozenset[int] = frozenset()
-    #: Consumer processes SIGKILLed.
+    """The rides whose receipt was published."""
     consumers_killed: int = 0
+    """Consumer processes SIGKILLed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,23 +78,23 @@ class Evidence:
 
     requested: Sequence[Ride]
     rides: Sequence[RideRow]
-    #: The provider's charges for this run's requests.
     charges: Sequence[Charge]
+    """The provider's charges for this run's requests."""
     receipts: Sequence[Receipt]
-    #: Each requested key's state (``missing`` if the key row is gone).
     key_states: Mapping[str, str]
+    """Each requested key's state (``missing`` if the key row is gone)."""
     clients: ClientStats
-    #: Lock takeovers on this run's keys (fencing tokens bumped past 1).
     takeovers: int = 0
-    #: This run's keys that the completer picked up.
+    """Lock takeovers on this run's keys (fencing tokens bumped past 1)."""
     completer_resumed: int = 0
-    #: API workers killed, and processes restarted.
+    """This run's keys that the completer picked up."""
     crashes: int = 0
+    """API workers killed, and processes restarted."""
     restarts: int = 0
     wall_time: float = 0.0
     settings: Mapping[str, Any] = field(default_factory=dict)
-    #: With a broker: what went over it (None: receipts went to the mailer).
     messages: MessageCounts | None = None
+    """With a broker: what went over it (None: receipts went to the mailer)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,15 @@
 """The demo's main job: start the service, hammer it through crashes, reconcile.
 
-1. Start the stack (:mod:`.stack`) in a process of its own: the provider, the API
+1. Start the stack (`stack`) in a process of its own: the provider, the API
    workers (chaos enabled) and the background worker, on free ports of 127.0.0.1;
    with ``--broker``, the receipt consumers too, on a queue of the run's own
-   (:mod:`.broker`).
-2. Run the simulated clients (:mod:`.clients`): every ride retried until it has an
+   (`broker`).
+2. Run the simulated clients (`clients`): every ride retried until it has an
    answer, some requests ordering the worker that handles them to die.
 3. Wait for the dust to settle: every key terminal, every receipt sent (and, with a
    broker, every message published settled by a consumer).
 4. Gather the evidence from our database, the provider's API and the mailer (or the
-   consumers' receipts and the broker ledger), and check it (:mod:`.report`).
+   consumers' receipts and the broker ledger), and check it (`report`).
 
 Everything started here is stopped here, whatever happens: the stack runs in a
 process group of its own, which is killed whole at the end.
@@ -62,8 +62,8 @@ __all__ = [
     "start_stack",
 ]
 
-#: How long the processes get to start, and the run to settle after the clients.
 START_TIMEOUT = 30.0
+"""How long the processes get to start, and the run to settle after the clients."""
 SETTLE_TIMEOUT = 30.0
 
 
@@ -78,16 +78,16 @@ class DemoOptions:
     provider_faults: float = 0.02
     declined_rate: float = 0.1
     abandon_rate: float = 0.05
-    #: None: SQLite in the data directory.
     database: str | None = None
+    """None: SQLite in the data directory."""
     seed: int | None = None
-    #: None: a temporary directory, removed at the end.
     data_dir: str | None = None
+    """None: a temporary directory, removed at the end."""
     lock_timeout: float = 1.0
-    #: amqp://…: send the receipts through RabbitMQ to guarded consumers.
     broker: str | None = None
-    #: With a broker: the share of receipts published twice on purpose.
+    """amqp://…: send the receipts through RabbitMQ to guarded consumers."""
     duplicate_rate: float = 0.3
+    """With a broker: the share of receipts published twice on purpose."""
 
 
 def rerun_command(options: DemoOptions, seed: int) -> str:

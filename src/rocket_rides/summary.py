@@ -16,7 +16,6 @@ from .report import NEVER_CLAIMED, Report
 
 __all__ = ["STATE_LEGEND", "STATUS_LEGEND", "render"]
 
-#: What each HTTP status the clients saw means here (the legend of "answers ...").
 STATUS_LEGEND = {
     201: "a ride booked, or the replay of its stored answer",
     402: "a declined card: stored, so each retry got the same 402",
@@ -25,6 +24,7 @@ STATUS_LEGEND = {
     500: "an injected payment-provider fault (--provider-faults): nothing was stored,"
     " so the client retried with the same key",
 }
+"""What each HTTP status the clients saw means here (the legend of "answers ...")."""
 
 _BACKENDS = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 
@@ -74,11 +74,11 @@ def _headline(n: Mapping[str, Any]) -> str:
     return "\n".join(textwrap.wrap(head + ".", WIDTH))
 
 
-#: (label, value, legend)
 _Row = tuple[str, str, str]
+"""(label, value, legend)"""
 
-#: The report's width: its legends wrap to it.
 WIDTH = 100
+"""The report's width: its legends wrap to it."""
 
 
 def _section(title: str, rows: list[_Row]) -> list[str]:
@@ -110,13 +110,13 @@ def _invariant_rows(n: Mapping[str, Any]) -> list[_Row]:
     ]
 
 
-#: What each key state at the end means (the legend of "keys ...").
 STATE_LEGEND = {
     "complete": "answered: the ride's 201 is stored and replayed to any retry",
     "failed": "answered with a stored error, such as a declined card's 402",
     NEVER_CLAIMED: "dropped by their client before the service took them: rightly, no ride",
     "missing": "no record at all, though the service took them (a defect)",
 }
+"""What each key state at the end means (the legend of "keys ...")."""
 
 
 def _ride_rows(n: Mapping[str, Any]) -> list[_Row]:

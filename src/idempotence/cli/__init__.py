@@ -8,7 +8,7 @@ work (the last two have nothing to do and say so); the commands that need SQL
 the URL with the usage status. Tables are for
 people; ``--json`` prints JSON for machines.
 
-Exit statuses (:class:`~idempotence.cli._shared.ExitStatus`):
+Exit statuses (`ExitStatus`):
 
 * 0: success;
 * 1: the store or the work failed (a schema to migrate, a failed pass, a refused
@@ -143,7 +143,7 @@ def _one_pass(store: Store, make: Callable[[Store], Any], as_json: bool) -> None
 def _one_pass_async(
     database: DatabaseUrl, make: Callable[[AsyncStore], Any], as_json: bool
 ) -> None:
-    """:func:`_one_pass` of an async service, on an async store (F7)."""
+    """`_one_pass` of an async service, on an async store (F7)."""
 
     async def once() -> None:
         async with open_cli_async_store(database) as store:

@@ -1,5 +1,5 @@
 """What the CLI's commands share: option types, options, and turning the library's
-errors into exit statuses (:class:`ExitStatus`)."""
+errors into exit statuses (`ExitStatus`)."""
 
 from __future__ import annotations
 
@@ -38,19 +38,19 @@ class ExitStatus(IntEnum):
     """The command's exit statuses, so that a script can tell the failures apart."""
 
     OK = 0
-    #: The store or the work failed (a schema to migrate, a pass that failed, a
-    #: refused eviction, the application's listing).
     FAILED = 1
-    #: A usage or configuration error: a bad option, URL or argument (click's
-    #: convention), a missing extra, or a server that refuses the URL.
+    """The store or the work failed (a schema to migrate, a pass that failed, a
+    refused eviction, the application's listing)."""
     USAGE = 2
-    #: ``reconcile`` found differences between the two sides.
+    """A usage or configuration error: a bad option, URL or argument (click's
+    convention), a missing extra, or a server that refuses the URL."""
     DIFFERENCES = 3
-    #: The key asked for does not exist (``keys show``, ``keys evict``).
+    """``reconcile`` found differences between the two sides."""
     NOT_FOUND = 4
-    #: The store cannot be reached (refused, unknown host or database, timed out):
-    #: nothing was done; retry later.
+    """The key asked for does not exist (``keys show``, ``keys evict``)."""
     UNAVAILABLE = 5
+    """The store cannot be reached (refused, unknown host or database, timed out):
+    nothing was done; retry later."""
 
 
 class DatabaseUrlType(click.ParamType[DatabaseUrl]):
@@ -102,8 +102,8 @@ database_option = click.option(
     help=f"postgresql://USER@HOST/DB, sqlite:///PATH or redis://HOST:PORT/DB (default: "
     f"${ENV_VAR}).",
 )
-#: The key prefix of a Redis store opened with ``RedisStore(prefix=...)``.
 REDIS_PREFIX_ENV_VAR = "IDEMPOTENCE_REDIS_PREFIX"
+"""The key prefix of a Redis store opened with ``RedisStore(prefix=...)``."""
 redis_prefix_option = click.option(
     "--redis-prefix",
     envvar=REDIS_PREFIX_ENV_VAR,

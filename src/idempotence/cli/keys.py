@@ -1,5 +1,5 @@
 """The operator's commands: ``keys list|show|evict``, ``stats`` and ``reconcile``
-(F5, B5). :mod:`idempotence.cli` adds them to the ``idempotence`` command."""
+(F5, B5). `idempotence.cli` adds them to the ``idempotence`` command."""
 
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ from ._shared import (
     refuse_redis,
 )
 
-#: ``reconcile``'s exit status when the two sides differ (0: they agree; 1: the store or
-#: the application's listing failed; 2: usage), so that a scheduled run can alert.
 DIFFERENCES_FOUND = ExitStatus.DIFFERENCES
+"""``reconcile``'s exit status when the two sides differ (0: they agree; 1: the store or
+the application's listing failed; 2: usage), so that a scheduled run can alert."""
 
 
 @click.group()
@@ -121,8 +121,8 @@ def checked_cache_url(ctx: click.Context, param: click.Parameter, url: str | Non
         raise click.BadParameter(exc.message) from None
 
 
-#: Where ``keys evict`` finds the Redis cache in front of the database, if any.
 CACHE_ENV_VAR = "IDEMPOTENCE_CACHE_URL"
+"""Where ``keys evict`` finds the Redis cache in front of the database, if any."""
 
 
 @keys.command("evict")

@@ -1,6 +1,6 @@
 """What the middleware answers, without I/O: what goes on the wire, and the problem
 replies of DESIGN 4. How a status settles the key (R5) and which headers are stored
-is the engine's (:class:`~idempotence.flows.steps.HandlerStep`).
+is the engine's ([`HandlerStep`][idempotence.flows.steps.HandlerStep]).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from ._problems import Problem, Profile, render, render_stored
 
 logger = logging.getLogger("idempotence.http")
 
-#: Store failures that mean "not now": answered 503 with Retry-After (P11).
 DOWN = (StoreUnavailable, TransientError)
+"""Store failures that mean "not now": answered 503 with Retry-After (P11)."""
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 # -- pure rules -------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 record's encoding and the translation of redis-py's errors (DESIGN 8).
 
 No I/O here. The scripts live in ``redis.lua`` beside this module; the store itself is
-written once in :mod:`._store_async` (:mod:`._store` is generated from it).
+written once in `_store_async` (`_store` is generated from it).
 """
 
 from __future__ import annotations
@@ -31,26 +31,23 @@ from ...errors import ConfigurationError, StoreError, StoreMisconfigured, StoreU
 from ...states import STARTED, Claim, ClaimRequest, KeyRecord, StoredResponse, claim_from
 from .._redis_url import check_redis_url
 
-#: The clients, in both spellings (``scripts/unasync.py`` turns ``AsyncRedis`` into
-#: ``Redis``): a plain server, or a Redis Cluster.
 AsyncRedis = redis.asyncio.Redis
+"""The clients, in both spellings (``scripts/unasync.py`` turns ``AsyncRedis`` into
+``Redis``): a plain server, or a Redis Cluster."""
 Redis = redis.Redis
 AsyncRedisCluster = redis.asyncio.cluster.RedisCluster
 RedisCluster = redis.cluster.RedisCluster
 
-#: Any error of redis-py's.
 RedisError = redis.exceptions.RedisError
+"""Any error of redis-py's."""
 
-#: Connect and read timeouts of a store that opens its own client, in seconds: a Redis
-#: that does not answer is a 503 quickly (P11), not a request hanging on a socket.
 DEFAULT_TIMEOUT = 1.0
+"""Connect and read timeouts of a store that opens its own client, in seconds: a Redis
+that does not answer is a 503 quickly (P11), not a request hanging on a socket."""
 
-#: What every Redis key of the store starts with (``RedisStore(prefix=)``).
 DEFAULT_PREFIX = "idempotence"
+"""What every Redis key of the store starts with (``RedisStore(prefix=)``)."""
 
-#: Redis errors that mean "not now": the server is unreachable, loading, read-only
-#: after a failover, or the cluster is reconfiguring. The store answers them with
-#: StoreUnavailable (503 + Retry-After); any other Redis error is a StoreError.
 _DOWN = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
@@ -64,6 +61,9 @@ _DOWN = (
     # cluster (a 503 that names the reason, never a 500).
     redis.exceptions.RedisClusterException,
 )
+"""Redis errors that mean "not now": the server is unreachable, loading, read-only
+after a failover, or the cluster is reconfiguring. The store answers them with
+StoreUnavailable (503 + Retry-After); any other Redis error is a StoreError."""
 
 _TEXT = "surrogatepass"  # any Python str survives the trip, even a lone surrogate
 
@@ -75,8 +75,8 @@ def _scripts() -> dict[str, str]:
     return {name: prelude + "\n" + body for name, body in parsed.items()}
 
 
-#: The scripts by name, each with the prelude in front (``redis.lua``).
 SCRIPTS = _scripts()
+"""The scripts by name, each with the prelude in front (``redis.lua``)."""
 
 
 def check_prefix(prefix: str) -> str:
@@ -102,14 +102,16 @@ def record_key(prefix: str, scope: str, key: str) -> bytes:
     hash tag that is the digest of both: the tag holds no brace whatever the key
     holds, so the record stays in one cluster slot and records spread over all.
 
-    >>> record_key("idem", "acct_1", "k{1}")
-    b'idem:{57f36082ffaff2a771c98954}:6:acct_1:k{1}'
+    ```python
+    record_key("idem", "acct_1", "k{1}")
+    # b'idem:{57f36082ffaff2a771c98954}:6:acct_1:k{1}'
+    ```
     """
     return encoded_record_key(encode(prefix), scope, key)
 
 
 def encoded_record_key(prefix: bytes, scope: str, key: str) -> bytes:
-    """:func:`record_key` of a prefix already encoded (a store's, once)."""
+    """`record_key` of a prefix already encoded (a store's, once)."""
     s, k = scope.encode("utf-8", _TEXT), key.encode("utf-8", _TEXT)
     tag = hashlib.blake2b(b"%d:%s:%s" % (len(s), s, k), digest_size=12).hexdigest()
     return b"%s:{%s}:%d:%s:%s" % (prefix, tag.encode(), len(s), s, k)
@@ -197,9 +199,9 @@ def _json_params(params: Any) -> str:
     return json.dumps(params, separators=(",", ":"))
 
 
-#: Times are stored as integer microseconds since the Unix epoch (here and in the
-#: cached store's entries).
 MICROSECOND = timedelta(microseconds=1)
+"""Times are stored as integer microseconds since the Unix epoch (here and in the
+cached store's entries)."""
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -217,17 +219,17 @@ def timestamp(raw: bytes | int | str) -> datetime:
     return EPOCH + int(raw) * MICROSECOND
 
 
-#: The fields a claim script reads back, in the order of ``READ_FIELDS`` in
-#: ``redis.lua``, packed into one string (:func:`unpack`).
 READ_FIELDS = (
     b"id", b"scope", b"key", b"method", b"path", b"fp", b"params", b"flow",
     b"rp", b"token", b"locked", b"lto", b"created", b"last_run", b"finished", b"expires",
     b"status", b"headers", b"body", b"error", b"calling",
 )  # fmt: skip
+"""The fields a claim script reads back, in the order of ``READ_FIELDS`` in
+``redis.lua``, packed into one string (`unpack`)."""
 
 
-#: The lengths in front of the values (see :func:`unpack`).
 _LENGTHS = struct.Struct(f">{len(READ_FIELDS)}i")
+"""The lengths in front of the values (see `unpack`)."""
 
 
 def unpack(packed: bytes) -> dict[bytes, bytes]:
@@ -236,9 +238,11 @@ def unpack(packed: bytes) -> dict[bytes, bytes]:
     then the values present, one after the other. The lengths are read in one call,
     not parsed one by one: every replay reads a record.
 
-    >>> absent = (-1,) * (len(READ_FIELDS) - 2)
-    >>> unpack(_LENGTHS.pack(1, *absent, 2) + b"7{}")[b"calling"]
-    b'{}'
+    ```python
+    absent = (-1,) * (len(READ_FIELDS) - 2)
+    unpack(_LENGTHS.pack(1, *absent, 2) + b"7{}")[b"calling"]
+    # b'{}'
+    ```
     """
     try:
         lengths = _LENGTHS.unpack_from(packed)
@@ -262,7 +266,8 @@ def _not_read_fields(packed: bytes) -> StoreError:
 
 
 def record(fields: Mapping[Any, Any]) -> KeyRecord:
-    """The :class:`KeyRecord` of a record hash (see the field list in ``redis.lua``).
+    """The [`KeyRecord`][idempotence.testing.harness.KeyRecord] of a record hash (see
+    the field list in ``redis.lua``).
 
     Every replay reads one, so the decoding is spelled out, without a call per field."""
     get = fields.get
@@ -302,9 +307,9 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
 
 
 def claim_result(request: ClaimRequest, args: Sequence[Any], reply: Sequence[Any]) -> Claim:
-    """The claim script's reply (to ``args``, from :func:`claim_args`) as a
-    :class:`Claim`: the outcome is named by :func:`~idempotence.states.claim_from`,
-    which refuses a reply that disagrees with :func:`~idempotence.states.arbitrate`
+    """The claim script's reply (to ``args``, from `claim_args`) as a
+    [`Claim`][idempotence.states.Claim]: the outcome is named by `claim_from`,
+    which refuses a reply that disagrees with [`arbitrate`][idempotence.states.arbitrate]
     (P1-P5 are decided once, in ``states``)."""
     if len(reply) == 2:  # a new key: the script wrote the request, nothing to read
         now = timestamp(reply[1])
@@ -316,8 +321,9 @@ def claim_result(request: ClaimRequest, args: Sequence[Any], reply: Sequence[Any
 
 
 def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> KeyRecord:
-    """The record that the claim script's first branch (P1) wrote for ``request``
-    at ``now``, field by field, as :func:`record` would read it back."""
+    """The record that the claim script's first branch (P1) wrote for ``request`` at
+    ``now``, field by field, as [`record`][idempotence.stores.sql.Dialect.record] would
+    read it back."""
     retention = args[8]
     return KeyRecord(
         id=int(args[9]),
@@ -404,7 +410,7 @@ def cluster_url(url: str) -> str | None:
 
 
 def open_client(kind: Any, url: str, options: Mapping[str, Any]) -> Any:
-    """``kind.from_url(url, **options)`` for a URL checked first (:mod:`._redis_url`).
+    """``kind.from_url(url, **options)`` for a URL checked first (`_redis_url`).
     What redis-py would refuse only at the first command, an option it does not know
     or an option's bad value, is refused here; a cluster that the sync client cannot
     discover while it starts is unavailable (P11)."""
@@ -468,7 +474,7 @@ def no_retry_async() -> Any:
 
 
 def no_retry() -> Any:
-    """:func:`no_retry_async` for the sync client."""
+    """`no_retry_async` for the sync client."""
     return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
 
 
