@@ -98,3 +98,18 @@ def test_every_public_name_has_a_docstring() -> None:
             if docstring is None or not docstring.value.strip():
                 bare.append(f"{name}.{export}")
     assert bare == []
+
+
+def test_no_docstring_of_the_package_is_left_in_sphinx_style() -> None:
+    """One style across the package, the private modules included (the reference does
+    not show them, but their names move into public pages): no role, no doctest. A
+    left-over one is converted by ``python scripts/docstrings.py``."""
+    role = re.compile(r":(?:py:)?(?:class|func|mod|meth|attr|data|exc|obj|const):`")
+    doctest = re.compile(r"^\s*>>> ", re.MULTILINE)
+    left = [
+        str(path.relative_to(ROOT))
+        for package in ("idempotence", "rocket_rides")
+        for path in sorted((ROOT / "src" / package).rglob("*.py"))
+        if role.search(path.read_text()) or doctest.search(path.read_text())
+    ]
+    assert left == []
