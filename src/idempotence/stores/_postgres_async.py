@@ -10,7 +10,7 @@ transactions, which is what request-as-transaction mode wants).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import (
     AbstractAsyncContextManager,
     asynccontextmanager,
@@ -36,17 +36,20 @@ from ._ops import APPLICATION, Op, Query, Row
 from ._postgres_base import (
     COMMIT_PLANNING,
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_STATEMENT_TIMEOUT,
     DRIVER_ERRORS,
-    SESSION_PLANNING,
     TRANSACTION_PLANNING,
     PostgresDialect,
     bounded_claim,
+    check_statement_timeout,
+    connection_options,
     deferred_sql,
     has_rows,
     held,
     listener,
     pipelines,
     pool_name,
+    session_settings,
     settle_deferred,
     translate,
     translated,
@@ -234,9 +237,13 @@ class _Bounded:
                 return await cur.fetchall() if has_rows(cur) else []
 
 
-async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    # Plans without sequential scans: see SESSION_PLANNING.
-    await conn.execute(SESSION_PLANNING)
+def _configure_async(settings: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        # Plans without sequential scans (see SESSION_PLANNING), and the statement
+        # bound (DESIGN 13).
+        await conn.execute(settings)
+
+    return configure
 
 
 class _AsyncPoolSource:
@@ -407,6 +414,14 @@ class AsyncPostgresStore(AsyncStore):
     ``target`` is a conninfo or ``postgresql://`` URL (the store opens and owns a
     pool), a ``psycopg_pool.AsyncConnectionPool``, or a ``psycopg.AsyncConnection``.
 
+    ``statement_timeout`` (seconds, None for no bound) bounds every wait of the store's
+    own pool: a statement or COMMIT that runs or waits for a lock longer on the server,
+    and a connection that goes unanswered that long on the network (a partition, a
+    server that stopped answering), end in ``StoreUnavailable``, so a request is
+    answered 503 within about that time. A pool or connection of your own keeps the
+    settings you gave it: set ``statement_timeout``, ``tcp_user_timeout`` and
+    keepalives there.
+
     >>> store = AsyncPostgresStore("postgresql://app@db/app")   # doctest: +SKIP
     >>> await store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
     ... # doctest: +SKIP
@@ -418,9 +433,11 @@ class AsyncPostgresStore(AsyncStore):
         *,
         max_size: int = 10,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
         instrumentation: Instrumentation | None = None,
     ) -> None:
         source: _AsyncPoolSource | _AsyncSingleSource
+        statement_timeout = check_statement_timeout(statement_timeout)
         if isinstance(target, str):
             name = pool_name()
             breaker = Breaker(name)
@@ -429,8 +446,8 @@ class AsyncPostgresStore(AsyncStore):
                 min_size=1,
                 max_size=max_size,
                 timeout=connect_timeout,
-                kwargs={"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)},
-                configure=_configure_async,
+                kwargs=connection_options(connect_timeout, statement_timeout),
+                configure=_configure_async(session_settings(statement_timeout)),
                 open=False,
                 name=name,
                 # Give up at once on a failed connection attempt (the breaker then

@@ -21,7 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "the PostgreSQL store needs psycopg 3: pip install 'idempotence[postgres]'"
     ) from exc
 
-from ..errors import SchemaMissing, StoreError, StoreUnavailable
+from ..errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
 from ..states import ClaimRequest, StoredResponse
 from ._breaker import connect_errors
 from ._driver import KeyHeld, TransientError, translator
@@ -33,6 +33,56 @@ from ._placeholders import to_pyformat
 #: Seconds to wait for a connection before the store reports itself unavailable
 #: (P11): a request should get its 503 quickly, not after libpq's default minutes.
 DEFAULT_CONNECT_TIMEOUT = 5.0
+
+#: DESIGN 13: no statement or COMMIT on the request path waits without bound. Seconds a
+#: statement may run on the server (``statement_timeout``: a row lock held by a stuck
+#: session) and a connection may go unanswered on the network (``tcp_user_timeout``
+#: and keepalives: a partition, a server that stopped answering mid-query) before the
+#: store fails closed with StoreUnavailable (503). Generous: an application's
+#: statement inside request-as-transaction mode is bounded too.
+DEFAULT_STATEMENT_TIMEOUT = 30.0
+
+
+def check_statement_timeout(seconds: float | None) -> float | None:
+    """``seconds`` if it is None (no bound) or a positive number of seconds."""
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0
+    ):
+        raise ConfigurationError(
+            f"statement_timeout is a positive number of seconds (or None for no bound), "
+            f"not {seconds!r}"
+        )
+    return seconds
+
+
+def connection_options(connect_timeout: float, statement_timeout: float | None) -> dict[str, Any]:
+    """The libpq options of the store's own connections (DESIGN 13, P11).
+
+    With a bound, the kernel drops a connection whose data stays unacknowledged for
+    ``statement_timeout`` (``tcp_user_timeout``), and keepalives probe a connection
+    that waits for an answer with nothing unacknowledged (the request reached the
+    server, then the network broke), so psycopg's wait ends with an error instead of
+    lasting for the TCP retransmission timeout (about 15 minutes).
+    """
+    options: dict[str, Any] = {"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)}
+    if statement_timeout is not None:
+        options |= {
+            "keepalives": 1,
+            "keepalives_idle": max(int(statement_timeout / 3), 1),
+            "keepalives_interval": 1,
+            "keepalives_count": 3,
+            "tcp_user_timeout": max(int(statement_timeout * 1000), 1),
+        }
+    return options
+
+
+def session_settings(statement_timeout: float | None) -> str:
+    """SET statements for a new connection of the store's own pool: the server ends a
+    statement that runs (or waits for a lock) longer than the bound (QueryCanceled,
+    translated to StoreUnavailable)."""
+    if statement_timeout is None:
+        return SESSION_PLANNING
+    return f"{SESSION_PLANNING};\nSET statement_timeout = {max(int(statement_timeout * 1000), 1)}"
 
 
 class PostgresDialect(Dialect):
@@ -115,10 +165,12 @@ def translate(exc: BaseException, *, own: bool = True) -> StoreError:
     # No SQLSTATE means libpq itself failed (refused, reset, timed out); class 08 is a
     # connection exception, 57P0x a server shutting down or starting, 53 out of
     # resources (too many connections).
+    # 57014 is a statement cancelled: by statement_timeout (DESIGN 13), the store could
+    # not do it within its bound.
     if (
         isinstance(exc, psycopg_pool.PoolTimeout)
         or (isinstance(exc, psycopg.OperationalError) and not sqlstate)
-        or sqlstate.startswith(("08", "57P", "53"))
+        or sqlstate.startswith(("08", "57P", "53", "57014"))
     ):
         return StoreUnavailable(f"PostgreSQL is unavailable: {exc}")
     return StoreError(f"PostgreSQL error: {exc}")
