@@ -77,12 +77,21 @@ def connection_options(connect_timeout: float, statement_timeout: float | None) 
 
 
 def session_settings(statement_timeout: float | None) -> str:
-    """SET statements for a new connection of the store's own pool: the server ends a
-    statement that runs (or waits for a lock) longer than the bound (QueryCanceled,
-    translated to StoreUnavailable)."""
+    """SET statements for a new connection of the store's own pool.
+
+    The server ends a statement that runs (or waits for a lock) longer than the bound
+    (QueryCanceled, translated to StoreUnavailable), and a transaction left idle that
+    long: after a partition cut the app off mid-transaction (request-as-transaction
+    mode), the server would otherwise hold the key row's lock until its own TCP
+    keepalive notices the client gone, two hours by default.
+    """
     if statement_timeout is None:
         return SESSION_PLANNING
-    return f"{SESSION_PLANNING};\nSET statement_timeout = {max(int(statement_timeout * 1000), 1)}"
+    ms = max(int(statement_timeout * 1000), 1)
+    return (
+        f"{SESSION_PLANNING};\nSET statement_timeout = {ms};\n"
+        f"SET idle_in_transaction_session_timeout = {ms}"
+    )
 
 
 class PostgresDialect(Dialect):
