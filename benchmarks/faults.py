@@ -2,8 +2,8 @@
 
     sudo python benchmarks/faults.py [--requests 1000] [--partitions 20] [--json]
 
-The app server (uvicorn, the PostgreSQL store, a handler-mode and a
-request-as-transaction endpoint: tests/network/app.py) runs in a network namespace of
+The app server (uvicorn, the PostgreSQL store, a handler-mode, a
+request-as-transaction and a flow endpoint: tests/network/app.py) runs in a network namespace of
 its own and reaches PostgreSQL over a veth link (tests/network/hosts.py). Client
 threads send each key until it gets a final answer, while a fault thread takes the
 link down at random moments for random spells (so the cut lands on a claim, a handler,
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import psycopg
 
     from idempotence.stores.postgres import PostgresStore
-    from idempotence.testing import History
+    from idempotence.testing import History, Property
     from tests.network.hosts import AppHost
     from tests.network.test_partitions import Served
     from tests.support.postgres import create_database, drop_database, provide_server
@@ -77,8 +77,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             parts = urlsplit(database)
             relay = host.relay((parts.hostname or "127.0.0.1", parts.port or 5432))
             user = f"{parts.username}@" if parts.username else ""
-            over_link = urlunsplit(parts._replace(netloc=f"{user}{relay.address[0]}:{relay.address[1]}"))
-            provider = Path(os.environ.get("TMPDIR", "/tmp")) / f"faults-provider-{os.getpid()}.sqlite3"
+            over_link = urlunsplit(
+                parts._replace(netloc=f"{user}{relay.address[0]}:{relay.address[1]}")
+            )
+            provider = (
+                Path(os.environ.get("TMPDIR", "/tmp")) / f"faults-provider-{os.getpid()}.sqlite3"
+            )
             url = host.serve(
                 "tests.network.app:app",
                 {
@@ -91,7 +95,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             served = Served(host, relay, url, database, provider)
             stop_at = time.monotonic() + args.seconds
             keys = [f"k{n}" for n in range(args.requests)]
-            paths = {key: rng.choice(["/charges", "/transfers"]) for key in keys}
+            paths = {key: rng.choice(["/charges", "/transfers", "/rides"]) for key in keys}
             todo: queue.Queue[str] = queue.Queue()
             for key in keys:
                 todo.put(key)
@@ -106,7 +110,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         while time.monotonic() < stop_at:
                             with history.operation(key) as op:
                                 try:
-                                    response = http.post(paths[key], headers={"Idempotency-Key": key}, json={})
+                                    response = http.post(
+                                        paths[key], headers={"Idempotency-Key": key}, json={}
+                                    )
                                     op.answer(response.status_code, response.content)
                                 except httpx.HTTPError:
                                     pass
@@ -137,12 +143,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             served.effects(history)
             with PostgresStore(database) as store:
                 records = {key: store.get("default", key) for key in keys}
-            report = history.check(records=records, healed_at=heals[-1] if heals else None, settle_within=settle)
+            report = history.check(
+                records=records, healed_at=heals[-1] if heals else None, settle_within=settle
+            )
         finally:
             host.close()
             drop_database(server_url, database)
             provider.unlink(missing_ok=True)
-    finals = sorted(op.ended for op in history.operations if op.status is not None and 200 <= op.status < 300)
+    finals = sorted(
+        op.ended for op in history.operations if op.status is not None and 200 <= op.status < 300
+    )
     back = [next((t - heal for t in finals if t >= heal), float("inf")) for heal in heals]
     numbers = {
         "requests": args.requests,
@@ -152,14 +162,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "unanswered": report.unknown,
         "acknowledged": report.acknowledged,
         "effects": report.effects,
-        "violations": {prop.value: report.count(prop) for prop in type(report.violations[0].property)}
-        if report.violations
-        else {},
+        "violations": {prop.value: report.count(prop) for prop in Property if report.count(prop)},
+        "violations_by_endpoint": {
+            path: sum(1 for v in report.violations if paths.get(v.key) == path)
+            for path in ("/charges", "/transfers", "/rides")
+        },
         "settle_after_last_heal_s": report.settle_after_heal,
         "service_back_after_heal_max_s": round(max(back), 2) if back else None,
     }
     if not args.json:
         print(report)
+        print(f"violations by endpoint: {numbers['violations_by_endpoint']}")
         print(
             f"{len(heals)} partitions in {elapsed:.1f} s; a 2xx answered at most "
             f"{numbers['service_back_after_heal_max_s']} s after a heal"

@@ -14,6 +14,9 @@ Endpoints (scope ``default``):
   Idempotency-Key, then works for ``x-work`` seconds; the body names the charge;
 * ``POST /transfers``: request-as-transaction mode (F3). It inserts a transfer row in
   the request's transaction; the body names the row;
+* ``POST /rides``: a flow (R1) of two atomic phases: the first inserts a ride row and
+  advances after ``NET_FLOW_WORK`` seconds (0.3), the second finishes with a body
+  naming the rows;
 * ``GET /health``.
 """
 
@@ -32,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from idempotence.flows import Advance, Finish, Flow, PhaseContext
 from idempotence.http import (
     Endpoint,
     Idempotency,
@@ -40,6 +44,7 @@ from idempotence.http import (
     current_async_transaction,
     single_tenant,
 )
+from idempotence.states import StoredResponse
 from idempotence.stores.postgres import AsyncPostgresStore
 
 LOCK = timedelta(seconds=float(os.environ.get("NET_LOCK_TIMEOUT", "2")))
@@ -51,6 +56,7 @@ store = AsyncPostgresStore(
     connect_timeout=1.0,
 )
 PROVIDER = os.environ["NET_PROVIDER"]
+FLOW_WORK = float(os.environ.get("NET_FLOW_WORK", "0.3"))
 
 
 def charge_once(key: str) -> str:
@@ -82,6 +88,25 @@ async def transfers(request: Request) -> Response:
     return JSONResponse({"transfer": transfer_id}, status_code=201)
 
 
+rides = Flow("net-rides", lock_timeout=LOCK)
+
+
+@rides.phase("started")
+async def create_ride(ctx: PhaseContext) -> Advance:
+    await ctx.tx.execute(
+        "INSERT INTO net_transfers (key, id) VALUES (%s, %s)", (ctx.lease.key, uuid.uuid4().hex)
+    )
+    await asyncio.sleep(FLOW_WORK)  # inside the phase's transaction
+    return Advance("created")
+
+
+@rides.phase("created")
+async def finish_ride(ctx: PhaseContext) -> Finish:
+    rows = await ctx.tx.execute("SELECT id FROM net_transfers WHERE key = %s", (ctx.lease.key,))
+    body = JSONResponse({"rides": sorted(row["id"] for row in rows)}).body
+    return Finish(StoredResponse.of(201, {"content-type": "application/json"}, body))
+
+
 async def health(request: Request) -> Response:
     return PlainTextResponse("ok")
 
@@ -108,6 +133,7 @@ app.add_middleware(
         endpoints=[
             Endpoint("POST /charges", Policy(lock_timeout=LOCK)),
             Endpoint("POST /transfers", Policy(transaction=True, lock_timeout=LOCK)),
+            Endpoint("POST /rides", Policy(flow=rides)),
         ],
     ),
 )

@@ -202,6 +202,9 @@ BOUNDARIES = [
     pytest.param("/charges", "finish", id="handler-finish", marks=pytest.mark.slow),
     pytest.param("/transfers", "claim", id="transaction-claim", marks=pytest.mark.slow),
     pytest.param("/transfers", "handler", id="transaction-during", marks=pytest.mark.slow),
+    pytest.param("/rides", "claim", id="flow-claim", marks=pytest.mark.slow),
+    pytest.param("/rides", "handler", id="flow-phase", marks=pytest.mark.slow),
+    pytest.param("/rides", "finish", id="flow-commit", marks=pytest.mark.slow),
 ]
 
 
