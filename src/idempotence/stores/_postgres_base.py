@@ -174,12 +174,13 @@ def translate(exc: BaseException, *, own: bool = True) -> StoreError:
     # No SQLSTATE means libpq itself failed (refused, reset, timed out); class 08 is a
     # connection exception, 57P0x a server shutting down or starting, 53 out of
     # resources (too many connections).
-    # 57014 is a statement cancelled: by statement_timeout (DESIGN 13), the store could
-    # not do it within its bound.
+    # 57014 is a statement cancelled, by statement_timeout, and 25P03 a transaction
+    # ended by idle_in_transaction_session_timeout: the store could not do it within
+    # its bound (DESIGN 13).
     if (
         isinstance(exc, psycopg_pool.PoolTimeout)
         or (isinstance(exc, psycopg.OperationalError) and not sqlstate)
-        or sqlstate.startswith(("08", "57P", "53", "57014"))
+        or sqlstate.startswith(("08", "57P", "53", "57014", "25P03"))
     ):
         return StoreUnavailable(f"PostgreSQL is unavailable: {exc}")
     return StoreError(f"PostgreSQL error: {exc}")

@@ -475,8 +475,8 @@ def _stale_twins(
                 Violation(
                     Property.STALE_TWIN,
                     key,
-                    f"attempt {op.attempt} was told 409 with no other attempt in flight "
-                    f"or unanswered within {window:.2f} s",
+                    f"attempt {op.attempt} was told 409 {_excerpt(op.body, 240)} with no other "
+                    f"attempt in flight or unanswered within {window:.2f} s",
                 )
             )
     return found
