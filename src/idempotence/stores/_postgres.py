@@ -56,7 +56,9 @@ from ._postgres_base import (
     translate,
     translated,
 )
+from ._replication import REPLICATION_SQL, ReplicationState, describe, report
 from ._store import Store
+from ._watchdog import Watchdog
 
 T = TypeVar("T")
 
@@ -238,11 +240,25 @@ class _Bounded:
             return cur.fetchall() if has_rows(cur) else []
 
 
-def _configure(settings: str) -> Callable[[psycopg.Connection[Any]], None]:
+def _configure(
+    settings: str, *, require_synchronous_standby: bool
+) -> Callable[[psycopg.Connection[Any]], None]:
+    seen: list[ReplicationState] = []
+
     def configure(conn: psycopg.Connection[Any]) -> None:
         # Plans without sequential scans (see SESSION_PLANNING), and the statement
         # bound (DESIGN 13).
         conn.execute(settings)
+        # The replication the COMMITs run on: said at the first connection and when
+        # it changes (a failover), refused if a synchronous standby is required.
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(REPLICATION_SQL)
+            state = describe(cur.fetchone() or {})
+        if require_synchronous_standby or not seen or seen[-1] != state:
+            seen[:] = [state]
+            refused = report(state, required=require_synchronous_standby)
+            if refused is not None:
+                raise StoreUnavailable(refused)
 
     return configure
 
@@ -254,11 +270,14 @@ class _PoolSource:
         *,
         owned: bool,
         breaker: Breaker | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.pool = pool
         self._owned = owned
         self._opened = not owned
         self.breaker = breaker or Breaker(pool.name)
+        #: Cancels what the server's statement_timeout does not end (DESIGN 13).
+        self.watchdog = watchdog
         #: One checkout at a time waits in the pool's queue: see :meth:`_wait`.
         self._turn = Lock()
         #: The store's view of each of the pool's connections, made once per connection
@@ -354,6 +373,8 @@ class _PoolSource:
     def close(self) -> None:
         # Final: a store closed before its first use never opens its pool, and a
         # closed pool refuses connections (the store is unavailable).
+        if self.watchdog is not None:
+            self.watchdog.close()
         opened, self._opened = self._opened, True
         if self._owned and opened:
             self.pool.close()
@@ -373,6 +394,8 @@ class _Checkout:
 
     def __enter__(self) -> _Connection:
         raw = self._raw = self._source.checkout()
+        if self._source.watchdog is not None:
+            self._source.watchdog.watch(raw)
         return self._source.view(raw)
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
@@ -388,6 +411,8 @@ class _Checkout:
                     with suppress(psycopg.Error):
                         raw.rollback()
         finally:
+            if self._source.watchdog is not None:
+                self._source.watchdog.unwatch(raw)
             self._source.pool.putconn(raw)
 
 
@@ -421,6 +446,11 @@ class PostgresStore(Store):
     settings you gave it: set ``statement_timeout``, ``tcp_user_timeout`` and
     keepalives there.
 
+    The store logs the replication its database runs on at its first connection
+    (synchronous, asynchronous: a failover may lose the last finished keys, or none),
+    and again when it changes. ``require_synchronous_standby=True`` refuses every
+    connection without a synchronous standby (``StoreUnavailable``: 503).
+
     >>> store = PostgresStore("postgresql://app@db/app")   # doctest: +SKIP
     >>> store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
     ... # doctest: +SKIP
@@ -433,6 +463,7 @@ class PostgresStore(Store):
         max_size: int = 10,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
+        require_synchronous_standby: bool = False,
         instrumentation: Instrumentation | None = None,
     ) -> None:
         source: _PoolSource | _SingleSource
@@ -446,7 +477,10 @@ class PostgresStore(Store):
                 max_size=max_size,
                 timeout=connect_timeout,
                 kwargs=connection_options(connect_timeout, statement_timeout),
-                configure=_configure(session_settings(statement_timeout)),
+                configure=_configure(
+                    session_settings(statement_timeout),
+                    require_synchronous_standby=require_synchronous_standby,
+                ),
                 open=False,
                 name=name,
                 # Give up at once on a failed connection attempt (the breaker then
@@ -455,7 +489,8 @@ class PostgresStore(Store):
                 reconnect_timeout=0,
                 reconnect_failed=breaker.reconnect_failed,
             )
-            source = _PoolSource(pool, owned=True, breaker=breaker)
+            watchdog = None if statement_timeout is None else Watchdog(statement_timeout)
+            source = _PoolSource(pool, owned=True, breaker=breaker, watchdog=watchdog)
         elif isinstance(target, psycopg_pool.ConnectionPool):
             source = _PoolSource(target, owned=False)
         else:
