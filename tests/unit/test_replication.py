@@ -1,10 +1,13 @@
-"""What the PostgreSQL store says of its replication (stores/_replication.py, DESIGN 13)."""
+"""What the PostgreSQL store says of its replication (DESIGN 13).
+
+stores/postgres/_replication.py: pure, no server.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from idempotence.stores._replication import Replication, describe, report
+from idempotence.stores.postgres._replication import Replication, describe, report
 
 
 @pytest.mark.parametrize(
