@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from psycopg import pq
+from psycopg import capabilities, generators, pq, waiting
 
 logger = logging.getLogger("idempotence.stores")
 
@@ -81,6 +81,22 @@ class Watchdog:
                     self.bound - GRACE,
                 )
                 try:
-                    raw.cancel()
+                    cancel(raw, timeout=self.bound)
                 except Exception as exc:  # the server unreachable: keepalives end it
                     logger.warning("could not cancel the statement: %s", exc)
+
+
+def cancel(raw: Any, timeout: float) -> None:
+    """Send a cancel request for ``raw``'s statement, giving up after ``timeout``.
+
+    Not ``raw.cancel()``: libpq's PQcancel connects with no timeout, and psycopg's
+    binary build holds the interpreter lock meanwhile, so against an unreachable server
+    (a partition) it froze the whole process for the seconds the connect took. libpq 17
+    and later cancel without blocking; psycopg drives that with a timeout.
+    """
+    if not capabilities.has_cancel_safe():
+        raw.cancel()
+        return
+    cancel_conn = raw.pgconn.cancel_conn()
+    cancel_conn.start()
+    waiting.wait_conn(generators.cancel(cancel_conn), interval=0.1, timeout=timeout)
