@@ -151,6 +151,11 @@ def test_a_key_settled_too_long_after_the_heal_is_unsettled() -> None:
     assert "1.10 s after the heal" in str(report)
     # Settled before the heal: nothing to wait for.
     assert kinds(history, healed_at=9.0, settle_within=0.5) == []
+    # A key first sent after the heal owes it nothing, however late it settles.
+    later = History(clock=Clock())
+    later.record("late", 201, OK, started=20.0, ended=30.0)
+    later.effect("late", "ch_9")
+    assert kinds(later, healed_at=4.0, settle_within=1.0) == []
 
 
 def test_a_409_with_no_attempt_that_may_hold_the_lock_is_a_stale_twin() -> None:

@@ -11,9 +11,10 @@ killed database, a failover), record every attempt's answer and every side effec
   answer for that key has the same status and body;
 * **no lost answer**: a key whose final answer was acknowledged is finished in the
   store, with that status (give the store's records to :meth:`History.check`);
-* **everything settles**: every key got its final answer, and, once the fault healed,
-  within the bound you give (the lock timeout plus a heartbeat interval: a lock left by
-  a worker cut off by the fault has lapsed by then);
+* **everything settles**: every key got its final answer, and a key sent before the
+  fault healed got it within the bound you give after the heal (the lock timeout plus
+  a heartbeat interval: a lock left by a worker cut off by the fault has lapsed by
+  then);
 * **no stale twin**: a retry is told "in progress" (409) only while another attempt of
   the same key may still hold the lock, that is during another attempt or within the
   bound after one ended without a final answer.
@@ -437,7 +438,9 @@ def _settle_violations(
     if not finals:
         return [Violation(Property.UNSETTLED, key, f"no final answer in {len(ops)} attempts")], None
     first = finals[0]
-    if healed_at is None or first.ended <= healed_at:
+    # Only a key the fault could touch: one with an attempt begun before the heal.
+    # A key first sent afterwards owes the heal nothing.
+    if healed_at is None or first.ended <= healed_at or min(op.started for op in ops) > healed_at:
         return [], None
     took = first.ended - healed_at
     if bound is not None and took > bound:
