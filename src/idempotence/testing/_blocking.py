@@ -1,7 +1,7 @@
 """A sync face on an async store, so that one test body drives either flavour.
 
-An async store is driven through :class:`Blocking`, which runs its coroutines on a
-private event loop in a background thread (:class:`EventLoopThread`). All the calls
+An async store is driven through `Blocking`, which runs its coroutines on a
+private event loop in a background thread (`EventLoopThread`). All the calls
 one thread makes through a face run in one context of that thread's own, as the
 awaits of one task would: a transaction opened through the face is open for the
 thread's next calls (a store refuses to nest its transactions).
@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 
 class EventLoopThread:
-    """An event loop running in a daemon thread; :meth:`run` blocks on a coroutine."""
+    """An event loop running in a daemon thread; `run` blocks on a coroutine."""
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()

@@ -19,7 +19,7 @@ with the application, phases in one transaction (R2) and request-as-transaction 
 including transactions used past their block.
 
 **The store's class** says what the store can do in its ``capabilities`` attribute
-(:class:`~idempotence.stores.capabilities.Capability`): the suite runs the tests of
+([`Capability`][idempotence.stores.capabilities.Capability]): the suite runs the tests of
 a capability only on the stores that declare it, so a store without transactions
 (as Redis) runs the key-store tests alone, none of them skipped. A store without
 the attribute declares nothing beyond the key-store operations. An async store is
@@ -65,7 +65,7 @@ def suite(
 
     Args:
         store_type: The store's class; its ``capabilities`` attribute (a set of
-            :class:`~idempotence.stores.capabilities.Capability`) decides which tests
+            [`Capability`][idempotence.stores.capabilities.Capability]) decides which tests
             run. Sync or async.
         open_store: Opens a migrated store for one test. Its parameters name pytest
             fixtures, which it receives.

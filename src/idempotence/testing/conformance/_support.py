@@ -13,16 +13,16 @@ from ...stores.capabilities import Capability
 
 FP = "a" * 64
 OTHER_FP = "b" * 64
-#: A lock timeout short enough that a test expires it ...
 SHORT = timedelta(milliseconds=300)
-#: ... by moving it this far into the past (or by waiting this long).
+"""A lock timeout short enough for a test to expire it by moving it back ..."""
 EXPIRED = SHORT + timedelta(milliseconds=100)
+"""... this far (or, without ``age_lock``, by waiting this long)."""
 
-#: How a test module ages a key's lock: ``(store, scope, key, by)`` moves the time the
-#: lock was taken (or last extended) ``by`` into the past, as if that much time had
-#: passed. ``store`` is the store as the tests drive it (an async store behind a sync
-#: face with the same methods).
 AgeLock = Callable[[Any, str, str, timedelta], None]
+"""How a test module ages a key's lock: ``(store, scope, key, by)`` moves the time the
+lock was taken (or last extended) ``by`` into the past, as if that much time had
+passed. ``store`` is the store as the tests drive it (an async store behind a sync
+face with the same methods)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,7 +44,7 @@ def required(test: Callable[..., Any]) -> frozenset[Capability]:
 
 
 class Clock:
-    """Makes a key's lock older: through the test module's :data:`AgeLock` when it
+    """Makes a key's lock older: through the test module's `AgeLock` when it
     has one, else by waiting for the time to pass (any store can be aged so, slowly).
     """
 

@@ -1,6 +1,6 @@
 """The transaction tests: phases in the application's transaction (R2), fencing of
 checkpoints and deferred finishes (F1), request-as-transaction (F3), and transactions
-kept past their block; for stores with :attr:`Capability.TRANSACTIONS`."""
+kept past their block; for stores with `Capability.TRANSACTIONS`."""
 
 from __future__ import annotations
 
