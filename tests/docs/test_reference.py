@@ -20,6 +20,9 @@ import pytest
 
 from tests.docs.blocks import ROOT
 
+#: The slow tier: the site is built (half a minute), and griffe reads the package.
+pytestmark = pytest.mark.slow
+
 #: A Sphinx role as the page shows it, its target in code (``:class:`X``` renders as
 #: ``:class:<code>X</code>``).
 LITERAL_ROLE = re.compile(r":(?:py:)?(?:class|func|mod|meth|attr|data|exc|obj|const):(?:<code>|`)")
