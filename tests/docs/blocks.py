@@ -106,7 +106,8 @@ def blocks(document: Path) -> list[Block]:
                 marker["verb"] if marker else None,
                 marker["arg"] if marker else "",
                 tuple(
-                    name.strip() for name in (extras["names"] if extras else "").split(",")
+                    name.strip()
+                    for name in (extras["names"] if extras else "").split(",")
                     if name.strip()
                 ),
             )

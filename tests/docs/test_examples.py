@@ -41,17 +41,28 @@ URL_VARIABLE = "IDEMPOTENCE_DATABASE_URL"
 #: The blocks that are deliberately not run: (document, the reason its marker gives,
 #: up to its first semicolon).
 NOT_RUN = {
-    ("README.md", "creates virtual environments and installs from the network"),
-    ("README.md", "installs from the package index"),
-    ("README.md", "needs your application's modules (myapp) and `worker` runs until stopped"),
-    ("README.md", "the test suite itself"),
-    ("README.md", "measurements that take minutes"),
-    ("README.md", "an Alembic revision file"),
     ("README.md", "an excerpt of examples/django_shop/shop/settings.py"),
-    ("README.md", "an excerpt of examples/django_shop/orders/models.py"),
-    ("README.md", "an excerpt of examples/django_shop/orders/views.py"),
-    ("README.md", "runs until SIGTERM"),
-    ("docs/quickstart.md", "installs from the package index"),
+    ("README.md", "creates virtual environments and installs from the network"),
+    ("README.md", "installs from the network into your environment"),
+    ("README.md", "the test suite itself"),
+    ("docs/contributing/benchmarks.md", "measurements that take minutes"),
+    ("docs/contributing/testing.md", "the test suite itself"),
+    (
+        "docs/how-to/cli.md",
+        "needs the modules of your application (myapp), and `worker` runs until stopped",
+    ),
+    ("docs/how-to/consumers.md", "runs until SIGTERM"),
+    (
+        "docs/how-to/deploy-worker.md",
+        "needs the modules of your application (myapp), and runs until stopped",
+    ),
+    ("docs/how-to/django-orm.md", "an excerpt of examples/django_shop/orders/models.py"),
+    ("docs/how-to/django-orm.md", "an excerpt of examples/django_shop/orders/views.py"),
+    ("docs/how-to/django.md", "an excerpt of examples/django_shop/shop/settings.py"),
+    ("docs/how-to/sqlalchemy.md", "an Alembic revision file"),
+    ("docs/tutorials/demo.md", "installs from the network"),
+    ("docs/tutorials/getting-started.md", "installs from the network"),
+    ("docs/tutorials/getting-started.md", "runs until Ctrl-C"),
 }
 
 
