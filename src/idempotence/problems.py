@@ -48,7 +48,7 @@ class Problem(enum.Enum):
     KEY_MISSING = ("idempotency_key_missing", 400, "invalid_request_error")
     #: P7, P8: the key is empty, too long, not printable ASCII, or badly quoted.
     KEY_INVALID = ("idempotency_key_invalid", 400, "idempotency_error")
-    #: Two Idempotency-Key fields (or a bare key with a comma: see keys in the README).
+    #: Two Idempotency-Key fields (or a bare key with a comma: P8).
     KEY_REPEATED = ("idempotency_key_repeated", 400, "idempotency_error")
     #: P2: the key was first used for a different request.
     KEY_REUSED = ("idempotency_key_reused", 422, "idempotency_error")

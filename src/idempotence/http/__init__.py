@@ -13,7 +13,7 @@ One sans-I/O core (:mod:`._core`) and thin drivers: :class:`IdempotencyMiddlewar
 ... )                                                          # doctest: +SKIP
 >>> app = IdempotencyMiddleware(app, config)                   # doctest: +SKIP
 
-See the README's "HTTP middleware" section for every setting.
+Every setting is in the guide "Tune an endpoint's policy" (docs/how-to/endpoint-policy.md).
 """
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ class Policy:
     retention: timedelta | None = DEFAULT_RETENTION
     #: P7: larger request bodies are answered 413 before anything is claimed.
     max_body_bytes: int = _MIB
-    #: Larger responses are not stored (see the README: "Large responses").
+    #: Larger responses are not stored (see docs/how-to/endpoint-policy.md: "Large responses").
     max_response_bytes: int = _MIB
     #: P11: run the handler unguarded when the store is unreachable (default: 503).
     fail_open: bool = False

@@ -5,7 +5,8 @@ Needs the ``redis`` extra (``pip install 'idempotence[redis]'``). The primary st
 retry costs one Redis GET and no round trip to the database. A stale or missing entry
 costs a read of the primary, never a wrong answer; Redis down costs nothing but
 speed. See :class:`AsyncCachedStore` (the source; :class:`CachedStore` is generated
-from it, F7) and the README's "Redis in front of the database".
+from it, F7) and the guide "Keep keys in Redis, or cache replays in Redis"
+(docs/how-to/redis.md).
 """
 
 from ._cache import DEFAULT_CLOCK_SKEW, DEFAULT_PAUSE, DEFAULT_TIMEOUT, DEFAULT_TTL, CacheStats
