@@ -187,5 +187,5 @@ def test_every_requirement_names_the_tests_that_hold_it() -> None:
 
 
 def test_the_pointer_check_finds_a_moved_file() -> None:
-    assert stale("`stores/_ops.py`, `tests/unit/`, `flows/`") == []
+    assert stale("`states.py`, `tests/unit/`, `flows/`") == []
     assert stale("`stores/_gone.py` and `tests/nowhere/`") == ["stores/_gone.py", "tests/nowhere/"]
