@@ -5,10 +5,12 @@ stored response to retries, and refuses racing or mismatched duplicates. See the
 documentation's getting-started tutorial for a tour and ``docs/design.md`` for the
 contract.
 
->>> from idempotence import SqliteStore, ClaimRequest, Outcome
->>> store = SqliteStore(":memory:"); _ = store.migrate()
->>> store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint="f")).outcome
-<Outcome.EXECUTE: 'execute'>
+```python
+from idempotence import SqliteStore, ClaimRequest, Outcome
+store = SqliteStore(":memory:"); _ = store.migrate()
+store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint="f")).outcome
+# <Outcome.EXECUTE: 'execute'>
+```
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .errors import (
     SchemaMissing,
     StoreError,
     StoreInTransaction,
+    StoreMisconfigured,
     StoreUnavailable,
     TransactionEnded,
 )
@@ -114,6 +117,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreInTransaction",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "StoredResponse",
     "Transaction",
