@@ -47,6 +47,7 @@ NOT_RUN = {
     ("README.md", "the test suite itself"),
     ("docs/contributing/benchmarks.md", "measurements that take minutes"),
     ("docs/contributing/testing.md", "the test suite itself"),
+    ("docs/explanation/stores.md", "needs a PostgreSQL server"),
     (
         "docs/how-to/cli.md",
         "needs the modules of your application (myapp), and `worker` runs until stopped",
@@ -59,6 +60,7 @@ NOT_RUN = {
     ("docs/how-to/django-orm.md", "an excerpt of examples/django_shop/orders/models.py"),
     ("docs/how-to/django-orm.md", "an excerpt of examples/django_shop/orders/views.py"),
     ("docs/how-to/django.md", "an excerpt of examples/django_shop/shop/settings.py"),
+    ("docs/how-to/fault-testing.md", "needs your app, its database and a fault to inject"),
     ("docs/how-to/sqlalchemy.md", "an Alembic revision file"),
     ("docs/tutorials/demo.md", "installs from the network"),
     ("docs/tutorials/getting-started.md", "installs from the network"),
