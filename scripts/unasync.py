@@ -35,6 +35,7 @@ SOURCES = [
     "stores/_postgres_async.py",
     "stores/_cached_async.py",
     "stores/_redis_async.py",
+    "stores/mariadb/_store_async.py",
     "flows/_driver_async.py",
     "http/_driver_async.py",
     "consumers/_driver_async.py",

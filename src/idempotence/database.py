@@ -32,7 +32,7 @@ _S_co = TypeVar("_S_co", covariant=True)
 class DatabaseUrl:
     """A parsed database URL: which backend, and what to hand its store."""
 
-    backend: Literal["postgres", "sqlite", "redis"]
+    backend: Literal["postgres", "sqlite", "redis", "mariadb"]
     #: A libpq conninfo URL, a SQLite file path (or ``:memory:``), or the Redis URL.
     target: str
 
@@ -48,6 +48,8 @@ class DatabaseUrl:
         try:
             if self.backend == "postgres":
                 from .stores import _postgres_base  # noqa: F401
+            elif self.backend == "mariadb":
+                from .stores.mariadb import _store_shared  # noqa: F401
             elif not self.sql:
                 from .stores import _redis_base  # noqa: F401
         except ImportError as exc:  # the modules' own message names the extra
@@ -83,6 +85,9 @@ class DatabaseUrl:
                     f"or sqlite:////absolute.db, not {url!r}"
                 )
             return cls("sqlite", rest[1:])
+        if scheme in ("mariadb", "mysql"):
+            _check_ports(rest)
+            return cls("mariadb", "mariadb://" + rest)
         if scheme in REDIS_SCHEMES:
             _check_ports(rest)
             # The database too: redis-py would read one it cannot parse as 0.
@@ -147,6 +152,10 @@ def _stores(
         from .stores.postgres import AsyncPostgresStore, PostgresStore
 
         return PostgresStore, AsyncPostgresStore, parsed.target
+    if parsed.backend == "mariadb":
+        from .stores.mariadb import AsyncMariaDBStore, MariaDBStore
+
+        return MariaDBStore, AsyncMariaDBStore, parsed.target
     from .stores.sqlite import AsyncSqliteStore, SqliteStore
 
     return SqliteStore, AsyncSqliteStore, parsed.target
