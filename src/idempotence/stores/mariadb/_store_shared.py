@@ -158,7 +158,6 @@ class Settings:
             "port": self.port,
             "user": self.user,
             "password": self.password,
-            "db": self.database,
             "unix_socket": self.unix_socket,
             "charset": "utf8mb4",
             # The store's own statements commit themselves unless it opens a
@@ -183,7 +182,7 @@ async def connect_async(settings: Settings) -> Any:
     """A new aiomysql connection."""
     with translated():
         return await aiomysql.connect(
-            **settings.connect_kwargs(), cursorclass=aiomysql.DictCursor
+            **settings.connect_kwargs(), db=settings.database, cursorclass=aiomysql.DictCursor
         )
 
 
@@ -191,7 +190,9 @@ def connect(settings: Settings) -> Any:
     """A new PyMySQL connection."""
     with translated():
         return pymysql.connect(
-            **settings.connect_kwargs(), cursorclass=pymysql.cursors.DictCursor
+            **settings.connect_kwargs(),
+            database=settings.database,
+            cursorclass=pymysql.cursors.DictCursor,
         )
 
 
