@@ -186,6 +186,8 @@ def _reachable(database: DatabaseUrl, create: bool) -> None:
             )
         return
     require_driver(database)
+    if database.backend == "mariadb":
+        return  # no pool retries there: the store's first connection fails at once
     import psycopg
 
     from ..stores._postgres_base import DEFAULT_CONNECT_TIMEOUT, translate

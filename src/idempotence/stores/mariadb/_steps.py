@@ -66,7 +66,7 @@ def plan(sql: str) -> tuple[str, ...]:
 
 def selected(rows: list[dict[str, object]]) -> list[int]:
     """The ids of a SELECT's rows: ``%(selected)s`` in the statements after it."""
-    return [int(row["id"]) for row in rows]  # type: ignore[call-overload]
+    return [int(row["id"]) for row in rows if row["id"] is not None]  # type: ignore[call-overload]
 
 
 def with_selected(sql: str, ids: list[int]) -> str:

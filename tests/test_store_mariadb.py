@@ -1,0 +1,333 @@
+"""What the MariaDB store does beyond the conformance suite (issue 31 item 6): the
+claim's race on real connections (P1, P6), a worker killed or frozen mid-request
+(takeover P5, fencing F1), a racing transaction's claim answered without waiting
+(F8), waiting by polling (P10), the CLI on a mariadb:// URL, keys compared byte for
+byte, fail-closed errors, and the statements a query becomes (pure)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idempotence import (
+    ClaimRequest,
+    ConfigurationError,
+    LockLost,
+    Outcome,
+    StoredResponse,
+    StoreUnavailable,
+)
+from idempotence.database import DatabaseUrl, open_async_store, open_store
+from idempotence.stores.mariadb import AsyncMariaDBStore, MariaDBStore, Settings
+from idempotence.stores.mariadb._steps import plan, with_selected
+from tests.support.mariadb import mariadb_url  # noqa: F401 - the fixture
+
+FP = "a" * 64
+ROOT = Path(__file__).resolve().parents[1]
+CLI = Path(sys.executable).parent / "idempotence"
+
+
+def request(scope: str, key: str = "k", **kw: Any) -> ClaimRequest:
+    return ClaimRequest(scope=scope, key=key, fingerprint=FP, **kw)
+
+
+# -- the claim's race (P1, P6) ------------------------------------------------------------
+
+
+def test_p6_racing_threads_claim_a_new_key_once(mariadb_url: str, scope: str) -> None:  # noqa: F811
+    outcomes: list[Outcome] = []
+    start = threading.Barrier(8)
+    with MariaDBStore(mariadb_url, max_size=8) as store:
+
+        def claim(key: str) -> None:
+            start.wait()
+            outcomes.append(store.claim(request(scope, key)).outcome)
+
+        for round_ in range(5):
+            outcomes.clear()
+            threads = [threading.Thread(target=claim, args=(f"k{round_}",)) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert sorted(o.value for o in outcomes) == ["execute"] + ["in_progress"] * 7
+
+
+def test_p6_racing_tasks_claim_a_new_key_once(mariadb_url: str, scope: str) -> None:  # noqa: F811
+    async def race() -> list[Outcome]:
+        async with AsyncMariaDBStore(mariadb_url, max_size=8) as store:
+            claims = await asyncio.gather(*(store.claim(request(scope)) for _ in range(8)))
+            return [claim.outcome for claim in claims]
+
+    outcomes = asyncio.run(race())
+    assert sorted(o.value for o in outcomes) == ["execute"] + ["in_progress"] * 7
+
+
+# -- F8: a transaction's claim does not wait for another's ---------------------------------
+
+
+def test_f8_a_racing_transaction_claim_is_answered_from_a_read(
+    mariadb_url: str,  # noqa: F811
+    scope: str,
+) -> None:
+    with MariaDBStore(mariadb_url) as store:
+        holder = store.transaction(claim=request(scope))
+        tx = holder.__enter__()
+        try:
+            assert tx.claim.outcome is Outcome.EXECUTE
+            result: list[Any] = []
+
+            def twin() -> None:
+                with MariaDBStore(mariadb_url) as other:
+                    began = time.monotonic()
+                    with other.transaction(claim=request(scope)) as twin_tx:
+                        result.append((twin_tx.claim, time.monotonic() - began))
+
+            thread = threading.Thread(target=twin)
+            thread.start()
+            thread.join(timeout=20)
+            claim, waited = result[0]
+            assert claim.outcome is Outcome.IN_PROGRESS and claim.held
+            assert waited < 5  # one lock wait of CLAIM_LOCK_WAIT, not the server's 50 s
+            store.finish(tx.claim.lease, StoredResponse.of(201, {}, "done"), tx=tx)
+        finally:
+            holder.__exit__(None, None, None)
+        assert store.claim(request(scope)).outcome is Outcome.REPLAY
+
+
+# -- a worker killed, or frozen, mid-request (P5, F1) ----------------------------------------
+
+WORKER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from datetime import timedelta
+    from idempotence import ClaimRequest
+    from idempotence.stores.mariadb import MariaDBStore
+
+    url, scope, how = sys.argv[1:]
+    store = MariaDBStore(url)
+    request = ClaimRequest(scope=scope, key="k", fingerprint="a" * 64,
+                           lock_timeout=timedelta(seconds=1))
+    lease = store.claim(request).lease
+    with store.transaction() as tx:
+        tx.execute("INSERT INTO mariadb_effects (scope, what) VALUES (:s, 'worker')", {"s": scope})
+        print(lease.token, flush=True)
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen: a GC pause, a partition
+        store.checkpoint(tx, lease, "charged")
+    """
+)
+
+
+def worker(url: str, scope: str, how: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", WORKER, url, scope, how], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "1"  # it holds the key, mid-phase
+    return process
+
+
+def effects(store: MariaDBStore, scope: str) -> list[str]:
+    with store.transaction() as tx:
+        rows = tx.execute("SELECT what FROM mariadb_effects WHERE scope = :s", {"s": scope})
+    return [row["what"] for row in rows]
+
+
+@pytest.fixture
+def effects_table(mariadb_url: str) -> str:  # noqa: F811
+    with MariaDBStore(mariadb_url) as store, store.transaction() as tx:
+        tx.execute("CREATE TABLE IF NOT EXISTS mariadb_effects (scope TEXT, what TEXT)")
+    return mariadb_url
+
+
+def test_p5_a_killed_worker_is_taken_over_and_its_phase_is_gone(
+    effects_table: str, scope: str
+) -> None:
+    process = worker(effects_table, scope, "kill")
+    process.wait(timeout=10)
+    assert process.returncode == -signal.SIGKILL
+    with MariaDBStore(effects_table) as store:
+        assert store.claim(request(scope)).outcome is Outcome.IN_PROGRESS  # its lock holds
+        deadline = time.monotonic() + 10
+        while (claim := store.claim(request(scope))).outcome is not Outcome.EXECUTE:
+            assert time.monotonic() < deadline, claim
+            time.sleep(0.1)
+        assert claim.lease is not None and claim.lease.token == 2
+        assert effects(store, scope) == []  # the dead connection's transaction rolled back
+
+
+def test_f1_a_frozen_worker_resumed_after_a_takeover_cannot_commit(
+    effects_table: str, scope: str
+) -> None:
+    process = worker(effects_table, scope, "freeze")
+    try:
+        with MariaDBStore(effects_table) as store:
+            # Its open transaction holds no lock on the key row (the claim committed
+            # alone), so after the lock timeout a retry takes the key over.
+            deadline = time.monotonic() + 10
+            while (claim := store.claim(request(scope))).outcome is not Outcome.EXECUTE:
+                assert time.monotonic() < deadline, claim
+                time.sleep(0.1)
+            assert claim.lease is not None and claim.lease.token == 2
+            process.send_signal(signal.SIGCONT)
+            process.wait(timeout=20)
+            assert process.returncode == 1  # LockLost out of its checkpoint
+            assert effects(store, scope) == []  # its phase rolled back with its writes
+            store.finish(claim.lease, StoredResponse.of(201, {}, "taker"))
+            replay = store.claim(request(scope))
+            assert replay.outcome is Outcome.REPLAY and replay.record.lock_token == 2
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+# -- P10: a duplicate waits by polling --------------------------------------------------------
+
+
+def test_p10_wait_for_settle_polls_and_returns_within_its_bound(
+    mariadb_url: str,  # noqa: F811
+    scope: str,
+) -> None:
+    with MariaDBStore(mariadb_url) as store:
+        lease = store.claim(request(scope)).lease
+        assert lease is not None
+        began = time.monotonic()
+        store.wait_for_settle(scope, "k", 0.2)
+        assert 0.15 < time.monotonic() - began < 2
+        store.finish(lease, StoredResponse.of(200, {}, "x"))
+        assert store.claim(request(scope)).outcome is Outcome.REPLAY
+
+
+# -- keys and scopes compare byte for byte ------------------------------------------------------
+
+
+def test_keys_are_case_and_trailing_space_sensitive(mariadb_url: str, scope: str) -> None:  # noqa: F811
+    with MariaDBStore(mariadb_url) as store:
+        ids = {store.claim(request(scope, key)).lease.id for key in ("k", "K", "k ", "é")}  # type: ignore[union-attr]
+        assert len(ids) == 4
+
+
+def test_a_scope_too_long_for_its_column_is_refused_not_cut(mariadb_url: str) -> None:  # noqa: F811
+    # Cut to 255 characters, two scopes would share keys: strict mode refuses instead.
+    with MariaDBStore(mariadb_url) as store, pytest.raises(Exception, match="too long"):
+        store.claim(request("s" * 300))
+
+
+# -- fail closed, and clear errors ---------------------------------------------------------------
+
+
+def test_p11_an_unreachable_server_is_unavailable_fast() -> None:
+    with MariaDBStore("mariadb://root@127.0.0.1:1/nothing", connect_timeout=1) as store:
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            store.claim(request("s"))
+        assert time.monotonic() - began < 5
+
+
+def test_a_zombie_lease_is_refused_by_every_fenced_write(mariadb_url: str, scope: str) -> None:  # noqa: F811
+    with MariaDBStore(mariadb_url) as store:
+        lease = store.claim(request(scope, lock_timeout=timedelta(milliseconds=1))).lease
+        time.sleep(0.01)
+        assert store.claim(request(scope)).lease.token == 2  # type: ignore[union-attr]
+        for fenced in (store.release, store.heartbeat, store.forget):
+            with pytest.raises(LockLost):
+                fenced(lease)
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("mariadb://root@db:3306", "names one database"),
+        ("mariadb://root@db:99999/app", "invalid port"),
+        ("mariadb://root@db/app?ssl=1", "unknown option"),
+    ],
+)
+def test_a_bad_url_says_what_to_fix(url: str, says: str) -> None:
+    with pytest.raises(ConfigurationError, match=says):
+        MariaDBStore(url)
+
+
+def test_urls_open_the_store_through_the_one_factory(mariadb_url: str) -> None:  # noqa: F811
+    assert DatabaseUrl.parse("mysql://app@db/app") == DatabaseUrl("mariadb", "mariadb://app@db/app")
+    assert Settings.from_url("mysql://a:p%40ss@db:3307/app").password == "p@ss"
+    with open_store(mariadb_url) as store:
+        assert isinstance(store, MariaDBStore)
+    store_async = open_async_store(mariadb_url.replace("mariadb://", "mysql://"))
+    assert isinstance(store_async, AsyncMariaDBStore)
+    asyncio.run(store_async.close())
+
+
+# -- the CLI on a mariadb:// URL ---------------------------------------------------------------
+
+
+def test_cli_migrates_lists_shows_and_counts(scope: str) -> None:
+    from tests.support.mariadb import database
+
+    def ok(*args: str) -> str:
+        result = subprocess.run([str(CLI), *args], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    with database(prefix="idempotence_cli", migrate=False) as url:
+        assert "0001_initial" in ok("migrate", "--database", url)
+        assert "up to date" in ok("migrate", "--database", url)
+        with MariaDBStore(url) as store:
+            lease = store.claim(request(scope)).lease
+            assert lease is not None
+            store.finish(lease, StoredResponse.of(201, {}, '{"ok": true}'))
+            store.claim(request(scope, "pending"))
+        listed = json.loads(ok("keys", "list", "--database", url, "--json"))
+        assert {(row["key"], row["state"]) for row in listed} == {
+            ("k", "complete"),
+            ("pending", "processing"),
+        }
+        shown = json.loads(ok("keys", "show", "--database", url, scope, "k", "--json"))
+        assert shown["response"]["status"] == 201
+        stats = ok("stats", "--database", url)
+        assert "complete" in stats and "processing" in stats
+
+
+# -- the statements a query becomes (no database) -------------------------------------------------
+
+
+def test_an_update_returning_becomes_the_update_then_a_read_of_its_row() -> None:
+    steps = plan(
+        "UPDATE idempotency_keys SET a = 1\n"
+        "WHERE scope = %(scope)s AND id = %(id)s AND b = 2\nRETURNING id, a"
+    )
+    assert steps == (
+        "UPDATE idempotency_keys SET a = 1\nWHERE scope = %(scope)s AND id = %(id)s AND b = 2",
+        "SELECT id, a FROM idempotency_keys WHERE scope = %(scope)s AND id = %(id)s",
+    )
+
+
+def test_an_update_returning_that_does_not_name_its_row_is_refused() -> None:
+    with pytest.raises(ValueError, match="name its one row"):
+        plan("UPDATE t SET a = 1 WHERE b = 2 RETURNING a")
+
+
+def test_a_script_splits_at_semicolons_ending_a_line_and_lists_ids() -> None:
+    steps = plan("SELECT id FROM t FOR UPDATE;\nDELETE FROM t WHERE id IN %(selected)s")
+    assert steps == ("SELECT id FROM t FOR UPDATE", "DELETE FROM t WHERE id IN %(selected)s")
+    assert with_selected(steps[1], [3, 1]) == "DELETE FROM t WHERE id IN (3, 1)"
+
+
+def test_every_query_of_the_dialect_plans() -> None:
+    from idempotence import _queries
+
+    for name, sql in _queries.load("mariadb").items():
+        assert plan(sql), name
