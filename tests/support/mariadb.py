@@ -107,16 +107,30 @@ def _throwaway() -> str:
     data, sock, port = root / "data", root / "mariadb.sock", _free_port()
     user = ["--user=root"] if os.geteuid() == 0 else []
     subprocess.run(
-        [install, f"--datadir={data}", "--auth-root-authentication-method=normal",
-         "--skip-test-db", *user],
+        [
+            install,
+            f"--datadir={data}",
+            "--auth-root-authentication-method=normal",
+            "--skip-test-db",
+            *user,
+        ],
         check=True,
         capture_output=True,
         timeout=120,
     )
     process = subprocess.Popen(
-        [daemon, "--no-defaults", f"--datadir={data}", f"--socket={sock}", f"--port={port}",
-         "--bind-address=127.0.0.1", "--innodb-flush-log-at-trx-commit=0",
-         "--skip-log-bin", f"--pid-file={root / 'mariadb.pid'}", *user],
+        [
+            daemon,
+            "--no-defaults",
+            f"--datadir={data}",
+            f"--socket={sock}",
+            f"--port={port}",
+            "--bind-address=127.0.0.1",
+            "--innodb-flush-log-at-trx-commit=0",
+            "--skip-log-bin",
+            f"--pid-file={root / 'mariadb.pid'}",
+            *user,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=open(root / "error.log", "w"),  # noqa: SIM115 - kept open for the server
     )

@@ -21,9 +21,9 @@ import pymysql
 from ..._concurrency import AsyncLock
 from ...errors import StoreUnavailable
 from ...observability import Instrumentation
+from .. import _ops
 from .._breaker import closed_by_server
 from .._connection_async import run_async
-from .. import _ops
 from .._driver import Blocks, KeyHeld, TransientError
 from .._ops import APPLICATION, Op, Query, Row
 from .._store_async import AsyncStore
@@ -82,7 +82,9 @@ class _AsyncConnection:
                 if bound and held(exc):
                     raise KeyHeld(str(exc)) from exc
                 if racing(query, exc):
-                    raise TransientError(f"a twin inserted key {params.get('key')!r} first") from exc
+                    raise TransientError(
+                        f"a twin inserted key {params.get('key')!r} first"
+                    ) from exc
                 raise
         return rows
 

@@ -86,9 +86,7 @@ class MariaDBDialect(Dialect):
     def script_statements(self, script: str) -> list[str]:
         # One statement per call: the sync driver does not send several at once.
         # Comment lines go first: a comment may end with a semicolon too.
-        code = "\n".join(
-            line for line in script.splitlines() if not line.lstrip().startswith("--")
-        )
+        code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("--"))
         return list(plan(code))
 
 
@@ -124,8 +122,7 @@ class Settings:
         database = unquote(parts.path.lstrip("/"))
         if not database or "/" in database:
             raise ConfigurationError(
-                "a MariaDB URL names one database after the host: "
-                "mariadb://USER@HOST:3306/DATABASE"
+                "a MariaDB URL names one database after the host: mariadb://USER@HOST:3306/DATABASE"
             )
         try:
             port = parts.port or 3306
