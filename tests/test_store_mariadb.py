@@ -74,6 +74,59 @@ def test_p6_racing_tasks_claim_a_new_key_once(mariadb_url: str, scope: str) -> N
     assert sorted(o.value for o in outcomes) == ["execute"] + ["in_progress"] * 7
 
 
+def test_p6_a_race_lost_to_a_duplicate_key_runs_the_claim_again(
+    mariadb_url: str,  # noqa: F811
+    scope: str,
+) -> None:
+    # Under READ COMMITTED (an application's connection may run at it) the claim's
+    # NOT EXISTS reads no lock, so both racers insert, and the loser's INSERT fails
+    # with a duplicate key once the winner commits: that claim runs again.
+    import pymysql
+    from pymysql.constants import CLIENT
+
+    def connection() -> Any:
+        parts = Settings.from_url(mariadb_url)
+        raw = pymysql.connect(
+            host=parts.host,
+            port=parts.port,
+            user=parts.user,
+            database=parts.database,
+            autocommit=True,
+            client_flag=CLIENT.FOUND_ROWS,
+            cursorclass=pymysql.cursors.DictCursor,
+        )
+        with raw.cursor() as cur:
+            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        return raw
+
+    raws = [connection(), connection()]
+    stores = [MariaDBStore(raw) for raw in raws]
+    try:
+        for round_ in range(20):
+            start = threading.Barrier(2)
+            outcomes: list[Any] = []
+
+            def claim(store: MariaDBStore, key: str) -> None:
+                start.wait()
+                try:
+                    outcomes.append(store.claim(request(scope, key)).outcome)
+                except Exception as exc:  # what the test reports
+                    outcomes.append(exc)
+
+            threads = [threading.Thread(target=claim, args=(st, f"k{round_}")) for st in stores]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert sorted(str(o) for o in outcomes) == [
+                str(Outcome.EXECUTE),
+                str(Outcome.IN_PROGRESS),
+            ], outcomes
+    finally:
+        for raw in raws:
+            raw.close()
+
+
 # -- F8: a transaction's claim does not wait for another's ---------------------------------
 
 
@@ -192,6 +245,21 @@ def test_f1_a_frozen_worker_resumed_after_a_takeover_cannot_commit(
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_f1_a_fenced_write_that_changes_nothing_still_proves_the_lease(
+    mariadb_url: str,  # noqa: F811
+    scope: str,
+) -> None:
+    # The second release sets locked_at to the NULL it holds: the server changes no
+    # row, but the row matched the lease, so it is no LockLost (found rows, not
+    # changed rows), as on PostgreSQL.
+    with MariaDBStore(mariadb_url) as store:
+        lease = store.claim(request(scope)).lease
+        assert lease is not None
+        store.release(lease)
+        store.release(lease)
+        assert store.get(scope, "k").locked_at is None  # type: ignore[union-attr]
 
 
 # -- P10: a duplicate waits by polling --------------------------------------------------------
