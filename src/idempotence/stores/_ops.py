@@ -70,6 +70,12 @@ class Dialect(abc.ABC):
     #: True when a claim should first be tried as a plain read (claim_preview), so
     #: that replays and conflicts never take the write lock (SQLite).
     previews_claims: ClassVar[bool] = False
+    #: True when the claim in a transaction (claim_in_transaction) reads the key with
+    #: a locking read first and inserts only a key it did not find (MariaDB: an
+    #: INSERT that looked for the key itself would hold InnoDB's table-wide
+    #: AUTO_INCREMENT lock while it waited for a row lock). The unique constraint
+    #: still decides a race; the loser's transaction fails and runs again.
+    reads_before_insert: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.queries = _queries.load(self.name)
@@ -512,16 +518,20 @@ def claim_in_transaction(
     new key is inserted at once; the insert of a key that exists does nothing, and the
     key is read and decided (``arbitrate``), then taken over if it may be.
     """
-    params = d.claim_params(request)
-    if finished is None:
-        rows = yield d.query("claim_insert", **params)
-    else:
-        rows = yield d.query("claim_insert_finished", **params, **_response_params(finished))
-    if rows:
-        return claim_from(
-            d.record(rows[0]), request.fingerprint, d.timestamp(rows[0]["db_now"]), claimed=True
-        )
-    rows = yield d.query("claim_read", scope=request.scope, key=request.key)
+    rows = []
+    if d.reads_before_insert:
+        rows = yield d.query("claim_read", scope=request.scope, key=request.key)
+    if not rows:
+        params = d.claim_params(request)
+        if finished is None:
+            rows = yield d.query("claim_insert", **params)
+        else:
+            rows = yield d.query("claim_insert_finished", **params, **_response_params(finished))
+        if rows:
+            return claim_from(
+                d.record(rows[0]), request.fingerprint, d.timestamp(rows[0]["db_now"]), claimed=True
+            )
+        rows = yield d.query("claim_read", scope=request.scope, key=request.key)
     record, now = d.record(rows[0]), d.timestamp(rows[0]["db_now"])
     if arbitrate(record, request.fingerprint, now) is not Outcome.EXECUTE:
         return claim_from(record, request.fingerprint, now, claimed=False)

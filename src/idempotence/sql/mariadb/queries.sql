@@ -21,11 +21,12 @@
 -- ones before: no SET here reads a column an earlier assignment changed.
 --
 -- The claim is one write transaction that retries (P6's "one serializable
--- transaction"): claim_insert inserts a new key, the unique constraint arbitrating
--- a race (the loser's INSERT waits for the winner, then fails with a duplicate or a
--- deadlock, and its transaction runs again); for a key that exists, claim_read locks
--- its row (FOR UPDATE reads the latest committed version, whatever the isolation),
--- then claim_take_over if states.arbitrate decides so.
+-- transaction"): claim_read locks the key's row, or the gap where it would go
+-- (FOR UPDATE reads the latest committed version, whatever the isolation); a key it
+-- found is decided by states.arbitrate and taken over by claim_take_over if it may
+-- be; one it did not find is inserted by claim_insert. The unique constraint decides
+-- a race for a new key: the loser's INSERT waits for the winner, then fails with a
+-- deadlock or a duplicate, and the loser's transaction runs again and reads the key.
 
 -- claim_read --
 SELECT *, UTC_TIMESTAMP(6) AS db_now
@@ -34,20 +35,18 @@ WHERE scope = %(scope)s AND `key` = %(key)s
 FOR UPDATE;
 
 -- claim_insert --
--- A new key (P1), or no row when the key exists: the caller then reads it. The key
--- is looked for before the INSERT so that a key that exists costs no duplicate-key
--- error (nor an AUTO_INCREMENT value).
+-- A new key (P1), after claim_read found none: a plain INSERT ... VALUES, which takes
+-- InnoDB's AUTO_INCREMENT lock only for a moment. (An INSERT ... SELECT that looked
+-- for the key itself would hold that table-wide lock to the end of the statement,
+-- waiting for a row another transaction holds: every new key would wait behind it.)
 INSERT INTO idempotency_keys (
     scope, `key`, request_method, request_path, fingerprint, request_params,
     flow, lock_timeout, locked_at, last_run_at, created_at, expires_at
 )
-SELECT
+VALUES (
     %(scope)s, %(key)s, %(method)s, %(path)s, %(fingerprint)s, %(params)s,
     %(flow)s, %(lock_timeout)s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
     UTC_TIMESTAMP(6) + INTERVAL %(retention)s MICROSECOND
-FROM DUAL
-WHERE NOT EXISTS (
-    SELECT 1 FROM idempotency_keys AS s WHERE s.scope = %(scope)s AND s.`key` = %(key)s
 )
 RETURNING *, UTC_TIMESTAMP(6) AS db_now;
 
@@ -60,14 +59,11 @@ INSERT INTO idempotency_keys (
     flow, lock_timeout, last_run_at, created_at, expires_at, recovery_point,
     response_status, response_headers, response_body, finished_at
 )
-SELECT
+VALUES (
     %(scope)s, %(key)s, %(method)s, %(path)s, %(fingerprint)s, %(params)s,
     %(flow)s, %(lock_timeout)s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
     UTC_TIMESTAMP(6) + INTERVAL %(retention)s MICROSECOND, 'finished',
     %(status)s, %(headers)s, %(body)s, UTC_TIMESTAMP(6)
-FROM DUAL
-WHERE NOT EXISTS (
-    SELECT 1 FROM idempotency_keys AS s WHERE s.scope = %(scope)s AND s.`key` = %(key)s
 )
 RETURNING *, UTC_TIMESTAMP(6) AS db_now;
 

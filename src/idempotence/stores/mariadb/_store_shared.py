@@ -65,6 +65,7 @@ class MariaDBDialect(Dialect):
 
     name = "mariadb"
     claim_is_one_statement = False
+    reads_before_insert = True
 
     def timestamp(self, value: Any) -> datetime:
         assert isinstance(value, datetime)
