@@ -281,11 +281,17 @@ FOR UPDATE SKIP LOCKED;
 DELETE FROM idempotency_keys WHERE id IN %(selected)s RETURNING 1 AS deleted;
 
 -- deliver_job --
--- The built-in runner's delivery (B4): a repeated job_key inserts nothing.
-INSERT INTO idempotence_jobs (job_key, scope, key_id, name, args)
-SELECT %(job_key)s, %(scope)s, %(key_id)s, %(name)s, %(args)s
+-- The built-in runner's delivery (B4): a repeated job_key inserts nothing. The key is
+-- looked for by a plain read, which takes no lock: a locking read (or an INSERT ...
+-- SELECT) would lock the gaps of the job_key index, and two enqueuers delivering
+-- different jobs would deadlock on them. The first statement returns a row only when
+-- the job is new; a race to insert the same job fails on the unique job_key and the
+-- store runs the delivery again.
+SELECT 1 AS new_job
 FROM DUAL
-WHERE NOT EXISTS (SELECT 1 FROM idempotence_jobs AS j WHERE j.job_key = %(job_key)s)
+WHERE NOT EXISTS (SELECT 1 FROM idempotence_jobs WHERE job_key = %(job_key)s);
+INSERT INTO idempotence_jobs (job_key, scope, key_id, name, args)
+VALUES (%(job_key)s, %(scope)s, %(key_id)s, %(name)s, %(args)s)
 RETURNING id;
 
 -- pick_jobs --

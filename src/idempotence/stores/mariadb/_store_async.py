@@ -83,7 +83,7 @@ class _AsyncConnection:
                     raise KeyHeld(str(exc)) from exc
                 if racing(query, exc):
                     raise TransientError(
-                        f"a twin inserted key {params.get('key')!r} first"
+                        f"{query.name}: another transaction won the insert"
                     ) from exc
                 raise
         return rows

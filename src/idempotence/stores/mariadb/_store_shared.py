@@ -249,6 +249,9 @@ def idle_socket(raw: Any) -> socket.socket | None:
 
 # -- errors ------------------------------------------------------------------------------
 
+#: "Failed to read auto-increment value from storage engine" (not in PyMySQL's ER).
+_AUTOINC_READ_FAILED = 1467
+
 #: The server's codes for a connection it is ending, and the client's own (2000 and up).
 _GONE = {ER.CON_COUNT_ERROR, ER.SERVER_SHUTDOWN, 1927, ER.TOO_MANY_USER_CONNECTIONS}
 
@@ -258,8 +261,9 @@ def translate(exc: BaseException, *, own: bool = True) -> StoreError:
     caller; ``own`` is False for the application's statement (a missing table is
     then not the key store's)."""
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
-    if code == ER.LOCK_DEADLOCK:
-        # InnoDB rolled the whole transaction back: it can run again.
+    if code in (ER.LOCK_DEADLOCK, _AUTOINC_READ_FAILED):
+        # A deadlock; InnoDB reports one on its table-wide AUTO_INCREMENT lock (which an
+        # INSERT ... SELECT takes) as 1467. The store rolls back and runs it again.
         return TransientError(f"MariaDB aborted the transaction: {exc}")
     if own and code in (ER.NO_SUCH_TABLE, ER.BAD_FIELD_ERROR):
         # No table, or one from an older release: the migrations have not run.
@@ -295,10 +299,11 @@ def bounded(sql: str) -> str:
 
 
 def racing(query: Query, exc: BaseException) -> bool:
-    """Whether ``exc`` from ``query`` is a claim that lost the race to insert its key:
-    the other transaction committed it first, so running the claim again reads it."""
+    """Whether ``exc`` from ``query`` is an insert that lost a race (a claim's key, a
+    delivered job's job_key): the other transaction committed it first, so running the
+    operation again reads it."""
     return (
-        query.name.startswith("claim_insert")
+        query.name in ("claim_insert", "claim_insert_finished", "deliver_job")
         and isinstance(exc, pymysql.err.IntegrityError)
         and bool(exc.args)
         and exc.args[0] == ER.DUP_ENTRY
