@@ -407,3 +407,16 @@ def test_every_query_of_the_dialect_plans() -> None:
 
     for name, sql in _queries.load("mariadb").items():
         assert plan(sql), name
+
+
+def test_the_mariadb_store_is_built_on_the_public_store_interface() -> None:
+    """Issue 31's proof: the store imports idempotence.stores.sql (and its own modules),
+    never a private module of another store or of the shared SQL machinery."""
+    from tests.unit.test_imports import import_graph, private_store_imports
+
+    found = private_store_imports(import_graph(), "idempotence.stores.mariadb")
+    outside = {
+        name: {m for m in modules if not m.startswith("idempotence.stores.mariadb.")}
+        for name, modules in found.items()
+    }
+    assert {name: modules for name, modules in outside.items() if modules} == {}

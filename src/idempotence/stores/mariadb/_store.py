@@ -20,15 +20,9 @@ from typing import Any, TypeVar
 
 import pymysql
 
-from ..._concurrency import Lock
-from ...errors import StoreUnavailable
+from ...errors import StoreUnavailable, TransientError
 from ...observability import Instrumentation
-from .. import _ops
-from .._breaker import closed_by_server
-from .._connection import run
-from .._driver import Blocks, KeyHeld, TransientError
-from .._ops import APPLICATION, Op, Query, Row
-from .._store import Store
+from ..sql import APPLICATION, Blocks, KeyHeld, Op, Query, Row, Store, migrate, run
 from . import _steps
 from ._store_shared import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -39,6 +33,7 @@ from ._store_shared import (
     acquire_slot,
     bind,
     bounded,
+    closed_while_idle,
     connect,
     held,
     idle_socket,
@@ -185,7 +180,7 @@ class _PoolSource:
                 sock = idle_socket(raw)
                 # An idle connection is sent nothing unless the server closed it (a
                 # restart, its wait_timeout): one system call tells, no round trip.
-                if sock is not None and not closed_by_server(sock.fileno()):
+                if sock is not None and not closed_while_idle(sock):
                     return raw
                 raw.close()
             return connect(self._settings)
@@ -243,11 +238,11 @@ class _SingleSource:
 
     def __init__(self, raw: Any) -> None:
         self._conn = _Connection(raw)
-        self._lock = Lock()
+        self._turn = Slots(1)
 
     @contextmanager
     def connection(self) -> Iterator[_Connection]:
-        with self._lock:
+        with self._turn:
             yield self._conn
 
     def close(self) -> None:
@@ -301,7 +296,6 @@ class MariaDBStore(Store):
         transaction: migrators on many nodes take turns under a named lock
         (``GET_LOCK``), and one that finds the work done does nothing.
         """
-        self._gate.check()
         with self._source.connection() as conn:
             deadline = time.monotonic() + MIGRATION_LOCK_WAIT
             while not (conn.fetch(self._dialect.query("migrations_lock", seconds=1)))[0]["locked"]:
@@ -310,6 +304,6 @@ class MariaDBStore(Store):
                         f"another migrator held the migrations lock for {MIGRATION_LOCK_WAIT} s"
                     )
             try:
-                return conn.perform(_ops.migrate(self._dialect), atomic=False, write=True)
+                return conn.perform(migrate(self._dialect), atomic=False, write=True)
             finally:
                 conn.fetch(self._dialect.query("migrations_unlock"))

@@ -18,15 +18,9 @@ from typing import Any, TypeVar
 
 import pymysql
 
-from ..._concurrency import AsyncLock
-from ...errors import StoreUnavailable
+from ...errors import StoreUnavailable, TransientError
 from ...observability import Instrumentation
-from .. import _ops
-from .._breaker import closed_by_server
-from .._connection_async import run_async
-from .._driver import Blocks, KeyHeld, TransientError
-from .._ops import APPLICATION, Op, Query, Row
-from .._store_async import AsyncStore
+from ..sql import APPLICATION, AsyncStore, Blocks, KeyHeld, Op, Query, Row, migrate, run_async
 from . import _steps
 from ._store_shared import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -37,6 +31,7 @@ from ._store_shared import (
     acquire_slot_async,
     bind_async,
     bounded,
+    closed_while_idle,
     connect_async,
     held,
     idle_socket,
@@ -183,7 +178,7 @@ class _AsyncPoolSource:
                 sock = idle_socket(raw)
                 # An idle connection is sent nothing unless the server closed it (a
                 # restart, its wait_timeout): one system call tells, no round trip.
-                if sock is not None and not closed_by_server(sock.fileno()):
+                if sock is not None and not closed_while_idle(sock):
                     return raw
                 raw.close()
             return await connect_async(self._settings)
@@ -241,11 +236,11 @@ class _AsyncSingleSource:
 
     def __init__(self, raw: Any) -> None:
         self._conn = _AsyncConnection(raw)
-        self._lock = AsyncLock()
+        self._turn = AsyncSlots(1)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[_AsyncConnection]:
-        async with self._lock:
+        async with self._turn:
             yield self._conn
 
     async def close(self) -> None:
@@ -299,7 +294,6 @@ class AsyncMariaDBStore(AsyncStore):
         transaction: migrators on many nodes take turns under a named lock
         (``GET_LOCK``), and one that finds the work done does nothing.
         """
-        self._gate.check()
         async with self._source.connection() as conn:
             deadline = time.monotonic() + MIGRATION_LOCK_WAIT
             while not (await conn.fetch(self._dialect.query("migrations_lock", seconds=1)))[0][
@@ -310,6 +304,6 @@ class AsyncMariaDBStore(AsyncStore):
                         f"another migrator held the migrations lock for {MIGRATION_LOCK_WAIT} s"
                     )
             try:
-                return await conn.perform(_ops.migrate(self._dialect), atomic=False, write=True)
+                return await conn.perform(migrate(self._dialect), atomic=False, write=True)
             finally:
                 await conn.fetch(self._dialect.query("migrations_unlock"))

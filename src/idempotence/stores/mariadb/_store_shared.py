@@ -16,6 +16,7 @@ pair, and need no compiler or client library to install.
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -34,11 +35,15 @@ except ImportError as exc:  # pragma: no cover - the message is the point
         "the MariaDB store needs PyMySQL and aiomysql: pip install 'idempotence[mariadb]'"
     ) from exc
 
-from ...errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
+from ...errors import (
+    ConfigurationError,
+    SchemaMissing,
+    StoreError,
+    StoreUnavailable,
+    TransientError,
+)
 from ...states import ClaimRequest, StoredResponse
-from .._driver import TransientError, translator
-from .._ops import APPLICATION, Dialect, Op, Query, claim_in_transaction
-from .._placeholders import to_pyformat
+from ..sql import APPLICATION, Dialect, Op, Query, claim_in_transaction, to_pyformat, translator
 from ._steps import plan
 
 #: The URL schemes of the MariaDB store (a MySQL server is untested: see the docs).
@@ -245,6 +250,13 @@ def idle_socket(raw: Any) -> socket.socket | None:
     if sock is None and getattr(raw, "_writer", None) is not None:  # aiomysql
         sock = raw._writer.get_extra_info("socket")
     return sock if isinstance(sock, socket.socket) else None
+
+
+def closed_while_idle(sock: socket.socket) -> bool:
+    """Whether the server closed an idle connection (a restart, its wait_timeout): the
+    store sends an idle connection nothing, so anything to read (the close, or the
+    reason for it) means it is gone. One system call, no round trip."""
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 # -- errors ------------------------------------------------------------------------------
