@@ -1,4 +1,5 @@
-"""Database URLs: ``postgresql://…``, ``sqlite:///path`` and ``redis://host:port/db``
+"""Database URLs: ``postgresql://…``, ``sqlite:///path``, ``mariadb://…`` (or
+``mysql://…``) and ``redis://host:port/db``
 (``rediss://`` with TLS, ``redis+cluster://host:port`` for a Redis Cluster), and the
 stores they open.
 
@@ -71,8 +72,8 @@ class DatabaseUrl:
         scheme, sep, rest = url.partition("://")
         if not sep:
             raise ConfigurationError(
-                f"not a database URL: {url!r}; use postgresql://USER@HOST/DB, sqlite:///PATH "
-                "or redis://HOST:PORT/DB"
+                f"not a database URL: {url!r}; use postgresql://USER@HOST/DB, sqlite:///PATH, "
+                "mariadb://USER@HOST/DB or redis://HOST:PORT/DB"
             )
         scheme = scheme.lower()
         if scheme in ("postgresql", "postgres") or scheme.startswith("postgresql+"):
@@ -97,7 +98,8 @@ class DatabaseUrl:
             return cls("redis", scheme + "://" + rest)
         raise ConfigurationError(
             f"unsupported database {scheme!r} in {url!r}: use postgresql://, sqlite:///relative "
-            "or sqlite:////absolute, redis://, rediss:// or redis+cluster://"
+            "or sqlite:////absolute, mariadb:// (or mysql://), redis://, rediss:// or "
+            "redis+cluster://"
         )
 
     @classmethod

@@ -95,8 +95,8 @@ database_option = click.option(
     type=DatabaseUrlType(),
     envvar=ENV_VAR,
     required=True,
-    help=f"postgresql://USER@HOST/DB, sqlite:///PATH or redis://HOST:PORT/DB (default: "
-    f"${ENV_VAR}).",
+    help=f"postgresql://USER@HOST/DB, sqlite:///PATH, mariadb://USER@HOST/DB or "
+    f"redis://HOST:PORT/DB (default: ${ENV_VAR}).",
 )
 #: The key prefix of a Redis store opened with ``RedisStore(prefix=...)``.
 REDIS_PREFIX_ENV_VAR = "IDEMPOTENCE_REDIS_PREFIX"
