@@ -420,3 +420,57 @@ def test_the_mariadb_store_is_built_on_the_public_store_interface() -> None:
         for name, modules in found.items()
     }
     assert {name: modules for name, modules in outside.items() if modules} == {}
+
+
+def test_schema_sql_is_the_sum_of_the_migrations() -> None:
+    """A database built from schema.sql and one built by the migrations are the same
+    to the catalog: tables, columns (types, defaults, collations), indexes, checks."""
+    import pymysql
+
+    from idempotence import _queries
+    from idempotence.stores.mariadb import MariaDBDialect
+    from tests.support.mariadb import database
+
+    def snapshot(url: str) -> dict[str, Any]:
+        where = Settings.from_url(url)
+        conn = pymysql.connect(
+            host=where.host, port=where.port, user=where.user, database=where.database
+        )
+        queries = {
+            "tables": "SELECT table_name, engine, table_collation FROM information_schema.tables"
+            " WHERE table_schema = %s AND table_name <> 'idempotence_migrations'",
+            "columns": "SELECT table_name, column_name, ordinal_position, column_default,"
+            " is_nullable, column_type, collation_name FROM information_schema.columns"
+            " WHERE table_schema = %s AND table_name <> 'idempotence_migrations'",
+            "indexes": "SELECT table_name, index_name, seq_in_index, column_name, non_unique"
+            " FROM information_schema.statistics WHERE table_schema = %s"
+            " AND table_name <> 'idempotence_migrations'",
+            "checks": "SELECT table_name, constraint_name, check_clause"
+            " FROM information_schema.check_constraints WHERE constraint_schema = %s",
+        }
+        try:
+            with conn.cursor() as cur:
+                found = {}
+                for name, sql in queries.items():
+                    cur.execute(sql, (where.database,))
+                    found[name] = sorted(cur.fetchall(), key=repr)
+                return found
+        finally:
+            conn.close()
+
+    with (
+        database(prefix="idempotence_schema") as migrated,
+        database(prefix="idempotence_schema", migrate=False) as built,
+    ):
+        where = Settings.from_url(built)
+        conn = pymysql.connect(
+            host=where.host, port=where.port, user=where.user, database=where.database
+        )
+        try:
+            with conn.cursor() as cur:
+                for statement in MariaDBDialect().script_statements(_queries.schema("mariadb")):
+                    cur.execute(statement)
+        finally:
+            conn.close()
+        assert snapshot(built) == snapshot(migrated)
+        assert snapshot(built)["tables"]  # the comparison saw the tables
