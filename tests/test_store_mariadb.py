@@ -385,10 +385,22 @@ def test_an_update_returning_becomes_the_update_then_a_read_of_its_row() -> None
         "UPDATE idempotency_keys SET a = 1\n"
         "WHERE scope = %(scope)s AND id = %(id)s AND b = 2\nRETURNING id, a"
     )
-    assert steps == (
-        "UPDATE idempotency_keys SET a = 1\nWHERE scope = %(scope)s AND id = %(id)s AND b = 2",
-        "SELECT id, a FROM idempotency_keys WHERE scope = %(scope)s AND id = %(id)s",
+    assert [(step.sql, step.echo) for step in steps] == [
+        (
+            "UPDATE idempotency_keys SET a = 1\nWHERE scope = %(scope)s AND id = %(id)s AND b = 2",
+            None,
+        ),
+        ("SELECT id, a FROM idempotency_keys WHERE scope = %(scope)s AND id = %(id)s", None),
+    ]
+
+
+def test_a_returned_column_the_where_fixes_is_its_parameter_with_no_read() -> None:
+    (step,) = plan(
+        "UPDATE k SET x = 1 WHERE scope = %(scope)s AND id = %(id)s AND lock_token = %(token)s"
+        " AND finished_at IS NULL RETURNING id, lock_token"
     )
+    assert step.echo == (("id", "id"), ("lock_token", "token"))
+    assert "RETURNING" not in step.sql
 
 
 def test_an_update_returning_that_does_not_name_its_row_is_refused() -> None:
@@ -398,8 +410,11 @@ def test_an_update_returning_that_does_not_name_its_row_is_refused() -> None:
 
 def test_a_script_splits_at_semicolons_ending_a_line_and_lists_ids() -> None:
     steps = plan("SELECT id FROM t FOR UPDATE;\nDELETE FROM t WHERE id IN %(selected)s")
-    assert steps == ("SELECT id FROM t FOR UPDATE", "DELETE FROM t WHERE id IN %(selected)s")
-    assert with_selected(steps[1], [3, 1]) == "DELETE FROM t WHERE id IN (3, 1)"
+    assert [step.sql for step in steps] == [
+        "SELECT id FROM t FOR UPDATE",
+        "DELETE FROM t WHERE id IN %(selected)s",
+    ]
+    assert with_selected(steps[1].sql, [3, 1]) == "DELETE FROM t WHERE id IN (3, 1)"
 
 
 def test_every_query_of_the_dialect_plans() -> None:

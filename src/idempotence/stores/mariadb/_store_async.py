@@ -63,12 +63,14 @@ class _AsyncConnection:
         ids: list[int] | None = None
         with translated(query.name):
             try:
-                for sql in _steps.plan(query.sql):
-                    if ids is not None:
-                        sql = _steps.with_selected(sql, ids)
+                for step in _steps.plan(query.sql):
+                    sql = step.sql if ids is None else _steps.with_selected(step.sql, ids)
                     found, result = await self._execute(bounded(sql) if bound else sql, params)
                     if found == 0:
                         return []
+                    if step.echo is not None:
+                        # The row a fenced write returns is the lease that fenced it.
+                        result = [{column: params[name] for column, name in step.echo}]
                     if result is not None:
                         rows = result
                         if rows and "id" in rows[0]:

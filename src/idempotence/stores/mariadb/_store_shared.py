@@ -93,7 +93,7 @@ class MariaDBDialect(Dialect):
         # One statement per call: the sync driver does not send several at once.
         # Comment lines go first: a comment may end with a semicolon too.
         code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("--"))
-        return list(plan(code))
+        return [step.sql for step in plan(code)]
 
 
 # -- the URL -----------------------------------------------------------------------------
