@@ -489,3 +489,32 @@ def test_schema_sql_is_the_sum_of_the_migrations() -> None:
             conn.close()
         assert snapshot(built) == snapshot(migrated)
         assert snapshot(built)["tables"]  # the comparison saw the tables
+
+
+def test_without_a_server_the_tests_start_a_throwaway_one_and_stop_it() -> None:
+    """tests/support/mariadb.py's last resort, as on a machine whose MariaDB is down:
+    mariadb-install-db and mariadbd in a temporary directory, gone when the process
+    that started them exits."""
+    script = textwrap.dedent(
+        """
+        import os
+        os.environ["IDEMPOTENCE_TEST_MARIADB"] = "throwaway"
+        from tests.support.mariadb import database, server_url
+        from idempotence import ClaimRequest, Outcome
+        from idempotence.stores.mariadb import MariaDBStore
+        print(server_url(), flush=True)
+        with database() as url, MariaDBStore(url) as store:
+            claim = store.claim(ClaimRequest(scope="s", key="k", fingerprint="f" * 64))
+            print(claim.outcome is Outcome.EXECUTE, flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    url, executed = done.stdout.split()
+    assert url.startswith("mariadb://root@127.0.0.1:") and not url.endswith(":3306")
+    assert executed == "True"
+    from tests.support.mariadb import _answers
+
+    assert _answers(url) is not None  # stopped at exit

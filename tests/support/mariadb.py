@@ -109,6 +109,7 @@ def _throwaway() -> str:
     subprocess.run(
         [
             install,
+            "--no-defaults",
             f"--datadir={data}",
             "--auth-root-authentication-method=normal",
             "--skip-test-db",
