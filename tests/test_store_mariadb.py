@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -518,3 +519,20 @@ def test_without_a_server_the_tests_start_a_throwaway_one_and_stop_it() -> None:
     from tests.support.mariadb import _answers
 
     assert _answers(url) is not None  # stopped at exit
+
+
+def test_the_driver_benchmark_measures_the_store_s_two_drivers() -> None:
+    from tests.support.mariadb import server_url
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "mariadb_drivers.py"), "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env={**os.environ, "IDEMPOTENCE_TEST_MARIADB": server_url()},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout)["rows"]
+    measured = {(row["driver"], row["workers"]) for row in rows}
+    assert {("pymysql", 1), ("pymysql", 8), ("aiomysql", 1), ("aiomysql", 8)} <= measured
+    assert all(row["calls_per_s"] > 0 and row["client_us_per_call"] > 0 for row in rows)
