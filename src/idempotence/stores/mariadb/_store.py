@@ -3,9 +3,10 @@
 """The MariaDB key store on aiomysql (async) and PyMySQL (sync, generated from this
 module by ``scripts/unasync.py``).
 
-The claim is one write transaction that retries (``claim_in_transaction``, as on
-SQLite): the unique constraint arbitrates a race for a new key, and a key that exists
-is read with ``FOR UPDATE`` and decided by the state machine. Every fenced write is
+The claim is one write transaction that retries (``claim_in_transaction``, reading
+first: ``MariaDBDialect.reads_before_insert``): the key is read with ``FOR UPDATE`` and
+decided by the state machine, a new key inserted, and the unique constraint decides a
+race for one, whose loser runs its claim again. Every fenced write is
 conditional on the lock token (F1). A transaction opened with a claim (F3) bounds the
 claim's lock wait, and a racing duplicate is answered from a read instead of waiting
 for it (F8). MariaDB has no LISTEN: a duplicate that waits for its twin polls (P10).
