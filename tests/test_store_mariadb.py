@@ -536,3 +536,24 @@ def test_the_driver_benchmark_measures_the_store_s_two_drivers() -> None:
     measured = {(row["driver"], row["workers"]) for row in rows}
     assert {("pymysql", 1), ("pymysql", 8), ("aiomysql", 1), ("aiomysql", 8)} <= measured
     assert all(row["calls_per_s"] > 0 and row["client_us_per_call"] > 0 for row in rows)
+
+
+def test_a_database_nobody_migrated_says_to_migrate() -> None:
+    from idempotence import SchemaMissing, StoreError
+    from tests.support.mariadb import database
+
+    with database(prefix="idempotence_empty", migrate=False) as url, MariaDBStore(url) as store:
+        with pytest.raises(SchemaMissing, match="idempotence migrate"):
+            store.claim(request("s"))
+        with store.transaction() as tx, pytest.raises(StoreError, match="doesn't exist") as raised:
+            # The application's own missing table is its error, not the key store's.
+            tx.execute("SELECT * FROM no_such_table")
+        assert not isinstance(raised.value, SchemaMissing)
+
+
+def test_a_closed_store_is_unavailable(mariadb_url: str) -> None:  # noqa: F811
+    store = MariaDBStore(mariadb_url)
+    assert store.claim(request("closed")).outcome is Outcome.EXECUTE
+    store.close()
+    with pytest.raises(StoreUnavailable):
+        store.claim(request("closed", "k2"))
