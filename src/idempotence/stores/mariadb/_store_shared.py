@@ -3,14 +3,14 @@ URL, error translation, and the driver calls whose two spellings differ (PyMySQL
 sync, aiomysql for async: aiomysql is PyMySQL's protocol under asyncio, so the two
 take the same parameters, return the same rows and raise the same errors).
 
-Why these drivers (``benchmarks/mariadb_drivers.py``, a claim-shaped transaction of
-four round trips on MariaDB 10.11, this repository's 2-core machine): the C drivers
-spend the least client CPU per call (mysqlclient about 180-250 us, the MariaDB
-connector about 255 us) against PyMySQL's 330-480 us and aiomysql's 420-500 us
-(asyncmy 250-530 us), while calls per second were set by the server's commit in
-every case. No C driver has an async twin of the same API, and the store is written
-once, async, with its sync twin generated (DESIGN F7): PyMySQL and aiomysql are that
-pair, and need no compiler or client library to install.
+Why these drivers (``benchmarks/mariadb_drivers.py``: a claim-shaped transaction of
+four round trips on MariaDB 10.11, this repository's 2-core machine, three runs): the
+C drivers spend the least client CPU per call (mysqlclient 180-350 us, the MariaDB
+connector 255-570 us) against PyMySQL's 330-560 us and aiomysql's 420-860 us (asyncmy
+250-530 us), while calls per second were set by the server's commit in every case.
+No C driver has an async twin of the same API, and the store is written once, async,
+with its sync twin generated (DESIGN F7): PyMySQL and aiomysql are that pair, and
+need no compiler or client library to install.
 """
 
 from __future__ import annotations
