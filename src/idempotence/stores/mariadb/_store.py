@@ -178,8 +178,12 @@ class _PoolSource:
                 "(every one of the store's connections is in use)"
             )
         try:
-            while self._idle:
-                raw = self._idle.pop()
+            while True:
+                try:
+                    # pop() alone, never a test first: threads (sync) share the list.
+                    raw = self._idle.pop()
+                except IndexError:
+                    break
                 sock = idle_socket(raw)
                 # An idle connection is sent nothing unless the server closed it (a
                 # restart, its wait_timeout): one system call tells, no round trip.
