@@ -15,21 +15,23 @@ from ..errors import ConfigurationError
 
 __all__ = ["check_redis_url"]
 
-#: The schemes redis-py reads; a cluster's URL is one of them once ``+cluster`` is
-#: dropped (``cluster_url``).
 SCHEMES = ("redis", "rediss", "unix")
+"""The schemes redis-py reads; a cluster's URL is one of them once ``+cluster`` is
+dropped (``cluster_url``)."""
 
 
 def check_redis_url(url: str, *, cluster: bool = False) -> str:
     """``url`` if redis-py will read it as written; else
-    :class:`~idempotence.errors.ConfigurationError` saying what to fix. The message
-    never repeats the URL, which may carry a password.
+    [`ConfigurationError`][idempotence.maintenance.completer_async.ConfigurationError]
+    saying what to fix. The message never repeats the URL, which may carry a password.
 
-    >>> check_redis_url("redis://127.0.0.1:6379/2")
-    'redis://127.0.0.1:6379/2'
-    >>> check_redis_url("redis://127.0.0.1:6379/two")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    idempotence.errors.ConfigurationError: invalid database 'two' in the Redis URL: ...
+    ```python
+    check_redis_url("redis://127.0.0.1:6379/2")
+    # 'redis://127.0.0.1:6379/2'
+    check_redis_url("redis://127.0.0.1:6379/two")
+    # Traceback (most recent call last):
+    # idempotence.errors.ConfigurationError: invalid database 'two' in the Redis URL: ...
+    ```
     """
     try:
         parts = urllib.parse.urlsplit(url)

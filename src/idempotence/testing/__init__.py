@@ -1,11 +1,12 @@
 """Testing tools for flows: a fake payment provider and the crash-injection harness (F4).
 
-* :class:`FakeProvider`: a payment provider with its own durable store, Stripe-like
-  idempotency keys, declines, injectable faults, and commit hooks.
-* :func:`crash_test`: run a flow in child processes, SIGKILL it at every boundary,
-  recover by retry and by resume, and assert exactly-once effects
-  (:mod:`idempotence.testing.harness`).
-* :mod:`idempotence.testing.example`: a three-phase example flow (create a ride,
+* [`FakeProvider`][idempotence.testing.provider.FakeProvider]: a payment provider with
+  its own durable store, Stripe-like idempotency keys, declines, injectable faults, and
+  commit hooks.
+* [`crash_test`][idempotence.testing.harness.crash_test]: run a flow in child processes,
+  SIGKILL it at every boundary, recover by retry and by resume, and assert exactly-once
+  effects (`idempotence.testing.harness`).
+* `idempotence.testing.example`: a three-phase example flow (create a ride,
   charge the card, stage the receipt) to read and to run the harness on.
 """
 

@@ -252,10 +252,10 @@ class _PoolSource:
         self._owned = owned
         self._opened = not owned
         self.breaker = breaker or Breaker(pool.name)
-        #: One checkout at a time waits in the pool's queue: see :meth:`_wait`.
+        #: One checkout at a time waits in the pool's queue: see `_wait`.
         self._turn = Lock()
         #: The store's view of each of the pool's connections, made once per connection
-        #: (a view holds its connection: see :meth:`view` for how the map stays small).
+        #: (a view holds its connection: see `view` for how the map stays small).
         self._views: dict[psycopg.Connection[Any], PostgresConnection] = {}
 
     def view(self, raw: psycopg.Connection[Any]) -> PostgresConnection:
@@ -355,7 +355,7 @@ class _PoolSource:
 class _Checkout:
     """One of the pool's connections for one operation, by ``getconn`` and ``putconn``:
     the pool's ``connection()`` wraps them in two context managers and a lock, every
-    operation, to do what :meth:`__exit__` does here only when there is something to
+    operation, to do what `__exit__` does here only when there is something to
     do (a transaction left open commits, or rolls back after an error)."""
 
     __slots__ = ("_raw", "_source")
@@ -406,9 +406,10 @@ class PostgresStore(Store):
     ``target`` is a conninfo or ``postgresql://`` URL (the store opens and owns a
     pool), a ``psycopg_pool.ConnectionPool``, or a ``psycopg.Connection``.
 
-    >>> store = PostgresStore("postgresql://app@db/app")   # doctest: +SKIP
-    >>> store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
-    ... # doctest: +SKIP
+    ```python
+    store = PostgresStore("postgresql://app@db/app")
+    store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
+    ```
     """
 
     def __init__(
@@ -456,7 +457,7 @@ class PostgresStore(Store):
         """P10: return as soon as a NOTIFY says the key settled, or after ``seconds``.
 
         The notifications come on one connection of the store's own, opened at the
-        first wait (see :mod:`idempotence.stores._listener`). A store on the
+        first wait (see `idempotence.stores._listener`). A store on the
         application's one connection has none, and sleeps ``seconds``.
         """
         if self._listener is None:

@@ -1,8 +1,8 @@
 """What the PostgreSQL stores share, sync or async: the dialect, the translation of
 psycopg's errors, the pieces of a pipelined transaction, and the pool settings.
 
-The stores themselves are in :mod:`._store_async` (the source) and
-:mod:`._store` (generated from it); :mod:`idempotence.stores.postgres` is their public face.
+The stores themselves are in `_store_async` (the source) and
+`_store` (generated from it); `idempotence.stores.postgres` is their public face.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from .._sql.ops import APPLICATION, Dialect, Op, Query, Row, claim_in_one_statem
 from .._sql.placeholders import to_pyformat
 from ._breaker import connect_errors
 
-#: Seconds to wait for a connection before the store reports itself unavailable
-#: (P11): a request should get its 503 quickly, not after libpq's default minutes.
 DEFAULT_CONNECT_TIMEOUT = 5.0
+"""Seconds to wait for a connection before the store reports itself unavailable
+(P11): a request should get its 503 quickly, not after libpq's default minutes."""
 
 
 class PostgresDialect(Dialect):
@@ -123,7 +123,7 @@ DRIVER_ERRORS = (psycopg.Error, psycopg_pool.PoolTimeout)
 
 
 class _Held:
-    """Inside :func:`translated`: a claim's lock wait that ran out (F8) is KeyHeld."""
+    """Inside `translated`: a claim's lock wait that ran out (F8) is KeyHeld."""
 
     __slots__ = ()
 
@@ -137,8 +137,8 @@ class _Held:
 
 _HELD = _Held()
 
-#: ``with translated(query.name):`` raises the library's error for a psycopg or pool error.
 translated = translator(DRIVER_ERRORS, translate)
+"""``with translated(query.name):`` raises the library's error for a psycopg or pool error."""
 
 
 def held() -> _Held:

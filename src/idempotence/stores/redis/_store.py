@@ -3,9 +3,10 @@
 """The Redis key store on redis-py (DESIGN 8: the fast variant for handler endpoints).
 
 Every operation is one Lua script (``redis.lua``), loaded once and run by EVALSHA; the
-outcome of a claim is named by :mod:`idempotence.states` from what the script read
-and wrote, so P1-P5 are decided in one place. See :class:`RedisStore` for what
-it guarantees and what it cannot.
+outcome of a claim is named by `idempotence.states` from what the script read and wrote,
+so P1-P5 are decided in one place. See
+[`RedisStore`][idempotence.stores.redis.RedisStore] for what it guarantees and
+what it cannot.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ Client = Redis | RedisCluster
 
 class _RedisListener(Listener):
     """P10: the store's one subscription to its channel, read by a background job;
-    the waiting itself is :class:`Listener`'s (see :mod:`.._listener_shared`)."""
+    the waiting itself is `Listener`'s (see `_listener_shared`)."""
 
     backend = "Redis"
 
@@ -91,7 +92,8 @@ class _RedisListener(Listener):
 
 
 class RedisStore:
-    """The Redis key store: a :class:`~idempotence.KeyStore` (P1-P5, F1, F2, P10).
+    """The Redis key store: a [`KeyStore`][idempotence.stores.redis.KeyStore]
+    (P1-P5, F1, F2, P10).
 
     ``target`` is a ``redis://`` / ``rediss://`` URL (``redis+cluster://host:port``
     for a Redis Cluster), for which the store opens and owns a client with connect and
@@ -102,14 +104,14 @@ class RedisStore:
     cluster slot.
 
     What it guarantees: a claim is one atomic script, its outcome the SQL stores'
-    (mismatch first, then replay, in progress with ``retry_after``, execute or take
-    over with the next token); finish, release, heartbeat and forget are fenced by
-    the record's id and token (a zombie's write raises
-    :class:`~idempotence.errors.LockLost`); every time is the server's (``TIME``); a
-    finished record expires with its retention (its TTL), a locked one never while its
-    lock is live; an unreachable server raises
-    :class:`~idempotence.errors.StoreUnavailable` within about ``timeout`` (the HTTP
-    middleware answers 503 and runs nothing).
+    (mismatch first, then replay, in progress with ``retry_after``, execute or take over
+    with the next token); finish, release, heartbeat and forget are fenced by the
+    record's id and token (a zombie's write raises
+    [`LockLost`][idempotence.maintenance.completer.LockLost]); every time is the
+    server's (``TIME``); a finished record expires with its retention (its TTL), a
+    locked one never while its lock is live; an unreachable server raises
+    [`StoreUnavailable`][idempotence.errors.StoreUnavailable] within about ``timeout``
+    (the HTTP middleware answers 503 and runs nothing).
 
     What it cannot do:
 
@@ -128,9 +130,10 @@ class RedisStore:
     handler's side effects need their own idempotency key, derived from ours), and the
     crashed worker, if it comes back, cannot write.
 
-    >>> store = RedisStore("redis://127.0.0.1:6379/0")        # doctest: +SKIP
-    >>> store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
-    ... # doctest: +SKIP
+    ```python
+    store = RedisStore("redis://127.0.0.1:6379/0")
+    store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
+    ```
     """
 
     def __init__(
@@ -276,7 +279,7 @@ class RedisStore:
 
     def migrate(self) -> list[str]:
         """Nothing to migrate: a Redis store has no schema. Returns ``[]``, so code
-        that migrates whatever :func:`~idempotence.open_store` opened works."""
+        that migrates whatever [`open_store`][idempotence.database.open_store] opened works."""
         return []
 
     def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
