@@ -1,6 +1,6 @@
 """A real MariaDB server for the tests, on any machine that has MariaDB installed.
 
-The suite never mocks a store and never skips its MariaDB tests. :func:`server_url`
+The suite never mocks a store and never skips its MariaDB tests. `server_url`
 finds or makes a server, once per test process:
 
 1. ``IDEMPOTENCE_TEST_MARIADB`` holds a URL (``mariadb://root@host:port``): that server,
@@ -9,9 +9,9 @@ finds or makes a server, once per test process:
 3. A throwaway server: ``mariadb-install-db`` into a temporary directory and
    ``mariadbd`` on a free port of 127.0.0.1, with durability switched off, stopped
    and deleted when the process exits. A few seconds.
-4. Nothing worked: :class:`MariaDBUnavailable` says what was tried and how to fix it.
+4. Nothing worked: `MariaDBUnavailable` says what was tried and how to fix it.
 
-Each test module that needs one gets a database of its own (:func:`database`),
+Each test module that needs one gets a database of its own (`database`),
 migrated, and dropped at the end. The fixtures are imported by the test modules that
 use them (``from tests.support.mariadb import mariadb_url``).
 """

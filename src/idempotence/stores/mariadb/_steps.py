@@ -3,9 +3,9 @@ their results (pure: no I/O).
 
 MariaDB has no ``UPDATE ... RETURNING`` and runs one statement per call, so a query of
 ``sql/mariadb/queries.sql`` may be a short script (its header says how one reads):
-:func:`plan` turns its text into :class:`Step` objects once; the connection runs them
-in the caller's transaction, and :func:`selected` and :func:`with_selected` carry the
-ids a SELECT found to the statements after it.
+`plan` turns its text into `Step` objects once; the connection runs them in the
+caller's transaction, and `selected` and `with_selected` carry the ids a SELECT found
+to the statements after it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import functools
 import re
 from dataclasses import dataclass
 
-#: Statements of a script end with a semicolon at the end of a line.
 _END = re.compile(r";[ \t]*(?:\n|$)")
+"""Statements of a script end with a semicolon at the end of a line."""
 _UPDATE_RETURNING = re.compile(
     r"^(?P<update>UPDATE\s+(?P<table>\w+)\s.*?\sWHERE\s+"
     r"(?P<row>(?:scope = %\(scope\)s AND )?id = %\(id\)s)\b(?P<rest>.*?))"
@@ -29,10 +29,10 @@ class Step:
     """One statement of a query."""
 
     sql: str
-    #: For an ``UPDATE ... RETURNING`` whose WHERE fixes every returned column to a
-    #: parameter (``id = %(id)s``, ``lock_token = %(token)s``): the row it returns, as
-    #: (column, parameter) pairs, with no statement to read it back.
     echo: tuple[tuple[str, str], ...] | None = None
+    """For an ``UPDATE ... RETURNING`` whose WHERE fixes every returned column to a
+    parameter (``id = %(id)s``, ``lock_token = %(token)s``): the row it returns, as
+    (column, parameter) pairs, with no statement to read it back."""
 
 
 @functools.cache

@@ -58,7 +58,7 @@ class _AsyncConnection:
         return await self._steps(query, bound=False)
 
     async def _steps(self, query: Query, *, bound: bool) -> list[Row]:
-        """Run the statements of one of the store's queries (see :mod:`._steps`)."""
+        """Run the statements of one of the store's queries (see `_steps`)."""
         params = query.params
         rows: list[Row] = []
         ids: list[int] | None = None
@@ -261,7 +261,7 @@ class AsyncMariaDBStore(AsyncStore):
         target: a ``mariadb://USER:PASSWORD@HOST:PORT/DATABASE`` URL (``mysql://`` is
             read the same way), and the store opens and owns its connections; or a
             connection of the application's (``aiomysql.Connection`` here,
-            ``pymysql.Connection`` for :class:`MariaDBStore`) opened with
+            ``pymysql.Connection`` for `MariaDBStore`) opened with
             ``autocommit=True``, ``client_flag=CLIENT.FOUND_ROWS`` and
             ``cursorclass=DictCursor``, which the store's operations then share.
         max_size: the most connections the store opens.

@@ -46,20 +46,20 @@ from ...states import ClaimRequest, StoredResponse
 from ..sql import APPLICATION, Dialect, Op, Query, claim_in_transaction, to_pyformat, translator
 from ._steps import plan
 
-#: The URL schemes of the MariaDB store (a MySQL server is untested: see the docs).
 SCHEMES = ("mariadb", "mysql")
+"""The URL schemes of the MariaDB store (a MySQL server is untested: see the docs)."""
 
-#: Seconds to wait for a connection before the store reports itself unavailable (P11).
 DEFAULT_CONNECT_TIMEOUT = 5.0
+"""Seconds to wait for a connection before the store reports itself unavailable (P11)."""
 
-#: Seconds a claim that opens a transaction (F3) waits for a row another open
-#: transaction holds before it gives up and is answered from a read (F8). InnoDB
-#: counts lock waits in whole seconds; one is long enough for a twin that is
-#: committing already.
 CLAIM_LOCK_WAIT = 1
+"""Seconds a claim that opens a transaction (F3) waits for a row another open
+transaction holds before it gives up and is answered from a read (F8). InnoDB
+counts lock waits in whole seconds; one is long enough for a twin that is
+committing already."""
 
-#: Seconds a migrator waits for another one's migrations to end.
 MIGRATION_LOCK_WAIT = 60
+"""Seconds a migrator waits for another one's migrations to end."""
 
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -217,9 +217,9 @@ def bind(raw: Any, sql: str, params: Any) -> tuple[str, Any]:
     return sql, params
 
 
-#: What caps the connections a store opens: tasks (async) or threads (sync) take
-#: turns for a slot.
 AsyncSlots = asyncio.Semaphore
+"""What caps the connections a store opens: tasks (async) or threads (sync) take
+turns for a slot."""
 Slots = threading.BoundedSemaphore
 
 
@@ -261,11 +261,11 @@ def closed_while_idle(sock: socket.socket) -> bool:
 
 # -- errors ------------------------------------------------------------------------------
 
-#: "Failed to read auto-increment value from storage engine" (not in PyMySQL's ER).
 _AUTOINC_READ_FAILED = 1467
+""""Failed to read auto-increment value from storage engine" (not in PyMySQL's ER)."""
 
-#: The server's codes for a connection it is ending, and the client's own (2000 and up).
 _GONE = {ER.CON_COUNT_ERROR, ER.SERVER_SHUTDOWN, 1927, ER.TOO_MANY_USER_CONNECTIONS}
+"""The server's codes for a connection it is ending, and the client's own (2000 and up)."""
 
 
 def translate(exc: BaseException, *, own: bool = True) -> StoreError:
@@ -293,8 +293,8 @@ def translate(exc: BaseException, *, own: bool = True) -> StoreError:
     return StoreError(f"MariaDB error: {exc}")
 
 
-#: ``with translated(query.name):`` raises the library's error for a driver error.
 translated = translator(pymysql.err.Error, translate)
+"""``with translated(query.name):`` raises the library's error for a driver error."""
 
 
 def held(exc: BaseException) -> bool:
@@ -306,7 +306,7 @@ def held(exc: BaseException) -> bool:
 
 
 def bounded(sql: str) -> str:
-    """``sql`` waiting for a row lock at most :data:`CLAIM_LOCK_WAIT` (F8)."""
+    """``sql`` waiting for a row lock at most `CLAIM_LOCK_WAIT` (F8)."""
     return f"SET STATEMENT innodb_lock_wait_timeout = {CLAIM_LOCK_WAIT} FOR {sql}"
 
 
