@@ -16,12 +16,19 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 from .errors import ConfigurationError
 from .observability import Instrumentation
 from .stores import AsyncStore, Store
-from .stores._redis_url import check_redis_url
+from .stores._redis_url import check_redis_url, sentinel_url
 
 if TYPE_CHECKING:
     from .stores.redis import AsyncRedisStore, RedisStore
 
-REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
+REDIS_SCHEMES = (
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+)
 """The URL schemes of the Redis store."""
 
 ENV_VAR = "IDEMPOTENCE_DATABASE_URL"
@@ -93,6 +100,9 @@ class DatabaseUrl:
         if scheme in ("mariadb", "mysql"):
             _check_ports(rest)
             return cls("mariadb", "mariadb://" + rest)
+        if scheme.endswith("+sentinel"):
+            sentinel_url(url)  # a ConfigurationError says what to write
+            return cls("redis", scheme + "://" + rest)
         if scheme in REDIS_SCHEMES:
             _check_ports(rest)
             # The database too: redis-py would read one it cannot parse as 0.
@@ -102,8 +112,8 @@ class DatabaseUrl:
             return cls("redis", scheme + "://" + rest)
         raise ConfigurationError(
             f"unsupported database {scheme!r} in {url!r}: use postgresql://, sqlite:///relative "
-            "or sqlite:////absolute, mariadb:// (or mysql://), redis://, rediss:// or "
-            "redis+cluster://"
+            "or sqlite:////absolute, mariadb:// (or mysql://), redis://, rediss://, "
+            "redis+cluster:// or redis+sentinel://"
         )
 
     @classmethod

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError, LockLost, Reject
+from ..errors import ConfigurationError, LockLost, Reject, StoreUnavailable
 from ..states import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_RETENTION,
@@ -406,6 +406,13 @@ class Flow:
                 return FlowResult(ResultKind.FAILED, claim, SERVER_ERROR, stored=True, error=exc)
             yield DoRelease(lease)
         except LockLost as lost:
+            if isinstance(exc, StoreUnavailable):
+                # The phase's COMMIT may have landed before the store stopped
+                # answering (a partition: DESIGN 13). Then the refused release is our
+                # own phase having finished the key, not another worker's takeover:
+                # answer the unknown outcome as the store failure (503), and the
+                # retry replays or resumes.
+                return FlowResult(ResultKind.FAILED, claim, SERVER_ERROR, error=exc)
             return FlowResult(ResultKind.LOST, claim, error=lost)
         return FlowResult(ResultKind.FAILED, claim, SERVER_ERROR, error=exc)
 

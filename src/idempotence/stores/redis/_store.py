@@ -22,6 +22,7 @@ from ...observability import Instrumentation, combine
 from ...states import Claim, ClaimRequest, KeyRecord, Lease, StoredResponse
 from .._listener import Listener
 from .._listener_shared import STOP_CHECK
+from .._redis_url import sentinel_url
 from .._sql.ops import _lost
 from .._waiters import Waiters
 from ._lane import Lane
@@ -32,6 +33,7 @@ from ._store_shared import (
     Redis,
     RedisCluster,
     RedisError,
+    Sentinel,
     channel,
     check_prefix,
     claim_args,
@@ -45,6 +47,7 @@ from ._store_shared import (
     finish_args,
     no_retry,
     open_client,
+    open_sentinel,
     record,
     record_pattern,
     timestamp,
@@ -96,8 +99,10 @@ class RedisStore:
     (P1-P5, F1, F2, P10).
 
     ``target`` is a ``redis://`` / ``rediss://`` URL (``redis+cluster://host:port``
-    for a Redis Cluster), for which the store opens and owns a client with connect and
-    read timeouts of ``timeout`` seconds, or a redis-py client of the application's,
+    for a Redis Cluster, ``redis+sentinel://host:port[,host:port...]/service[/db]``
+    for the master that Redis Sentinel names, found again after a failover), for
+    which the store opens and owns a client with connect and read timeouts of
+    ``timeout`` seconds, or a redis-py client of the application's,
     ``Redis`` or ``RedisCluster`` (the asyncio ones for the async store), which must
     not decode responses. Every Redis key starts with ``prefix`` and holds the scope and
     the key (tenants never share a key), behind a hash tag: one record, one hash, one
@@ -153,8 +158,13 @@ class RedisStore:
             # follows MOVED and ASK redirections, which are not failures.
             options = client_options(timeout) | {"retry": no_retry()}
             self._lane: Lane | None = None
+            sentinel = sentinel_url(target)
             if cluster is not None:
                 self._client = open_client(RedisCluster, cluster, options)
+            elif sentinel is not None:
+                # The master the sentinels name, asked again after a failover. Not
+                # through the lane: its one connection would stay on a demoted master.
+                self._client = open_sentinel(Sentinel, sentinel, options)
             else:
                 client: Redis = open_client(Redis, target, options)
                 self._client = client

@@ -21,15 +21,17 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.retry
+import redis.asyncio.sentinel
 import redis.backoff
 import redis.cluster
 import redis.exceptions
 import redis.retry
+import redis.sentinel
 
 from ... import _queries
 from ...errors import ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
 from ...states import STARTED, Claim, ClaimRequest, KeyRecord, StoredResponse, claim_from
-from .._redis_url import check_redis_url
+from .._redis_url import SentinelTarget, check_redis_url
 
 AsyncRedis = redis.asyncio.Redis
 """The clients, in both spellings (``scripts/unasync.py`` turns ``AsyncRedis`` into
@@ -37,6 +39,8 @@ AsyncRedis = redis.asyncio.Redis
 Redis = redis.Redis
 AsyncRedisCluster = redis.asyncio.cluster.RedisCluster
 RedisCluster = redis.cluster.RedisCluster
+Sentinel = redis.sentinel.Sentinel
+AsyncSentinel = redis.asyncio.sentinel.Sentinel
 
 RedisError = redis.exceptions.RedisError
 """Any error of redis-py's."""
@@ -407,6 +411,26 @@ def cluster_url(url: str) -> str | None:
     if sep and scheme.lower() in ("redis+cluster", "rediss+cluster"):
         return scheme.lower().partition("+")[0] + "://" + rest
     return None
+
+
+def open_sentinel(kind: Any, target: SentinelTarget, options: Mapping[str, Any]) -> Any:
+    """A client of the master that ``target``'s sentinels name, found again after a
+    failover (redis-py's SentinelConnectionPool asks them at each new connection)."""
+    timeouts = {k: v for k, v in options.items() if k.startswith("socket_")}
+    sentinel = kind(
+        list(target.sentinels),
+        sentinel_kwargs={**timeouts, "ssl": target.tls} if target.tls else timeouts,
+        **timeouts,
+    )
+    extra = {"ssl": True} if target.tls else {}
+    return sentinel.master_for(
+        target.service,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        **extra,
+        **options,
+    )
 
 
 def open_client(kind: Any, url: str, options: Mapping[str, Any]) -> Any:
