@@ -71,6 +71,16 @@ T = TypeVar("T")
 
 
 class PostgresConnection:
+    """A :class:`~idempotence.stores.sql.Connection` on one psycopg connection:
+    the store's statements on it, its transactions, and the statements deferred to
+    their commit, pipelined with the BEGIN and the COMMIT where it can.
+
+    Args:
+        raw: the psycopg connection (the application's, or one of the store's pool).
+        own: whether the connection is the store's own (then a transaction it opens
+            restores the application's planning settings).
+    """
+
     def __init__(self, raw: psycopg.Connection[Any], *, own: bool = False) -> None:
         self.raw = raw
         #: The statements that open a transaction: on the store's own connections the
@@ -220,7 +230,11 @@ class PostgresConnection:
 
 class BoundedClaim:
     """The claim's connection for its further statements (a claim may run again, see
-    ``claim_in_one_statement``): each waits for a lock no longer than the first."""
+    ``claim_in_one_statement``): each waits for a lock no longer than the first (F8).
+
+    Args:
+        conn: the connection the claim runs on.
+    """
 
     def __init__(self, conn: PostgresConnection) -> None:
         self._conn = conn

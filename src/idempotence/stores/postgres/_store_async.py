@@ -69,6 +69,16 @@ T = TypeVar("T")
 
 
 class AsyncPostgresConnection:
+    """A :class:`~idempotence.stores.sql.AsyncConnection` on one psycopg connection:
+    the store's statements on it, its transactions, and the statements deferred to
+    their commit, pipelined with the BEGIN and the COMMIT where it can.
+
+    Args:
+        raw: the psycopg connection (the application's, or one of the store's pool).
+        own: whether the connection is the store's own (then a transaction it opens
+            restores the application's planning settings).
+    """
+
     def __init__(self, raw: psycopg.AsyncConnection[Any], *, own: bool = False) -> None:
         self.raw = raw
         #: The statements that open a transaction: on the store's own connections the
@@ -218,7 +228,11 @@ class AsyncPostgresConnection:
 
 class AsyncBoundedClaim:
     """The claim's connection for its further statements (a claim may run again, see
-    ``claim_in_one_statement``): each waits for a lock no longer than the first."""
+    ``claim_in_one_statement``): each waits for a lock no longer than the first (F8).
+
+    Args:
+        conn: the connection the claim runs on.
+    """
 
     def __init__(self, conn: AsyncPostgresConnection) -> None:
         self._conn = conn

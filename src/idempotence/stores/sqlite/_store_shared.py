@@ -96,6 +96,17 @@ _translated = translator(sqlite3.Error, translate)
 
 
 class SqliteConnection:
+    """A :class:`~idempotence.stores.sql.Connection` on one sqlite3 connection
+    (opened by :func:`connect`): the store's statements, its transactions as
+    ``BEGIN IMMEDIATE`` or a savepoint, and the statements deferred to their commit.
+
+    Args:
+        raw: the sqlite3 connection, in autocommit (``isolation_level=None``).
+        writer: held around every write transaction, so a store's threads queue for
+            SQLite's one writer instead of polling its busy handler.
+        groups: the group commit of a file's connections, if any.
+    """
+
     _savepoints = itertools.count()
 
     def __init__(
