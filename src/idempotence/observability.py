@@ -17,6 +17,12 @@ only report; what happens to a key is decided elsewhere (:mod:`idempotence.state
 the flow engine) and never here.
 
 Write your own by subclassing :class:`Instrumentation` and overriding what you need.
+
+One module per meaning: this one is the interface; :mod:`idempotence.metrics` its
+Prometheus implementation (the background services count there too),
+:mod:`idempotence.tracing` its OpenTelemetry one, and :mod:`idempotence.logs` the
+formatter that shows the fields the library logs with. ``idempotence.maintenance.metrics``
+and ``idempotence.maintenance.logs`` are old import paths of the last two, kept working.
 """
 
 from __future__ import annotations
