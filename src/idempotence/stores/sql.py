@@ -8,9 +8,11 @@ name starts with an underscore may change without notice.
 
 What a SQL dialect supplies:
 
-* **Its queries file**: ``idempotence/sql/<name>/queries.sql``, every statement the
-  store runs, each under a ``-- name --`` header, with ``schema.sql`` and
-  ``migrations/NNNN_*.sql`` beside it. ``:name`` placeholders throughout.
+* **Its queries file**: ``queries.sql``, every statement the store runs, each under a
+  ``-- name --`` header, with ``schema.sql`` and ``migrations/NNNN_*.sql`` beside it;
+  ``:name`` placeholders throughout. A built-in dialect's are in
+  ``idempotence/sql/<name>/``; a dialect outside the package names its own folder
+  (``Dialect.sql_folder``).
 * **A** :class:`Dialect` **subclass**: its ``name`` (the folder above), whether its
   claim is one atomic statement (``claim_is_one_statement``; the claim is then
   :func:`claim_in_one_statement`, else :func:`claim_in_transaction` under a write
@@ -37,10 +39,13 @@ one without a batched statement (``claim_batch``) claims one key per statement.
 
 Example:
     ```python
-    from idempotence.stores.sql import Dialect, Query, claim_in_transaction
+    from importlib.resources import files
+
+    from idempotence.stores.sql import Dialect, claim_in_transaction
 
     class MyDialect(Dialect):
-        name = "mydb"                   # idempotence/sql/mydb/queries.sql
+        name = "mydb"
+        sql_folder = files("mypackage") / "sql"   # queries.sql, schema.sql, migrations/
         claim_is_one_statement = False  # claims under a write lock
 
         def claim(self, request, finished=None):

@@ -16,6 +16,7 @@ import json
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from importlib.resources.abc import Traversable
 from typing import Any, ClassVar, TypeVar
 
 from ... import _queries
@@ -71,9 +72,18 @@ class Dialect(abc.ABC):
     #: True when a claim should first be tried as a plain read (claim_preview), so
     #: that replays and conflicts never take the write lock (SQLite).
     previews_claims: ClassVar[bool] = False
+    #: Where the dialect's SQL files are (``queries.sql``, ``schema.sql`` and
+    #: ``migrations/``). None: the package's own ``idempotence/sql/<name>/``, as for the
+    #: built-in dialects; a dialect outside the package names a folder of its own, such
+    #: as ``importlib.resources.files("mypackage") / "sql"``.
+    sql_folder: ClassVar[Traversable | None] = None
 
     def __init__(self) -> None:
-        self.queries = _queries.load(self.name)
+        self.queries = _queries.load(self.folder())
+
+    def folder(self) -> Traversable:
+        """The folder of this dialect's SQL files (see :attr:`sql_folder`)."""
+        return _queries.folder(self.name if self.sql_folder is None else self.sql_folder)
 
     def query(self, name: str, /, **params: Any) -> Query:
         return Query(name, self.queries[name], params)
@@ -338,7 +348,7 @@ def migrate(d: Dialect, *, upto: str | None = None) -> Op[list[str]]:
     yield d.query("migrations_prepare")
     applied = {row["version"] for row in (yield d.query("migrations_applied"))}
     done = []
-    for version, script in _queries.migrations(d.name):
+    for version, script in _queries.migrations(d.folder()):
         if version in applied or (upto is not None and version > upto):
             continue
         for statement in d.script_statements(script):
@@ -352,7 +362,7 @@ def pending_migrations(d: Dialect) -> Op[list[str]]:
     """The versions of the dialect's migrations not applied yet, read only (a schema
     never migrated fails with the driver's missing-table error: ``SchemaMissing``)."""
     applied = {row["version"] for row in (yield d.query("migrations_applied"))}
-    return [version for version, _ in _queries.migrations(d.name) if version not in applied]
+    return [version for version, _ in _queries.migrations(d.folder()) if version not in applied]
 
 
 def forget(d: Dialect, lease: Lease) -> Op[None]:
