@@ -6,6 +6,18 @@ what every backend honours; :class:`Store` and :class:`AsyncStore`, the SQL stor
 add the transaction shared with the application that flows and request-as-transaction
 need (:mod:`._interface`). :mod:`.cached` (the ``redis`` extra) puts a Redis cache of
 finished responses in front of a SQL store, and stands in for it.
+
+The layout shows the architecture. Each backend is a package: :mod:`.postgres`,
+:mod:`.sqlite`, :mod:`.redis`, :mod:`.cached`, each its public face in ``__init__``,
+its store in ``_store_async.py`` (``_store.py`` generated from it) and what the two
+share in ``_store_shared.py``. Beside them, the shared machinery at two levels: what
+only the SQL stores run on is the private package ``_sql`` (the operations, the store
+classes, the connection runners, batching; no driver), and what every store shares,
+SQL or key-value, is flat private modules here (the key-store protocols, the retry
+policy ``_retry``, the wait for a twin ``_listener*``/``_waiters``, the Redis URL
+check). So a key-value store visibly depends on no SQL machinery, and a new SQL
+backend finds what it builds on in one place. A store built outside the package uses
+the public interface only: :mod:`.sql` and :mod:`.keyvalue`.
 """
 
 from typing import TYPE_CHECKING
