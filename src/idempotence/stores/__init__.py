@@ -12,12 +12,13 @@ The layout shows the architecture. Each backend is a package: :mod:`.postgres`,
 its store in ``_store_async.py`` (``_store.py`` generated from it) and what the two
 share in ``_store_shared.py``. Beside them, the shared machinery at two levels: what
 only the SQL stores run on is the private package ``_sql`` (the operations, the store
-classes, the connection runners, batching; no driver), and what every store shares,
-SQL or key-value, is flat private modules here (the key-store protocols, the retry
-policy ``_retry``, the wait for a twin ``_listener*``/``_waiters``, the Redis URL
-check). So a key-value store visibly depends on no SQL machinery, and a new SQL
-backend finds what it builds on in one place. A store built outside the package uses
-the public interface only: :mod:`.sql` and :mod:`.keyvalue`.
+classes, the connection runners, the retry policy, batching; no driver), and what
+every store shares, SQL or key-value, is flat private modules here (the key-store
+protocols ``_interface``, the refusal of a fenced write ``_fenced``, the wait for a
+twin ``_listener*`` and ``_waiters``, the Redis URL check). So a new SQL backend finds
+what it builds on in one place, and the Redis store takes nothing from ``_sql`` but
+the dialect type the PostgreSQL listener it shares is written for. A store built
+outside the package uses the public interface only: :mod:`.sql` and :mod:`.keyvalue`.
 """
 
 from typing import TYPE_CHECKING

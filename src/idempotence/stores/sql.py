@@ -56,7 +56,6 @@ Example:
 
 from __future__ import annotations
 
-from ._retry import Blocks, KeyHeld, translator
 from ._sql.connection import Connection, Fetcher, Source, body, run
 from ._sql.connection_async import AsyncConnection, AsyncFetcher, AsyncSource, body_async, run_async
 from ._sql.ops import (
@@ -71,6 +70,7 @@ from ._sql.ops import (
     pending_migrations,
 )
 from ._sql.placeholders import to_pyformat
+from ._sql.retry import Blocks, KeyHeld, translator
 from ._sql.store import Store, Transaction
 from ._sql.store_async import AsyncStore, AsyncTransaction
 

@@ -6,13 +6,14 @@ the operations as generators of queries (:mod:`.ops`), the store classes that ch
 connection and a transaction for them (:mod:`.store_async`, and :mod:`.store` generated
 from it), the runners that feed an operation to a connection (:mod:`.connection_async`,
 :mod:`.connection`), natural batching (:mod:`.batch_plan` decides, :mod:`.batcher`
-waits), the gate every store's own connections pass (:mod:`.gate`) and the one
-placeholder style for the application's SQL (:mod:`.placeholders`).
+waits), the gate every store's own connections pass (:mod:`.gate`), the retry policy
+and the operations deferred to a commit (:mod:`.retry`), and the one placeholder
+style for the application's SQL (:mod:`.placeholders`).
 
 Why a package of its own: ``stores/`` holds one package per backend (``postgres/``,
 ``sqlite/``, ``redis/``, ``cached/``) and, as flat private modules, what EVERY store
-shares, SQL or key-value (the key-store protocols, the retry policy, the waiting for a
-twin). What only SQL stores share sits here, so a Redis store visibly does not depend
+shares, SQL or key-value (the key-store protocols, the refusal of a fenced write, the
+waiting for a twin). What only SQL stores share sits here, so a Redis store visibly does not depend
 on it, and a new SQL backend finds everything it builds on in one place. Nothing here
 imports a database driver. The supported names are re-exported, documented, by
 :mod:`idempotence.stores.sql`.

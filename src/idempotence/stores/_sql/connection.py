@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol, TypeVar
 
-from .._retry import Blocks
 from .ops import Op, Query, Row
+from .retry import Blocks
 
 T = TypeVar("T")
 
@@ -83,7 +83,7 @@ def run(op: Op[T], conn: Fetcher, rows: list[Row] | None = None) -> T:
 def body(blocks: Blocks, conn: Connection, first: Op[T] | None) -> Iterator[T | None]:
     """The inside of a transaction block that runs its statements one by one: run
     ``first`` and yield its result, then run what was deferred to the commit (see
-    :class:`~.._retry.Blocks`)."""
+    :class:`~.retry.Blocks`)."""
     with blocks.block() as deferred:
         yield None if first is None else run(first, conn)
         blocks.seal(deferred)

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
-from .._retry import Blocks
 from .ops import Op, Query, Row
+from .retry import Blocks
 
 T = TypeVar("T")
 
@@ -83,7 +83,7 @@ async def body_async(
 ) -> AsyncIterator[T | None]:
     """The inside of a transaction block that runs its statements one by one: run
     ``first`` and yield its result, then run what was deferred to the commit (see
-    :class:`~.._retry.Blocks`)."""
+    :class:`~.retry.Blocks`)."""
     with blocks.block() as deferred:
         yield None if first is None else await run_async(first, conn)
         blocks.seal(deferred)

@@ -33,6 +33,7 @@ from ...states import (
     arbitrate,
     claim_from,
 )
+from .._fenced import lost as _lost
 from . import batch_plan as _batch
 
 T = TypeVar("T")
@@ -200,17 +201,6 @@ class Dialect(abc.ABC):
 def _fenced(lease: Lease) -> dict[str, Any]:
     # The key as well as the id: see SESSION_PLANNING in stores/postgres/_store_shared.py.
     return {"scope": lease.scope, "key": lease.key, "id": lease.id, "token": lease.token}
-
-
-def _lost(lease: Lease, action: str) -> LockLost:
-    return LockLost(
-        f"cannot {action} key {lease.key!r} in scope {lease.scope!r}: lock token "
-        f"{lease.token} is no longer current (another worker took the key over, or it "
-        "is finished); this transaction must roll back",
-        scope=lease.scope,
-        key=lease.key,
-        token=lease.token,
-    )
 
 
 def refuse_after_finished_claim(

@@ -31,9 +31,9 @@ from ...errors import StoreUnavailable
 from ...observability import Instrumentation
 from .._listener import Listener
 from .._listener_shared import mark_waiter
-from .._retry import Blocks
 from .._sql.connection import body, run
 from .._sql.ops import APPLICATION, Op, Query, Row
+from .._sql.retry import Blocks
 from .._sql.store import Store
 from ._breaker import Breaker, closed_by_server
 from ._store_shared import (

@@ -29,9 +29,9 @@ from ...errors import StoreUnavailable
 from ...observability import Instrumentation
 from .._listener_async import AsyncListener
 from .._listener_shared import mark_waiter
-from .._retry import Blocks
 from .._sql.connection_async import body_async, run_async
 from .._sql.ops import APPLICATION, Op, Query, Row
+from .._sql.retry import Blocks
 from .._sql.store_async import AsyncStore
 from ._breaker import Breaker, closed_by_server
 from ._store_shared import (

@@ -18,9 +18,9 @@ from typing import Any, Generic, TypeVar
 
 from ...errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
 from ...states import ClaimRequest, StoredResponse
-from .._retry import Blocks, TransientError, own_copy, translator
 from .._sql.connection import body, run
 from .._sql.ops import Dialect, Op, Query, Row, claim_in_transaction
+from .._sql.retry import Blocks, TransientError, own_copy, translator
 from ._group import Groups
 
 #: Seconds a connection waits for another's write lock before the attempt fails (and

@@ -1,9 +1,9 @@
-"""What every store's I/O shares, sync or async: the retry policy for transient
+"""What every SQL store's I/O shares, sync or async: the retry policy for transient
 errors (:class:`~idempotence.errors.TransientError`), and the bookkeeping of
 operations deferred to a commit (:class:`Blocks`).
 
 The connections themselves (the protocols, and the runners that feed an operation's
-queries to one) are in :mod:`._sql.connection_async`, from which :mod:`._sql.connection` is
+queries to one) are in :mod:`.connection_async`, from which :mod:`.connection` is
 generated.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
-from ..errors import TransientError
+from ...errors import TransientError
 
 __all__ = [
     "TRANSIENT_ATTEMPTS",
@@ -27,7 +27,7 @@ __all__ = [
     "own_copy",
     "translator",
 ]
-from ._sql.ops import APPLICATION, Op
+from .ops import APPLICATION, Op
 
 #: How often an operation whose transaction the store owns is retried after a
 #: serialization failure, deadlock or busy database, and the base of its backoff.
@@ -38,7 +38,7 @@ TRANSIENT_BACKOFF = 0.005
 class KeyHeld(Exception):
     """The claim that opens a transaction (F3) found the key's row held by another
     open transaction and did not wait for it (F8): its transaction rolled back. The
-    store answers the claim from a read instead (:func:`~._sql.ops.claim_held`)."""
+    store answers the claim from a read instead (:func:`~.ops.claim_held`)."""
 
 
 E = TypeVar("E", bound=BaseException)
@@ -69,7 +69,7 @@ class Blocks:
     connection (see :meth:`Connection.defer`), innermost last.
 
     A driver's ``atomic`` opens and ends the transaction; between the two it runs
-    :func:`~._sql.connection.body`, which runs ``first``, yields its result to the block,
+    :func:`~.connection.body`, which runs ``first``, yields its result to the block,
     and runs what was deferred before the driver commits. An exception out
     of it, the block's own or a deferred operation's, is the driver's cue to roll back.
     A driver that sends the deferred statements with its COMMIT keeps only the
@@ -142,7 +142,7 @@ def translator(
     translate: Callable[..., BaseException],
 ) -> Translated:
     """A store's ``translated(statement)``: the block for the statement named
-    ``statement``, where :data:`~._sql.ops.APPLICATION` (the application's statement, whose
+    ``statement``, where :data:`~.ops.APPLICATION` (the application's statement, whose
     errors are its own) translates with ``own=False``."""
     own = Translating(errors, translate, own=True)
     application = Translating(errors, translate, own=False)
