@@ -1,13 +1,15 @@
 """A log formatter that shows the structured fields the library logs with ``extra``.
 
 The background services (and the stores, flows and consumers) log through
-:mod:`logging` with fields such as ``service``, ``scope``, ``key`` and ``count`` in
+`logging` with fields such as ``service``, ``scope``, ``key`` and ``count`` in
 ``extra``; any handler of the application's sees them as record attributes. This
 formatter prints them, as ``key=value`` pairs after the message or as one JSON object
 per line (for a log shipper).
 
->>> handler = logging.StreamHandler()
->>> handler.setFormatter(StructuredFormatter(as_json=True))
+```python
+handler = logging.StreamHandler()
+handler.setFormatter(StructuredFormatter(as_json=True))
+```
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""An old import path of :class:`~idempotence.logs.StructuredFormatter`, kept working:
-the formatter lives in :mod:`idempotence.logs`, beside the metrics and the traces,
+"""An old import path of `StructuredFormatter`, kept working:
+the formatter lives in `idempotence.logs`, beside the metrics and the traces,
 because it shows the structured fields of every logger of the library, not only the
 background services'."""
 

@@ -8,8 +8,8 @@ from ..states import Lease
 
 
 def lost(lease: Lease, action: str) -> LockLost:
-    """The :class:`~idempotence.errors.LockLost` for ``action`` (``"finish"``,
-    ``"release"``, ...) refused on ``lease``'s key."""
+    """The [`LockLost`][idempotence.maintenance.completer_async.LockLost] for ``action``
+    (``"finish"``, ``"release"``, ...) refused on ``lease``'s key."""
     return LockLost(
         f"cannot {action} key {lease.key!r} in scope {lease.scope!r}: lock token "
         f"{lease.token} is no longer current (another worker took the key over, or it "
