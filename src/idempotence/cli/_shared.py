@@ -25,8 +25,8 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..flows import Flow, FlowRegistry
+from ..logs import StructuredFormatter
 from ..maintenance._jobs_shared import JobRegistry
-from ..maintenance.logs import StructuredFormatter
 from ..observability import Instrumentation
 from ..stores import AsyncStore, Store
 
