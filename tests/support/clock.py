@@ -35,13 +35,17 @@ REDIS_FIELDS = {
 
 
 def update(dialect: str, columns: tuple[str, ...], one_key: bool) -> str:
-    """The UPDATE that moves ``columns`` back by ``:s`` seconds, on ``dialect``
-    ("postgres", or "sqlite", which keeps its times as seconds since the epoch)."""
+    """The UPDATE that moves ``columns`` back by ``:s`` seconds (``:us`` microseconds),
+    on ``dialect`` ("postgres", "mariadb", or "sqlite", which keeps its times as seconds
+    since the epoch)."""
     if dialect == "postgres":
         sets = ", ".join(f"{c} = {c} - make_interval(secs => :s)" for c in columns)
+    elif dialect == "mariadb":
+        sets = ", ".join(f"{c} = {c} - INTERVAL :us MICROSECOND" for c in columns)
     else:
         sets = ", ".join(f"{c} = {c} - :s" for c in columns)
-    which = " AND key = :key" if one_key else ""
+    # KEY is a reserved word in MariaDB.
+    which = (" AND `key` = :key" if dialect == "mariadb" else " AND key = :key") if one_key else ""
     return f"UPDATE idempotency_keys SET {sets} WHERE scope = :scope{which}"
 
 
@@ -58,7 +62,12 @@ def age_lock(store: Any, scope: str, key: str, by: timedelta) -> None:
     with store.transaction() as tx:
         tx.execute(
             update(dialect, ("locked_at",), one_key=True),
-            {"s": by.total_seconds(), "scope": scope, "key": key},
+            {
+                "s": by.total_seconds(),
+                "us": by // timedelta(microseconds=1),
+                "scope": scope,
+                "key": key,
+            },
         )
 
 
