@@ -14,6 +14,9 @@ from tests.http.clients import sync_store
 from tests.http.test_http_contract import *  # noqa: F403 - the same tests, collected here
 from tests.support.mariadb import database
 
+#: The slow tier: the HTTP contract on MariaDB (the fast tier runs it on SQLite).
+pytestmark = pytest.mark.slow
+
 # PostgreSQL's NOTIFY wake-up: MariaDB has none (its twins poll, as the P10 tests show).
 del test_p10_postgres_wakes_the_twin_by_notify_not_by_its_next_poll  # noqa: F821
 

@@ -18,6 +18,9 @@ from tests.maintenance.test_reaper import *  # noqa: F403
 from tests.maintenance.test_sweeper import *  # noqa: F403
 from tests.support.mariadb import database
 
+#: The slow tier: the services on MariaDB (the fast tier runs them on SQLite).
+pytestmark = pytest.mark.slow
+
 # PostgreSQL's own behaviour (NOTIFY, LOCK TABLE, statement_timeout): not MariaDB's.
 del test_b1_p10_sweeping_a_lock_wakes_the_duplicates_waiting_for_it  # noqa: F821
 del test_b4_a_batch_in_flight_is_skipped_by_another_enqueuer  # noqa: F821
