@@ -38,6 +38,7 @@ SOURCES = [
     "flows/_driver_async.py",
     "http/_driver_async.py",
     "consumers/_driver_async.py",
+    "functions/_driver_async.py",
     "maintenance/_service_async.py",
     "maintenance/sweeper_async.py",
     "maintenance/reaper_async.py",

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from .database import DatabaseUrl, open_async_store, open_store
 from .errors import (
+    ArgumentsMismatch,
     BodyTooLarge,
+    CallInProgress,
     ConfigurationError,
     IdempotenceError,
     Indeterminate,
@@ -28,6 +30,7 @@ from .errors import (
     MixedPlaceholders,
     Reject,
     RequestError,
+    ResultNotStorable,
     SchemaMissing,
     StoreError,
     StoreInTransaction,
@@ -35,6 +38,7 @@ from .errors import (
     TransactionEnded,
 )
 from .flows import Advance, Finish, Flow, FlowRegistry, FlowResult, NoOp, ResultKind
+from .functions import current_call, idempotent
 from .observability import Instrumentation
 from .states import (
     FINISHED,
@@ -68,6 +72,11 @@ if TYPE_CHECKING:
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "ArgumentsMismatch",
+    "CallInProgress",
+    "ResultNotStorable",
+    "current_call",
+    "idempotent",
     "ResultKind",
     "Reject",
     "NoOp",
