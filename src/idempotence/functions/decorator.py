@@ -39,72 +39,48 @@ def idempotent(
 ) -> Callable[[F], F]:
     """Guard a function (``def`` or ``async def``) so that each key runs it once.
 
-    The first call with a key runs the function and stores what it returned; every
-    later call with that key returns the stored value, restored to the declared return
-    type, without running the function. A call racing one that runs is refused (or, with
-    ``wait``, waits for it); a call with the same key but other arguments is refused.
+    The first call with a key runs the function and stores what it returned; a later
+    call with the key returns the stored value, restored to the declared return type.
+    A racing call raises :class:`~idempotence.errors.CallInProgress` (or waits, with
+    ``wait``); the key with other arguments raises
+    :class:`~idempotence.errors.ArgumentsMismatch`; an unreachable store raises
+    :class:`~idempotence.errors.StoreUnavailable`. The function runs in none of these.
 
     Args:
-        store: The key store, or a function without arguments that returns it (opened
-            at the first call: a worker process opens its own). A sync store
-            (``SqliteStore``, ``PostgresStore``, ``RedisStore``...) guards a ``def``, an
-            async one an ``async def``.
-        key: Where the key comes from: an argument's name (``"order_id"``), a dotted
-            path into an argument (``"order.id"``: attributes, or mapping items), or a
-            callable given the call's arguments. A str, int or UUID, 1 to 255
-            printable ASCII characters.
-        scope: Who owns the key, chosen like ``key`` (a tenant's id, say); default:
-            ``name``, so two functions never share keys.
-        name: The function's name in the store (its scope by default, its metrics and
-            traces, and part of its fingerprint); default: its qualified name,
-            ``module.function``. Give one to keep keys valid across a rename.
+        store: The key store, or a function without arguments that returns it (called
+            at the first call). A sync store guards a ``def``, an async one an
+            ``async def``.
+        key: An argument's name (``"order_id"``), a dotted path into an argument
+            (``"order.id"``: attributes or mapping items), or a callable given the
+            call's arguments. A str, int or UUID of 1 to 255 printable ASCII characters.
+        scope: Who owns the key, chosen like ``key``; default: ``name``.
+        name: The function's name in the store, metrics and fingerprint; default: its
+            qualified name, ``module.function``.
         fingerprint_exclude: Arguments (or dotted paths into them) left out of the
-            fingerprint: a timestamp regenerated on each retry, a database session.
-            ``self`` and ``cls`` always are.
-        serializer: ``(dump, load)``: ``dump(value)`` returns a JSON value, ``load``
-            makes the value from it again. Default: by the declared return type (JSON
-            values, dataclasses, pydantic models).
-        final_exceptions: Exceptions that are the call's answer: stored, and raised
-            again (rebuilt from their class and arguments) on every replay. Any other
-            exception releases the key, so a retry runs the function again.
-        wait: Wait up to this long (at most 5 minutes) for a racing call with the same
-            key to finish, then return its result, instead of raising
-            :class:`~idempotence.errors.CallInProgress` at once.
-        lock_timeout: How long a silent call keeps the key: after a crash, a retry
-            takes it over this long after the last heartbeat.
-        heartbeat: How often a running call extends its lock; default a third of
-            ``lock_timeout``. So a call may run for as long as it needs.
+            fingerprint. ``self`` and ``cls`` always are.
+        serializer: ``(dump, load)``: to a JSON value and back. Default: by the
+            declared return type (JSON values, dataclasses, pydantic models).
+        final_exceptions: Exceptions stored and raised again on every replay; any
+            other releases the key, so a retry runs the function again.
+        wait: Wait up to this long (at most 5 minutes) for a racing call to finish and
+            return its result.
+        lock_timeout: How long a silent (crashed) call keeps the key.
+        heartbeat: How often a running call extends its lock (default: a third of
+            ``lock_timeout``).
         retention: How long a finished key replays; None keeps it forever.
-        transactional: Run the function inside the claim's transaction (a SQL store
-            only): its writes, through ``current_call().tx``, commit together with the
-            stored result, or roll back together with the claim.
+        transactional: Run the function inside the claim's transaction (SQL stores):
+            its writes through ``current_call().tx`` commit with the stored result.
 
     Returns:
-        The decorator. The guarded function keeps the signature of the original.
+        The decorator; the guarded function keeps the original's signature.
 
     Raises:
-        ConfigurationError: At decoration: a ``key``, ``scope`` or
-            ``fingerprint_exclude`` that names no parameter, a return type that cannot
-            be stored without a serializer, a sync store on an ``async def`` (or the
-            reverse), ``transactional=True`` on a store without transactions.
-
-    The guarded function raises, besides its own exceptions:
-    :class:`~idempotence.errors.ArgumentsMismatch` (the key was used with other
-    arguments), :class:`~idempotence.errors.CallInProgress` (a call with the key is
-    running; ``retry_after`` says for how long at most),
-    :class:`~idempotence.errors.ResultNotStorable` (the function ran but its result
-    cannot be stored), :class:`~idempotence.errors.MissingKey` and
-    :class:`~idempotence.errors.InvalidKey` (no usable key), and
-    :class:`~idempotence.errors.StoreUnavailable` (the store cannot be reached: the
-    function did not run).
+        ConfigurationError: At decoration, for what cannot work: a ``key`` naming no
+            parameter, a return type that cannot be stored, a store of the other
+            flavour, ``transactional=True`` on a store without transactions.
 
     Example:
         ```python
-        from idempotence import SqliteStore, idempotent
-
-        store = SqliteStore("keys.sqlite3")
-        store.migrate()
-
         @idempotent(store, key="order_id")
         def charge(order_id: str, amount: int) -> dict:
             return {"charged": amount}
@@ -113,43 +89,35 @@ def idempotent(
         charge("order-1", 500)   # returns the stored {"charged": 500}
         ```
     """
+    # Every keyword argument as given (read first thing, before any local is bound).
+    options = {name: value for name, value in locals().items() if name != "store"}
 
     def decorate(fn: F) -> F:
-        guard = Guard(
-            fn,
-            key=key,
-            scope=scope,
-            name=name,
-            fingerprint_exclude=fingerprint_exclude,
-            serializer=serializer,
-            final_exceptions=final_exceptions,
-            wait=wait,
-            lock_timeout=lock_timeout,
-            heartbeat=heartbeat,
-            retention=retention,
-            transactional=transactional,
-        )
-        is_async = inspect.iscoroutinefunction(fn)
-        resolve = _resolver(store, guard, is_async)
-        if is_async:
-
-            @functools.wraps(fn)
-            async def guarded_async(*args: Any, **kwargs: Any) -> Any:
-                return await call_async(guard, resolve(), args, kwargs)
-
-            wrapper: Any = guarded_async
-        else:
-
-            @functools.wraps(fn)
-            def guarded(*args: Any, **kwargs: Any) -> Any:
-                return call(guard, resolve(), args, kwargs)
-
-            wrapper = guarded
-        wrapper.__idempotence_guard__ = guard
-        result: F = wrapper
-        return result
+        return _guarded(fn, store, Guard(fn, **options))
 
     return decorate
+
+
+def _guarded(fn: F, store: Any, guard: Guard) -> F:
+    is_async = inspect.iscoroutinefunction(fn)
+    resolve = _resolver(store, guard, is_async)
+    if is_async:
+
+        @functools.wraps(fn)
+        async def guarded_async(*args: Any, **kwargs: Any) -> Any:
+            return await call_async(guard, resolve(), args, kwargs)
+
+        wrapper: Any = guarded_async
+    else:
+
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            return call(guard, resolve(), args, kwargs)
+
+        wrapper = guarded
+    wrapper.__idempotence_guard__ = guard
+    result: F = wrapper
+    return result
 
 
 def _resolver(store: Any, guard: Guard, is_async: bool) -> Callable[[], Any]:
