@@ -47,6 +47,7 @@ NOT_RUN = {
     ("README.md", "an excerpt of examples/django_shop/orders/views.py"),
     ("README.md", "runs until SIGTERM"),
     ("docs/quickstart.md", "installs from the package index"),
+    ("docs/how-to/celery.md", "needs a RabbitMQ broker and a Celery worker"),
 }
 
 
