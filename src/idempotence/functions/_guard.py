@@ -41,8 +41,13 @@ from ..errors import (
 )
 from ..flows import Flow, FlowResult, ResultKind
 from ..flows.results import Captured
-from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, DEFAULT_RETENTION, ClaimRequest, Lease
-from ..states import StoredResponse as StoredResponse
+from ..states import (
+    DEFAULT_HANDLER_LOCK_TIMEOUT,
+    DEFAULT_RETENTION,
+    ClaimRequest,
+    Lease,
+    StoredResponse,
+)
 from ._arguments import Fingerprinter, Picker, Selector
 from ._codec import Codec, NotStorable, codec_for
 
