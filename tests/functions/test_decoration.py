@@ -176,3 +176,20 @@ def test_an_opener_is_called_once_at_the_first_call(sqlite_path: str) -> None:
 
     asyncio.run(twice())
     assert len(opened) == 1
+
+
+def test_a_dotted_path_is_cut_from_the_fingerprint(store: SqliteStore) -> None:
+    from idempotence import ArgumentsMismatch
+
+    runs: list[str] = []
+
+    @idempotent(store, key="order.ref", fingerprint_exclude=["order.meta.sent_at"])
+    def place(order: dict[str, Any]) -> int:
+        runs.append(order["ref"])
+        return int(order["amount"])
+
+    assert place({"ref": "r-1", "amount": 5, "meta": {"sent_at": 1}}) == 5
+    assert place({"ref": "r-1", "amount": 5, "meta": {"sent_at": 2}}) == 5  # a retry
+    with pytest.raises(ArgumentsMismatch):
+        place({"ref": "r-1", "amount": 6, "meta": {"sent_at": 3}})
+    assert runs == ["r-1"]

@@ -11,7 +11,8 @@ The key (and the scope) is chosen once, at decoration, as one of:
 A name is checked against the function's parameters when it is decorated, so a typo
 fails at import, not at the first call.
 
-The fingerprint is the canonical JSON (:mod:`idempotence.fingerprint`) of the bound
+The fingerprint is the canonical JSON (sorted keys, no whitespace; hashed as
+:func:`idempotence.fingerprint.digest` frames every fingerprint) of the bound
 arguments, defaults applied, under the function's name: the same call made again
 fingerprints the same whatever the order or spelling of its arguments, and the same
 key with other arguments is refused (P2). ``fingerprint_exclude`` leaves arguments
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidKey, MissingKey
-from ..fingerprint import fingerprint
+from ..fingerprint import digest
 from ..keys import validate_key
 from ._codec import NotStorable, to_json
 
@@ -134,7 +135,7 @@ class Fingerprinter:
         self._exclude = tuple(p for p in paths if "." in p)
 
     def of(self, arguments: Mapping[str, Any]) -> str:
-        data = {}
+        data: dict[str, Any] = {}
         for name, value in arguments.items():
             if name in self._dropped:
                 continue
@@ -146,5 +147,21 @@ class Fingerprinter:
                     f"with fingerprint_exclude=[{name!r}] if it does not change what the "
                     "call does"
                 ) from None
-        body = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
-        return fingerprint("CALL", self._name, body, "application/json", exclude=self._exclude)
+        for path in self._exclude:
+            _cut(data, path.split("."))
+        # The canonical form is written here, from Python values (sorted keys, no
+        # whitespace), and framed as every fingerprint is: no JSON text to parse back.
+        canonical = json.dumps(
+            data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode("utf-8", "surrogatepass")
+        return digest("CALL", self._name, "application/json", canonical)
+
+
+def _cut(value: Any, path: list[str]) -> None:
+    """Remove the dotted ``path`` from the JSON ``value``, if it is there."""
+    for step in path[:-1]:
+        if not isinstance(value, dict):
+            return
+        value = value.get(step)
+    if isinstance(value, dict):
+        value.pop(path[-1], None)
