@@ -48,6 +48,8 @@ NOT_RUN = {
     ("README.md", "runs until SIGTERM"),
     ("docs/quickstart.md", "installs from the package index"),
     ("docs/how-to/celery.md", "needs a RabbitMQ broker and a Celery worker"),
+    ("docs/how-to/staged-jobs.md", "needs a RabbitMQ broker or a Celery app"),
+    ("docs/how-to/staged-jobs.md", "needs a RabbitMQ broker"),
 }
 
 
