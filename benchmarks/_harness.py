@@ -487,7 +487,7 @@ class RedisHand:
     def __init__(self, url: str) -> None:
         from urllib.parse import urlsplit
 
-        from idempotence.stores._redis_base import SCRIPTS
+        from idempotence.stores.redis._store_shared import SCRIPTS
 
         parts = urlsplit(url)
         self.address = (parts.hostname or "127.0.0.1", parts.port or 6379)

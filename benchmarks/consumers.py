@@ -70,9 +70,9 @@ from idempotence import SqliteStore, _queries
 from idempotence.consumers import Consumer, Disposition, Message, MessageContext
 from idempotence.consumers._guard import PROCESSED
 from idempotence.consumers.rabbitmq_pika import PikaConsumer
-from idempotence.stores._ops import Query
-from idempotence.stores._postgres_base import SESSION_PLANNING, bounded_claim
+from idempotence.stores._sql.ops import Query
 from idempotence.stores.postgres import PostgresStore
+from idempotence.stores.postgres._store_shared import SESSION_PLANNING, bounded_claim
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"

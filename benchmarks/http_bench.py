@@ -264,7 +264,8 @@ class PgHand:
         import psycopg_pool
 
         from idempotence._queries import load
-        from idempotence.stores import _postgres_async, _postgres_base
+        from idempotence.stores.postgres import _store_async as _postgres_async
+        from idempotence.stores.postgres import _store_shared as _postgres_base
 
         self.pool: Any = psycopg_pool.AsyncConnectionPool(
             url,
@@ -296,7 +297,7 @@ class PgHand:
         Request-as-transaction: BEGIN+claim in one pipeline, the write, finish+COMMIT."""
         from psycopg.rows import dict_row
 
-        from idempotence.stores._ops import Query
+        from idempotence.stores._sql.ops import Query
 
         async with self.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
@@ -335,7 +336,7 @@ class PgHand:
         pipeline, the write, then the finished row inserted with the COMMIT."""
         from psycopg.rows import dict_row
 
-        from idempotence.stores._ops import Query
+        from idempotence.stores._sql.ops import Query
 
         async with self.connection() as conn:
             lock = conn.cursor(row_factory=dict_row)

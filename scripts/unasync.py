@@ -29,12 +29,12 @@ PACKAGE = ROOT / "src" / "idempotence"
 #: The async sources, relative to the package; each generates the module without
 #: the ``_async`` suffix.
 SOURCES = [
-    "stores/_connection_async.py",
+    "stores/_sql/connection_async.py",
     "stores/_listener_async.py",
-    "stores/_store_async.py",
-    "stores/_postgres_async.py",
-    "stores/_cached_async.py",
-    "stores/_redis_async.py",
+    "stores/_sql/store_async.py",
+    "stores/postgres/_store_async.py",
+    "stores/cached/_store_async.py",
+    "stores/redis/_store_async.py",
     "flows/_driver_async.py",
     "http/_driver_async.py",
     "consumers/_driver_async.py",

@@ -1,5 +1,5 @@
 """The plans PostgreSQL caches for the store's statements (see SESSION_PLANNING in
-``stores/_postgres_base.py``).
+``stores/postgres/_store_shared.py``).
 
 A prepared statement is planned once per connection (a generic plan) and the plan is
 kept until an ANALYZE of its table replaces it; with autovacuum off, for ever. So the
@@ -24,9 +24,9 @@ import psycopg
 import pytest
 
 from idempotence import ClaimRequest, StoredResponse, _queries
-from idempotence.stores._ops import Query
-from idempotence.stores._postgres_base import SESSION_PLANNING, bounded_claim
+from idempotence.stores._sql.ops import Query
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from idempotence.stores.postgres._store_shared import SESSION_PLANNING, bounded_claim
 from tests.support.postgres import ProvidedServer, create_database, drop_database
 
 #: Statements that read many rows by design: the cross-scope maintenance scans (each

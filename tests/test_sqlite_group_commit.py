@@ -36,10 +36,10 @@ from idempotence import (
     StoredResponse,
 )
 from idempotence.errors import LockLost, StoreError, StoreUnavailable
-from idempotence.stores import _sqlite_base
-from idempotence.stores import sqlite as sqlite_module
-from idempotence.stores._group import Groups
-from idempotence.stores._ops import Dialect, Op
+from idempotence.stores._sql.ops import Dialect, Op
+from idempotence.stores.sqlite import _store as sqlite_module
+from idempotence.stores.sqlite import _store_shared as _sqlite_base
+from idempotence.stores.sqlite._group import Groups
 
 CONCURRENCY = 32
 KEYS = 200
@@ -415,7 +415,7 @@ def test_a_committer_cancelled_while_its_thread_commits_tells_no_one_before_the_
     committed or not."""
     reached, release = threading.Event(), threading.Event()
     in_savepoints: list[None] = []
-    original = _sqlite_base._Connection._run_in_savepoint
+    original = _sqlite_base.SqliteConnection._run_in_savepoint
 
     def held_before_the_commit(conn: Any, write: Any) -> bool:
         kept = original(conn, write)
@@ -427,7 +427,7 @@ def test_a_committer_cancelled_while_its_thread_commits_tells_no_one_before_the_
                 raise StoreUnavailable("disk I/O error")
         return kept
 
-    monkeypatch.setattr(_sqlite_base._Connection, "_run_in_savepoint", held_before_the_commit)
+    monkeypatch.setattr(_sqlite_base.SqliteConnection, "_run_in_savepoint", held_before_the_commit)
 
     async def main() -> tuple[list[Any], list[Any], bool]:
         async with AsyncSqliteStore(sqlite_path) as store:
@@ -474,13 +474,13 @@ def test_the_async_committer_carries_no_writers_context(
     context (a trace span, log fields) of the writer whose write started it. Each
     write itself still runs in its own writer's context (see _Write)."""
     seen_by_commits: list[str | None] = []
-    original = _sqlite_base._Connection.commit_group
+    original = _sqlite_base.SqliteConnection.commit_group
 
     def watched(conn: Any, group: Any) -> None:
         seen_by_commits.append(WRITER.get())
         original(conn, group)
 
-    monkeypatch.setattr(_sqlite_base._Connection, "commit_group", watched)
+    monkeypatch.setattr(_sqlite_base.SqliteConnection, "commit_group", watched)
 
     async def write(name: str, store: AsyncSqliteStore) -> None:
         WRITER.set(name)  # in this writer's task only

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from idempotence import AsyncSqliteStore, ClaimRequest, Outcome, StoredResponse
-from idempotence.stores import sqlite as sqlite_module
+from idempotence.stores.sqlite import _store as sqlite_module
 
 FP = "f" * 64
 

@@ -27,7 +27,7 @@ from idempotence import ClaimRequest, LockLost, Outcome, StoredResponse
 from idempotence.errors import StoreError, StoreInTransaction, StoreUnavailable
 from idempotence.observability import NO_WATCH, Instrumentation, Watch
 from idempotence.states import Claim
-from idempotence.stores import _batch
+from idempotence.stores._sql import batch_plan as _batch
 from idempotence.stores.postgres import AsyncPostgresStore
 from tests.support.roundtrips import round_trips
 

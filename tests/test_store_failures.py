@@ -25,10 +25,10 @@ from idempotence import (
     StoreUnavailable,
     TransientError,
 )
-from idempotence.stores import _postgres as postgres
-from idempotence.stores._breaker import FAIL_FAST
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from idempotence.stores.postgres import _store as postgres
 from idempotence.stores.postgres import translate as translate_pg
+from idempotence.stores.postgres._breaker import FAIL_FAST
 from tests.support.postgres import ProvidedServer, throwaway_cluster
 
 FP = "c" * 64
@@ -167,13 +167,13 @@ def test_p6_the_postgres_claim_is_one_statement_in_autocommit(
     pg_url: str, scope: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent: list[tuple[str, bool]] = []
-    fetch = postgres._Connection.fetch
+    fetch = postgres.PostgresConnection.fetch
 
     def counting(self: Any, query: Any) -> Any:
         sent.append((query.name, self.raw.autocommit))
         return fetch(self, query)
 
-    monkeypatch.setattr(postgres._Connection, "fetch", counting)
+    monkeypatch.setattr(postgres.PostgresConnection, "fetch", counting)
     store = PostgresStore(pg_url)
     first = store.claim(req(scope))
     store.claim(req(scope))  # in progress

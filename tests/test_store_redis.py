@@ -44,8 +44,8 @@ from idempotence import (
 from idempotence.database import open_sql_store
 from idempotence.flows import Flow
 from idempotence.http import Endpoint, Idempotency, Policy, single_tenant
-from idempotence.stores import _redis_base
 from idempotence.stores.redis import AsyncRedisStore, RedisStore, record_key
+from idempotence.stores.redis import _store_shared as _redis_base
 from tests.support.redis import SHARED_URL, delete_prefix, redis_cluster, redis_server, require
 from tests.support.stores import Blocking, EventLoopThread
 
@@ -402,10 +402,10 @@ def test_a_new_keys_claim_returns_the_record_as_stored(
 
 
 def test_the_scripts_read_the_fields_that_python_names() -> None:
-    """READ_FIELDS in redis.lua and in _redis_base.py: one list, in one order."""
+    """READ_FIELDS in redis.lua and in redis/_store_shared.py: one list, in one order."""
     from importlib import resources
 
-    lua = resources.files("idempotence").joinpath("stores", "redis.lua").read_text()
+    lua = resources.files("idempotence").joinpath("stores", "redis", "redis.lua").read_text()
     table = lua[lua.index("local READ_FIELDS = {") : lua.index("}", lua.index("READ_FIELDS"))]
     names = tuple(re.findall(r"'([a-z_]+)'", table))
     assert names == tuple(name.decode() for name in _redis_base.READ_FIELDS)
@@ -418,7 +418,7 @@ def test_a_packed_record_that_does_not_match_the_field_list_is_an_error() -> Non
     """A claim's packed reply is read strictly: a value cut short, a length that runs
     past the end, or bytes left over mean the script and READ_FIELDS disagree, and
     the store says so rather than build a record from the wrong fields."""
-    from idempotence.stores._redis_base import READ_FIELDS, unpack
+    from idempotence.stores.redis._store_shared import READ_FIELDS, unpack
 
     def packed(first: int, last: int, values: bytes) -> bytes:
         absent = (-1,) * (len(READ_FIELDS) - 2)
@@ -440,7 +440,7 @@ def test_a_packed_record_that_does_not_match_the_field_list_is_an_error() -> Non
 
 
 def test_the_lane_packs_bytes_text_and_integers_and_nothing_else() -> None:
-    from idempotence.stores._redis_lane import pack
+    from idempotence.stores.redis._lane import pack
 
     assert (
         pack(("EVALSHA", b"\x00\r\n", 12))
@@ -508,7 +508,7 @@ def test_a_finish_writes_the_headers_json_as_json_dumps_does(headers: Any) -> No
     call): it must write exactly what json.dumps writes, and read back the same."""
     import json
 
-    from idempotence.stores._redis_base import _headers_json
+    from idempotence.stores.redis._store_shared import _headers_json
 
     assert _headers_json(headers) == json.dumps(headers)
     assert json.loads(_headers_json(headers)) == [list(pair) for pair in headers]

@@ -24,9 +24,9 @@ from idempotence import (
     StoreUnavailable,
 )
 from idempotence.consumers import Consumer, Message, process
-from idempotence.stores import _sqlite_base
-from idempotence.stores import sqlite as sqlite_store
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from idempotence.stores.sqlite import _store as sqlite_store
+from idempotence.stores.sqlite import _store_shared as _sqlite_base
 from tests.support.roundtrips import RoundTrips, round_trips
 
 INSERT = "INSERT INTO side_effects (note) VALUES (:note)"
@@ -276,13 +276,13 @@ def test_f3_on_postgres_a_connection_lost_before_the_commit_commits_nothing(
 def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The name of every statement a SQLite store runs (the application's: "application")."""
     seen: list[str] = []
-    real = _sqlite_base._Connection.fetch
+    real = _sqlite_base.SqliteConnection.fetch
 
     def counted(self: Any, query: Any) -> Any:
         seen.append(query.name)
         return real(self, query)
 
-    monkeypatch.setattr(_sqlite_base._Connection, "fetch", counted)
+    monkeypatch.setattr(_sqlite_base.SqliteConnection, "fetch", counted)
     return seen
 
 

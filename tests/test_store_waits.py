@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from idempotence import ClaimRequest, StoredResponse
-from idempotence.stores._listener_base import APPLICATION_NAME
+from idempotence.stores._listener_shared import APPLICATION_NAME
 from idempotence.stores._waiters import parse
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from tests.support.stores import Blocking, EventLoopThread

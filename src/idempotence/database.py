@@ -47,9 +47,9 @@ class DatabaseUrl:
         Redis), instead of an import error deep in the store."""
         try:
             if self.backend == "postgres":
-                from .stores import _postgres_base  # noqa: F401
+                from .stores.postgres import _store_shared  # noqa: F401
             elif not self.sql:
-                from .stores import _redis_base  # noqa: F401
+                from .stores.redis import _store_shared as _redis  # noqa: F401
         except ImportError as exc:  # the modules' own message names the extra
             raise ConfigurationError(str(exc)) from exc
 

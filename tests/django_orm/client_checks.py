@@ -89,7 +89,7 @@ def reconnect_steps() -> dict:
     connection dead fails (503), and the next one gets a new connection."""
     from idempotence.contrib.django_app import DjangoStore
     from idempotence.errors import StoreUnavailable
-    from idempotence.stores._ops import pending_migrations
+    from idempotence.stores._sql.ops import pending_migrations
 
     if connection.vendor != "postgresql":
         return {}

@@ -29,7 +29,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from idempotence import SqliteStore
-from idempotence.stores._ops import pending_migrations
+from idempotence.stores._sql.ops import pending_migrations
 from idempotence.stores.postgres import PostgresStore
 
 ROOT = Path(__file__).resolve().parents[2]

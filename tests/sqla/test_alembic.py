@@ -20,7 +20,7 @@ from alembic.migration import MigrationContext
 from idempotence import ClaimRequest, Outcome, SchemaMissing, SqliteStore, StoredResponse
 from idempotence.contrib import alembic as idempotence_alembic
 from idempotence.contrib.sqlalchemy import SQLAlchemyStore
-from idempotence.stores._ops import pending_migrations
+from idempotence.stores._sql.ops import pending_migrations
 from idempotence.stores.postgres import PostgresStore
 from tests.sqla.conftest import ROOT, Database
 from tests.support.postgres import ProvidedServer, create_database, drop_database

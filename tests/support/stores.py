@@ -6,7 +6,7 @@ loop in a background thread, so a test reads the same either way; the concurrenc
 tests that must use asyncio tasks use the async store directly. All the calls one
 thread makes through a :class:`Blocking` face run in one context of that thread's own,
 as the awaits of one task would: a transaction opened through the face is open for the
-thread's next calls (the store refuses to nest, see ``stores/_nesting.py``).
+thread's next calls (the store refuses to nest, see ``stores/_sql/gate.py``).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from idempotence.errors import StoreError, StoreUnavailable, TransientError
-from idempotence.stores import _batch
-from idempotence.stores._ops import Query
+from idempotence.stores._sql import batch_plan as _batch
+from idempotence.stores._sql.ops import Query
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""P11: the breaker's states (stores/_breaker.py), on a clock of the test's own: how
+"""P11: the breaker's states (stores/postgres/_breaker.py), on a clock of the test's own: how
 long a checkout may wait, when it fails at once, when it probes, and the one log line
 per outage."""
 
@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from idempotence.errors import StoreUnavailable
-from idempotence.stores import _breaker
-from idempotence.stores._breaker import FAIL_FAST, PROBE_INTERVAL, Breaker
+from idempotence.stores.postgres import _breaker
+from idempotence.stores.postgres._breaker import FAIL_FAST, PROBE_INTERVAL, Breaker
 
 
 @pytest.fixture

@@ -1,11 +1,11 @@
-"""Group commit's bookkeeping, without a database (:mod:`idempotence.stores._group`):
+"""Group commit's bookkeeping, without a database (:mod:`idempotence.stores.sqlite._group`):
 which writes go into the next commit, and who commits it."""
 
 from __future__ import annotations
 
 import pytest
 
-from idempotence.stores._group import MAX_GROUP, Groups
+from idempotence.stores.sqlite._group import MAX_GROUP, Groups
 
 
 def test_a_lone_write_is_committed_at_once_by_its_own_caller() -> None:

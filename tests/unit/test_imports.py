@@ -119,3 +119,44 @@ def test_idempotence_demo_is_loaded_by_name():
     shown = CliRunner().invoke(main, ["demo", "--help"])
     assert shown.exit_code == 0, shown.output
     assert "serve" in shown.output
+
+
+def private_store_imports(graph: dict[str, set[str]], importer_prefix: str) -> dict[str, set[str]]:
+    """The private modules of ``idempotence.stores`` (a path part after ``stores`` that
+    starts with ``_``) that the modules under ``importer_prefix`` import."""
+    found: dict[str, set[str]] = {}
+    for name, imported in graph.items():
+        if not name.startswith(importer_prefix):
+            continue
+        private = {
+            module
+            for module in imported
+            if module.startswith("idempotence.stores.")
+            and any(part.startswith("_") for part in module.split(".")[2:])
+        }
+        if private:
+            found[name] = private
+    return found
+
+
+def test_the_contrib_stores_use_only_the_public_store_interface():
+    """The SQLAlchemy and Django stores (and the Alembic and Django migration helpers)
+    are built the way a store outside the package would be: on idempotence.stores.sql,
+    idempotence.stores.keyvalue and the backends' public modules, never on a private
+    ``idempotence.stores._*`` module (issue 31: the store interface, public)."""
+    assert private_store_imports(import_graph(), "idempotence.contrib") == {}
+
+
+def test_the_private_import_finder_finds_one():
+    # The check above can fail: an edge to a private store module is reported.
+    graph = import_graph()
+    graph["idempotence.contrib.alembic"] = graph["idempotence.contrib.alembic"] | {
+        "idempotence.stores._sql.ops"
+    }
+    graph["idempotence.contrib.django_app.store"] = graph[
+        "idempotence.contrib.django_app.store"
+    ] | {"idempotence.stores.postgres._store"}
+    assert private_store_imports(graph, "idempotence.contrib") == {
+        "idempotence.contrib.alembic": {"idempotence.stores._sql.ops"},
+        "idempotence.contrib.django_app.store": {"idempotence.stores.postgres._store"},
+    }

@@ -54,7 +54,7 @@ from ..database import DatabaseUrl
 from ..errors import ConfigurationError, IdempotenceError
 from ..observability import Instrumentation
 from ..stores import AsyncStore, Store
-from ..stores._ops import pending_migrations
+from ..stores._sql.ops import pending_migrations
 from . import keys as commands
 from ._lazy import LazyGroup
 from ._shared import (
@@ -178,7 +178,7 @@ def _print(service: Any, result: Any, as_json: bool) -> None:
 def _runs_async(registry: Any, forced: bool) -> bool:
     """Whether the completer must run on an async store (F7): asked for, or a
     registered flow has a coroutine phase or foreign call."""
-    from ..maintenance._completion import async_flows
+    from ..maintenance._completer_shared import async_flows
 
     found = async_flows(registry)
     if found:
@@ -366,7 +366,7 @@ def worker(
         Worker,
         stop_on_signals,
     )
-    from ..maintenance.metrics import AVAILABLE
+    from ..metrics import AVAILABLE
 
     registry, runner_jobs = flow_registry(flows), job_registry(jobs)
     every: dict[str, Any] = {} if interval is None else {"interval": interval}

@@ -24,7 +24,7 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..flows import Flow, FlowRegistry
-from ..maintenance._jobs import JobRegistry
+from ..maintenance._jobs_shared import JobRegistry
 from ..maintenance.logs import StructuredFormatter
 from ..observability import Instrumentation
 from ..stores import AsyncStore, Store
@@ -188,7 +188,7 @@ def _reachable(database: DatabaseUrl, create: bool) -> None:
     require_driver(database)
     import psycopg
 
-    from ..stores._postgres_base import DEFAULT_CONNECT_TIMEOUT, translate
+    from ..stores.postgres import DEFAULT_CONNECT_TIMEOUT, translate
 
     try:
         psycopg.connect(database.target, connect_timeout=int(DEFAULT_CONNECT_TIMEOUT)).close()

@@ -39,10 +39,7 @@ from typing import Any, TypeVar, cast
 from .._concurrency import Lock
 from ..errors import StoreUnavailable
 from ..observability import Instrumentation
-from ..stores._connection import run
-from ..stores._driver import Blocks
-from ..stores._ops import Dialect, Op, Query, Row
-from ..stores._store import Store, Transaction
+from ..stores.sql import Blocks, Dialect, Op, Query, Row, Store, Transaction, run
 from ._sqlalchemy_base import (
     JOIN_MODE,
     Connection,
@@ -185,7 +182,7 @@ class _Claiming:
         conn = self._conn
         if conn._dialect.name != "postgres":
             return conn.fetch(query)
-        from ..stores._postgres_base import bounded_claim
+        from ..stores.postgres import bounded_claim
 
         with translated(conn._dialect, claim=True):
             # The claim statement bounds its own lock wait and restores the setting.
@@ -255,7 +252,7 @@ class SQLAlchemyTransaction(Transaction):
         and the stored response, or not at all. Its ``commit()`` only flushes (the
         store commits); its ``rollback()`` aborts the whole transaction."""
         # Not an isinstance assert: past its block the connection is one that refuses
-        # every use with TransactionEnded (stores._nesting.ENDED), and so must this.
+        # every use with TransactionEnded (stores/_sql/gate.py: ENDED), and so must this.
         return cast(_SqlConnection, self._conn).session()
 
 

@@ -37,10 +37,7 @@ from typing import Any, TypeVar, cast
 from .._concurrency import AsyncLock
 from ..errors import StoreUnavailable
 from ..observability import Instrumentation
-from ..stores._connection_async import run_async
-from ..stores._driver import Blocks
-from ..stores._ops import Dialect, Op, Query, Row
-from ..stores._store_async import AsyncStore, AsyncTransaction
+from ..stores.sql import AsyncStore, AsyncTransaction, Blocks, Dialect, Op, Query, Row, run_async
 from ._sqlalchemy_base import (
     JOIN_MODE,
     AsyncConnection,
@@ -183,7 +180,7 @@ class _Claiming:
         conn = self._conn
         if conn._dialect.name != "postgres":
             return await conn.fetch(query)
-        from ..stores._postgres_base import bounded_claim
+        from ..stores.postgres import bounded_claim
 
         with translated(conn._dialect, claim=True):
             # The claim statement bounds its own lock wait and restores the setting.
@@ -255,7 +252,7 @@ class AsyncSQLAlchemyTransaction(AsyncTransaction):
         and the stored response, or not at all. Its ``commit()`` only flushes (the
         store commits); its ``rollback()`` aborts the whole transaction."""
         # Not an isinstance assert: past its block the connection is one that refuses
-        # every use with TransactionEnded (stores._nesting.ENDED), and so must this.
+        # every use with TransactionEnded (stores/_sql/gate.py: ENDED), and so must this.
         return cast(_AsyncSqlConnection, self._conn).session()
 
 

@@ -26,8 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ..errors import ConfigurationError, StoreError, StoreUnavailable
-from ..stores._driver import KeyHeld
-from ..stores._ops import Dialect
+from ..stores.sql import Dialect, KeyHeld
 
 __all__ = [
     "AsyncConnection",
@@ -64,7 +63,7 @@ def dialect_for(engine: Engine) -> Dialect:
             f"or on SQLite (sqlite://, sqlite+aiosqlite://), not on {name}+{driver}"
         )
     if name == "postgresql":
-        from ..stores._postgres_base import PostgresDialect
+        from ..stores.postgres import PostgresDialect
 
         return PostgresDialect()
     from ..stores.sqlite import SqliteDialect
@@ -89,7 +88,7 @@ def translate(dialect: Dialect, exc: sqlalchemy.exc.SQLAlchemyError) -> StoreErr
         return StoreUnavailable(f"the database connection was lost: {orig or exc}")
     if isinstance(orig, Exception):
         if dialect.name == "postgres":
-            from ..stores._postgres_base import translate as postgres
+            from ..stores.postgres import translate as postgres
 
             return postgres(orig)
         from ..stores.sqlite import translate as sqlite
@@ -102,7 +101,7 @@ def translate(dialect: Dialect, exc: sqlalchemy.exc.SQLAlchemyError) -> StoreErr
 @contextmanager
 def translated(dialect: Dialect, *, claim: bool = False) -> Iterator[None]:
     """Translate SQLAlchemy's errors; with ``claim``, a claim's lock wait that ran
-    out (F8, PostgreSQL) is :class:`~idempotence.stores._driver.KeyHeld`."""
+    out (F8, PostgreSQL) is :class:`~idempotence.stores.sql.KeyHeld`."""
     try:
         yield
     except sqlalchemy.exc.SQLAlchemyError as exc:

@@ -32,9 +32,8 @@ from typing import Any
 
 from .. import _queries
 from ..errors import ConfigurationError
-from ..stores._connection import run
-from ..stores._ops import Query
-from ..stores._ops import migrate as migrate_op
+from ..stores.sql import Query, run
+from ..stores.sql import migrate as migrate_op
 from ._sqlalchemy import _SqlConnection
 from ._sqlalchemy_base import dialect_for
 

@@ -43,15 +43,16 @@ from django.http import (  # type: ignore[import-untyped]
 )
 
 from ..errors import BodyTooLarge, ConfigurationError
+from ..flows.effects import DoHandle
 from ..http._config import Idempotency
 from ..http._context import bound
 from ..http._core import lifecycle
 from ..http._driver import drive
-from ..http._effects import Capture, Captured, Reply, ReplyKind, RunApp
+from ..http._effects import Capture, Captured, Reply, ReplyKind
 from ..http._request import RequestInfo
 from ..http.wsgi import environ_headers
 from ..stores import KeyStore, Transaction
-from ..stores._interface import is_sync
+from ..stores.keyvalue import is_sync
 from .django_app.store import DjangoStore
 
 __all__ = ["IdempotencyMiddleware"]
@@ -128,7 +129,7 @@ class _Exchange:
         return body
 
     def run_app(
-        self, run: RunApp, tx: Transaction | None, overflow: Callable[[int], None] | None
+        self, run: DoHandle, tx: Transaction | None, overflow: Callable[[int], None] | None
     ) -> Captured:
         """Run the app for the engine (:class:`~idempotence.flows.effects.DoHandle`),
         with ``tx`` and the lease bound for the handler."""
@@ -141,7 +142,7 @@ class _Exchange:
             raise raised
         return captured
 
-    def _run_app(self, run: RunApp, overflow: Callable[[int], None] | None) -> Captured:
+    def _run_app(self, run: DoHandle, overflow: Callable[[int], None] | None) -> Captured:
         response = self.get_response(self.request)
         self.response = response
         capture = Capture(run.limit)

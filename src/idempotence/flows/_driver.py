@@ -4,7 +4,7 @@
 
 The engine (:meth:`~.flow.Flow.engine`) decides; the driver only does what
 it asks and sends back the result, or throws back the exception. Each phase and
-foreign call is wrapped in the store's instrumentation (:func:`~._steps.watch`).
+foreign call is wrapped in the store's instrumentation (:func:`~._driver_shared.watch`).
 
 A handler run (:mod:`.handler`) needs only a key store; phases, foreign calls and
 request-as-transaction runs need the SQL store, which the entry point checked
@@ -26,7 +26,7 @@ from .._concurrency import Periodic, sleep
 from ..errors import IdempotenceError, LockLost, StoreError
 from ..states import Lease, Outcome
 from ..stores import KeyStore, Store
-from ._steps import NOT_SYNC, after_call, closing, require_finish, watch
+from ._driver_shared import NOT_SYNC, after_call, closing, require_finish, watch
 from .contexts import ForeignContext, Observer, PhaseContext
 from .effects import (
     DoCall,

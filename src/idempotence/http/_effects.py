@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from .._frozen import quick_init
-from ..flows.effects import DoHandle as RunApp
 from ..flows.effects import Effect as EngineEffect
 from ..flows.flow import Flow
 from ..flows.results import Captured
@@ -34,7 +33,6 @@ __all__ = [
     "Reply",
     "ReplyKind",
     "ResolveScope",
-    "RunApp",
 ]
 
 # -- effects: what the lifecycle asks its driver to do ------------------------------------

@@ -33,13 +33,14 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ..errors import BodyTooLarge, ConfigurationError
+from ..flows.effects import DoHandle
 from ..stores import AsyncKeyStore, AsyncTransaction
-from ..stores._interface import is_async
+from ..stores.keyvalue import is_async
 from ._config import Idempotency
 from ._context import bound
 from ._core import lifecycle
 from ._driver_async import drive_async
-from ._effects import Capture, Captured, Reply, ReplyKind, RunApp
+from ._effects import Capture, Captured, Reply, ReplyKind
 from ._request import RequestInfo
 
 __all__ = ["IdempotencyMiddleware"]
@@ -158,7 +159,7 @@ class _Exchange:
 
     async def run_app(
         self,
-        run: RunApp,
+        run: DoHandle,
         tx: AsyncTransaction | None,
         overflow: Callable[[int], Awaitable[None]] | None,
     ) -> Captured:
@@ -168,7 +169,7 @@ class _Exchange:
             return await self._run_app(run, overflow)
 
     async def _run_app(
-        self, run: RunApp, overflow: Callable[[int], Awaitable[None]] | None
+        self, run: DoHandle, overflow: Callable[[int], Awaitable[None]] | None
     ) -> Captured:
         capture = Capture(run.limit)
         complete = asyncio.Event()

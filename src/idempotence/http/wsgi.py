@@ -28,13 +28,14 @@ from http import HTTPStatus
 from typing import Any
 
 from ..errors import BodyTooLarge, ConfigurationError
+from ..flows.effects import DoHandle
 from ..stores import KeyStore, Transaction
-from ..stores._interface import is_sync
+from ..stores.keyvalue import is_sync
 from ._config import Idempotency
 from ._context import bound
 from ._core import lifecycle
 from ._driver import drive
-from ._effects import Capture, Captured, Reply, ReplyKind, RunApp
+from ._effects import Capture, Captured, Reply, ReplyKind
 from ._request import RequestInfo
 
 __all__ = ["IdempotencyWSGIMiddleware", "environ_headers", "status_line"]
@@ -152,14 +153,14 @@ class _Exchange:
         return environ
 
     def run_app(
-        self, run: RunApp, tx: Transaction | None, overflow: Callable[[int], None] | None
+        self, run: DoHandle, tx: Transaction | None, overflow: Callable[[int], None] | None
     ) -> Captured:
         """Run the app for the engine (:class:`~idempotence.flows.effects.DoHandle`),
         with ``tx`` and the lease bound for the handler."""
         with bound(tx, run.lease):
             return self._run_app(run, overflow)
 
-    def _run_app(self, run: RunApp, overflow: Callable[[int], None] | None) -> Captured:
+    def _run_app(self, run: DoHandle, overflow: Callable[[int], None] | None) -> Captured:
         capture = Capture(run.limit)
         write_to: list[Callable[[bytes], Any]] = []  # the server's write(), once streaming
 

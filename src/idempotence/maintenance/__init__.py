@@ -24,8 +24,9 @@ foreign calls, are resumed by :class:`AsyncCompleter`.
 0
 """
 
-from ._base import ServiceConfig, Signals
+from ..metrics import Metrics, default_metrics
 from ._ops import ExpiredKey, Job, KeyRow, PickedKey, SweptKey
+from ._service_shared import ServiceConfig, Signals
 from ._stop import stop_on_signals
 from .admin import KeyIsLocked, Stats, evict_key, list_keys, show_key, stats
 from .completer import (
@@ -40,7 +41,6 @@ from .enqueuer import Enqueuer, EnqueuerConfig, EnqueueResult, JobSink, RunnerSi
 from .enqueuer_async import AsyncEnqueuer, AsyncJobSink, AsyncRunnerSink
 from .jobs import JobRegistry, JobRunner, JobRunnerConfig, JobRunResult
 from .jobs_async import AsyncJobRunner
-from .metrics import Metrics, default_metrics
 from .reaper import Reaper, ReaperConfig, ReapResult, Retention
 from .reaper_async import AsyncReaper
 from .reconcile import Reconciler, ReconcilerRegistry, Reconciliation, reconcile, reconcilers

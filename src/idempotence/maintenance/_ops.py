@@ -1,4 +1,4 @@
-"""The maintenance operations, written once, without I/O (see :mod:`..stores._ops`).
+"""The maintenance operations, written once, without I/O (see :mod:`..stores._sql.ops`).
 
 Each is a generator of named queries from the ``maintenance`` section of the
 dialect's ``queries.sql``; a store runs it with its private ``_perform``, which hands
@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..states import KeyRecord, KeyState, StagedJob, StoredResponse
-from ..stores._ops import Dialect, Op
+from ..stores._sql.ops import Dialect, Op
 
 
 @dataclass(frozen=True, slots=True)

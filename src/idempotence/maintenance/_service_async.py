@@ -9,7 +9,7 @@ database. :meth:`AsyncService.run_forever` repeats passes, a jittered ``interval
 apart, until its stop event is set; it survives a failed pass (the database
 restarting, say) and tries again at the next interval.
 
-The configuration and the signals, which need no store, are in :mod:`._base`, shared
+The configuration and the signals, which need no store, are in :mod:`._service_shared`, shared
 by both flavours (F7).
 """
 
@@ -24,9 +24,9 @@ from typing import Any, ClassVar, Generic
 
 from .._concurrency import AsyncEvent, wait_until_set_async
 from ..errors import StoreUnavailable
+from ..metrics import Metrics, default_metrics
 from ..stores import AsyncStore
-from ._base import MAX_NAP, ConfigT, Progress, ResultT, Signals, jittered, log_pass
-from .metrics import Metrics, default_metrics
+from ._service_shared import MAX_NAP, ConfigT, Progress, ResultT, Signals, jittered, log_pass
 
 
 class AsyncService(abc.ABC, Generic[ConfigT, ResultT]):

@@ -38,11 +38,11 @@ from .._concurrency import Event
 from ..errors import ConfigurationError, LockLost
 from ..flows import Flow, FlowRegistry, FlowResult
 from ..flows import flows as default_flows
+from ..metrics import Metrics
 from ..states import KeyRecord, Outcome
 from ..stores import Store
 from . import _ops
-from ._base import Progress, Signals
-from ._completion import (
+from ._completer_shared import (
     GAVE_UP_RESPONSE,
     CompleterConfig,
     CompleteResult,
@@ -57,7 +57,7 @@ from ._completion import (
 )
 from ._ops import PickedKey
 from ._service import Service
-from .metrics import Metrics
+from ._service_shared import Progress, Signals
 
 __all__ = [
     "GAVE_UP_RESPONSE",

@@ -36,11 +36,11 @@ from .._concurrency import AsyncEvent
 from ..errors import ConfigurationError, LockLost
 from ..flows import Flow, FlowRegistry, FlowResult
 from ..flows import flows as default_flows
+from ..metrics import Metrics
 from ..states import KeyRecord, Outcome
 from ..stores import AsyncStore
 from . import _ops
-from ._base import Progress, Signals
-from ._completion import (
+from ._completer_shared import (
     GAVE_UP_RESPONSE,
     CompleterConfig,
     CompleteResult,
@@ -55,7 +55,7 @@ from ._completion import (
 )
 from ._ops import PickedKey
 from ._service_async import AsyncService
-from .metrics import Metrics
+from ._service_shared import Progress, Signals
 
 __all__ = [
     "GAVE_UP_RESPONSE",

@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from .._concurrency import Event
+from ..metrics import Metrics
 from ..states import StagedJob
 from ..stores import Store, Transaction
 from . import _ops
-from ._base import Progress, Signals
-from ._enqueue import EnqueuerConfig, EnqueueResult, enqueue_summary
+from ._enqueuer_shared import EnqueuerConfig, EnqueueResult, enqueue_summary
 from ._service import Service
-from .metrics import Metrics
+from ._service_shared import Progress, Signals
 
 __all__ = [
     "Enqueuer",

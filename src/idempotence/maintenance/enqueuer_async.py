@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from .._concurrency import AsyncEvent
+from ..metrics import Metrics
 from ..states import StagedJob
 from ..stores import AsyncStore, AsyncTransaction
 from . import _ops
-from ._base import Progress, Signals
-from ._enqueue import EnqueuerConfig, EnqueueResult, enqueue_summary
+from ._enqueuer_shared import EnqueuerConfig, EnqueueResult, enqueue_summary
 from ._service_async import AsyncService
-from .metrics import Metrics
+from ._service_shared import Progress, Signals
 
 __all__ = [
     "AsyncEnqueuer",

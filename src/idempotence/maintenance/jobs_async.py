@@ -10,7 +10,7 @@ idempotency key, or record it in the same transaction as the function's writes).
 job that raises is retried after an exponential, jittered backoff, up to
 ``max_attempts`` times, and is then marked ``dead`` for a human.
 
-The registry is in :mod:`._jobs`, shared by both flavours (F7).
+The registry is in :mod:`._jobs_shared`, shared by both flavours (F7).
 
 >>> jobs = JobRegistry()
 >>> @jobs.register("send_receipt")
@@ -26,10 +26,10 @@ from typing import Any
 
 from .._awaitables import settle_async
 from .._concurrency import AsyncEvent
+from ..metrics import Metrics
 from ..stores import AsyncStore
 from . import _ops
-from ._base import Progress, Signals
-from ._jobs import (
+from ._jobs_shared import (
     NOT_SYNC_JOB,
     JobFn,
     JobRegistry,
@@ -43,7 +43,7 @@ from ._jobs import (
 )
 from ._ops import Job
 from ._service_async import AsyncService
-from .metrics import Metrics
+from ._service_shared import Progress, Signals
 
 __all__ = [
     "AsyncJobRunner",

@@ -1,6 +1,6 @@
-"""The Prometheus metrics of the background services (F5): they live in
-:mod:`idempotence.metrics`, with the store's own, on the same registry; this module
-keeps the old import path working.
+"""An old import path of the background services' Prometheus metrics (F5), kept
+working: they live in :mod:`idempotence.metrics`, with the store's own, on the same
+registry, and the library imports them from there.
 
 >>> from idempotence.maintenance.metrics import default_metrics
 >>> default_metrics().keys_swept(3)          # counts, or does nothing

@@ -26,13 +26,20 @@ import time
 from typing import Any
 
 from .._concurrency import Event
+from ..metrics import Metrics
 from ..stores import Store
 from . import _ops
-from ._base import Progress, Signals
 from ._ops import ExpiredKey
-from ._reap import EXPIRED_RESPONSE, ReaperConfig, ReapResult, Retention, log_expired, reap_summary
+from ._reaper_shared import (
+    EXPIRED_RESPONSE,
+    ReaperConfig,
+    ReapResult,
+    Retention,
+    log_expired,
+    reap_summary,
+)
 from ._service import Service
-from .metrics import Metrics
+from ._service_shared import Progress, Signals
 
 __all__ = ["EXPIRED_RESPONSE", "Reaper", "ReapResult", "ReaperConfig", "Retention"]
 

@@ -24,13 +24,20 @@ import time
 from typing import Any
 
 from .._concurrency import AsyncEvent
+from ..metrics import Metrics
 from ..stores import AsyncStore
 from . import _ops
-from ._base import Progress, Signals
 from ._ops import ExpiredKey
-from ._reap import EXPIRED_RESPONSE, ReaperConfig, ReapResult, Retention, log_expired, reap_summary
+from ._reaper_shared import (
+    EXPIRED_RESPONSE,
+    ReaperConfig,
+    ReapResult,
+    Retention,
+    log_expired,
+    reap_summary,
+)
 from ._service_async import AsyncService
-from .metrics import Metrics
+from ._service_shared import Progress, Signals
 
 __all__ = ["EXPIRED_RESPONSE", "AsyncReaper", "ReapResult", "ReaperConfig", "Retention"]
 

@@ -23,13 +23,13 @@ import time
 from typing import Any
 
 from .._concurrency import Event
+from ..metrics import Metrics
 from ..stores import Store
 from . import _ops
-from ._base import Progress, Signals
 from ._ops import SweptKey
 from ._service import Service
-from ._sweep import SweeperConfig, SweepResult, log_swept, sweep_summary
-from .metrics import Metrics
+from ._service_shared import Progress, Signals
+from ._sweeper_shared import SweeperConfig, SweepResult, log_swept, sweep_summary
 
 __all__ = ["Sweeper", "SweepResult", "SweeperConfig"]
 

@@ -21,13 +21,13 @@ import time
 from typing import Any
 
 from .._concurrency import AsyncEvent
+from ..metrics import Metrics
 from ..stores import AsyncStore
 from . import _ops
-from ._base import Progress, Signals
 from ._ops import SweptKey
 from ._service_async import AsyncService
-from ._sweep import SweeperConfig, SweepResult, log_swept, sweep_summary
-from .metrics import Metrics
+from ._service_shared import Progress, Signals
+from ._sweeper_shared import SweeperConfig, SweepResult, log_swept, sweep_summary
 
 __all__ = ["AsyncSweeper", "SweepResult", "SweeperConfig"]
 

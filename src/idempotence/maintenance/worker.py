@@ -27,19 +27,19 @@ from typing import Any
 
 from .._concurrency import Event, run_until_stopped
 from ..flows import FlowRegistry
+from ..metrics import Metrics
 from ..stores import Store
-from ._base import Signals
-from ._completion import CompleterConfig
-from ._enqueue import EnqueuerConfig
-from ._jobs import JobRegistry, JobRunnerConfig
-from ._reap import ReaperConfig
+from ._completer_shared import CompleterConfig
+from ._enqueuer_shared import EnqueuerConfig
+from ._jobs_shared import JobRegistry, JobRunnerConfig
+from ._reaper_shared import ReaperConfig
 from ._service import Service
+from ._service_shared import Signals
 from ._stop import stop_on_signals
-from ._sweep import SweeperConfig
+from ._sweeper_shared import SweeperConfig
 from .completer import Completer
 from .enqueuer import Enqueuer, JobSink
 from .jobs import JobRunner
-from .metrics import Metrics
 from .reaper import Reaper
 from .sweeper import Sweeper
 

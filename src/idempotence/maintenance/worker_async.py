@@ -25,19 +25,19 @@ from typing import Any
 
 from .._concurrency import AsyncEvent, run_until_stopped_async
 from ..flows import FlowRegistry
+from ..metrics import Metrics
 from ..stores import AsyncStore
-from ._base import Signals
-from ._completion import CompleterConfig
-from ._enqueue import EnqueuerConfig
-from ._jobs import JobRegistry, JobRunnerConfig
-from ._reap import ReaperConfig
+from ._completer_shared import CompleterConfig
+from ._enqueuer_shared import EnqueuerConfig
+from ._jobs_shared import JobRegistry, JobRunnerConfig
+from ._reaper_shared import ReaperConfig
 from ._service_async import AsyncService
+from ._service_shared import Signals
 from ._stop import stop_on_signals
-from ._sweep import SweeperConfig
+from ._sweeper_shared import SweeperConfig
 from .completer_async import AsyncCompleter
 from .enqueuer_async import AsyncEnqueuer, AsyncJobSink
 from .jobs_async import AsyncJobRunner
-from .metrics import Metrics
 from .reaper_async import AsyncReaper
 from .sweeper_async import AsyncSweeper
 

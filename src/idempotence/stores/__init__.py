@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from ..errors import TransientError
 from ._interface import AsyncKeyStore, KeyStore
-from ._placeholders import to_pyformat
-from ._store import Store, Transaction
-from ._store_async import AsyncStore, AsyncTransaction
+from ._sql.placeholders import to_pyformat
+from ._sql.store import Store, Transaction
+from ._sql.store_async import AsyncStore, AsyncTransaction
 
 __all__ = [
     "AsyncKeyStore",

@@ -1,5 +1,5 @@
 """P10 on PostgreSQL: the listener that wakes a duplicate waiting for its twin (see
-:mod:`._listener_base` for how a wait goes)."""
+:mod:`._listener_shared` for how a wait goes)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import psycopg
 
 from .._concurrency import AsyncBackground, AsyncWakeup, sleep_async
 from ..errors import StoreError
-from ._listener_base import APPLICATION_NAME, STOP_CHECK, ListenerBase, logger
-from ._ops import Dialect
+from ._listener_shared import APPLICATION_NAME, STOP_CHECK, ListenerBase, logger
+from ._sql.ops import Dialect
 from ._waiters import Waiters, notifiable
 
 

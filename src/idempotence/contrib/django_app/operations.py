@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db.migrations.operations.base import Operation  # type: ignore[import-untyped]
 
-from ...stores import _ops
+from ...stores import sql
 from .store import DjangoStore
 
 
@@ -40,7 +40,7 @@ class ApplyKeyTables(Operation):  # type: ignore[misc]
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
         store = DjangoStore(schema_editor.connection.alias)
-        store._perform(lambda d: _ops.migrate(d, upto=self.version), write=True)
+        store._perform(lambda d: sql.migrate(d, upto=self.version), write=True)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any

@@ -22,10 +22,7 @@ from typing import Any, TypeVar, cast
 
 from ...errors import ConfigurationError, StoreError, StoreUnavailable
 from ...observability import Instrumentation
-from ...stores._connection import Fetcher, run
-from ...stores._driver import Blocks
-from ...stores._ops import Dialect, Op, Query, Row
-from ...stores._store import Store
+from ...stores.sql import Blocks, Dialect, Fetcher, Op, Query, Row, Store, run
 
 __all__ = ["DjangoStore"]
 
@@ -55,17 +52,17 @@ class _Vendor:
 
     def __init__(self, vendor: str, alias: str) -> None:
         if vendor == "postgresql":
-            from ...stores import _postgres, _postgres_base
+            from ...stores import postgres
 
-            self.dialect: Dialect = _postgres_base.PostgresDialect()
-            self.statement: Callable[[Any], Any] = _postgres._Connection
-            self.claimer: Callable[[Any], Fetcher] = _postgres._Bounded
-            self.translate: Callable[[BaseException], StoreError] = _postgres_base.translate
+            self.dialect: Dialect = postgres.PostgresDialect()
+            self.statement: Callable[[Any], Any] = postgres.PostgresConnection
+            self.claimer: Callable[[Any], Fetcher] = postgres.BoundedClaim
+            self.translate: Callable[[BaseException], StoreError] = postgres.translate
         elif vendor == "sqlite":
             from ...stores import sqlite
 
             self.dialect = sqlite.SqliteDialect()
-            self.statement = sqlite._Connection
+            self.statement = sqlite.SqliteConnection
             self.claimer = lambda conn: conn
             self.translate = _sqlite_translate
         else:

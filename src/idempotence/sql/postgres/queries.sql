@@ -6,7 +6,7 @@
 -- A statement on one key names both its id and its key when it knows both, and
 -- implies no partial index's predicate, so that its generic plan is a lookup of one
 -- row on a unique index whatever the table held when it was planned (see
--- SESSION_PLANNING in stores/_postgres_base.py; tests/test_postgres_plans.py).
+-- SESSION_PLANNING in stores/postgres/_store_shared.py; tests/test_postgres_plans.py).
 
 -- claim --
 -- Insert the key, or take over an existing one whose lock is free or expired
@@ -179,7 +179,7 @@ WHERE NOT EXISTS (SELECT FROM claimed AS c WHERE c.key = i.key);
 -- The claim of a key whose row another request's open transaction holds (F3), read
 -- instead of waiting for that transaction (F8): the latest committed version of the
 -- row, if any. Always one row: with no key committed yet (the holder's INSERT is not),
--- k.* is NULL and db_now still says when. See _ops.claim_held.
+-- k.* is NULL and db_now still says when. See stores/_sql/ops.py: claim_held.
 SELECT now() AS db_now, k.*
 FROM (SELECT) AS one
 LEFT JOIN LATERAL (

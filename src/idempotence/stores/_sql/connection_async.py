@@ -1,0 +1,91 @@
+"""The thin I/O layer: a connection runs one query, a runner feeds an operation's
+queries to it.
+
+A store operation (:mod:`.ops`) is a generator of queries. :func:`run_async` feeds it
+from a connection until it returns. Connections wrap a database driver's connection and
+translate its errors into the library's (:class:`~idempotence.errors.StoreError` and
+friends, always ``from`` the driver's exception).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol, TypeVar
+
+from .._retry import Blocks
+from .ops import Op, Query, Row
+
+T = TypeVar("T")
+
+
+class AsyncConnection(Protocol):
+    """A database connection, as the stores use it."""
+
+    #: The driver's own connection (``psycopg.AsyncConnection``, ``sqlite3.Connection``),
+    #: for the application's writes inside a phase.
+    raw: Any
+
+    async def fetch(self, query: Query) -> list[Row]:
+        """Run one statement; return its rows (empty for none)."""
+
+    def atomic(self, first: Op[T] | None = None) -> AbstractAsyncContextManager[T | None]:
+        """A write transaction (a savepoint when one is already open).
+
+        ``first`` runs as its first statements and its result is what the block
+        yields; an operation handed to :meth:`defer` inside the block runs as its last
+        statements, just before the commit. A driver sends each with the BEGIN or the
+        COMMIT in one trip where it can (request-as-transaction, F3, makes no more
+        trips than the bare handler).
+        """
+
+    def defer(self, op: Op[Any]) -> None:
+        """Run ``op`` when the innermost open :meth:`atomic` block commits, as its
+        last statements; if it raises, the block rolls back and its exit raises."""
+
+    async def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
+        """Run a whole operation in a transaction of its own (``atomic``) or committed
+        on its own; ``write`` says whether it writes."""
+
+    async def run_in_transaction(self, op: Op[T]) -> T:
+        """Run a whole operation inside the transaction open on this connection."""
+
+
+class AsyncSource(Protocol):
+    """Where a store gets its connections: a pool, one connection, a file."""
+
+    def connection(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+    async def close(self) -> None: ...
+
+
+class AsyncFetcher(Protocol):
+    """What runs an operation's statements: a connection, or a view of one."""
+
+    async def fetch(self, query: Query) -> list[Row]: ...
+
+
+async def run_async(op: Op[T], conn: AsyncFetcher, rows: list[Row] | None = None) -> T:
+    """Run ``op`` to completion on ``conn``; given ``rows``, its first statement
+    already ran (sent with others in one round trip) and returned them."""
+    try:
+        query = next(op) if rows is None else op.send(rows)
+        while True:
+            query = op.send(await conn.fetch(query))
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+@asynccontextmanager
+async def body_async(
+    blocks: Blocks, conn: AsyncConnection, first: Op[T] | None
+) -> AsyncIterator[T | None]:
+    """The inside of a transaction block that runs its statements one by one: run
+    ``first`` and yield its result, then run what was deferred to the commit (see
+    :class:`~.._retry.Blocks`)."""
+    with blocks.block() as deferred:
+        yield None if first is None else await run_async(first, conn)
+        blocks.seal(deferred)
+        while deferred:
+            await run_async(deferred.pop(0), conn)

@@ -1,0 +1,419 @@
+"""The SQL key stores: one method per operation (DESIGN 4, 6).
+
+The store only chooses a connection and a transaction and hands the operation from
+:mod:`.ops` to it; the logic lives in the ops and the dialect.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any, TypeVar
+
+from ..._concurrency import sleep_async
+from ...observability import Instrumentation, combine, fenced, watched_claim
+from ...states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredResponse
+from .._retry import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
+from . import ops as _ops
+from .batcher import AsyncBatcher
+from .connection_async import AsyncConnection, AsyncSource
+from .gate import ENDED, Gate, refuse_ended
+from .ops import Dialect, Op, Query, Row
+
+T = TypeVar("T")
+
+
+class AsyncTransaction:
+    """An open write transaction on the store's database (R2).
+
+    The application writes through :attr:`connection` (the driver's own connection)
+    or :meth:`execute`; :meth:`AsyncStore.checkpoint` or :meth:`AsyncStore.finish`
+    given this transaction is its last statement, and the whole lot commits or rolls
+    back together.
+
+    It is usable inside its block only: afterwards every use (:meth:`execute`,
+    :attr:`connection`, ``tx=`` on the store's operations) raises
+    :class:`~idempotence.errors.TransactionEnded` at the call; :attr:`claim` stays
+    readable.
+    """
+
+    def __init__(self, conn: AsyncConnection, dialect: Dialect, claim: Claim | None = None) -> None:
+        self._conn = conn
+        self._dialect = dialect
+        #: The outcome of the claim the transaction opened with
+        #: (``store.transaction(claim=...)``), else None.
+        self.claim = claim
+
+    @property
+    def connection(self) -> Any:
+        """The driver's connection: ``psycopg.AsyncConnection`` or ``sqlite3.Connection``.
+
+        The transaction is the store's: run statements on it (nested ``transaction()``
+        blocks become savepoints), but never commit or roll it back yourself."""
+        return self._conn.raw
+
+    async def execute(self, sql: str, params: Any = None) -> list[Row]:
+        """Run one statement of the application's in this transaction; return its rows
+        (dicts).
+
+        Write parameters as ``:name`` with a mapping: that works on every SQL store
+        (on PostgreSQL they become psycopg's ``%(name)s``, outside string literals,
+        comments and ``::`` casts, with every ``%`` in the statement then doubled for
+        psycopg; see :func:`~idempotence.stores.to_pyformat`). The driver's own styles
+        keep working too (``?`` on SQLite; ``%(name)s`` and ``%s`` on PostgreSQL),
+        but a statement in them runs on that database only, and one that mixes
+        ``:name`` with ``%(name)s`` raises :class:`~idempotence.errors.MixedPlaceholders`.
+
+        >>> await tx.execute(                                           # doctest: +SKIP
+        ...     "INSERT INTO transfers (account, amount) VALUES (:account, :amount)",
+        ...     {"account": "acct_1", "amount": 2000},
+        ... )
+        """
+        return await self._conn.fetch(self._dialect.application(sql, params))
+
+    def _fenced(self, lease: Lease, operation: str, instrumentation: Any) -> AsyncConnection:
+        """The connection for a fenced write of ``lease`` in this transaction, refused
+        first if the block has ended (TransactionEnded: the caller's bug, not a lost
+        lock), then if the transaction's claim wrote that key finished (LockLost,
+        reported as any refused fenced write)."""
+        conn = self._conn
+        if conn is ENDED:
+            refuse_ended()
+        _ops.refuse_after_finished_claim(self.claim, lease, operation, instrumentation)
+        return conn
+
+
+def _no_commit(at_commit: bool) -> None:
+    if at_commit:
+        raise ValueError("finish(at_commit=True) needs the transaction to commit with: tx=")
+
+
+class AsyncStore:
+    """A key store on a SQL database. Build one with
+    :class:`~idempotence.AsyncPostgresStore` or :class:`~idempotence.AsyncSqliteStore`;
+    their ``instrumentation`` keyword (:mod:`idempotence.observability`) is told of
+    every claim, every refused fenced write, and the runs of the flows on the store.
+
+    >>> claim = await store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
+    ... # doctest: +SKIP
+    >>> if claim.outcome is Outcome.EXECUTE:                              # doctest: +SKIP
+    ...     async with store.transaction() as tx:
+    ...         await tx.execute("INSERT INTO rides ...")
+    ...         await store.finish(claim.lease, StoredResponse.of(201, body="{}"), tx=tx)
+
+    While a thread (or, async, a task) has the store's :meth:`transaction` open, the
+    store's operations there take ``tx=`` (claim, finish) or wait for the
+    transaction to end: one that would need a connection of its own (any operation
+    without ``tx=``, a second ``transaction()``) raises
+    :class:`~idempotence.errors.StoreInTransaction` at once, on every store, rather
+    than wait for the transaction that waits for it. After :meth:`close`, every
+    operation raises :class:`~idempotence.errors.StoreUnavailable`.
+    """
+
+    #: What :meth:`transaction` yields (a store on an ORM's connections adds its session).
+    _transaction_type: type[AsyncTransaction] = AsyncTransaction
+
+    def __init__(
+        self,
+        source: AsyncSource,
+        dialect: Dialect,
+        *,
+        instrumentation: Instrumentation | None = None,
+        batch: bool = False,
+    ) -> None:
+        self._source = source
+        self._dialect = dialect
+        # A disabled instrumentation (its package missing) is dropped: None costs nothing.
+        self._instrumentation = combine(instrumentation)
+        self._gate = Gate()
+        #: Claims and finishes outside a transaction, batched while one is out
+        #: (DESIGN 11): on a pool of the dialect's one-statement claims only.
+        self._batcher = (
+            AsyncBatcher(self._own, self._send_batch)
+            if batch and dialect.claim_is_one_statement
+            else None
+        )
+
+    async def claim(self, request: ClaimRequest, *, tx: AsyncTransaction | None = None) -> Claim:
+        """Claim ``request``'s key in one atomic step and return its single outcome.
+
+        Given ``tx``, the claim joins that transaction (request-as-transaction, F3): a
+        racing duplicate's ``transaction(claim=...)`` is then told IN_PROGRESS (F8),
+        while a claim joining a transaction of its own this way waits for it to commit
+        and replays its response (its lock wait is not bounded).
+        """
+        if self._instrumentation is not None:
+            with self._instrumentation.claim(request) as watch:
+                return watch.done(await self._claim(request, tx))
+        return await self._claim(request, tx)
+
+    async def _claim(self, request: ClaimRequest, tx: AsyncTransaction | None) -> Claim:
+        if tx is not None:
+            return await tx._conn.run_in_transaction(self._dialect.claim(request))
+        if self._dialect.previews_claims:
+            # Replays, mismatches and conflicts are decided by a read, without the
+            # write lock; only a claim that may take the key goes on to write.
+            preview = await self._own(
+                lambda: _ops.claim_preview(self._dialect, request), write=False
+            )
+            if preview is not None:
+                return preview
+        if self._batcher is not None:
+            # Here, not only in _own: a claim that joins a queue never reaches its own
+            # _own, and inside this store's transaction it must fail at once, not run
+            # in a batch on another connection (StoreInTransaction).
+            self._gate.check()
+            return await self._batcher.run(
+                "claim", request.scope, lambda: self._dialect.claim(request)
+            )
+        return await self._own(
+            lambda: self._dialect.claim(request), atomic=not self._dialect.claim_is_one_statement
+        )
+
+    @asynccontextmanager
+    async def transaction(
+        self, *, claim: ClaimRequest | None = None, finished: StoredResponse | None = None
+    ) -> AsyncIterator[AsyncTransaction]:
+        """Open a write transaction for a phase: commits on exit, rolls back on error.
+
+        Given ``claim``, the transaction opens with that claim (request-as-transaction,
+        F3), sent with the BEGIN where the driver can; its outcome is ``tx.claim``. A
+        racing duplicate does not wait for this transaction (F8): on PostgreSQL its
+        claim gives up the row lock after a moment, rolls back, and is answered from
+        the key's last committed version (a replay, a mismatch, or IN_PROGRESS with
+        ``held``); then ``tx`` has no transaction open and must not be written to.
+
+        Given ``finished`` as well (a run whose stored response is known before it
+        runs: a transactional consumer's), a claim that takes the key writes it
+        finished with that response at once: the commit settles it with everything
+        else, a rollback takes it back, and no :meth:`finish` follows (one would be
+        refused: the key is finished). Its ``finished_at`` is the claim's time.
+        """
+        if finished is not None and claim is None:
+            raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
+        async with self._gate.transaction(), self._source.connection() as conn:
+            op = None
+            if claim is not None:
+                claimed = self._dialect.claim(claim, finished)
+                op = watched_claim(self._instrumentation, claim, claimed)
+            entered = False
+            try:
+                async with conn.atomic(op) as got:
+                    entered = True
+                    tx = self._transaction_type(conn, self._dialect, got)
+                    try:
+                        yield tx
+                    finally:
+                        # Ended as the block ends, before the COMMIT (and what was
+                        # deferred to it) and the connection's return: from now on
+                        # nothing runs through this tx (see gate.ENDED).
+                        tx._conn = ENDED
+                return
+            except KeyHeld:
+                if entered or claim is None:
+                    raise
+            held = await conn.perform(
+                _ops.claim_held(self._dialect, claim), atomic=False, write=False
+            )
+            tx = self._transaction_type(conn, self._dialect, held)
+            try:
+                yield tx
+            finally:
+                tx._conn = ENDED
+
+    async def checkpoint(
+        self,
+        tx: AsyncTransaction,
+        lease: Lease,
+        recovery_point: str,
+        *,
+        calling: str | None = None,
+    ) -> Lease:
+        """Record ``recovery_point`` in ``tx``, fenced (F1); returns the advanced lease.
+
+        ``calling`` names the non-idempotent foreign call about to begin, so that a
+        claim after a crash knows it may have happened (R6); every checkpoint without
+        it clears it. Raises :class:`~idempotence.errors.LockLost` when another worker
+        holds the key now; the caller must then let ``tx`` roll back.
+        """
+        conn = tx._fenced(lease, "checkpoint", self._instrumentation)
+        op = _ops.checkpoint(self._dialect, lease, recovery_point, calling)
+        return await conn.run_in_transaction(fenced(self._instrumentation, "checkpoint", op))
+
+    async def finish(
+        self,
+        lease: Lease,
+        response: StoredResponse,
+        *,
+        tx: AsyncTransaction | None = None,
+        error: str | None = None,
+        at_commit: bool = False,
+    ) -> None:
+        """Store ``response`` and unlock, fenced; in ``tx`` when given (R2).
+
+        ``error`` marks the key errored (R6): terminal and listed for a human. With
+        ``at_commit`` the finish waits for ``tx`` to commit and is its last statement,
+        sent with the COMMIT where the driver can: then a refused write (LockLost)
+        comes out of the transaction's exit, with everything in it rolled back.
+        """
+        op = functools.partial(_ops.finish, self._dialect, lease, response, error)
+        if tx is None:
+            _no_commit(at_commit)
+            await self._finish_own(lease, op)
+            return
+        conn = tx._fenced(lease, "finish", self._instrumentation)
+        if at_commit:
+            conn.defer(fenced(self._instrumentation, "finish", op()))
+        else:
+            await conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
+
+    async def _finish_own(self, lease: Lease, op: Callable[[], Op[T]]) -> T:
+        """A finish outside any transaction: batched while another is out (DESIGN 11)."""
+        if self._batcher is not None:
+            self._gate.check()  # as in claim: a queued finish never reaches _own
+            return await self._batcher.run(
+                "finish", lease.scope, lambda: fenced(self._instrumentation, "finish", op())
+            )
+        return await self._own(lambda: fenced(self._instrumentation, "finish", op()))
+
+    async def _finish_times(
+        self, lease: Lease, response: StoredResponse, error: str | None
+    ) -> tuple[datetime, datetime | None]:
+        """:meth:`finish` outside a transaction, batched as it is, handing back the
+        finished row's ``finished_at`` and ``expires_at`` (the database's times): with
+        the claim's record, what a cache in front of the store keeps for replays
+        (:class:`~idempotence.stores.cached.AsyncCachedStore`)."""
+        return await self._finish_own(
+            lease, functools.partial(_ops.finish_times, self._dialect, lease, response, error)
+        )
+
+    async def _invalidate(self, scope: str, key: str, key_id: int) -> None:
+        """Before and after the key row ``key_id`` is deleted by an operator
+        (:func:`~idempotence.maintenance.admin.evict_key`): a store with a cache in
+        front forgets the row's cached response there. A plain store has nothing to do."""
+
+    async def release(self, lease: Lease) -> None:
+        """Unlock without finishing, fenced: the next claim resumes (R5)."""
+        await self._own(
+            lambda: fenced(self._instrumentation, "release", _ops.release(self._dialect, lease))
+        )
+
+    async def heartbeat(self, lease: Lease) -> datetime:
+        """Extend the lock by its timeout from now, fenced (F2)."""
+        return await self._own(
+            lambda: fenced(self._instrumentation, "heartbeat", _ops.heartbeat(self._dialect, lease))
+        )
+
+    async def end_phase(
+        self,
+        tx: AsyncTransaction,
+        lease: Lease,
+        *,
+        jobs: Sequence[tuple[str, str, Any]] = (),
+        recovery_point: str | None = None,
+        response: StoredResponse | None = None,
+    ) -> Lease:
+        """Close a phase in ``tx``: stage ``jobs``, then store ``response`` or
+        checkpoint ``recovery_point`` (the same one when None), fenced."""
+        operation = "checkpoint" if response is None else "finish"
+        conn = tx._fenced(lease, operation, self._instrumentation)
+        op = _ops.end_phase(self._dialect, lease, list(jobs), recovery_point, response)
+        return await conn.run_in_transaction(fenced(self._instrumentation, operation, op))
+
+    async def forget(self, lease: Lease) -> None:
+        """Delete a key still at ``started``, fenced: a rejected request stores nothing (R5)."""
+        await self._own(
+            lambda: fenced(self._instrumentation, "forget", _ops.forget(self._dialect, lease))
+        )
+
+    async def stage_jobs(
+        self, tx: AsyncTransaction, lease: Lease, jobs: list[tuple[str, str, Any]]
+    ) -> None:
+        """Stage ``(job_key, name, args)`` jobs in ``tx``; they commit with it (R7)."""
+        await tx._conn.run_in_transaction(_ops.stage_jobs(self._dialect, lease, jobs))
+
+    async def take_staged_jobs(self, tx: AsyncTransaction, limit: int = 100) -> list[StagedJob]:
+        """Take up to ``limit`` staged jobs out of the table in ``tx`` (the enqueuer's
+        batch: commit ``tx`` only once they are delivered)."""
+        return await tx._conn.run_in_transaction(_ops.take_staged_jobs(self._dialect, limit))
+
+    async def get(self, scope: str, key: str) -> KeyRecord | None:
+        """The key's current record, or None."""
+        return await self._own(lambda: _ops.get(self._dialect, scope, key), write=False)
+
+    async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
+        """Wait up to ``seconds`` for another request's claim on the key to
+        settle (finish, release): P10's wait for the twin, between two claims.
+
+        It may return early, and returns having learnt nothing: the caller claims
+        again to find out. This default sleeps ``seconds`` (bounded polling, as on
+        SQLite); the PostgreSQL store returns as soon as a NOTIFY says the key
+        settled. It never raises for a store failure: the next claim reports it.
+
+        >>> while (claim := await store.claim(request)).outcome is Outcome.IN_PROGRESS:
+        ...     await store.wait_for_settle(request.scope, request.key, 0.25)  # doctest: +SKIP
+        """
+        await sleep_async(seconds)
+
+    @property
+    def instrumentation(self) -> Instrumentation | None:
+        """What the store and the flows run on it report to, or None
+        (:mod:`idempotence.observability`)."""
+        return self._instrumentation
+
+    async def _perform(
+        self,
+        make_op: Callable[[Dialect], Op[T]],
+        *,
+        tx: AsyncTransaction | None = None,
+        write: bool = True,
+    ) -> T:
+        """Run one of the library's own store operations (a generator of queries over
+        the store's dialect, which ``make_op`` is handed).
+
+        In ``tx`` when given. Otherwise in a transaction of its own (``write``) or as
+        a plain read, retried after a transient abort, which is why this takes a
+        factory: each attempt gets a fresh operation. Not public API: it is how the
+        background services (:mod:`idempotence.maintenance`) reach the store's SQL.
+        """
+        if tx is not None:
+            return await tx._conn.run_in_transaction(make_op(self._dialect))
+        return await self._own(lambda: make_op(self._dialect), atomic=write, write=write)
+
+    async def migrate(self) -> list[str]:
+        """Apply pending schema migrations; return the versions applied."""
+        return await self._own(lambda: _ops.migrate(self._dialect), atomic=True)
+
+    async def close(self) -> None:
+        """Close the connections the store opened itself; every later operation raises
+        :class:`~idempotence.errors.StoreUnavailable` (an application's pool or
+        connection stays open). Closing twice is harmless."""
+        self._gate.close()
+        await self._source.close()
+
+    async def __aenter__(self) -> AsyncStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _send_batch(self, queries: list[Query]) -> list[list[Row]]:
+        """Send statements of one kind and scope as one (see :mod:`.batcher`)."""
+        return await self._own(lambda: _ops.batch(self._dialect, queries))
+
+    async def _own(
+        self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True
+    ) -> T:
+        """Run an operation in a transaction of its own, retrying transient aborts."""
+        self._gate.check()
+        for attempt in range(TRANSIENT_ATTEMPTS):
+            try:
+                async with self._source.connection() as conn:
+                    return await conn.perform(make_op(), atomic=atomic, write=write)
+            except TransientError:
+                if attempt == TRANSIENT_ATTEMPTS - 1:
+                    raise
+                await sleep_async(backoff(attempt))
+        raise AssertionError("unreachable")

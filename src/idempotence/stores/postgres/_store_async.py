@@ -1,0 +1,476 @@
+"""The PostgreSQL key store on psycopg 3 (DESIGN 8: the reference).
+
+The claim is one ``INSERT ... ON CONFLICT`` statement in autocommit: one round trip
+(see ``sql/postgres/queries.sql``). The store works with a pool it opens from a
+conninfo, with the application's own ``psycopg_pool`` pool, or with one connection
+the application already has (then its operations share that connection's
+transactions, which is what request-as-transaction mode wants).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    asynccontextmanager,
+    nullcontext,
+    suppress,
+)
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+from psycopg import pq
+from psycopg.rows import dict_row
+
+from ..._concurrency import AsyncLock, acquire_async
+from ...errors import StoreUnavailable
+from ...observability import Instrumentation
+from .._listener_async import AsyncListener
+from .._listener_shared import mark_waiter
+from .._retry import Blocks
+from .._sql.connection_async import body_async, run_async
+from .._sql.ops import APPLICATION, Op, Query, Row
+from .._sql.store_async import AsyncStore
+from ._breaker import Breaker, closed_by_server
+from ._store_shared import (
+    COMMIT_PLANNING,
+    DEFAULT_CONNECT_TIMEOUT,
+    DRIVER_ERRORS,
+    SESSION_PLANNING,
+    TRANSACTION_PLANNING,
+    PostgresDialect,
+    bounded_claim,
+    deferred_sql,
+    has_rows,
+    held,
+    listener,
+    pipelines,
+    pool_name,
+    settle_deferred,
+    translate,
+    translated,
+)
+
+T = TypeVar("T")
+
+
+# -- a transaction in two round trips ---------------------------------------------------
+#
+# On the store's own connections (autocommit, no transaction open) a transaction that
+# opens with an operation (a request-as-transaction claim, F3) sends the BEGIN and the
+# operation's first statement in one pipeline, and the statements deferred to its
+# commit (the finish) with the COMMIT in another: two round trips where there were
+# four, and a shorter transaction. The store sends BEGIN, COMMIT and ROLLBACK itself,
+# so a rollback keeps the connection's prepared statements (psycopg's own transaction
+# deallocates them all at every rollback). Anywhere else (an application's connection,
+# a transaction already open) psycopg's transaction() is used, one statement a trip.
+
+
+class AsyncPostgresConnection:
+    def __init__(self, raw: psycopg.AsyncConnection[Any], *, own: bool = False) -> None:
+        self.raw = raw
+        #: The statements that open a transaction: on the store's own connections the
+        #: planning settings come back to the application's (TRANSACTION_PLANNING).
+        self._opening = ("BEGIN", *TRANSACTION_PLANNING) if own else ("BEGIN",)
+        #: A transaction that opens with a claim takes them from the claim instead.
+        self._planning = own
+        self._blocks = Blocks()
+        self._cursor: psycopg.AsyncCursor[Row] | None = None
+        self._commands: psycopg.AsyncCursor[Row] | None = None
+
+    def _statements(self) -> psycopg.AsyncCursor[Row]:
+        # One cursor for the connection's life: a cursor per statement was a
+        # measurable share of a request (its creation, its row maker, its close).
+        cur = self._cursor = self._kept(self._cursor)
+        return cur
+
+    def _control(self) -> psycopg.AsyncCursor[Row]:
+        # BEGIN and COMMIT have one of their own, apart from the statement whose rows
+        # go out in the same pipeline (the claim's, the finish's): a cursor keeps only
+        # its last statement's rows. raw.execute() would make a cursor each time.
+        cur = self._commands = self._kept(self._commands)
+        return cur
+
+    def _kept(self, cur: psycopg.AsyncCursor[Row] | None) -> psycopg.AsyncCursor[Row]:
+        """``cur``, or a new one when there is none yet or it was closed."""
+        if cur is None or cur.closed:
+            return self.raw.cursor(row_factory=dict_row)
+        return cur
+
+    async def fetch(self, query: Query) -> list[Row]:
+        with translated(query.name):
+            cur = self._statements()
+            # The store's own statements inside a transaction on its own connections are
+            # planned at this run (see TRANSACTION_PLANNING); the application's are
+            # prepared as psycopg does, and planned as the server is configured.
+            ours = (
+                self._planning
+                and query.name != APPLICATION
+                and self.raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS
+            )
+            prepare = False if ours else None
+            # No parameters: a script of several statements (migrations) is allowed.
+            await cur.execute(query.sql, query.params or None, prepare=prepare)
+            # pgresult.status is what cur.description would tell, without building
+            # a column description per statement (measurable on the hot path).
+            return await cur.fetchall() if has_rows(cur) else []
+
+    @asynccontextmanager
+    async def atomic(self, first: Op[T] | None = None) -> AsyncIterator[T | None]:
+        # Only the transaction's own begin and commit are translated: an error from
+        # the application's statements in between stays the application's error.
+        if pipelines(self.raw):
+            async with self._pipelined(first) as result:
+                yield result
+            return
+        tx = self.raw.transaction()
+        with translated():
+            await tx.__aenter__()
+            if len(self._opening) > 1:  # the planning settings, in one trip
+                await self._control().execute("; ".join(self._opening[1:]))
+        try:
+            async with body_async(self._blocks, self, first) as result:
+                yield result
+        except BaseException as exc:
+            with translated():
+                await tx.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        with translated():
+            await tx.__aexit__(None, None, None)
+
+    @asynccontextmanager
+    async def _pipelined(self, first: Op[T] | None) -> AsyncIterator[T | None]:
+        with self._blocks.block() as deferred:
+            try:
+                result = await self._begin(first)
+                yield result
+                self._blocks.seal(deferred)
+                await self._commit(deferred)
+            except BaseException:
+                await self._rollback()
+                raise
+
+    async def _begin(self, first: Op[T] | None) -> T | None:
+        if first is None:
+            with translated():
+                # Without parameters, psycopg sends them as one query: one round trip.
+                await self._control().execute("; ".join(self._opening))
+            return None
+        with translated(), held():
+            cur = self._statements()
+            query = next(first)
+            async with self.raw.pipeline():
+                await self._control().execute("BEGIN")
+                await cur.execute(bounded_claim(query, self._planning), query.params)
+            rows = await cur.fetchall() if has_rows(cur) else []
+        return await run_async(first, AsyncBoundedClaim(self), rows)
+
+    async def _commit(self, deferred: list[Op[Any]]) -> None:
+        cursors: list[psycopg.AsyncCursor[Row]] = []
+        refused = False
+        try:
+            if not deferred:  # nothing to send with it: no pipeline to pay for
+                await self._control().execute("COMMIT")
+                return
+            async with self.raw.pipeline():
+                if self._planning:
+                    await self._control().execute(COMMIT_PLANNING)
+                for op in deferred:
+                    query = next(op)
+                    # The connection's cursor for the first (the finish: nearly always
+                    # the only one), a cursor each for any more.
+                    cur = self.raw.cursor(row_factory=dict_row) if cursors else self._statements()
+                    cursors.append(cur)
+                    await cur.execute(deferred_sql(query), query.params)
+                await self._control().execute("COMMIT")
+        except psycopg.errors.DivisionByZero:
+            refused = True
+        except DRIVER_ERRORS as exc:
+            raise translate(exc) from exc
+        rows = [await cur.fetchall() if has_rows(cur) else [] for cur in cursors]
+        settle_deferred(deferred, rows, refused)
+
+    async def _rollback(self) -> None:
+        # Nothing to roll back after a COMMIT that failed: the server ended it. A
+        # connection too broken to roll back is the pool's to discard; the error that
+        # got us here is the one to report.
+        if self.raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            with suppress(psycopg.Error):
+                await self.raw.execute("ROLLBACK")
+
+    def defer(self, op: Op[Any]) -> None:
+        self._blocks.defer(op)
+
+    def unit(self, *, write: bool = True) -> AbstractAsyncContextManager[None]:
+        # In autocommit one statement commits itself: one round trip. Otherwise a
+        # statement would leave a transaction open, so give it one.
+        return nullcontext() if self.raw.autocommit else self.atomic()
+
+    async def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
+        async with self.atomic() if atomic else self.unit(write=write):
+            return await run_async(op, self)
+
+    async def run_in_transaction(self, op: Op[T]) -> T:
+        return await run_async(op, self)
+
+
+class AsyncBoundedClaim:
+    """The claim's connection for its further statements (a claim may run again, see
+    ``claim_in_one_statement``): each waits for a lock no longer than the first."""
+
+    def __init__(self, conn: AsyncPostgresConnection) -> None:
+        self._conn = conn
+
+    async def fetch(self, query: Query) -> list[Row]:
+        raw = self._conn.raw
+        with translated(), held():
+            async with raw.cursor(row_factory=dict_row) as cur:
+                # Again, after its settings applied: planned at this run.
+                planning = self._conn._planning
+                prepare = False if planning else None
+                await cur.execute(bounded_claim(query, planning), query.params, prepare=prepare)
+                return await cur.fetchall() if has_rows(cur) else []
+
+
+async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    # Plans without sequential scans: see SESSION_PLANNING.
+    await conn.execute(SESSION_PLANNING)
+
+
+class _AsyncPoolSource:
+    def __init__(
+        self,
+        pool: psycopg_pool.AsyncConnectionPool[Any],
+        *,
+        owned: bool,
+        breaker: Breaker | None = None,
+    ) -> None:
+        self.pool = pool
+        self._owned = owned
+        self._opened = not owned
+        self.breaker = breaker or Breaker(pool.name)
+        #: One checkout at a time waits in the pool's queue: see :meth:`_wait`.
+        self._turn = AsyncLock()
+        #: The store's view of each of the pool's connections, made once per connection
+        #: (a view holds its connection: see :meth:`view` for how the map stays small).
+        self._views: dict[psycopg.AsyncConnection[Any], AsyncPostgresConnection] = {}
+
+    def view(self, raw: psycopg.AsyncConnection[Any]) -> AsyncPostgresConnection:
+        conn = self._views.get(raw)
+        if conn is None:
+            # A connection the map has not seen replaces one the pool closed (or adds
+            # one): forget the closed, so the map holds no more than the pool.
+            for closed in [known for known in self._views if known.closed]:
+                del self._views[closed]
+            conn = self._views[raw] = AsyncPostgresConnection(raw, own=self._owned)
+        return conn
+
+    def connection(self) -> _AsyncCheckout:
+        return _AsyncCheckout(self)
+
+    async def checkout(self) -> psycopg.AsyncConnection[Any]:
+        """A pooled connection the server has not closed (P11): one that has is
+        discarded (after a restart, every idle one has), and the next is taken."""
+        if not self._opened:
+            # The first use opens the pool (an async pool cannot open in __init__).
+            # Opening an open pool again does nothing, so a race here is harmless.
+            await self.pool.open(wait=False)
+            self._opened = True
+        deadline = None
+        for _ in range(self.pool.max_size + 1):
+            raw = await self._wait(deadline)
+            if not raw.closed and not (closed_by_server(raw.fileno()) and await self._dead(raw)):
+                if self.breaker.troubled:
+                    self.breaker.healthy()
+                return raw
+            self.breaker.broken("the server closed a pooled connection")
+            # After a dead connection, the next ones share one short wait.
+            deadline = deadline or self.breaker.deadline()
+            await raw.close()  # the pool replaces it
+            await self.pool.putconn(raw)
+        raise StoreUnavailable("PostgreSQL is unavailable: every pooled connection was closed")
+
+    async def _dead(self, raw: psycopg.AsyncConnection[Any]) -> bool:
+        """A connection with something to read while idle is almost surely closed by
+        the server; a round trip tells (an application's pool may hold a connection
+        that LISTENs, and a notification is no reason to drop it)."""
+        try:
+            await self.pool.check_connection(raw)
+        except psycopg.Error:
+            return True
+        return False
+
+    async def _wait(self, deadline: float | None) -> psycopg.AsyncConnection[Any]:
+        """Wait for a connection in short slices, up to the pool's timeout while the
+        server is healthy (a busy pool), but no longer once it is known to be gone.
+
+        A slice that runs out leaves the pool's queue, and the next joins it at the
+        back, behind every checkout that came meanwhile: in a burst, the first could
+        wait longest and time out while later ones got through. So the store's
+        checkouts take turns to wait in the pool's queue, in the order they came, and
+        the one whose turn it is keeps its place there. While the server is known to
+        be down a checkout fails at once, without waiting for a turn.
+        """
+        give_up = time.monotonic() + self.pool.timeout
+        self.breaker.check()
+        if not await acquire_async(self._turn, self.pool.timeout):
+            raise translate(
+                psycopg_pool.PoolTimeout(
+                    f"no connection from pool {self.pool.name!r} within its timeout "
+                    f"({self.pool.timeout:g} s)"
+                )
+            )
+        try:
+            return await self._wait_in_turn(deadline, give_up)
+        finally:
+            self._turn.release()
+
+    async def _wait_in_turn(
+        self, deadline: float | None, give_up: float
+    ) -> psycopg.AsyncConnection[Any]:
+        while True:
+            left = give_up - time.monotonic()
+            try:
+                raw: psycopg.AsyncConnection[Any] = await self.pool.getconn(
+                    min(self.breaker.timeout(deadline), max(left, 0.001))
+                )
+                return raw
+            except psycopg_pool.PoolTimeout as exc:
+                if self.breaker.troubled:
+                    raise self.breaker.timed_out(exc) from exc
+                if time.monotonic() >= give_up:
+                    raise translate(exc) from exc
+            except DRIVER_ERRORS as exc:  # the pool is closed
+                raise translate(exc) from exc
+
+    async def close(self) -> None:
+        # Final: a store closed before its first use never opens its pool, and a
+        # closed pool refuses connections (the store is unavailable).
+        opened, self._opened = self._opened, True
+        if self._owned and opened:
+            await self.pool.close()
+
+
+class _AsyncCheckout:
+    """One of the pool's connections for one operation, by ``getconn`` and ``putconn``:
+    the pool's ``connection()`` wraps them in two context managers and a lock, every
+    operation, to do what :meth:`__aexit__` does here only when there is something to
+    do (a transaction left open commits, or rolls back after an error)."""
+
+    __slots__ = ("_raw", "_source")
+
+    def __init__(self, source: _AsyncPoolSource) -> None:
+        self._source = source
+        self._raw: psycopg.AsyncConnection[Any] | None = None
+
+    async def __aenter__(self) -> AsyncPostgresConnection:
+        raw = self._raw = await self._source.checkout()
+        return self._source.view(raw)
+
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        raw = self._raw
+        assert raw is not None
+        try:
+            if exc is not None and raw.broken:
+                self._source.breaker.broken(exc)
+            if not raw.closed and raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+                if exc is None:
+                    await raw.commit()
+                else:
+                    with suppress(psycopg.Error):
+                        await raw.rollback()
+        finally:
+            await self._source.pool.putconn(raw)
+
+
+class _AsyncSingleSource:
+    """The application's one connection; operations take turns on it."""
+
+    def __init__(self, raw: psycopg.AsyncConnection[Any]) -> None:
+        self._conn = AsyncPostgresConnection(raw)
+        self._lock = AsyncLock()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncPostgresConnection]:
+        async with self._lock:
+            yield self._conn
+
+    async def close(self) -> None:
+        pass  # the application owns it
+
+
+class AsyncPostgresStore(AsyncStore):
+    """The PostgreSQL key store.
+
+    ``target`` is a conninfo or ``postgresql://`` URL (the store opens and owns a
+    pool), a ``psycopg_pool.AsyncConnectionPool``, or a ``psycopg.AsyncConnection``.
+
+    >>> store = AsyncPostgresStore("postgresql://app@db/app")   # doctest: +SKIP
+    >>> await store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
+    ... # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        target: str | psycopg_pool.AsyncConnectionPool[Any] | psycopg.AsyncConnection[Any],
+        *,
+        max_size: int = 10,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        instrumentation: Instrumentation | None = None,
+    ) -> None:
+        source: _AsyncPoolSource | _AsyncSingleSource
+        if isinstance(target, str):
+            name = pool_name()
+            breaker = Breaker(name)
+            pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
+                target,
+                min_size=1,
+                max_size=max_size,
+                timeout=connect_timeout,
+                kwargs={"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)},
+                configure=_configure_async,
+                open=False,
+                name=name,
+                # Give up at once on a failed connection attempt (the breaker then
+                # fails requests fast and probes): the pool's own backoff would
+                # leave it short of connections long after the server is back.
+                reconnect_timeout=0,
+                reconnect_failed=breaker.reconnect_failed,
+            )
+            source = _AsyncPoolSource(pool, owned=True, breaker=breaker)
+        elif isinstance(target, psycopg_pool.AsyncConnectionPool):
+            source = _AsyncPoolSource(target, owned=False)
+        else:
+            source = _AsyncSingleSource(target)
+        super().__init__(
+            source,
+            PostgresDialect(),
+            instrumentation=instrumentation,
+            # Operations on the application's one connection take turns on it anyway.
+            batch=isinstance(source, _AsyncPoolSource),
+        )
+        self._listener = listener(AsyncListener, self._dialect, target, connect_timeout)
+
+    async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
+        """P10: return as soon as a NOTIFY says the key settled, or after ``seconds``.
+
+        The notifications come on one connection of the store's own, opened at the
+        first wait (see :mod:`idempotence.stores._listener`). A store on the
+        application's one connection has none, and sleeps ``seconds``.
+        """
+        if self._listener is None:
+            await super().wait_for_settle(scope, key, seconds)
+            return
+        await self._listener.wait(
+            scope,
+            key,
+            seconds,
+            lambda: self._own(lambda: mark_waiter(self._dialect, scope, key)),
+        )
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
+        await super().close()

@@ -1,0 +1,450 @@
+"""What the sync and the async Redis store share: the scripts, the key names, the
+record's encoding and the translation of redis-py's errors (DESIGN 8).
+
+No I/O here. The scripts live in ``redis.lua`` beside this module; the store itself is
+written once in :mod:`._store_async` (:mod:`._store` is generated from it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import struct
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.retry
+import redis.backoff
+import redis.cluster
+import redis.exceptions
+import redis.retry
+
+from ... import _queries
+from ...errors import ConfigurationError, StoreError, StoreUnavailable
+from ...states import STARTED, Claim, ClaimRequest, KeyRecord, StoredResponse, claim_from
+from .._redis_url import check_redis_url
+
+#: The clients, in both spellings (``scripts/unasync.py`` turns ``AsyncRedis`` into
+#: ``Redis``): a plain server, or a Redis Cluster.
+AsyncRedis = redis.asyncio.Redis
+Redis = redis.Redis
+AsyncRedisCluster = redis.asyncio.cluster.RedisCluster
+RedisCluster = redis.cluster.RedisCluster
+
+#: Any error of redis-py's.
+RedisError = redis.exceptions.RedisError
+
+#: Connect and read timeouts of a store that opens its own client, in seconds: a Redis
+#: that does not answer is a 503 quickly (P11), not a request hanging on a socket.
+DEFAULT_TIMEOUT = 1.0
+
+#: What every Redis key of the store starts with (``RedisStore(prefix=)``).
+DEFAULT_PREFIX = "idempotence"
+
+#: Redis errors that mean "not now": the server is unreachable, loading, read-only
+#: after a failover, or the cluster is reconfiguring. The store answers them with
+#: StoreUnavailable (503 + Retry-After); any other Redis error is a StoreError.
+_DOWN = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.MasterDownError,
+    # Not a RedisError: a cluster client that reaches no node, or finds its slots
+    # uncovered or the node not in cluster mode, raises it while it discovers the
+    # cluster (a 503 that names the reason, never a 500).
+    redis.exceptions.RedisClusterException,
+)
+
+_TEXT = "surrogatepass"  # any Python str survives the trip, even a lone surrogate
+
+
+def _scripts() -> dict[str, str]:
+    text = resources.files("idempotence").joinpath("stores", "redis", "redis.lua").read_text()
+    parsed = _queries.parse(text)
+    prelude = parsed.pop("prelude")
+    return {name: prelude + "\n" + body for name, body in parsed.items()}
+
+
+#: The scripts by name, each with the prelude in front (``redis.lua``).
+SCRIPTS = _scripts()
+
+
+def check_prefix(prefix: str) -> str:
+    """Refuse a prefix that would move the hash tag (a brace) or is empty."""
+    if not prefix or "{" in prefix or "}" in prefix:
+        raise ConfigurationError(
+            f"invalid Redis key prefix {prefix!r}: use a non-empty name without braces"
+        )
+    return prefix
+
+
+def encode(text: str) -> bytes:
+    return text.encode("utf-8", _TEXT)
+
+
+def decode(raw: bytes) -> str:
+    return raw.decode("utf-8", _TEXT)
+
+
+def record_key(prefix: str, scope: str, key: str) -> bytes:
+    """The Redis key of one record: the scope and the key are both in it (no global
+    namespace), length-prefixed so no two (scope, key) pairs share a name, behind a
+    hash tag that is the digest of both: the tag holds no brace whatever the key
+    holds, so the record stays in one cluster slot and records spread over all.
+
+    >>> record_key("idem", "acct_1", "k{1}")
+    b'idem:{57f36082ffaff2a771c98954}:6:acct_1:k{1}'
+    """
+    return encoded_record_key(encode(prefix), scope, key)
+
+
+def encoded_record_key(prefix: bytes, scope: str, key: str) -> bytes:
+    """:func:`record_key` of a prefix already encoded (a store's, once)."""
+    s, k = scope.encode("utf-8", _TEXT), key.encode("utf-8", _TEXT)
+    tag = hashlib.blake2b(b"%d:%s:%s" % (len(s), s, k), digest_size=12).hexdigest()
+    return b"%s:{%s}:%d:%s:%s" % (prefix, tag.encode(), len(s), s, k)
+
+
+def record_pattern(prefix: str, scope: str | None) -> bytes:
+    """The SCAN pattern of the records of ``scope`` (every scope when None)."""
+    if scope is None:
+        return _glob(encode(prefix)) + b":{*}:*"
+    s = encode(scope)
+    return b"%s:{*}:%d:%s:*" % (_glob(encode(prefix)), len(s), _glob(s))
+
+
+def _glob(raw: bytes) -> bytes:
+    out = bytearray()
+    for byte in raw:
+        if byte in b"*?[]\\":
+            out += b"\\"
+        out.append(byte)
+    return bytes(out)
+
+
+def channel(prefix: str) -> bytes:
+    """The pub/sub channel on which the settle scripts wake waiting twins (P10)."""
+    return encode(prefix) + b":settled"
+
+
+def claim_args(request: ClaimRequest) -> list[Any]:
+    retention = request.retention
+    return [
+        request.scope.encode("utf-8", _TEXT),
+        request.key.encode("utf-8", _TEXT),
+        request.fingerprint.encode("utf-8", _TEXT),
+        request.method.encode("utf-8", _TEXT),
+        request.path.encode("utf-8", _TEXT),
+        request.flow.encode("utf-8", _TEXT),
+        _json_params(request.params),
+        _us(request.lock_timeout),
+        "" if retention is None else _us(retention),
+        # The record's id: random, so a lease names one incarnation of the key (F1).
+        secrets.randbits(62) + 1,
+    ]
+
+
+def finish_args(response: StoredResponse, error: str | None, settled_channel: bytes) -> list[Any]:
+    return [
+        response.status,
+        _headers_json(response.headers),
+        response.body,
+        "0" if error is None else "1",
+        b"" if error is None else encode(error),
+        settled_channel,
+    ]
+
+
+# The headers' JSON as json.dumps writes it (its separators, ASCII only), from an encoder
+# made once: json.dumps makes one per call, a share of every finish. A tuple is an
+# array, as a list is.
+_c_make_encoder: Any = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+if _c_make_encoder is not None:
+    _encode_headers = _c_make_encoder(
+        None,
+        json.JSONEncoder().default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        False,
+        False,
+        True,
+    )
+
+    def _headers_json(headers: Sequence[tuple[str, str]]) -> str:
+        return "".join(_encode_headers(headers, 0))
+else:  # pragma: no cover - CPython always has the C encoder
+
+    def _headers_json(headers: Sequence[tuple[str, str]]) -> str:
+        return json.dumps(headers)
+
+
+def _json_params(params: Any) -> str:
+    # Most claims have no parameters (every handler endpoint's): no encoder call.
+    if type(params) is dict and not params:
+        return "{}"
+    return json.dumps(params, separators=(",", ":"))
+
+
+#: Times are stored as integer microseconds since the Unix epoch (here and in the
+#: cached store's entries).
+MICROSECOND = timedelta(microseconds=1)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _load_params(raw: bytes | str) -> Any:
+    # A new dict each time: the record's params are the caller's to change.
+    return {} if raw == b"{}" or raw == "{}" else json.loads(raw)
+
+
+def _us(value: timedelta) -> int:
+    return value // MICROSECOND
+
+
+def timestamp(raw: bytes | int | str) -> datetime:
+    """A time as the scripts store it (microseconds since the epoch, server clock)."""
+    return EPOCH + int(raw) * MICROSECOND
+
+
+#: The fields a claim script reads back, in the order of ``READ_FIELDS`` in
+#: ``redis.lua``, packed into one string (:func:`unpack`).
+READ_FIELDS = (
+    b"id", b"scope", b"key", b"method", b"path", b"fp", b"params", b"flow",
+    b"rp", b"token", b"locked", b"lto", b"created", b"last_run", b"finished", b"expires",
+    b"status", b"headers", b"body", b"error", b"calling",
+)  # fmt: skip
+
+
+#: The lengths in front of the values (see :func:`unpack`).
+_LENGTHS = struct.Struct(f">{len(READ_FIELDS)}i")
+
+
+def unpack(packed: bytes) -> dict[bytes, bytes]:
+    """A hash's fields from the one string that a script's ``read`` returns: the
+    length of each of ``READ_FIELDS``' values (4 bytes, big-endian, -1 when absent),
+    then the values present, one after the other. The lengths are read in one call,
+    not parsed one by one: every replay reads a record.
+
+    >>> absent = (-1,) * (len(READ_FIELDS) - 2)
+    >>> unpack(_LENGTHS.pack(1, *absent, 2) + b"7{}")[b"calling"]
+    b'{}'
+    """
+    try:
+        lengths = _LENGTHS.unpack_from(packed)
+    except struct.error:
+        raise _not_read_fields(packed) from None
+    fields = {}
+    at = _LENGTHS.size
+    for name, length in zip(READ_FIELDS, lengths, strict=True):
+        if length >= 0:
+            fields[name] = packed[at : at + length]
+            at += length
+        elif length != -1:
+            raise _not_read_fields(packed)
+    if at != len(packed):
+        raise _not_read_fields(packed)
+    return fields
+
+
+def _not_read_fields(packed: bytes) -> StoreError:
+    return StoreError(f"the Redis claim script's reply is not READ_FIELDS: {packed[:80]!r}")
+
+
+def record(fields: Mapping[Any, Any]) -> KeyRecord:
+    """The :class:`KeyRecord` of a record hash (see the field list in ``redis.lua``).
+
+    Every replay reads one, so the decoding is spelled out, without a call per field."""
+    get = fields.get
+    status = get(b"status")
+    response = None
+    if status is not None:
+        headers = tuple([(str(k), str(v)) for k, v in json.loads(fields[b"headers"])])
+        response = StoredResponse(int(status), headers, get(b"body", b""))
+    locked, last_run, finished, expires = (
+        get(b"locked"),
+        get(b"last_run"),
+        get(b"finished"),
+        get(b"expires"),
+    )
+    error, calling = get(b"error"), get(b"calling")
+    return KeyRecord(
+        id=int(fields[b"id"]),
+        scope=fields[b"scope"].decode("utf-8", _TEXT),
+        key=fields[b"key"].decode("utf-8", _TEXT),
+        method=fields[b"method"].decode("utf-8", _TEXT),
+        path=fields[b"path"].decode("utf-8", _TEXT),
+        fingerprint=fields[b"fp"].decode("utf-8", _TEXT),
+        params=_load_params(fields[b"params"]),
+        flow=fields[b"flow"].decode("utf-8", _TEXT),
+        recovery_point=fields[b"rp"].decode("utf-8", _TEXT),
+        lock_token=int(fields[b"token"]),
+        locked_at=None if locked is None else EPOCH + int(locked) * MICROSECOND,
+        lock_timeout=int(fields[b"lto"]) * MICROSECOND,
+        response=response,
+        error=None if error is None else error.decode("utf-8", _TEXT),
+        created_at=EPOCH + int(fields[b"created"]) * MICROSECOND,
+        last_run_at=None if last_run is None else EPOCH + int(last_run) * MICROSECOND,
+        finished_at=None if finished is None else EPOCH + int(finished) * MICROSECOND,
+        expires_at=None if expires is None else EPOCH + int(expires) * MICROSECOND,
+        calling=None if calling is None else calling.decode("utf-8", _TEXT),
+    )
+
+
+def claim_result(request: ClaimRequest, args: Sequence[Any], reply: Sequence[Any]) -> Claim:
+    """The claim script's reply (to ``args``, from :func:`claim_args`) as a
+    :class:`Claim`: the outcome is named by :func:`~idempotence.states.claim_from`,
+    which refuses a reply that disagrees with :func:`~idempotence.states.arbitrate`
+    (P1-P5 are decided once, in ``states``)."""
+    if len(reply) == 2:  # a new key: the script wrote the request, nothing to read
+        now = timestamp(reply[1])
+        return claim_from(new_record(request, args, now), request.fingerprint, now, claimed=True)
+    claimed, now, packed = reply
+    return claim_from(
+        record(unpack(packed)), request.fingerprint, timestamp(now), claimed=bool(claimed)
+    )
+
+
+def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> KeyRecord:
+    """The record that the claim script's first branch (P1) wrote for ``request``
+    at ``now``, field by field, as :func:`record` would read it back."""
+    retention = args[8]
+    return KeyRecord(
+        id=int(args[9]),
+        scope=request.scope,
+        key=request.key,
+        method=request.method,
+        path=request.path,
+        fingerprint=request.fingerprint,
+        params=_load_params(args[6]),  # as stored: a tuple comes back a list
+        flow=request.flow,
+        recovery_point=STARTED,
+        lock_token=1,
+        locked_at=now,
+        lock_timeout=timedelta(microseconds=int(args[7])),
+        response=None,
+        error=None,
+        created_at=now,
+        last_run_at=now,
+        finished_at=None,
+        expires_at=None if retention == "" else now + timedelta(microseconds=int(retention)),
+        calling=None,
+    )
+
+
+class _Translated:
+    """``with translated():`` raises the library's error for a redis-py error:
+    unreachable is StoreUnavailable (P11). A class, not a generator: it is entered
+    for every script a request runs."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, _DOWN):
+            raise StoreUnavailable(f"the Redis key store is unavailable: {exc}") from exc
+        if isinstance(exc, redis.exceptions.RedisError):
+            raise StoreError(f"the Redis key store failed: {exc}") from exc
+
+
+_TRANSLATED = _Translated()
+
+
+def translated() -> _Translated:
+    """redis-py's errors as the library's: unreachable is StoreUnavailable (P11)."""
+    return _TRANSLATED
+
+
+def cluster_url(url: str) -> str | None:
+    """``redis+cluster://...`` (or ``rediss+cluster://``) as the URL redis-py's cluster
+    client takes; None for a plain server's URL."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("redis+cluster", "rediss+cluster"):
+        return scheme.lower().partition("+")[0] + "://" + rest
+    return None
+
+
+def open_client(kind: Any, url: str, options: Mapping[str, Any]) -> Any:
+    """``kind.from_url(url, **options)`` for a URL checked first (:mod:`._redis_url`).
+    What redis-py would refuse only at the first command, an option it does not know
+    or an option's bad value, is refused here; a cluster that the sync client cannot
+    discover while it starts is unavailable (P11)."""
+    cluster = kind is RedisCluster or kind is AsyncRedisCluster
+    check_redis_url(url, cluster=cluster)
+    try:
+        with translated():
+            client = kind.from_url(url, **options)
+        if not cluster:
+            # A connection object made only to check its arguments, the URL's options:
+            # never connected, nothing to close.
+            pool = client.connection_pool
+            pool.connection_class(**pool.connection_kwargs)
+    except (ValueError, TypeError, redis.exceptions.RedisError) as exc:
+        raise ConfigurationError(f"invalid option in the Redis URL: {exc}") from None
+    return client
+
+
+def client_kinds(*kinds: type) -> str:
+    """``redis.asyncio.client.Redis or ...``: the client classes a store takes."""
+    return " or ".join(f"{kind.__module__}.{kind.__qualname__}" for kind in kinds)
+
+
+def check_timeout(timeout: float) -> float:
+    """``timeout`` if it is a positive number of seconds (redis-py would take 0 as a
+    failure of every command, and refuse a negative one only at the first)."""
+    if not isinstance(timeout, int | float) or not timeout > 0:  # NaN too
+        raise ConfigurationError(
+            f"a Redis timeout is a positive number of seconds, not {timeout!r}"
+        )
+    return timeout
+
+
+def client_options(timeout: float) -> dict[str, Any]:
+    timeout = check_timeout(timeout)
+    return {
+        "socket_connect_timeout": timeout,
+        "socket_timeout": timeout,
+        "decode_responses": False,
+    }
+
+
+# -- the few calls whose sync and async spellings differ (scripts/unasync.py) ---------
+
+
+def no_retry_async() -> Any:
+    """No retry of a command that failed: a script is not idempotent (a finish sent
+    twice would report its own first write as a lost lock), so a failure is reported
+    (503) and the client retries the request instead."""
+    return redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0)
+
+
+def no_retry() -> Any:
+    """:func:`no_retry_async` for the sync client."""
+    return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
+
+
+def pubsub(client: Any) -> Any:
+    """A pub/sub of ``client`` (sync and async spell it alike; redis-py leaves it
+    untyped)."""
+    return client.pubsub()
+
+
+async def close_async(closable: Any) -> None:
+    """Close an async client or pub/sub (``aclose``)."""
+    await closable.aclose()
+
+
+def close(closable: Any) -> None:
+    """Close a sync client or pub/sub."""
+    closable.close()

@@ -1,0 +1,100 @@
+"""The SQL store interface: what a database supplies to become a key store.
+
+Every SQL store (PostgreSQL, SQLite, the SQLAlchemy and Django stores) runs the same
+operations, written once as generators of named queries; a database supplies only
+what differs. This module names exactly what a store built outside
+``idempotence/stores/`` may use; everything else under ``idempotence.stores`` whose
+name starts with an underscore may change without notice.
+
+What a SQL dialect supplies:
+
+* **Its queries file**: ``idempotence/sql/<name>/queries.sql``, every statement the
+  store runs, each under a ``-- name --`` header, with ``schema.sql`` and
+  ``migrations/NNNN_*.sql`` beside it. ``:name`` placeholders throughout.
+* **A** :class:`Dialect` **subclass**: its ``name`` (the folder above), whether its
+  claim is one atomic statement (``claim_is_one_statement``; the claim is then
+  :func:`claim_in_one_statement`, else :func:`claim_in_transaction` under a write
+  lock), its value conversions (``timestamp``, ``duration_in``, ``duration_out``) and
+  the placeholders of the application's own statements (``application``; see
+  :func:`to_pyformat` for a driver that takes ``%(name)s``).
+* **A connection and a source**: a :class:`Connection` (or :class:`AsyncConnection`)
+  runs one :class:`Query` on the driver's connection and opens transactions; a
+  :class:`Source` (or :class:`AsyncSource`) hands connections out. :func:`run` and
+  :func:`body` (and their ``_async`` twins) do the rest; :class:`Blocks` keeps the
+  operations deferred to a commit.
+* **Error translation**: a function from the driver's exception to the library's
+  (:class:`~idempotence.errors.StoreUnavailable` when the database cannot be reached,
+  :class:`~idempotence.errors.TransientError` when the statement may simply run again,
+  :class:`~idempotence.errors.SchemaMissing`, else
+  :class:`~idempotence.errors.StoreError`), wrapped by :func:`translator`.
+  :class:`KeyHeld` is what a claim whose lock wait ran out raises.
+* **The store classes**: a subclass of :class:`Store` (or :class:`AsyncStore`) that
+  builds its dialect and source; the operations are inherited.
+
+What it can and cannot do is said by the dialect's class attributes and by the
+queries it defines: a database without ``LISTEN`` waits for a twin by polling, and
+one without a batched statement (``claim_batch``) claims one key per statement.
+
+Example:
+    ```python
+    from idempotence.stores.sql import Dialect, Query, claim_in_transaction
+
+    class MyDialect(Dialect):
+        name = "mydb"                   # idempotence/sql/mydb/queries.sql
+        claim_is_one_statement = False  # claims under a write lock
+
+        def claim(self, request, finished=None):
+            return claim_in_transaction(self, request, finished)
+        ...
+    ```
+"""
+
+from __future__ import annotations
+
+from ._retry import Blocks, KeyHeld, translator
+from ._sql.connection import Connection, Fetcher, Source, body, run
+from ._sql.connection_async import AsyncConnection, AsyncFetcher, AsyncSource, body_async, run_async
+from ._sql.ops import (
+    APPLICATION,
+    Dialect,
+    Op,
+    Query,
+    Row,
+    claim_in_one_statement,
+    claim_in_transaction,
+    migrate,
+    pending_migrations,
+)
+from ._sql.placeholders import to_pyformat
+from ._sql.store import Store, Transaction
+from ._sql.store_async import AsyncStore, AsyncTransaction
+
+__all__ = [
+    "APPLICATION",
+    "AsyncConnection",
+    "AsyncFetcher",
+    "AsyncSource",
+    "AsyncStore",
+    "AsyncTransaction",
+    "Blocks",
+    "Connection",
+    "Dialect",
+    "Fetcher",
+    "KeyHeld",
+    "Op",
+    "Query",
+    "Row",
+    "Source",
+    "Store",
+    "Transaction",
+    "body",
+    "body_async",
+    "claim_in_one_statement",
+    "claim_in_transaction",
+    "migrate",
+    "pending_migrations",
+    "run",
+    "run_async",
+    "to_pyformat",
+    "translator",
+]
