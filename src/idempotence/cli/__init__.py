@@ -391,8 +391,10 @@ def worker(
         prometheus_client.start_http_server(metrics_port)
         # The completer's claims count on the hot-path metrics too.
         instrumentation = PrometheusInstrumentation()
-    if sink is None and runner_jobs is None:
-        click.echo(NO_RUNNER, err=True)
+    # Said once the store is open and migrated: a worker that cannot start says only why.
+    warn = (
+        (lambda: click.echo(NO_RUNNER, err=True)) if sink is None and runner_jobs is None else None
+    )
     if _runs_async(registry, use_async):
         if sink is not None:
             raise click.UsageError("--sink runs on the sync worker: leave out --async")
@@ -401,6 +403,8 @@ def worker(
             stop = asyncio.Event()
             async with open_cli_async_store(database, instrumentation=instrumentation) as store:
                 require_schema(await store._perform(pending_migrations, write=False))
+                if warn is not None:
+                    warn()
                 with stop_on_signals(stop):
                     await AsyncWorker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
 
@@ -409,6 +413,8 @@ def worker(
     stop = threading.Event()
     with open_cli_store(database, instrumentation=instrumentation) as store:
         require_schema(store._perform(pending_migrations, write=False))
+        if warn is not None:
+            warn()
         with stop_on_signals(stop):
             Worker(store, flows=registry, jobs=runner_jobs, sink=sink, **configs).run(stop)
 
