@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -222,3 +223,169 @@ def test_log_json_works_before_and_after_the_subcommand(tmp_path: Path, where: s
     assert proc.returncode == 0, text
     for line in text.strip().splitlines():
         assert isinstance(json.loads(line), dict), line
+
+
+# -- one line in plain words, with the contract's exit status (2: usage or configuration) --
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The one line the command printed on stderr (its "Error: " prefix dropped)."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0].removeprefix("Error: ")
+
+
+@pytest.mark.parametrize(
+    ("url", "extra", "opener"),
+    [
+        ("postgresql://postgres@127.0.0.1:5432/x", "postgres", "open_store"),
+        ("postgresql://postgres@127.0.0.1:5432/x", "postgres", "open_async_store"),
+        ("redis://127.0.0.1:6379/0", "redis", "open_store"),
+        ("redis://127.0.0.1:6379/0", "redis", "open_async_store"),
+    ],
+)
+def test_the_python_api_names_the_extra_of_a_missing_driver(
+    url: str, extra: str, opener: str
+) -> None:
+    """``open_store`` without the driver's extra raises ConfigurationError naming the
+    extra, not a ModuleNotFoundError from deep inside the store."""
+    program = (
+        "import sys\n"
+        "for name in ('psycopg', 'psycopg_pool', 'redis'):\n"
+        "    sys.modules[name] = None\n"
+        "import idempotence\n"
+        "try:\n"
+        f"    idempotence.{opener}({url!r})\n"
+        "except idempotence.ConfigurationError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"pip install 'idempotence[{extra}]'" in result.stdout
+
+
+def test_the_demo_without_its_dependencies_names_the_demo_extra(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\nfor name in ('starlette', 'uvicorn'):\n    sys.modules[name] = None\n"
+    )
+    env = {name: value for name, value in os.environ.items() if name != ENV_VAR}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [str(CLI), "demo", "--rides", "1"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'idempotence[demo]'" in one_line_error(result)
+
+
+def test_a_redis_database_the_server_does_not_have_is_a_configuration_error() -> None:
+    result = idempotence("stats", "--database", "redis://127.0.0.1:6379/99")
+    assert result.returncode == 2, result.stderr
+    message = one_line_error(result)
+    assert "has no database" in message
+    assert "DB index" not in message  # redis-py's words, not the reader's
+
+
+def test_an_unknown_redis_url_option_is_named_without_redis_py_internals() -> None:
+    result = idempotence("stats", "--database", "redis://127.0.0.1:6379/0?foo=1")
+    assert result.returncode == 2, result.stderr
+    message = one_line_error(result)
+    assert "unknown option 'foo' in the Redis URL" in message
+    assert "__init__" not in message and "keyword argument" not in message
+
+
+def test_redis_cluster_url_of_a_plain_server_is_a_configuration_error() -> None:
+    """Not 5 ("unavailable, retry later"): no retry makes a plain server a cluster."""
+    result = idempotence("stats", "--database", "redis+cluster://127.0.0.1:6379")
+    assert result.returncode == 2, result.stderr
+    assert "not a cluster node" in one_line_error(result)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://postgres:s3cret@[::1:5432/x", "invalid IPv6 address"),
+        ("postgresql://postgres:s3cret@127.0.0.1:5432/x?foo=1", 'parameter: "foo"'),
+    ],
+)
+def test_a_malformed_postgres_url_is_a_usage_error_that_hides_the_password(
+    url: str, expected: str
+) -> None:
+    result = idempotence("stats", "--database", url)
+    assert result.returncode == 2, result.stderr
+    message = one_line_error(result)
+    assert expected in message
+    assert "s3cret" not in result.stderr
+
+
+def test_migrate_into_a_missing_directory_names_it(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such"
+    result = idempotence("migrate", "--database", f"sqlite:///{missing}/keys.db")
+    assert result.returncode == 2, result.stderr
+    assert f"the directory {missing} does not exist" in one_line_error(result)
+
+
+def test_sqlite_migrate_says_why_a_number_is_skipped(tmp_path: Path) -> None:
+    """SQLite's migrations are 0001, 0002, 0003 and 0005: the output says that 0004
+    is PostgreSQL's alone, rather than leave a reader to wonder what went missing."""
+    result = idempotence("migrate", "--database", f"sqlite:///{tmp_path}/k.db")
+    assert result.returncode == 0, result.stderr
+    assert "0003_maintenance, 0005_calling" in result.stdout
+    assert "0004 skipped: 0004_waiters is for PostgreSQL only" in result.stdout
+
+
+def test_keys_list_says_when_it_stops_at_its_limit(tmp_path: Path) -> None:
+    from idempotence import ClaimRequest, SqliteStore
+
+    url = f"sqlite:///{tmp_path}/k.db"
+    with SqliteStore(str(tmp_path / "k.db")) as store:
+        store.migrate()
+        for n in range(3):
+            store.claim(ClaimRequest(scope="s", key=f"k{n}", fingerprint="f"))
+
+    cut = idempotence("keys", "list", "--database", url, "--limit", "2")
+    assert cut.returncode == 0, cut.stderr
+    assert "k2" in cut.stdout and "k1" in cut.stdout and "k0" not in cut.stdout
+    assert "showing the newest 2 keys only: there are more" in cut.stderr
+    assert "--limit" in cut.stderr
+
+    whole = idempotence("keys", "list", "--database", url, "--limit", "3")
+    assert whole.returncode == 0, whole.stderr
+    assert "k0" in whole.stdout
+    assert whole.stderr == ""
+
+    as_json = idempotence("keys", "list", "--database", url, "--limit", "2", "--json")
+    assert len(json.loads(as_json.stdout)) == 2  # stdout stays JSON
+
+
+COMMANDS = [
+    [],
+    ["migrate"],
+    ["sweep"],
+    ["complete"],
+    ["reap"],
+    ["enqueue"],
+    ["run-jobs"],
+    ["worker"],
+    ["keys"],
+    ["keys", "list"],
+    ["keys", "show"],
+    ["keys", "evict"],
+    ["stats"],
+    ["reconcile"],
+    ["demo"],
+    ["demo", "serve"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "idempotence")
+def test_help_speaks_plain_words(command: list[str]) -> None:
+    """No requirement number of the design contract ("(B2)", "F7") in --help: those
+    are for the contract's readers, not the operator's."""
+    result = idempotence(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    numbers = re.findall(r"\b[BFPRM]\d{1,2}\b", result.stdout)
+    assert not numbers, result.stdout

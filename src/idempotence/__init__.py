@@ -4,10 +4,12 @@ Clients send an ``Idempotency-Key``; the key store claims it atomically, replays
 stored response to retries, and refuses racing or mismatched duplicates. See the
 README for a tour and ``docs/design.md`` for the contract.
 
->>> from idempotence import SqliteStore, ClaimRequest, Outcome
->>> store = SqliteStore(":memory:"); _ = store.migrate()
->>> store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint="f")).outcome
-<Outcome.EXECUTE: 'execute'>
+```python
+from idempotence import SqliteStore, ClaimRequest, Outcome
+store = SqliteStore(":memory:"); _ = store.migrate()
+store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint="f")).outcome
+# <Outcome.EXECUTE: 'execute'>
+```
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .errors import (
     SchemaMissing,
     StoreError,
     StoreInTransaction,
+    StoreMisconfigured,
     StoreUnavailable,
     TransactionEnded,
 )
@@ -122,6 +125,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreInTransaction",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "StoredResponse",
     "Transaction",

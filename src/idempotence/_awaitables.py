@@ -1,8 +1,8 @@
 """What the application hands back may be awaitable: a scope callable, a phase, a
 foreign call. The async drivers await it; the sync ones refuse it with a clear error
 (and close it, so Python does not also warn "coroutine was never awaited" far from the
-cause). The generated sync drivers (scripts/unasync.py) call :func:`settle` where
-their async sources call :func:`settle_async`.
+cause). The generated sync drivers (scripts/unasync.py) call `settle` where
+their async sources call `settle_async`.
 """
 
 from __future__ import annotations

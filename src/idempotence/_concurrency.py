@@ -40,12 +40,12 @@ __all__ = [
     "wait_until_set_async",
 ]
 
-#: A mutual exclusion between tasks (async) or threads (sync).
 AsyncLock = asyncio.Lock
+"""A mutual exclusion between tasks (async) or threads (sync)."""
 Lock = threading.Lock
 
-#: A flag that tasks (async) or threads (sync) wait on: a background service's stop.
 AsyncEvent = asyncio.Event
+"""A flag that tasks (async) or threads (sync) wait on: a background service's stop."""
 Event = threading.Event
 
 
@@ -130,16 +130,16 @@ class Wakeup:
         self._event.wait(seconds)
 
 
-#: A long-running job (see :class:`AsyncBackground`), handed the callback with which
-#: it reports once whether it came up.
 AsyncJob = Callable[[Callable[[bool], None]], Coroutine[Any, Any, None]]
+"""A long-running job (see `AsyncBackground`), handed the callback with which
+it reports once whether it came up."""
 Job = Callable[[Callable[[bool], None]], None]
 
 
 class AsyncBackground:
     """One long-running job of an object's, started when first needed and again after
     it ended: a task on the loop of whoever needs it (and moved to another loop if
-    that one is gone). The job reads :attr:`stopping` to know when to end."""
+    that one is gone). The job reads `stopping` to know when to end."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -178,7 +178,7 @@ class AsyncBackground:
 
 class Background:
     """One long-running job of an object's, on a daemon thread of its own, started
-    when first needed and again after it ended. The job reads :attr:`stopping` to
+    when first needed and again after it ended. The job reads `stopping` to
     know when to end (a thread cannot be interrupted)."""
 
     def __init__(self, name: str) -> None:
@@ -216,7 +216,7 @@ class Background:
 
 class AsyncPeriodic:
     """While its ``async with`` block runs, call ``tick()`` every ``seconds``, until
-    ``tick`` returns False or :meth:`stop`; None never ticks.
+    ``tick`` returns False or `stop`; None never ticks.
 
     Between ticks it is only a timer of the event loop (a task started per block cost
     about 12 µs of CPU, per guarded request); each tick runs as a task of its own. The
@@ -275,10 +275,10 @@ class AsyncPeriodic:
 
 class Periodic:
     """While its ``with`` block runs, call ``tick()`` every ``seconds``, until ``tick``
-    returns False or :meth:`stop`; None never ticks.
+    returns False or `stop`; None never ticks.
 
     The ticks of every ``Periodic`` run on one daemon thread of the process (see
-    :class:`_Ticker`): a thread started per block cost about 120 µs of CPU, a tenth of
+    `_Ticker`): a thread started per block cost about 120 µs of CPU, a tenth of
     a guarded request. The block's end stops it and waits for a tick in flight: nothing
     ticks after it.
     """
@@ -322,7 +322,7 @@ class Periodic:
 
 
 class _Ticker:
-    """The one thread that runs the ticks of every :class:`Periodic`, in time order.
+    """The one thread that runs the ticks of every `Periodic`, in time order.
 
     A stopped ``Periodic`` stays in the queue until its time comes and is then
     skipped: cheaper than removing it, and bounded by one entry per block per interval.

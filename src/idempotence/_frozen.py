@@ -5,19 +5,21 @@
 refuses. That call goes through a wrapper descriptor that copies its arguments into a
 new tuple and looks the field up on the type again: about twice what setting the slot
 costs, and a guarded request builds about 80 such fields (its claim's record alone has
-19). :func:`quick_init` gives the class an ``__init__`` that calls each slot's own
+19). `quick_init` gives the class an ``__init__`` that calls each slot's own
 descriptor instead: the same signature, the same defaults and default factories, the
 same instances (still frozen, hashable and compared by value), for half the cost.
 
->>> from dataclasses import dataclass, field
->>> @quick_init
-... @dataclass(frozen=True, slots=True)
-... class Point:
-...     x: int
-...     y: int = 0
-...     tags: list[str] = field(default_factory=list)
->>> Point(1), Point(1, 2, ["a"]) == Point(x=1, y=2, tags=["a"])
-(Point(x=1, y=0, tags=[]), True)
+```python
+from dataclasses import dataclass, field
+@quick_init
+@dataclass(frozen=True, slots=True)
+class Point:
+    x: int
+    y: int = 0
+    tags: list[str] = field(default_factory=list)
+Point(1), Point(1, 2, ["a"]) == Point(x=1, y=2, tags=["a"])
+# (Point(x=1, y=0, tags=[]), True)
+```
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ __all__ = ["quick_init"]
 
 T = TypeVar("T")
 
-#: A default factory's field left out of the call.
 _MISSING: Any = object()
-#: The file name of every quick ``__init__`` (its tests find the classes by it).
+"""A default factory's field left out of the call."""
 SOURCE = "<quick_init>"
+"""The file name of every quick ``__init__`` (its tests find the classes by it)."""
 
 
 def quick_init(cls: type[T]) -> type[T]:

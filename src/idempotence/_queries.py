@@ -49,3 +49,54 @@ def migrations(dialect: str) -> list[tuple[str, str]]:
         if entry.name.endswith(".sql")
     )
     return found
+
+
+_DIALECT_NAMES = {"postgres": "PostgreSQL", "sqlite": "SQLite"}
+"""How the migration folders name their dialects, for people."""
+
+
+def numbering_gaps(dialect: str, versions: list[str]) -> list[str]:
+    """Why ``versions`` (the dialect's, in order) skip numbers: the migrations are
+    numbered alike across dialects, and one another dialect needs and this one does
+    not keeps its number. One phrase per skipped number, naming whose it is.
+
+    Args:
+        dialect: The folder under ``sql/`` (``postgres``, ``sqlite``).
+        versions: Migration versions of that dialect, such as ``0001_initial``.
+
+    Returns:
+        One phrase per number skipped between the first and the last of ``versions``.
+
+    Example:
+        ```python
+        numbering_gaps("sqlite", ["0003_maintenance", "0005_calling"])
+        # ["0004 skipped: 0004_waiters is for PostgreSQL only; SQLite needs no change for it"]
+        ```
+    """
+    numbers = sorted({int(version.split("_", 1)[0]) for version in versions})
+    if not numbers:
+        return []
+    folder = resources.files("idempotence").joinpath("sql")
+    others = {
+        entry.name: [version for version, _ in migrations(entry.name)]
+        for entry in folder.iterdir()
+        if entry.name != dialect and entry.joinpath("migrations").is_dir()
+    }
+    phrases = []
+    for number in range(numbers[0], numbers[-1]):
+        if number in numbers:
+            continue
+        owners = sorted(
+            (_DIALECT_NAMES.get(other, other), version)
+            for other, found in others.items()
+            for version in found
+            if int(version.split("_", 1)[0]) == number
+        )
+        here = _DIALECT_NAMES.get(dialect, dialect)
+        if owners:
+            whose = " and ".join(name for name, _ in owners)
+            names = ", ".join(version for _, version in owners)
+            phrases.append(
+                f"{number:04d} skipped: {names} is for {whose} only; {here} needs no change for it"
+            )
+    return phrases

@@ -15,13 +15,20 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 from .errors import ConfigurationError
 from .observability import Instrumentation
 from .stores import AsyncStore, Store
-from .stores._redis_url import check_redis_url
+from .stores._redis_url import check_redis_url, sentinel_url
 
 if TYPE_CHECKING:
     from .stores.redis import AsyncRedisStore, RedisStore
 
-#: The URL schemes of the Redis store.
-REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
+REDIS_SCHEMES = (
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+)
+"""The URL schemes of the Redis store."""
 
 ENV_VAR = "IDEMPOTENCE_DATABASE_URL"
 
@@ -33,8 +40,8 @@ class DatabaseUrl:
     """A parsed database URL: which backend, and what to hand its store."""
 
     backend: Literal["postgres", "sqlite", "redis"]
-    #: A libpq conninfo URL, a SQLite file path (or ``:memory:``), or the Redis URL.
     target: str
+    """A libpq conninfo URL, a SQLite file path (or ``:memory:``), or the Redis URL."""
 
     @property
     def sql(self) -> bool:
@@ -42,9 +49,11 @@ class DatabaseUrl:
         return self.backend != "redis"
 
     def check_driver(self) -> None:
-        """Raise :class:`~idempotence.errors.ConfigurationError` naming the extra to
-        install when this URL's driver is missing (psycopg for PostgreSQL, redis-py for
-        Redis), instead of an import error deep in the store."""
+        """Raise
+        [`ConfigurationError`][idempotence.maintenance.completer_async.ConfigurationError]
+        naming the extra to install when this URL's driver is missing (psycopg for
+        PostgreSQL, redis-py for Redis), instead of an import error deep in the
+        store."""
         try:
             if self.backend == "postgres":
                 from .stores.postgres import _store_shared  # noqa: F401
@@ -57,14 +66,16 @@ class DatabaseUrl:
     def parse(cls, url: str) -> DatabaseUrl:
         """Parse ``url``.
 
-        >>> DatabaseUrl.parse("sqlite:///data/keys.sqlite3")
-        DatabaseUrl(backend='sqlite', target='data/keys.sqlite3')
-        >>> DatabaseUrl.parse("sqlite:////var/lib/keys.sqlite3").target
-        '/var/lib/keys.sqlite3'
-        >>> DatabaseUrl.parse("postgresql://app@db:5432/app").backend
-        'postgres'
-        >>> DatabaseUrl.parse("redis://127.0.0.1:6379/0")
-        DatabaseUrl(backend='redis', target='redis://127.0.0.1:6379/0')
+        ```python
+        DatabaseUrl.parse("sqlite:///data/keys.sqlite3")
+        # DatabaseUrl(backend='sqlite', target='data/keys.sqlite3')
+        DatabaseUrl.parse("sqlite:////var/lib/keys.sqlite3").target
+        # '/var/lib/keys.sqlite3'
+        DatabaseUrl.parse("postgresql://app@db:5432/app").backend
+        # 'postgres'
+        DatabaseUrl.parse("redis://127.0.0.1:6379/0")
+        # DatabaseUrl(backend='redis', target='redis://127.0.0.1:6379/0')
+        ```
         """
         scheme, sep, rest = url.partition("://")
         if not sep:
@@ -83,6 +94,9 @@ class DatabaseUrl:
                     f"or sqlite:////absolute.db, not {url!r}"
                 )
             return cls("sqlite", rest[1:])
+        if scheme.endswith("+sentinel"):
+            sentinel_url(url)  # a ConfigurationError says what to write
+            return cls("redis", scheme + "://" + rest)
         if scheme in REDIS_SCHEMES:
             _check_ports(rest)
             # The database too: redis-py would read one it cannot parse as 0.
@@ -92,7 +106,8 @@ class DatabaseUrl:
             return cls("redis", scheme + "://" + rest)
         raise ConfigurationError(
             f"unsupported database {scheme!r} in {url!r}: use postgresql://, sqlite:///relative "
-            "or sqlite:////absolute, redis://, rediss:// or redis+cluster://"
+            "or sqlite:////absolute, redis://, rediss://, redis+cluster:// or "
+            "redis+sentinel://"
         )
 
     @classmethod
@@ -105,16 +120,24 @@ class DatabaseUrl:
 
 
 def _check_ports(rest: str) -> None:
-    """Refuse a port that is not a number from 1 to 65535 in ``host:port[,host:port]``
-    (libpq would only say so on connecting, after the pool's retries).
+    """Refuse a port that is not a number from 1 to 65535 in ``host:port[,host:port]``,
+    and an IPv6 address without its closing bracket (libpq would only say so on
+    connecting, after the pool's retries, quoting the whole URL and its password).
 
-    >>> _check_ports("app@db:5432,replica:5433/app")
-    >>> _check_ports("h:99999/db")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    idempotence.errors.ConfigurationError: invalid port '99999' in the database URL: ...
+    ```python
+    _check_ports("app@db:5432,replica:5433/app")
+    _check_ports("h:99999/db")
+    # Traceback (most recent call last):
+    # idempotence.errors.ConfigurationError: invalid port '99999' in the database URL: ...
+    ```
     """
     hosts = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
     for host in hosts.split(","):
+        if host.startswith("[") and "]" not in host:
+            raise ConfigurationError(
+                "invalid IPv6 address in the database URL: close its bracket, as in "
+                "postgresql://USER@[::1]:5432/DB"
+            )
         # An IPv6 address is bracketed: [::1]:5432.
         port = host.rpartition("]")[2] if host.startswith("[") else host
         if ":" not in port:
@@ -138,7 +161,9 @@ def _stores(
 ) -> tuple[_Opens[Store | RedisStore], _Opens[AsyncStore | AsyncRedisStore], str]:
     """The sync and the async store class of ``url``'s backend, and what to hand them."""
     parsed = _parsed(url)
-    # Imported here: a backend's driver is an extra, needed only when its URL is opened.
+    # Imported here: a backend's driver is an extra, needed only when its URL is opened;
+    # without it, a ConfigurationError names the extra (not an import traceback).
+    parsed.check_driver()
     if parsed.backend == "redis":
         from .stores.redis import AsyncRedisStore, RedisStore
 
@@ -156,8 +181,9 @@ def open_store(
     url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None
 ) -> Store | RedisStore:
     """The sync store for ``url``, reporting to ``instrumentation`` if given: a SQL
-    :class:`~idempotence.Store`, or for a ``redis://`` URL a
-    :class:`~idempotence.RedisStore` (a :class:`~idempotence.KeyStore` only)."""
+    [`Store`][idempotence.testing.harness.Store], or for a ``redis://`` URL a
+    [`RedisStore`][idempotence.stores.redis.RedisStore] (a
+    [`KeyStore`][idempotence.stores.redis.KeyStore] only)."""
     store, _, target = _stores(url)
     return store(target, instrumentation=instrumentation)
 
@@ -166,7 +192,7 @@ def open_async_store(
     url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None
 ) -> AsyncStore | AsyncRedisStore:
     """The async store for ``url``, reporting to ``instrumentation`` if given (an
-    :class:`~idempotence.AsyncRedisStore` for a ``redis://`` URL)."""
+    [`AsyncRedisStore`][idempotence.stores.redis.AsyncRedisStore] for a ``redis://`` URL)."""
     _, store, target = _stores(url)
     return store(target, instrumentation=instrumentation)
 
@@ -174,8 +200,9 @@ def open_async_store(
 def open_sql_store(
     url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None
 ) -> Store:
-    """:func:`open_store` for what needs a SQL store (flows, request-as-transaction,
-    the maintenance services): a Redis URL is refused with a clear error."""
+    """[`open_store`][idempotence.database.open_store] for what needs a SQL store
+    (flows, request-as-transaction, the maintenance services): a Redis URL is refused
+    with a clear error."""
     parsed = _sql(url)
     store = open_store(parsed, instrumentation=instrumentation)
     assert isinstance(store, Store)
@@ -185,7 +212,8 @@ def open_sql_store(
 def open_async_sql_store(
     url: str | DatabaseUrl, *, instrumentation: Instrumentation | None = None
 ) -> AsyncStore:
-    """:func:`open_async_store` for what needs a SQL store; a Redis URL is refused."""
+    """[`open_async_store`][idempotence.database.open_async_store] for what needs a SQL
+    store; a Redis URL is refused."""
     parsed = _sql(url)
     store = open_async_store(parsed, instrumentation=instrumentation)
     assert isinstance(store, AsyncStore)

@@ -1,9 +1,10 @@
 """The exception hierarchy.
 
-Every error the library raises derives from :class:`IdempotenceError`. Each class's
-docstring is its default message, so ``raise StoreUnavailable()`` already says what
-went wrong; pass a message to say more. Driver errors are always wrapped with
-``raise ... from exc`` so the cause stays on the traceback.
+Every error the library raises derives from
+[`IdempotenceError`][idempotence.errors.IdempotenceError]. Each class's docstring is its
+default message, so ``raise StoreUnavailable()`` already says what went wrong; pass a
+message to say more. Driver errors are always wrapped with ``raise ... from exc`` so the
+cause stays on the traceback.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class IdempotenceError(Exception):
 class RequestError(IdempotenceError):
     """The request cannot be accepted as sent."""
 
-    #: The HTTP status the integrations answer with.
     status: int = 400
+    """The HTTP status the integrations answer with."""
 
 
 class MissingKey(RequestError):
@@ -93,6 +94,18 @@ class KeyIsLocked(IdempotenceError):
 
 class ConfigurationError(IdempotenceError):
     """The library is configured in a way that cannot work."""
+
+
+class StoreMisconfigured(StoreUnavailable, ConfigurationError):
+    """The key store's server refuses the store's configuration: fix the database URL.
+
+    A Redis database number the server does not have, or a ``redis+cluster://`` URL for
+    a server that is not in cluster mode: nothing was executed, as when the store is
+    unavailable (the HTTP middleware answers 503 and never runs the request, even where
+    ``fail_open`` would), but no retry cures it, so it is a
+    [`ConfigurationError`][idempotence.maintenance.completer_async.ConfigurationError]
+    too (the ``idempotence`` command exits with 2).
+    """
 
 
 class MixedPlaceholders(ConfigurationError):

@@ -9,7 +9,7 @@ meaning where its content type has one:
   ``1``, ``1.0``, ``1.00`` and ``1e0`` are the same number, ``0.1`` and
   ``0.10000000000000000001`` are not (no float rounding, so different amounts always
   differ). A leading UTF-8 BOM is ignored (RFC 8259 8.1); NaN and Infinity are not JSON.
-  Duplicate object keys keep the last value, as :func:`json.loads` does for the app.
+  Duplicate object keys keep the last value, as `json.loads` does for the app.
 * ``application/x-www-form-urlencoded``: parsed into pairs, sorted by (name, value),
   re-encoded. Percent-decoding works on bytes, so no two different values collide.
 * anything else: the raw bytes.
@@ -54,12 +54,14 @@ def fingerprint(
     The method is upper-cased, the path used as given (include the query string in it
     if it selects what the request does), the body canonicalised by its content type.
 
-    >>> a = fingerprint("post", "/charges", b'{"amount": 100, "to": "x"}', "application/json")
-    >>> b = fingerprint("POST", "/charges", b'{"to":"x","amount":100}', "application/json")
-    >>> a == b, len(a)
-    (True, 64)
+    ```python
+    a = fingerprint("post", "/charges", b'{"amount": 100, "to": "x"}', "application/json")
+    b = fingerprint("POST", "/charges", b'{"to":"x","amount":100}', "application/json")
+    a == b, len(a)
+    # (True, 64)
+    ```
 
-    Raises :class:`~idempotence.errors.InvalidBody` when a JSON body is not valid JSON.
+    Raises [`InvalidBody`][idempotence.fingerprint.InvalidBody] when a JSON body is not valid JSON.
     """
     excluded = _names(exclude)
     kind = media_type(content_type)
@@ -100,8 +102,10 @@ def digest(method: str, path: str, kind: str, canonical: bytes) -> str:
 def media_type(content_type: str | None) -> str:
     """The lower-cased ``type/subtype`` of a Content-Type, parameters dropped.
 
-    >>> media_type("Application/JSON; charset=utf-8")
-    'application/json'
+    ```python
+    media_type("Application/JSON; charset=utf-8")
+    # 'application/json'
+    ```
     """
     if content_type is None:
         return ""
@@ -111,14 +115,17 @@ def media_type(content_type: str | None) -> str:
 def canonical_body(
     body: bytes, content_type: str | None = None, exclude: Iterable[str] = ()
 ) -> bytes:
-    """Return the body in the canonical form that :func:`fingerprint` hashes.
+    """Return the body in the canonical form that
+    [`fingerprint`][idempotence.testing.example.fingerprint] hashes.
 
     Useful to see why two requests fingerprint differently.
 
-    >>> canonical_body(b'{ "b": [1.50, 2], "a": null }', "application/json")
-    b'{"a":null,"b":[1.5,2]}'
-    >>> canonical_body(b"b=2&a=1&c=x", "application/x-www-form-urlencoded", exclude=["c"])
-    b'a=1&b=2'
+    ```python
+    canonical_body(b'{ "b": [1.50, 2], "a": null }', "application/json")
+    # b'{"a":null,"b":[1.5,2]}'
+    canonical_body(b"b=2&a=1&c=x", "application/x-www-form-urlencoded", exclude=["c"])
+    # b'a=1&b=2'
+    ```
     """
     return _canonical(body, media_type(content_type), _names(exclude))
 
@@ -212,9 +219,9 @@ def _integer(text: str) -> int | Decimal | _Literal:
     return int(text)
 
 
-#: Integers up to this many characters are read as int (well below the 4300 digits
-#: int() accepts by default).
 _PLAIN_DIGITS = 1000
+"""Integers up to this many characters are read as int (well below the 4300 digits
+int() accepts by default)."""
 
 
 class _NotPlain(Exception):

@@ -20,8 +20,8 @@ __all__ = [
     "validate_key",
 ]
 
-#: The longest key accepted (DESIGN 2, P7).
 MAX_KEY_LENGTH = 255
+"""The longest key accepted (DESIGN 2, P7)."""
 
 # HTTP parsers strip optional whitespace (SP / HTAB) around a field value; a framework
 # that hands us the raw value may not have, so we do it here.
@@ -29,16 +29,18 @@ _OWS = " \t"
 
 
 def validate_key(key: str) -> str:
-    """Return ``key`` if it is a well-formed idempotency key, else raise :class:`InvalidKey`.
+    """Return ``key`` if it is a well-formed idempotency key, else raise
+    [`InvalidKey`][idempotence.keys.InvalidKey].
 
     A key is 1 to 255 characters, each printable ASCII (0x20-0x7E), spaces included (P7).
 
-    >>> validate_key("8e03978e-40d5-43e8-bc93-6894a57f9324")
-    '8e03978e-40d5-43e8-bc93-6894a57f9324'
-    >>> validate_key("k" * 256)
-    Traceback (most recent call last):
-    ...
-    idempotence.errors.InvalidKey: The Idempotency-Key is too long: 256 characters, max 255.
+    ```python
+    validate_key("8e03978e-40d5-43e8-bc93-6894a57f9324")
+    # '8e03978e-40d5-43e8-bc93-6894a57f9324'
+    validate_key("k" * 256)
+    # Traceback (most recent call last):
+    # idempotence.errors.InvalidKey: The Idempotency-Key is too long: 256 characters, max 255.
+    ```
     """
     if not key:
         raise InvalidKey("The Idempotency-Key is empty: send 1 to 255 printable ASCII characters.")
@@ -68,16 +70,19 @@ def parse_idempotency_key_header(value: str | bytes | None, *, required: bool) -
     ``value`` is the header as received (``None`` when absent); bytes are decoded as
     latin-1, as HTTP field bytes are. A value starting with ``"`` is parsed strictly as
     an RFC 8941 string (only ``\\"`` and ``\\\\`` escapes, nothing after the closing
-    quote but whitespace); any other value is the bare key. Raises :class:`MissingKey`
-    when absent and ``required``, :class:`InvalidKey` when malformed (an empty value
-    is malformed, not missing).
+    quote but whitespace); any other value is the bare key. Raises
+    [`MissingKey`][idempotence.keys.MissingKey] when absent and ``required``,
+    [`InvalidKey`][idempotence.keys.InvalidKey] when malformed (an empty value is
+    malformed, not missing).
 
-    >>> parse_idempotency_key_header('"abc-123"', required=True)
-    'abc-123'
-    >>> parse_idempotency_key_header(b"8e03978e-40d5-43e8-bc93-6894a57f9324", required=True)
-    '8e03978e-40d5-43e8-bc93-6894a57f9324'
-    >>> parse_idempotency_key_header(None, required=False) is None
-    True
+    ```python
+    parse_idempotency_key_header('"abc-123"', required=True)
+    # 'abc-123'
+    parse_idempotency_key_header(b"8e03978e-40d5-43e8-bc93-6894a57f9324", required=True)
+    # '8e03978e-40d5-43e8-bc93-6894a57f9324'
+    parse_idempotency_key_header(None, required=False) is None
+    # True
+    ```
     """
     if value is None:
         if required:
@@ -94,8 +99,10 @@ def parse_idempotency_key_header(value: str | bytes | None, *, required: bool) -
 def format_idempotency_key_header(key: str) -> str:
     """Render ``key`` as the IETF draft's structured-field string, for clients and tests.
 
-    >>> format_idempotency_key_header('say "hi"')
-    '"say \\\\"hi\\\\""'
+    ```python
+    format_idempotency_key_header('say "hi"')
+    # '"say \\\\"hi\\\\""'
+    ```
     """
     validate_key(key)
     return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -105,7 +112,7 @@ def _parse_sf_string(text: str) -> str:
     """Parse an RFC 8941 sf-string that fills all of ``text`` (already OWS-stripped).
 
     Characters that sf-string forbids (controls, non-ASCII) are kept here and rejected
-    by :func:`validate_key`, whose message names the offending character.
+    by [`validate_key`][idempotence.keys.validate_key], whose message names the offending character.
     """
     chars: list[str] = []
     position = 1  # after the opening quote

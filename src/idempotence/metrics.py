@@ -2,14 +2,17 @@
 (``pip install 'idempotence[metrics]'``); without it every method is a no-op, so
 nothing that records needs to ask.
 
->>> from idempotence.metrics import PrometheusInstrumentation, default_metrics
->>> default_metrics().keys_swept(3)          # counts, or does nothing
->>> store = PostgresStore(url, instrumentation=PrometheusInstrumentation())  # doctest: +SKIP
->>> from prometheus_client import start_http_server   # doctest: +SKIP
->>> start_http_server(9464)                           # doctest: +SKIP
+```python
+from idempotence.metrics import PrometheusInstrumentation, default_metrics
+default_metrics().keys_swept(3)          # counts, or does nothing
+store = PostgresStore(url, instrumentation=PrometheusInstrumentation())
+from prometheus_client import start_http_server
+start_http_server(9464)
+```
 
 The metrics, all prefixed ``idempotence_``. The hot path, from a store given a
-:class:`PrometheusInstrumentation` (see :mod:`idempotence.observability`):
+[`PrometheusInstrumentation`][idempotence.metrics.PrometheusInstrumentation] (see
+[`idempotence.observability`][idempotence.observability]):
 
 * ``claims_total{outcome}``: claims by outcome, ``execute``, ``replay``,
   ``in_progress`` (a conflict), ``mismatch``, or ``error`` when the claim raised
@@ -25,12 +28,12 @@ The metrics, all prefixed ``idempotence_``. The hot path, from a store given a
   ``hit`` (a replay served from Redis), ``miss`` (the primary answered), ``error``
   (Redis failed or timed out, and the primary answered alone: degraded, never a 5xx);
 * ``messages_total{consumer,outcome}``: deliveries a guarded consumer settled
-  (:mod:`idempotence.consumers`), by outcome: ``processed``, ``duplicate`` (a
+  ([`idempotence.consumers`][idempotence.consumers]), by outcome: ``processed``, ``duplicate`` (a
   redelivery absorbed), ``in_progress`` (requeued: its key was held elsewhere, M2),
   ``retry`` (a failed attempt, requeued), ``unavailable`` (the key store failed:
   requeued), ``dead_letter`` (M3, or a hostile message).
 
-The background services (:mod:`idempotence.maintenance`):
+The background services ([`idempotence.maintenance`][idempotence.maintenance]):
 
 * ``keys_swept_total``: expired locks released by the sweeper: crash signals (B1);
 * ``keys_completed_total{outcome}``: keys the completer resumed, by how it ended (B2);
@@ -38,8 +41,9 @@ The background services (:mod:`idempotence.maintenance`):
   finished keys deleted (B3);
 * ``jobs_delivered_total`` / ``jobs_executed_total{outcome}``: staged jobs moved to the
   runner, and the runner's attempts (B4);
-* ``fence_rejections_total``: runs whose writes were refused because another worker
-  took the key over (F1), as seen in flow results (:meth:`Metrics.flow_result`);
+* ``fence_rejections_total``: runs whose writes were refused because another worker took
+  the key over (F1), as seen in flow results
+  ([`Metrics.flow_result`][idempotence.metrics.Metrics.flow_result]);
 * ``maintenance_passes_total{service}``, ``maintenance_pass_failures_total{service}``
   and the ``maintenance_pass_seconds{service}`` histogram.
 """
@@ -66,27 +70,27 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the extra
     prometheus_client = None
 
-#: True when prometheus_client is installed and metrics are recorded.
 AVAILABLE = prometheus_client is not None
+"""True when prometheus_client is installed and metrics are recorded."""
 
-#: The claim histogram's buckets, in seconds: a claim is one statement, so most land
-#: in the low milliseconds; the top buckets catch a pool or a lock waited for.
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""The claim histogram's buckets, in seconds: a claim is one statement, so most land
+in the low milliseconds; the top buckets catch a pool or a lock waited for."""
 
-#: The outcome label of a claim that raised (the store was unreachable, say).
 CLAIM_ERROR = "error"
+"""The outcome label of a claim that raised (the store was unreachable, say)."""
 
-#: The operations a fence can refuse, pre-declared so that their series exist at 0.
 FENCED_OPERATIONS = ("checkpoint", "finish", "release", "heartbeat", "forget")
+"""The operations a fence can refuse, pre-declared so that their series exist at 0."""
 
-#: What a ``CachedStore``'s Redis did, pre-declared so that their series exist at 0.
 CACHE_EVENTS = ("hit", "miss", "error")
+"""What a ``CachedStore``'s Redis did, pre-declared so that their series exist at 0."""
 
 
 class Metrics:
-    """The library's metrics on one Prometheus registry (the default one unless
-    given). Use :func:`default_metrics` rather than building a second set on the same
-    registry, which Prometheus refuses."""
+    """The library's metrics on one Prometheus registry (the default one unless given).
+    Use [`default_metrics`][idempotence.maintenance.metrics.default_metrics] rather than
+    building a second set on the same registry, which Prometheus refuses."""
 
     def __init__(self, registry: Any = None) -> None:
         self._on = prometheus_client is not None
@@ -159,7 +163,8 @@ class Metrics:
     # -- the hot path ---------------------------------------------------------------------
 
     def claimed(self, outcome: str, seconds: float, *, took_over: bool = False) -> None:
-        """Count one claim: its outcome (an :class:`~idempotence.Outcome` value or
+        """Count one claim: its outcome (an
+        [`Outcome`][idempotence.maintenance.completer_async.Outcome] value or
         ``"error"``), its latency, and whether it took the key over (P5)."""
         if self._on:
             self._claims[outcome].inc()
@@ -240,7 +245,8 @@ def _on_registry(registry: Any) -> Metrics:
 
 
 def default_metrics(registry: Any = None) -> Metrics:
-    """The one :class:`Metrics` of ``registry`` (the default registry if None)."""
+    """The one [`Metrics`][idempotence.maintenance.worker_async.Metrics] of ``registry``
+    (the default registry if None)."""
     # The lock makes "build once" hold across threads: a second Metrics on the same
     # registry would raise a duplicate-timeseries error.
     with _lock:
@@ -251,11 +257,14 @@ def default_metrics(registry: Any = None) -> Metrics:
 
 
 class PrometheusInstrumentation(Instrumentation):
-    """Count claims, takeovers and refused fenced writes on a store, into
-    ``metrics`` (:func:`default_metrics` of ``registry`` unless given).
+    """Count claims, takeovers and refused fenced writes on a store, into ``metrics``
+    ([`default_metrics`][idempotence.maintenance.metrics.default_metrics] of
+    ``registry`` unless given).
 
-    >>> store = SqliteStore("keys.sqlite3",
-    ...                     instrumentation=PrometheusInstrumentation())  # doctest: +SKIP
+    ```python
+    store = SqliteStore("keys.sqlite3",
+                        instrumentation=PrometheusInstrumentation())
+    ```
     """
 
     def __init__(self, metrics: Metrics | None = None, *, registry: Any = None) -> None:

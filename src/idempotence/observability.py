@@ -5,18 +5,22 @@ took a key over, how long it took) and every write its fencing token refused (F1
 the flows that run on the store, and so the HTTP middleware, report each run, atomic
 phase and foreign call through the same object. Enabling it is one keyword:
 
->>> from idempotence.metrics import PrometheusInstrumentation
->>> from idempotence.tracing import OpenTelemetryInstrumentation
->>> store = PostgresStore(url, instrumentation=combine(
-...     PrometheusInstrumentation(), OpenTelemetryInstrumentation()))   # doctest: +SKIP
+```python
+from idempotence.metrics import PrometheusInstrumentation
+from idempotence.tracing import OpenTelemetryInstrumentation
+store = PostgresStore(url, instrumentation=combine(
+    PrometheusInstrumentation(), OpenTelemetryInstrumentation()))
+```
 
 Without it (the default) a claim pays one ``is None`` test. The seam is one object for
-sync and async stores alike: every hook is plain synchronous code that wraps the
-work, awaited or not, in a :class:`Watch` (a context manager told the result). Hooks
-only report; what happens to a key is decided elsewhere (:mod:`idempotence.states`,
-the flow engine) and never here.
+sync and async stores alike: every hook is plain synchronous code that wraps the work,
+awaited or not, in a [`Watch`][idempotence.observability.Watch] (a context manager told
+the result). Hooks only report; what happens to a key is decided elsewhere
+(`idempotence.states`, the flow engine) and never here.
 
-Write your own by subclassing :class:`Instrumentation` and overriding what you need.
+Write your own by subclassing
+[`Instrumentation`][idempotence.observability.Instrumentation] and overriding what you
+need.
 """
 
 from __future__ import annotations
@@ -31,21 +35,24 @@ if TYPE_CHECKING:
     from .flows.results import FlowResult, PhaseResult
     from .states import Claim, ClaimRequest
 
-T = TypeVar("T")
-R = TypeVar("R")
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
-class Watch(Generic[T]):
-    """What a hook returns: a context manager around one piece of work, told its
-    result by :meth:`done` when there is one. This one watches nothing.
+class Watch(Generic[_T]):
+    """What a hook returns: a context manager around one piece of work, told its result
+    by [`done`][idempotence.observability.Watch.done] when there is one. This one
+    watches nothing.
 
-    >>> with instrumentation.claim(request) as watch:           # doctest: +SKIP
-    ...     claim = watch.done(run_the_claim())
+    ```python
+    with instrumentation.claim(request) as watch:
+        claim = watch.done(run_the_claim())
+    ```
     """
 
     __slots__ = ()
 
-    def __enter__(self) -> Watch[T]:
+    def __enter__(self) -> Watch[_T]:
         return self
 
     def __exit__(
@@ -56,20 +63,21 @@ class Watch(Generic[T]):
     ) -> None:
         return None
 
-    def done(self, result: T) -> T:
+    def done(self, result: _T) -> _T:
         """Note the work's ``result`` and hand it back."""
         return result
 
 
-#: The watch of a hook that watches nothing; it keeps no state, so one serves all.
 NO_WATCH: Watch[Any] = Watch()
+"""The watch of a hook that watches nothing; it keeps no state, so one serves all."""
 
 
 class Instrumentation:
-    """The hooks a store and its flows call. Every hook here does nothing: subclass
-    and override the ones you need, or use :class:`~idempotence.metrics.PrometheusInstrumentation`
-    and :class:`~idempotence.tracing.OpenTelemetryInstrumentation`, and
-    :func:`combine` several.
+    """The hooks a store and its flows call. Every hook here does nothing: subclass and
+    override the ones you need, or use
+    [`PrometheusInstrumentation`][idempotence.metrics.PrometheusInstrumentation] and
+    [`OpenTelemetryInstrumentation`][idempotence.tracing.OpenTelemetryInstrumentation],
+    and [`combine`][idempotence.observability.combine] several.
 
     Hooks run on the worker's own thread or task, around the work: keep them quick,
     and never raise from them.
@@ -78,16 +86,16 @@ class Instrumentation:
     @property
     def enabled(self) -> bool:
         """False when the instrumentation cannot record anything (its package is not
-        installed); :func:`combine` and the stores then drop it."""
+        installed); [`combine`][idempotence.observability.combine] and the stores then drop it."""
         return True
 
     def claim(self, request: ClaimRequest) -> Watch[Claim]:
-        """Around one claim (DESIGN 4), told the :class:`~idempotence.Claim`."""
+        """Around one claim (DESIGN 4), told the [`Claim`][idempotence.states.Claim]."""
         return NO_WATCH
 
     def run(self, flow: str, request: ClaimRequest) -> Watch[FlowResult]:
         """Around one run of flow ``flow``, claim included, told the
-        :class:`~idempotence.flows.FlowResult`."""
+        [`FlowResult`][idempotence.testing.harness.FlowResult]."""
         return NO_WATCH
 
     def phase(self, flow: str, recovery_point: str) -> Watch[PhaseResult]:
@@ -151,15 +159,15 @@ class _Combined(Instrumentation):
             part.message(consumer, outcome)
 
 
-class _Watches(Watch[T]):
+class _Watches(Watch[_T]):
     """Several watches as one: entered in order, left in reverse, like nested ``with``."""
 
     __slots__ = ("_watches",)
 
-    def __init__(self, watches: list[Watch[T]]) -> None:
+    def __init__(self, watches: list[Watch[_T]]) -> None:
         self._watches = watches
 
-    def __enter__(self) -> Watch[T]:
+    def __enter__(self) -> Watch[_T]:
         for watch in self._watches:
             watch.__enter__()
         return self
@@ -173,7 +181,7 @@ class _Watches(Watch[T]):
         for watch in reversed(self._watches):
             watch.__exit__(exc_type, exc, tb)
 
-    def done(self, result: T) -> T:
+    def done(self, result: _T) -> _T:
         for watch in self._watches:
             watch.done(result)
         return result
@@ -183,7 +191,9 @@ def combine(*parts: Instrumentation | None) -> Instrumentation | None:
     """One instrumentation reporting to every enabled part; None when there is none,
     so a store given it pays nothing.
 
-    >>> combine(PrometheusInstrumentation(), OpenTelemetryInstrumentation())  # doctest: +SKIP
+    ```python
+    combine(PrometheusInstrumentation(), OpenTelemetryInstrumentation())
+    ```
     """
     live = tuple(part for part in parts if part is not None and part.enabled)
     if not live:
@@ -194,8 +204,8 @@ def combine(*parts: Instrumentation | None) -> Instrumentation | None:
 
 
 def fenced(
-    instrumentation: Instrumentation | None, operation: str, op: Generator[Any, Any, R]
-) -> Generator[Any, Any, R]:
+    instrumentation: Instrumentation | None, operation: str, op: Generator[Any, Any, _R]
+) -> Generator[Any, Any, _R]:
     """A store operation that tells ``instrumentation`` when its fenced write is
     refused (F1). Without instrumentation, ``op`` itself: nothing is added."""
     if instrumentation is None:
@@ -224,8 +234,8 @@ def _watching_claim(
 
 
 def _reporting_lock_lost(
-    instrumentation: Instrumentation, operation: str, op: Generator[Any, Any, R]
-) -> Generator[Any, Any, R]:
+    instrumentation: Instrumentation, operation: str, op: Generator[Any, Any, _R]
+) -> Generator[Any, Any, _R]:
     try:
         return (yield from op)
     except LockLost as lost:

@@ -2,23 +2,25 @@
 
 Every refusal or failure the library makes (a missing key, a store outage, a flow
 that failed, a foreign call of unknown outcome, a key the completer gave up on) is a
-:class:`ProblemDetails`: a status, a stable :class:`Problem` code, a title and a
+`ProblemDetails`: a status, a stable [`Problem`][idempotence.problems.Problem] code, a title and a
 detail that says what to do. How it looks on the wire (RFC 9457 problem details or
 Stripe's error body) is the HTTP layer's choice, made when it answers
-(:mod:`idempotence.http`), so the same stored problem replays in the profile of the
+([`idempotence.http`][idempotence.http]), so the same stored problem replays in the profile of the
 endpoint that replays it.
 
 A problem that is stored with a key is stored in a neutral form of its own: the
-content type :data:`NEUTRAL_TYPE` and a small JSON body. An application's own
+content type `NEUTRAL_TYPE` and a small JSON body. An application's own
 responses (its ``application/problem+json`` included) never carry that type, so they
 are always replayed verbatim.
 
->>> details = ProblemDetails.of(Problem.OUTCOME_UNKNOWN, "Ask an operator.")
->>> stored = details.stored()
->>> stored.status, dict(stored.headers)["content-type"]
-(502, 'application/vnd.idempotence.problem+json')
->>> ProblemDetails.from_stored(stored) == details
-True
+```python
+details = ProblemDetails.of(Problem.OUTCOME_UNKNOWN, "Ask an operator.")
+stored = details.stored()
+stored.status, dict(stored.headers)["content-type"]
+# (502, 'application/vnd.idempotence.problem+json')
+ProblemDetails.from_stored(stored) == details
+# True
+```
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from .states import StoredResponse
 
 __all__ = ["NEUTRAL_TYPE", "Problem", "ProblemDetails"]
 
-#: The content type of a stored library problem; never sent on the wire as it is.
 NEUTRAL_TYPE = "application/vnd.idempotence.problem+json"
+"""The content type of a stored library problem; never sent on the wire as it is."""
 
 
 class Problem(enum.Enum):
@@ -44,44 +46,44 @@ class Problem(enum.Enum):
     ``error.code`` in a Stripe body).
     """
 
-    #: P7: the endpoint requires a key and none was sent.
     KEY_MISSING = ("idempotency_key_missing", 400, "invalid_request_error")
-    #: P7, P8: the key is empty, too long, not printable ASCII, or badly quoted.
+    """P7: the endpoint requires a key and none was sent."""
     KEY_INVALID = ("idempotency_key_invalid", 400, "idempotency_error")
-    #: Two Idempotency-Key fields (or a bare key with a comma: see keys in the README).
+    """P7, P8: the key is empty, too long, not printable ASCII, or badly quoted."""
     KEY_REPEATED = ("idempotency_key_repeated", 400, "idempotency_error")
-    #: P2: the key was first used for a different request.
+    """Two Idempotency-Key fields (or a bare key with a comma: see keys in the README)."""
     KEY_REUSED = ("idempotency_key_reused", 422, "idempotency_error")
-    #: P4: another request with this key is still running.
+    """P2: the key was first used for a different request."""
     KEY_IN_USE = ("idempotency_key_in_use", 409, "idempotency_error")
-    #: Another worker took the key over while this one ran (F1): retry to get its answer.
+    """P4: another request with this key is still running."""
     KEY_TAKEN_OVER = ("idempotency_key_taken_over", 409, "idempotency_error")
-    #: The status URL of an asynchronous operation names no operation of this tenant.
+    """Another worker took the key over while this one ran (F1): retry to get its answer."""
     OPERATION_UNKNOWN = ("idempotency_operation_unknown", 404, "invalid_request_error")
-    #: The scope callable found no tenant for the request.
+    """The status URL of an asynchronous operation names no operation of this tenant."""
     TENANT_UNKNOWN = ("idempotency_tenant_unknown", 401, "invalid_request_error")
-    #: P7: the request body is larger than the endpoint accepts.
+    """The scope callable found no tenant for the request."""
     BODY_TOO_LARGE = ("request_body_too_large", 413, "invalid_request_error")
-    #: The body cannot be read as its content type (malformed JSON, bad UTF-8).
+    """P7: the request body is larger than the endpoint accepts."""
     BODY_INVALID = ("request_body_invalid", 400, "invalid_request_error")
-    #: A flow endpoint reads JSON or form bodies only.
+    """The body cannot be read as its content type (malformed JSON, bad UTF-8)."""
     BODY_UNSUPPORTED = ("request_body_unsupported", 415, "invalid_request_error")
-    #: P11: the key store cannot be reached; nothing ran.
+    """A flow endpoint reads JSON or form bodies only."""
     STORE_UNAVAILABLE = ("idempotency_store_unavailable", 503, "api_error")
-    #: The key store failed in another way; nothing ran.
+    """P11: the key store cannot be reached; nothing ran."""
     STORE_FAILED = ("idempotency_store_failed", 500, "api_error")
-    #: The app or a flow raised; stored only when the endpoint stores server errors (R5).
+    """The key store failed in another way; nothing ran."""
     SERVER_ERROR = ("internal_error", 500, "api_error")
-    #: Request-as-transaction: the response was too large to store, so nothing was kept.
+    """The app or a flow raised; stored only when the endpoint stores server errors (R5)."""
     RESPONSE_TOO_LARGE = ("response_too_large", 500, "api_error")
-    #: Stored for a request that ran but whose response was too large to store.
+    """Request-as-transaction: the response was too large to store, so nothing was kept."""
     RESPONSE_NOT_REPLAYABLE = ("response_not_replayable", 500, "api_error")
-    #: R6: a non-idempotent foreign call failed indeterminately; stored, for a human.
+    """Stored for a request that ran but whose response was too large to store."""
     OUTCOME_UNKNOWN = ("outcome_unknown", 502, "api_error")
-    #: B2: the completer ran out of attempts; stored, for a human.
+    """R6: a non-idempotent foreign call failed indeterminately; stored, for a human."""
     REQUEST_ABANDONED = ("request_abandoned", 500, "api_error")
-    #: B3: the key expired before its request finished; stored by the reaper.
+    """B2: the completer ran out of attempts; stored, for a human."""
     REQUEST_EXPIRED = ("request_expired", 408, "idempotency_error")
+    """B3: the key expired before its request finished; stored by the reaper."""
 
     def __init__(self, code: str, status: int, stripe_type: str) -> None:
         self.code = code

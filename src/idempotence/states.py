@@ -2,9 +2,9 @@
 
 Every store executes these rules; none re-implements them. A store that can run the
 whole claim in one SQL statement (PostgreSQL) encodes the takeover predicate of
-:func:`arbitrate` in that statement, and then classifies the row it got back with
-:func:`arbitrate` itself, so the two can never disagree silently (the conformance
-suite checks both).
+[`arbitrate`][idempotence.states.arbitrate] in that statement, and then classifies the
+row it got back with [`arbitrate`][idempotence.states.arbitrate] itself, so the two can
+never disagree silently (the conformance suite checks both).
 """
 
 from __future__ import annotations
@@ -17,53 +17,53 @@ from typing import Any
 
 from ._frozen import quick_init
 
-#: The recovery point of a key that has just been claimed for the first time.
 STARTED = "started"
-#: The recovery point of a key whose response is stored.
+"""The recovery point of a key that has just been claimed for the first time."""
 FINISHED = "finished"
+"""The recovery point of a key whose response is stored."""
 
-#: A flow's lock timeout (``Flow(lock_timeout=)``): its phases are not beaten for.
 DEFAULT_LOCK_TIMEOUT = timedelta(seconds=60)
-#: A plain HTTP endpoint's (``Policy(lock_timeout=)``): its handler's lock is extended
-#: every third of it while it runs (F2), so a live handler is never taken over, and a
-#: retry after a crash runs within about 10 seconds instead of waiting out a long lock.
+"""A flow's lock timeout (``Flow(lock_timeout=)``): its phases are not beaten for."""
 DEFAULT_HANDLER_LOCK_TIMEOUT = timedelta(seconds=10)
+"""A plain HTTP endpoint's (``Policy(lock_timeout=)``): its handler's lock is extended
+every third of it while it runs (F2), so a live handler is never taken over, and a
+retry after a crash runs within about 10 seconds instead of waiting out a long lock."""
 DEFAULT_RETENTION = timedelta(hours=24)
 
 JSON = Any
-"""A value that :func:`json.dumps` accepts."""
+"""A value that `json.dumps` accepts."""
 
 
 class Outcome(enum.Enum):
     """What a claim tells the request that made it (DESIGN 4, P1–P5)."""
 
-    #: Run the flow from ``record.recovery_point``; the caller holds the lock (P1, P5).
     EXECUTE = "execute"
-    #: The key was used for a different request: answer 422 (P2).
+    """Run the flow from ``record.recovery_point``; the caller holds the lock (P1, P5)."""
     MISMATCH = "mismatch"
-    #: The key is finished: answer with the stored response (P3).
+    """The key was used for a different request: answer 422 (P2)."""
     REPLAY = "replay"
-    #: Another worker holds a live lock: answer 409 with Retry-After (P4).
+    """The key is finished: answer with the stored response (P3)."""
     IN_PROGRESS = "in_progress"
+    """Another worker holds a live lock: answer 409 with Retry-After (P4)."""
 
 
 class KeyState(enum.Enum):
     """The observable state of a key (F5)."""
 
-    #: Unlocked and unfinished: a crashed or abandoned run, waiting for a retry or the
-    #: completer.
     PENDING = "pending"
-    #: Locked by a worker whose lock has not expired.
+    """Unlocked and unfinished: a crashed or abandoned run, waiting for a retry or the
+    completer."""
     PROCESSING = "processing"
-    #: Finished with a response below 400.
+    """Locked by a worker whose lock has not expired."""
     COMPLETE = "complete"
-    #: Finished with a stored error response (a declined card, a validation error
-    #: after the first phase).
+    """Finished with a response below 400."""
     FAILED = "failed"
-    #: Finished after an indeterminate foreign failure; needs a human (R6).
+    """Finished with a stored error response (a declined card, a validation error
+    after the first phase)."""
     ERRORED = "errored"
-    #: Past ``expires_at`` and not locked: the reaper's to remove.
+    """Finished after an indeterminate foreign failure; needs a human (R6)."""
     EXPIRED = "expired"
+    """Past ``expires_at`` and not locked: the reaper's to remove."""
 
 
 @quick_init
@@ -111,10 +111,10 @@ class KeyRecord:
     last_run_at: datetime | None
     finished_at: datetime | None
     expires_at: datetime | None
-    #: The non-idempotent foreign call this key's worker began and has not recorded
-    #: (R6), or None. A claim that finds it set learns that a worker died during the
-    #: call; the recovery point stays the call's step's own.
     calling: str | None = None
+    """The non-idempotent foreign call this key's worker began and has not recorded
+    (R6), or None. A claim that finds it set learns that a worker died during the
+    call; the recovery point stays the call's step's own."""
 
     @property
     def finished(self) -> bool:
@@ -146,8 +146,8 @@ class ClaimRequest:
     flow: str = "default"
     params: JSON = field(default_factory=dict)
     lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT
-    #: How long a key is kept; ``None`` keeps it forever (ledgers).
     retention: timedelta | None = DEFAULT_RETENTION
+    """How long a key is kept; ``None`` keeps it forever (ledgers)."""
 
 
 @quick_init
@@ -156,7 +156,8 @@ class Lease:
     """Proof that this worker holds a key's lock: the fencing token (F1).
 
     Every fenced write names ``(scope, id, token)``; a takeover bumps the row's token,
-    after which writes made with this lease are refused with :class:`~idempotence.errors.LockLost`.
+    after which writes made with this lease are refused with
+    [`LockLost`][idempotence.maintenance.completer_async.LockLost].
     """
 
     id: int
@@ -164,9 +165,9 @@ class Lease:
     key: str
     token: int
     recovery_point: str
-    #: The non-idempotent foreign call begun at ``recovery_point`` and not recorded
-    #: (R6): set by the checkpoint just before the call, cleared by every other one.
     calling: str | None = None
+    """The non-idempotent foreign call begun at ``recovery_point`` and not recorded
+    (R6): set by the checkpoint just before the call, cleared by every other one."""
 
     def advanced(self, recovery_point: str, calling: str | None = None) -> Lease:
         """The lease after a fenced write committed ``recovery_point`` (and
@@ -181,14 +182,14 @@ class Claim:
 
     outcome: Outcome
     record: KeyRecord
-    #: Set when ``outcome`` is EXECUTE.
     lease: Lease | None = None
-    #: Set when ``outcome`` is IN_PROGRESS: seconds until the holder's lock expires.
+    """Set when ``outcome`` is EXECUTE."""
     retry_after: float | None = None
-    #: True with IN_PROGRESS when another request's open transaction holds the key
-    #: (request-as-transaction, F3): nothing about it can be read, nor a notification
-    #: asked for, until that transaction ends, so a wait for it polls (F8).
+    """Set when ``outcome`` is IN_PROGRESS: seconds until the holder's lock expires."""
     held: bool = False
+    """True with IN_PROGRESS when another request's open transaction holds the key
+    (request-as-transaction, F3): nothing about it can be read, nor a notification
+    asked for, until that transaction ends, so a wait for it polls (F8)."""
 
     @property
     def response(self) -> StoredResponse | None:
@@ -221,8 +222,10 @@ class StagedJob:
 def arbitrate(record: KeyRecord | None, fingerprint: str, now: datetime) -> Outcome:
     """Decide a claim's outcome from the existing row, in DESIGN's order of precedence.
 
-    >>> arbitrate(None, "f" * 64, now)        # doctest: +SKIP
-    <Outcome.EXECUTE: 'execute'>              # P1: a new key
+    ```python
+    arbitrate(None, "f" * 64, now)
+    # <Outcome.EXECUTE: 'execute'>              # P1: a new key
+    ```
 
     ``now`` must come from the same clock that wrote ``record.locked_at`` (the database).
     """
@@ -239,11 +242,12 @@ def arbitrate(record: KeyRecord | None, fingerprint: str, now: datetime) -> Outc
 
 
 def claim_from(record: KeyRecord, fingerprint: str, now: datetime, *, claimed: bool) -> Claim:
-    """Build the :class:`Claim` for a row a store has just inserted or read.
+    """Build the [`Claim`][idempotence.states.Claim] for a row a store has just inserted or read.
 
     ``claimed`` says whether the store's write took the lock. For a row the store did
-    not take, :func:`arbitrate` must not say EXECUTE: that would mean the store's
-    predicate and the state machine disagree, which is a bug, not a race.
+    not take, [`arbitrate`][idempotence.states.arbitrate] must not say EXECUTE: that
+    would mean the store's predicate and the state machine disagree, which is a bug, not
+    a race.
     """
     if claimed:
         # A store whose write skipped the fingerprint check would hand out another
@@ -274,9 +278,9 @@ def claim_from(record: KeyRecord, fingerprint: str, now: datetime, *, claimed: b
 def key_state(record: KeyRecord, now: datetime) -> KeyState:
     """The observable state of a key at ``now`` (F5).
 
-    The order follows :func:`arbitrate`: a finished key is finished whatever its lock
-    fields say, and an errored key stays ERRORED past its expiry, because it waits for
-    a human, not for the reaper.
+    The order follows [`arbitrate`][idempotence.states.arbitrate]: a finished key is
+    finished whatever its lock fields say, and an errored key stays ERRORED past its
+    expiry, because it waits for a human, not for the reaper.
     """
     if record.finished:
         if record.error is not None:

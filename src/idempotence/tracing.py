@@ -1,9 +1,11 @@
 """OpenTelemetry spans around claims, flow runs, phases and foreign calls (F5), when
 opentelemetry-api is installed (``pip install 'idempotence[otel]'``); without it,
-:class:`OpenTelemetryInstrumentation` is disabled and a store drops it.
+[`OpenTelemetryInstrumentation`][idempotence.tracing.OpenTelemetryInstrumentation] is
+disabled and a store drops it.
 
->>> store = PostgresStore(url, instrumentation=OpenTelemetryInstrumentation())
-... # doctest: +SKIP
+```python
+store = PostgresStore(url, instrumentation=OpenTelemetryInstrumentation())
+```
 
 A run of a flow is one span with a child for its claim, each atomic phase and each
 foreign call, so a trace shows where a request spent its time and where it resumed:
@@ -45,16 +47,16 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the extra
     otel_trace = otel_context = None
 
-#: True when opentelemetry-api is installed and spans are made.
 AVAILABLE = otel_trace is not None
+"""True when opentelemetry-api is installed and spans are made."""
 
-#: The instrumentation scope the spans are reported under.
 TRACER_NAME = "idempotence"
+"""The instrumentation scope the spans are reported under."""
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
-#: Flow results that mean the run did not do its work: its span gets an error status.
 _FAILED_RESULTS = frozenset({ResultKind.FAILED, ResultKind.ERRORED, ResultKind.LOST})
+"""Flow results that mean the run did not do its work: its span gets an error status."""
 
 
 class OpenTelemetryInstrumentation(Instrumentation):
@@ -167,7 +169,7 @@ def _phase_attributes(result: PhaseResult) -> dict[str, Any]:
     return {"idempotence.phase.result": "noop"}
 
 
-class _Span(Watch[T]):
+class _Span(Watch[_T]):
     """One span, current while the work runs (so the claim a flow's driver makes is
     its child), ended when the work ends."""
 
@@ -187,12 +189,12 @@ class _Span(Watch[T]):
         self._span: Any = None
         self._token: Any = None
 
-    def __enter__(self) -> Watch[T]:
+    def __enter__(self) -> Watch[_T]:
         self._span = self._tracer.start_span(self._name, attributes=self._attributes)
         self._token = otel_context.attach(otel_trace.set_span_in_context(self._span))
         return self
 
-    def done(self, result: T) -> T:
+    def done(self, result: _T) -> _T:
         if self._describe is not None:
             self._span.set_attributes(self._describe(result))
         if isinstance(result, FlowResult) and result.kind in _FAILED_RESULTS:

@@ -8,7 +8,7 @@
     GET  /openapi.json the OpenAPI 3.1 description; GET /docs a page about it
 
 ``POST /v1/rides`` never reaches a Starlette route: the idempotency middleware
-(:mod:`idempotence.http`) runs the ride flow (:mod:`.rides`) for it, so the key's
+([`idempotence.http`][idempotence.http]) runs the ride flow (`rides`) for it, so the key's
 claim, replay, mismatch and in-progress answers, and the 400, 401 and 413 refusals,
 are the library's own. The app only says who the caller is (the scope) and what the
 flow's parameters are.
@@ -57,11 +57,11 @@ from .schema import User
 
 __all__ = ["ApiSettings", "create_app"]
 
-#: Request bodies larger than this are refused with 413 before anything is claimed.
 MAX_BODY_BYTES = 8 * 1024
-#: How long the API waits for the provider. A timeout leaves the key to a retry,
-#: which calls again with the same derived key.
+"""Request bodies larger than this are refused with 413 before anything is claimed."""
 PROVIDER_TIMEOUT = 5.0
+"""How long the API waits for the provider. A timeout leaves the key to a retry,
+which calls again with the same derived key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,20 +71,22 @@ class ApiSettings:
     database: str
     provider_url: str
     profile: Profile = Profile.IETF
-    #: How long a dead worker keeps a key from its retries (P4, P5).
     lock_timeout: float = 10.0
-    #: Honour the crash-injection headers (:mod:`.chaos`): the demo's run only.
+    """How long a dead worker keeps a key from its retries (P4, P5)."""
     chaos: bool = False
-    #: How long a finished ride's key replays, in seconds (B3); the soak run
-    #: shortens it so that the reaper works while it watches.
+    """Honour the crash-injection headers (`chaos`): the demo's run only."""
     retention: float = DEFAULT_RETENTION.total_seconds()
+    """How long a finished ride's key replays, in seconds (B3); the soak run
+    shortens it so that the reaper works while it watches."""
 
 
 def bearer(header: str | None) -> str | None:
     """The API key in an ``Authorization: Bearer <key>`` header, or None.
 
-    >>> bearer("Bearer user-1"), bearer("bearer  user-2 "), bearer(None)
-    ('user-1', 'user-2', None)
+    ```python
+    bearer("Bearer user-1"), bearer("bearer  user-2 "), bearer(None)
+    # ('user-1', 'user-2', None)
+    ```
     """
     if not header:
         return None
@@ -128,7 +130,7 @@ class Users:
 def tls_context() -> ssl.SSLContext:
     """The TLS settings of the API's provider client, made once per process: loading
     the CA certificates takes tens of milliseconds, and a worker restarted by a fork of
-    the supervisor (:mod:`.stack`) inherits them instead of loading them again."""
+    the supervisor (`stack`) inherits them instead of loading them again."""
     return ssl.create_default_context()
 
 

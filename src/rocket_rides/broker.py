@@ -4,20 +4,20 @@ guarded consumer (DESIGN 9).
 Without a broker, the job runner's ``send_receipt`` job calls the fake mailer. With
 one:
 
-* the job **publishes** the receipt to a queue of the run's own (:func:`run_queue`),
+* the job **publishes** the receipt to a queue of the run's own (`run_queue`),
   the message id derived from the ride (``ride-<id>-receipt``), with publisher
   confirms. A publish that fails fails the job, and the runner runs it again: a
   publisher retry, which may publish the message twice. The chaos run also publishes
   some receipts twice on purpose (``--duplicate-rate``);
-* **consumer processes** (forked by the stack's supervisor, restarted when they die)
-  run :class:`~idempotence.consumers.rabbitmq_pika.PikaConsumer` over a transactional
-  :class:`~idempotence.consumers.Consumer`: the receipt row (``rocket_receipts``, no
-  unique constraint, so a second receipt would show) and the processed mark commit in
-  one transaction (F3), and the ack is sent only after the commit (M1). The chaos run
-  SIGKILLs them mid-message: before the claim, inside the transaction, or after the
-  commit and before the ack;
+* **consumer processes** (forked by the stack's supervisor, restarted when they die) run
+  [`PikaConsumer`][idempotence.consumers.rabbitmq_pika.PikaConsumer] over a
+  transactional [`Consumer`][idempotence.consumers.rabbitmq_pika.Consumer]: the receipt
+  row (``rocket_receipts``, no unique constraint, so a second receipt would show) and
+  the processed mark commit in one transaction (F3), and the ack is sent only after the
+  commit (M1). The chaos run SIGKILLs them mid-message: before the claim, inside the
+  transaction, or after the commit and before the ack;
 * every process appends what it did to the run's **ledger** (JSON lines): each job's
-  published copies, each settled delivery. :func:`tally` turns it into the report's
+  published copies, each settled delivery. `tally` turns it into the report's
   numbers. Every copy carries an id of its own in a header, so the run can wait until
   every copy it published was settled, duplicates included.
 
@@ -70,16 +70,16 @@ __all__ = [
 
 logger = logging.getLogger("rocket_rides.broker")
 
-#: The guarded consumer's name, and so the scope of its keys
-#: (``idempotence keys list --scope rocket_receipts``).
 CONSUMER = "rocket_receipts"
-#: The header that tells the copies of one message apart (a requeue keeps it).
+"""The guarded consumer's name, and so the scope of its keys
+(``idempotence keys list --scope rocket_receipts``)."""
 COPY_HEADER = "x-rocket-copy"
-#: Where a delivery's consumer may die (the chaos run): before the claim, after the
-#: receipt row is written and before the commit, after the commit and before the ack.
+"""The header that tells the copies of one message apart (a requeue keeps it)."""
 KILL_POINTS = ("before_claim", "in_transaction", "after_settle")
-#: The outcomes that end a copy's life (a requeue makes a new delivery of it).
+"""Where a delivery's consumer may die (the chaos run): before the claim, after the
+receipt row is written and before the commit, after the commit and before the ack."""
 _FINAL = frozenset({"processed", "duplicate", "dead_letter"})
+"""The outcomes that end a copy's life (a requeue makes a new delivery of it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +89,10 @@ class BrokerConfig:
     url: str
     queue: str
     consumers: int = 2
-    #: Probability per delivery that the consumer handling it is SIGKILLed.
     crash_rate: float = 0.0
-    #: Probability per receipt that it is published twice on purpose.
+    """Probability per delivery that the consumer handling it is SIGKILLed."""
     duplicate_rate: float = 0.0
+    """Probability per receipt that it is published twice on purpose."""
     prefetch: int = 4
 
 

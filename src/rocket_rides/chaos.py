@@ -58,16 +58,16 @@ POINTS = (
     "finish:before_commit",
     "respond",
 )
-#: The longest delay a request may ask for: a test's, never a way to pin a worker.
 MAX_DELAY = 10.0
-#: How often a delayed request extends its lock: well within the shortest lock timeout.
+"""The longest delay a request may ask for: a test's, never a way to pin a worker."""
 HEARTBEAT_EVERY = 0.1
+"""How often a delayed request extends its lock: well within the shortest lock timeout."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    #: Index in POINTS of the first point to die at; None: do not die.
     crash_at: int | None
+    """Index in POINTS of the first point to die at; None: do not die."""
     delay: float
 
 
@@ -87,7 +87,7 @@ def reached(point: str) -> None:
 
 async def pause(heartbeat: Callable[[], Any] | None = None) -> None:
     """Sleep as long as the current request asked (``X-Demo-Delay``), calling
-    ``heartbeat()`` (awaiting it if need be) every :data:`HEARTBEAT_EVERY` seconds.
+    ``heartbeat()`` (awaiting it if need be) every `HEARTBEAT_EVERY` seconds.
 
     A slow call must extend its lock (F2): past the lock timeout, the sweeper or a
     retry takes the key over, and this run's next write is refused (F1).

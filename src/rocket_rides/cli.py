@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from idempotence.cli._shared import ExitStatus, fail
 from idempotence.database import DatabaseUrl
 from idempotence.errors import ConfigurationError
 
@@ -30,12 +31,12 @@ if TYPE_CHECKING:
 
 __all__ = ["demo"]
 
-#: What the demo needs beyond the library: (module, distribution).
 _NEEDS = (("starlette", "starlette"), ("uvicorn", "uvicorn"), ("httpx", "httpx"))
+"""What the demo needs beyond the library: (module, distribution)."""
 
 
-#: What ``--broker`` needs on top.
 _NEEDS_BROKER = (("pika", "pika"), ("aio_pika", "aio-pika"))
+"""What ``--broker`` needs on top."""
 
 
 def _require_dependencies(broker: bool = False) -> None:
@@ -44,8 +45,11 @@ def _require_dependencies(broker: bool = False) -> None:
     needs = _NEEDS + _NEEDS_BROKER if broker else _NEEDS
     missing = [dist for module, dist in needs if importlib.util.find_spec(module) is None]
     if missing:
-        raise click.ClickException(
-            f"the demo needs {', '.join(missing)}: pip install {' '.join(missing)}"
+        # The extras, not the distributions: they pin the versions the demo runs on.
+        extras = "demo,rabbitmq" if broker else "demo"
+        fail(
+            f"the demo needs {', '.join(missing)}: pip install 'idempotence[{extras}]'",
+            ExitStatus.USAGE,
         )
 
 
@@ -71,7 +75,6 @@ def _broker(ctx: click.Context, param: click.Parameter, value: str | None) -> st
     return value
 
 
-#: Both commands take the database the same way.
 database_option = click.option(
     "--database",
     default=None,
@@ -79,6 +82,7 @@ database_option = click.option(
     metavar="URL",
     help="postgresql://… or sqlite:///… (default: SQLite in the data directory).",
 )
+"""Both commands take the database the same way."""
 
 
 @click.group(invoke_without_command=True)
@@ -174,8 +178,8 @@ def demo(ctx: click.Context, /, **options: Any) -> None:
         return
     _require_dependencies(broker=options["broker"] is not None)
     from .progress import Progress
-    from .report import render
     from .run import DemoError, DemoOptions, run_demo
+    from .summary import render
 
     as_json = options.pop("as_json")
     data_dir = options.pop("data_dir")

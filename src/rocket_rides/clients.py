@@ -1,7 +1,7 @@
 """Simulated Rocket Rides clients: book rides, retry through everything, keep count.
 
 Each client books its share of the rides one after another. A ride is one operation
-of the library's retrying client (:mod:`idempotence.client`): one Idempotency-Key,
+of the library's retrying client ([`idempotence.client`][idempotence.client]): one Idempotency-Key,
 retried with the same body until a final answer (201 or 402) or the end of its patience:
 
 * a dropped connection (the worker was killed, or is restarting), a timeout, a 5xx:
@@ -12,7 +12,7 @@ retried with the same body until a final answer (201 or 402) or the end of its p
   not retried.
 
 Some rides are submitted twice at once (two copies racing, P4), some requests carry
-a crash order (:mod:`.chaos`), and after a final answer a client sometimes asks again
+a crash order (`chaos`), and after a final answer a client sometimes asks again
 to check that the replay is the same response, marked ``Idempotent-Replayed``. After a
 failed attempt a client may also walk away for good, as real clients do: the key is
 then the completer's to finish (B2).
@@ -49,18 +49,18 @@ from .chaos import CRASH_HEADER, POINTS
 
 __all__ = ["ClientStats", "Outcome", "Ride", "Workload", "make_workload", "run_clients"]
 
-#: The share of rides whose first attempt is sent twice at once.
 TWIN_RATE = 0.1
-#: The share of rides asked again after their final answer, to check the replay.
+"""The share of rides whose first attempt is sent twice at once."""
 REPLAY_CHECK_RATE = 0.25
-#: A client gives up on a ride after 60 attempts or 40 seconds; the completer then
-#: finishes it (B2).
+"""The share of rides asked again after their final answer, to check the replay."""
 RETRY = Retry(
     max_attempts=60,
     deadline=timedelta(seconds=40),
     base_backoff=timedelta(milliseconds=50),
     max_backoff=timedelta(seconds=1),
 )
+"""A client gives up on a ride after 60 attempts or 40 seconds; the completer then
+finishes it (B2)."""
 REQUEST_TIMEOUT = 10.0
 PATH = "/v1/rides"
 _FINAL = (201, 402)
@@ -74,8 +74,8 @@ class Ride:
     api_key: str
     scope: str
     body: dict[str, float]
-    #: Send the body form-encoded, like Stripe's clients, instead of as JSON.
     form: bool
+    """Send the body form-encoded, like Stripe's clients, instead of as JSON."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +87,8 @@ class Workload:
     clients: int
     crash_rate: float
     seed: int
-    #: The probability that a client walks away from a ride after a failed attempt.
     abandon_rate: float = 0.0
+    """The probability that a client walks away from a ride after a failed attempt."""
 
     @property
     def key_prefix(self) -> str:
@@ -144,8 +144,8 @@ class ClientStats:
     """What the clients saw."""
 
     requests: int = 0
-    #: Requests sent with an order to crash the worker.
     crash_orders: int = 0
+    """Requests sent with an order to crash the worker."""
     statuses: Counter[int] = field(default_factory=Counter)
     dropped: int = 0
     timeouts: int = 0
@@ -153,18 +153,18 @@ class ClientStats:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     gave_up: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
-    #: Answers that mean a bug: (key, status, body excerpt).
     unexpected: list[tuple[str, int, str]] = field(default_factory=list)
+    """Answers that mean a bug: (key, status, body excerpt)."""
     replays_checked: int = 0
     replay_mismatches: list[str] = field(default_factory=list)
 
 
 class _Client:
-    """One simulated client: each ride is one operation of the library's retrying
-    client (:class:`~idempotence.client.AsyncIdempotentClient`: one key, backoff with
-    full jitter, Retry-After, a deadline); the demo adds its chaos around it through
-    the client's hooks: each attempt goes to a random worker and may carry a crash
-    order (``prepare``), and is counted, or abandoned, after it (``observe``)."""
+    """One simulated client: each ride is one operation of the library's retrying client
+    ([`AsyncIdempotentClient`][idempotence.client.AsyncIdempotentClient]: one key,
+    backoff with full jitter, Retry-After, a deadline); the demo adds its chaos around
+    it through the client's hooks: each attempt goes to a random worker and may carry a
+    crash order (``prepare``), and is counted, or abandoned, after it (``observe``)."""
 
     def __init__(
         self,

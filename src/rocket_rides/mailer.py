@@ -6,11 +6,13 @@ way a real email API deduplicates by an idempotency key: the job runner runs a j
 least once (a runner that dies mid-job runs it again), and a repeat must not send a
 second receipt. It counts the repeats it absorbed, so the demo can show them.
 
->>> mailer = FakeMailer(tmp_path / "mailer.sqlite3")            # doctest: +SKIP
->>> mailer.send("rocket_rides-7-1-charge_created-send_receipt-0", ride_id=7, user="usr_1")
-True
->>> mailer.send("rocket_rides-7-1-charge_created-send_receipt-0", ride_id=7, user="usr_1")
-False
+```python
+mailer = FakeMailer(tmp_path / "mailer.sqlite3")
+mailer.send("rocket_rides-7-1-charge_created-send_receipt-0", ride_id=7, user="usr_1")
+# True
+mailer.send("rocket_rides-7-1-charge_created-send_receipt-0", ride_id=7, user="usr_1")
+# False
+```
 """
 
 from __future__ import annotations

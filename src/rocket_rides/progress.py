@@ -1,7 +1,7 @@
 """The demo's progress on stderr: a bar on a terminal, a line every few seconds
 otherwise (a CI log, a pipe), so that a long run never looks hung.
 
-The clock starts when the clients do (:meth:`Progress.begin`), not when the command
+The clock starts when the clients do (`Progress.begin`), not when the command
 does: the services' start-up is no ride's time, and counted in it the first estimate
 of the time left was far too high.
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-#: Seconds between two progress lines when stderr is not a terminal.
 EVERY = 5.0
+"""Seconds between two progress lines when stderr is not a terminal."""
 
 
 class Progress:

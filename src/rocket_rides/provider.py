@@ -1,8 +1,8 @@
 """The fake payment provider as an HTTP service: FakePay, a little Stripe.
 
-It wraps :class:`~idempotence.testing.FakeProvider` (charges in a SQLite file of its
-own, one charge per ``Idempotency-Key``, declines for cards ending in ``declined``)
-and adds what a network adds, each at a configurable rate:
+It wraps [`FakeProvider`][idempotence.testing.provider.FakeProvider] (charges in a
+SQLite file of its own, one charge per ``Idempotency-Key``, declines for cards ending in
+``declined``) and adds what a network adds, each at a configurable rate:
 
 * latency: every call waits between half of ``latency`` and all of it (seconds);
 * ``fail_before_commit``: the connection drops before the charge commits (nothing is
@@ -53,8 +53,8 @@ __all__ = ["Faults", "provider_app"]
 class Faults:
     """How badly the provider behaves: rates are probabilities per charge request."""
 
-    #: Each call waits a random time between half of this and all of it, in seconds.
     latency: float = 0.0
+    """Each call waits a random time between half of this and all of it, in seconds."""
     fail_before_commit: float = 0.0
     drop_after_commit: float = 0.0
     server_error: float = 0.0

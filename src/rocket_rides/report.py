@@ -15,7 +15,8 @@ own file). Exactly-once holds when:
   replay it asked for was the same response;
 * with a broker (``--broker``), every message published was settled by a consumer.
 
-:func:`assess` is pure, so the rules are tested without starting anything.
+`assess` is pure, so the rules are tested without starting anything;
+`summary` renders its report for people.
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ from idempotence.testing.provider import Charge
 from .clients import ClientStats, Ride
 from .mailer import Receipt
 
-__all__ = ["Evidence", "MessageCounts", "Report", "RideRow", "assess", "render"]
+__all__ = ["Evidence", "MessageCounts", "Report", "RideRow", "assess"]
 
-#: Key states that are a final, stored answer.
 TERMINAL = frozenset({"complete", "failed"})
-#: The "state" of a requested key that has no row because its client gave up
-#: before the service claimed it (nothing was booked, as it should be).
+"""Key states that are a final, stored answer."""
 NEVER_CLAIMED = "never claimed"
+"""The "state" of a requested key that has no row because its client gave up
+before the service claimed it (nothing was booked, as it should be)."""
 ACCEPTED = TERMINAL | {NEVER_CLAIMED}
 
 
@@ -53,22 +54,22 @@ class RideRow:
 
 @dataclass(frozen=True, slots=True)
 class MessageCounts:
-    """What went over the broker (:func:`rocket_rides.broker.tally`)."""
+    """What went over the broker (`rocket_rides.broker.tally`)."""
 
-    #: Copies the broker confirmed, duplicates included.
     published: int
-    #: Copies published twice on purpose (the chaos run).
+    """Copies the broker confirmed, duplicates included."""
     duplicates_published: int
-    #: Deliveries the broker flagged as redelivered (their consumer died holding them).
+    """Copies published twice on purpose (the chaos run)."""
     redelivered: int
-    #: Deliveries the guard absorbed: acked, nothing committed.
+    """Deliveries the broker flagged as redelivered (their consumer died holding them)."""
     absorbed: int
-    #: Copies published and never settled by a consumer (lost, or still queued).
+    """Deliveries the guard absorbed: acked, nothing committed."""
     unsettled: int
-    #: The rides whose receipt was published.
+    """Copies published and never settled by a consumer (lost, or still queued)."""
     rides_published: frozenset[int] = frozenset()
-    #: Consumer processes SIGKILLed.
+    """The rides whose receipt was published."""
     consumers_killed: int = 0
+    """Consumer processes SIGKILLed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,23 +78,23 @@ class Evidence:
 
     requested: Sequence[Ride]
     rides: Sequence[RideRow]
-    #: The provider's charges for this run's requests.
     charges: Sequence[Charge]
+    """The provider's charges for this run's requests."""
     receipts: Sequence[Receipt]
-    #: Each requested key's state (``missing`` if the key row is gone).
     key_states: Mapping[str, str]
+    """Each requested key's state (``missing`` if the key row is gone)."""
     clients: ClientStats
-    #: Lock takeovers on this run's keys (fencing tokens bumped past 1).
     takeovers: int = 0
-    #: This run's keys that the completer picked up.
+    """Lock takeovers on this run's keys (fencing tokens bumped past 1)."""
     completer_resumed: int = 0
-    #: API workers killed, and processes restarted.
+    """This run's keys that the completer picked up."""
     crashes: int = 0
+    """API workers killed, and processes restarted."""
     restarts: int = 0
     wall_time: float = 0.0
     settings: Mapping[str, Any] = field(default_factory=dict)
-    #: With a broker: what went over it (None: receipts went to the mailer).
     messages: MessageCounts | None = None
+    """With a broker: what went over it (None: receipts went to the mailer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,89 +318,3 @@ def _answers_disagreeing(clients: ClientStats, rides_by_key: Mapping[str, list[R
         if [row.id for row in rows] != [ride_id]:
             wrong += 1
     return wrong
-
-
-def render(report: Report) -> str:
-    """The report as a table for people."""
-    n = report.numbers
-    states = ", ".join(f"{state} {count}" for state, count in n["keys_by_state"].items())
-    statuses = ", ".join(f"{code}: {count}" for code, count in n["responses_by_status"].items())
-    rows = [
-        (
-            "rides requested",
-            f"{n['rides_requested']}  (abandoned before the service claimed them:"
-            f" {n['rides_never_claimed']})",
-        ),
-        (
-            "rides created",
-            f"{n['rides_created']}  (paid {n['rides_paid']}, declined {n['rides_declined']})",
-        ),
-        (
-            "charges at the provider",
-            f"{n['charges']}  (succeeded {n['charges_succeeded']},"
-            f" declined {n['charges_declined']})",
-        ),
-        ("double charges", f"{n['double_charges']}"),
-        ("paid rides without a charge", f"{n['rides_without_charge']}"),
-        ("receipts sent", f"{n['receipts']}  ({_receipts_by(n)})"),
-        ("duplicate receipts", f"{n['duplicate_receipts']}"),
-        ("missing receipts", f"{n['missing_receipts']}"),
-        *_message_rows(n),
-        ("keys by state", states or "-"),
-        ("API workers killed", f"{n['worker_crashes']}  (restarts: {n['restarts']})"),
-        ("lock takeovers", f"{n['lock_takeovers']}  (each fenced by a new lock token)"),
-        (
-            "requests",
-            f"{n['requests']}  (dropped {n['dropped_connections']}, timeouts {n['timeouts']},"
-            f" concurrent duplicates {n['concurrent_duplicates']})",
-        ),
-        ("responses", statuses or "-"),
-        ("replays checked", f"{n['replays_checked']}"),
-        (
-            "rides abandoned by clients",
-            f"{n['rides_abandoned']}  (keys the completer resumed: {n['completer_resumed']})",
-        ),
-        ("clients out of patience", f"{n['clients_gave_up']}"),
-        ("wall time", f"{n['wall_time_seconds']:.1f} s"),
-    ]
-    width = max(len(label) for label, _ in rows)
-    head = (
-        f"Rocket Rides on {n.get('backend', '?')}: {n.get('clients', '?')} clients,"
-        f" {n.get('workers', '?')} API workers, crash rate {n.get('crash_rate', 0):.2f},"
-        f" seed {n.get('seed', '?')}"
-    )
-    if "broker_queue" in n:
-        head += f"; receipts through RabbitMQ ({n['broker_queue']})"
-    lines = [head, ""] + [f"  {label:<{width}}  {value}" for label, value in rows] + [""]
-    if report.ok:
-        lines.append(
-            "OK: no double charge, one receipt per paid ride, every claimed key terminal,"
-            " every replay identical."
-        )
-    else:
-        lines.append("FAILED:")
-        lines += [f"  - {violation}" for violation in report.violations]
-    return "\n".join(lines)
-
-
-def _receipts_by(n: Mapping[str, Any]) -> str:
-    if "messages_published" in n:
-        return "written by the guarded consumers"
-    return f"repeated deliveries absorbed: {n['receipt_deliveries_absorbed']}"
-
-
-def _message_rows(n: Mapping[str, Any]) -> list[tuple[str, str]]:
-    if "messages_published" not in n:
-        return []
-    return [
-        (
-            "messages published",
-            f"{n['messages_published']}  (published twice on purpose: {n['duplicates_published']})",
-        ),
-        (
-            "messages redelivered",
-            f"{n['messages_redelivered']}  (their consumer died holding them)",
-        ),
-        ("duplicates absorbed", f"{n['duplicates_absorbed']}  (acked, nothing committed)"),
-        ("consumers killed", f"{n['consumers_killed']}"),
-    ]

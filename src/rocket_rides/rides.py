@@ -6,7 +6,7 @@
        │                       └─ declined card ───────────▶ finished (402, stored)
        └─ invalid request: 422, nothing stored (the same key may be retried corrected)
 
-* ``started`` validates the request (a :class:`~idempotence.flows.Reject` here stores
+* ``started`` validates the request (a [`Reject`][idempotence.testing.example.Reject] here stores
   nothing, R5), then writes the ride and its audit record in the phase's transaction.
 * ``ride_created`` charges the rider's card at the provider over HTTP, with no
   transaction open (R3) and the derived key ``rocket_rides-<key id>-charge`` (R4): a
@@ -59,11 +59,11 @@ __all__ = [
 ]
 
 FLOW_NAME = "rocket_rides"
-#: Every ride costs $20.
 AMOUNT = 2000
+"""Every ride costs $20."""
 CURRENCY = "usd"
-#: The request's fields and the magnitude each may reach.
 FIELDS = {"origin_lat": 90.0, "origin_lon": 180.0, "target_lat": 90.0, "target_lon": 180.0}
+"""The request's fields and the magnitude each may reach."""
 _DECIMAL = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 _JSON = {"content-type": "application/json"}
 
@@ -125,8 +125,10 @@ class FieldError:
 def validate(params: Any) -> list[FieldError]:
     """Every problem with the request, in field order; empty when it is valid.
 
-    >>> validate({"origin_lat": 91.0, "origin_lon": 0.0, "target_lat": 0.0})[0].message
-    'origin_lat must be between -90 and 90'
+    ```python
+    validate({"origin_lat": 91.0, "origin_lon": 0.0, "target_lat": 0.0})[0].message
+    # 'origin_lat must be between -90 and 90'
+    ```
     """
     if not isinstance(params, dict) or params.get("body"):
         return [FieldError("body", "parameter_invalid", "the body must be a JSON object or a form")]
@@ -210,9 +212,9 @@ class ProviderFailed(Exception):
     retry resumes with the same derived key."""
 
 
-#: Charges through the provider for one run of the flow: ``(ctx) -> Charge``, or
-#: ``(ctx) -> Awaitable[Charge]`` as :func:`async_charger` does.
 Charger = Callable[[ForeignContext], "Charge | Awaitable[Charge]"]
+"""Charges through the provider for one run of the flow: ``(ctx) -> Charge``, or
+``(ctx) -> Awaitable[Charge]`` as `async_charger` does."""
 
 
 def _form(ctx: ForeignContext) -> dict[str, Any]:
@@ -254,8 +256,8 @@ def _of(ctx: PhaseContext) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _Steps:
-    """The ride flow's steps, for one charger and one error profile; :func:`rides_flow`
-    wires them (the atomic ones through :func:`sql_phase`)."""
+    """The ride flow's steps, for one charger and one error profile; `rides_flow`
+    wires them (the atomic ones through `sql_phase`)."""
 
     charger: Charger
     profile: Profile

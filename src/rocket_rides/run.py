@@ -1,15 +1,15 @@
 """The demo's main job: start the service, hammer it through crashes, reconcile.
 
-1. Start the stack (:mod:`.stack`) in a process of its own: the provider, the API
+1. Start the stack (`stack`) in a process of its own: the provider, the API
    workers (chaos enabled) and the background worker, on free ports of 127.0.0.1;
    with ``--broker``, the receipt consumers too, on a queue of the run's own
-   (:mod:`.broker`).
-2. Run the simulated clients (:mod:`.clients`): every ride retried until it has an
+   (`broker`).
+2. Run the simulated clients (`clients`): every ride retried until it has an
    answer, some requests ordering the worker that handles them to die.
 3. Wait for the dust to settle: every key terminal, every receipt sent (and, with a
    broker, every message published settled by a consumer).
 4. Gather the evidence from our database, the provider's API and the mailer (or the
-   consumers' receipts and the broker ledger), and check it (:mod:`.report`).
+   consumers' receipts and the broker ledger), and check it (`report`).
 
 Everything started here is stopped here, whatever happens: the stack runs in a
 process group of its own, which is killed whole at the end.
@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,10 +52,18 @@ from .report import TERMINAL, Evidence, MessageCounts, Report, RideRow, assess
 from .schema import fetch
 from .stack import StackConfig
 
-__all__ = ["DemoError", "DemoOptions", "StackProcess", "free_port", "run_demo", "start_stack"]
+__all__ = [
+    "DemoError",
+    "DemoOptions",
+    "StackProcess",
+    "free_port",
+    "rerun_command",
+    "run_demo",
+    "start_stack",
+]
 
-#: How long the processes get to start, and the run to settle after the clients.
 START_TIMEOUT = 30.0
+"""How long the processes get to start, and the run to settle after the clients."""
 SETTLE_TIMEOUT = 30.0
 
 
@@ -67,16 +78,48 @@ class DemoOptions:
     provider_faults: float = 0.02
     declined_rate: float = 0.1
     abandon_rate: float = 0.05
-    #: None: SQLite in the data directory.
     database: str | None = None
+    """None: SQLite in the data directory."""
     seed: int | None = None
-    #: None: a temporary directory, removed at the end.
     data_dir: str | None = None
+    """None: a temporary directory, removed at the end."""
     lock_timeout: float = 1.0
-    #: amqp://…: send the receipts through RabbitMQ to guarded consumers.
     broker: str | None = None
-    #: With a broker: the share of receipts published twice on purpose.
+    """amqp://…: send the receipts through RabbitMQ to guarded consumers."""
     duplicate_rate: float = 0.3
+    """With a broker: the share of receipts published twice on purpose."""
+
+
+def rerun_command(options: DemoOptions, seed: int) -> str:
+    """The command that runs ``options``' workload again: the options that differ
+    from the defaults, and the seed (what the clients do, and when they crash their
+    worker, follows from it; the timing of the processes does not). A password in a
+    URL is left out: ``PASSWORD`` stands in for it.
+
+    Example:
+        ```python
+        rerun_command(DemoOptions(rides=20, workers=1), seed=7)
+        # "idempotence demo --rides 20 --workers 1 --seed 7"
+        ```
+    """
+    words = ["idempotence", "demo"]
+    defaults = DemoOptions()
+    for field in dataclasses.fields(DemoOptions):
+        value = getattr(options, field.name)
+        if field.name in ("seed", "data_dir") or value == getattr(defaults, field.name):
+            continue
+        if isinstance(value, str):
+            value = _without_password(value)
+        words += ["--" + field.name.replace("_", "-"), str(value)]
+    return shlex.join([*words, "--seed", str(seed)])
+
+
+def _without_password(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    return parts._replace(netloc=f"{user.partition(':')[0]}:PASSWORD@{host}").geturl()
 
 
 def free_port() -> int:
@@ -236,7 +279,9 @@ def run_demo(
             "clients": options.clients,
             "workers": options.workers,
             "crash_rate": options.crash_rate,
+            "provider_faults": options.provider_faults,
             "seed": seed,
+            "rerun": rerun_command(options, seed),
         }
         if queue is not None:
             settings["broker_queue"] = queue

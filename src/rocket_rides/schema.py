@@ -35,11 +35,12 @@ __all__ = [
     "seed_users",
 ]
 
-#: Seeded users: ``user-1`` … ``user-100``, each with a ``-declined`` twin.
 USERS = 100
+"""Seeded users: ``user-1`` … ``user-100``, each with a ``-declined`` twin."""
 STANDARD_CARD = "tok_visa"
-#: :class:`~idempotence.testing.FakeProvider` declines every card whose name ends so.
 DECLINED_CARD = "tok_visa_declined"
+"""[`FakeProvider`][idempotence.testing.provider.FakeProvider] declines every card whose
+name ends so."""
 
 Dialect = Literal["sqlite", "postgres"]
 
@@ -56,8 +57,10 @@ class User:
 def seed_users(count: int = USERS) -> list[User]:
     """``user-N`` pays with a good card; ``user-N-declined`` with one that is declined.
 
-    >>> [u.api_key for u in seed_users(1)]
-    ['user-1', 'user-1-declined']
+    ```python
+    [u.api_key for u in seed_users(1)]
+    # ['user-1', 'user-1-declined']
+    ```
     """
     users = []
     for n in range(1, count + 1):

@@ -1,5 +1,5 @@
 """Run the whole service: the provider, API workers, the background worker and, with a
-broker, the receipt consumers (:mod:`.broker`), as processes forked from one
+broker, the receipt consumers (`broker`), as processes forked from one
 supervisor that restarts whichever of them dies.
 
 The supervisor imports everything once and then forks; a restart is a fork, a few
@@ -64,12 +64,12 @@ from .schema import prepare
 __all__ = ["Event", "StackConfig", "run_stack"]
 
 Event = dict[str, Any]
-#: A child that dies this soon after it started, by itself, is failing to start.
 _QUICK_DEATH = 1.0
+"""A child that dies this soon after it started, by itself, is failing to start."""
 _QUICK_DEATHS_ALLOWED = 5
 _POLL = 0.02
-#: How long children get to stop after SIGTERM before they are killed.
 _STOP_GRACE = 10.0
+"""How long children get to stop after SIGTERM before they are killed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,29 +78,29 @@ class StackConfig:
     orchestrator can hand it to a supervisor process on its command line."""
 
     database: str
-    #: Where the provider's and the mailer's SQLite files go.
     data_dir: str
+    """Where the provider's and the mailer's SQLite files go."""
     api_ports: tuple[int, ...]
     provider_port: int
     host: str = "127.0.0.1"
     profile: str = "ietf"
-    #: Honour the crash-injection headers (the demo's run only).
     chaos: bool = False
-    #: How long a dead worker keeps a key from its retries (P4, P5).
+    """Honour the crash-injection headers (the demo's run only)."""
     lock_timeout: float = 10.0
-    #: How long the completer leaves an unfinished key to its client (B2).
+    """How long a dead worker keeps a key from its retries (P4, P5)."""
     completer_grace: float = 10.0
-    #: How often the background services look for work.
+    """How long the completer leaves an unfinished key to its client (B2)."""
     service_interval: float = 0.5
-    #: How long a finished ride's key replays, in seconds (B3).
+    """How often the background services look for work."""
     retention: float = DEFAULT_RETENTION.total_seconds()
-    #: How often the reaper deletes expired keys, in seconds.
+    """How long a finished ride's key replays, in seconds (B3)."""
     reaper_interval: float = ReaperConfig().interval
+    """How often the reaper deletes expired keys, in seconds."""
     faults: Faults = field(default_factory=Faults)
     seed: int | None = None
     log_level: str = "warning"
-    #: Receipts through RabbitMQ to guarded consumers (None: to the mailer).
     broker: BrokerConfig | None = None
+    """Receipts through RabbitMQ to guarded consumers (None: to the mailer)."""
 
     @property
     def provider_url(self) -> str:

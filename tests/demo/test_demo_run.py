@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,6 +145,14 @@ def test_the_table_report_and_the_exit_status(tmp_path):
     assert process.returncode == 0, process.stdout + process.stderr
     assert "rides requested" in process.stdout and "double charges" in process.stdout
     assert process.stdout.rstrip().splitlines()[-1].startswith("OK:")
+    # The command that runs the same workload again: the options given, and the seed
+    # the run drew, as none was given.
+    rerun = re.search(r"^  (idempotence demo .*)$", process.stdout, re.MULTILINE)
+    assert rerun is not None, process.stdout
+    assert re.fullmatch(
+        r"idempotence demo --rides 10 --clients 2 --crash-rate 0\.0 --seed \d+", rerun.group(1)
+    )
+    assert "lock takeovers" not in process.stdout and "fenced" not in process.stdout
     # stderr is no terminal here: the progress is lines, the last one the total.
     assert "booking 10 rides" in process.stderr
     assert "booked 10/10 rides in" in process.stderr

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
+import shlex
 import subprocess
 import sys
 from collections import Counter
@@ -17,13 +19,15 @@ from idempotence.testing import Charge, Fault
 from rocket_rides import chaos
 from rocket_rides.api import bearer
 from rocket_rides.broker import BrokerConfig, Ledger, tally
+from rocket_rides.cli import demo
 from rocket_rides.clients import ClientStats, Outcome, make_workload
 from rocket_rides.mailer import FakeMailer, Receipt
 from rocket_rides.provider import Faults
-from rocket_rides.report import Evidence, MessageCounts, RideRow, assess, render
+from rocket_rides.report import Evidence, MessageCounts, Report, RideRow, assess
 from rocket_rides.rides import ride_params, validate
-from rocket_rides.run import free_port
+from rocket_rides.run import DemoOptions, free_port, rerun_command
 from rocket_rides.stack import StackConfig
+from rocket_rides.summary import render
 
 RIDE = {"origin_lat": 48.88, "origin_lon": 2.35, "target_lat": 48.72, "target_lon": 2.38}
 
@@ -210,6 +214,93 @@ def test_with_a_broker_the_report_counts_the_messages_and_fails_on_an_unsettled_
     assert "messages_published" not in assess(Evidence(**good_evidence())).to_json()
 
 
+# -- the report a newcomer reads ---------------------------------------------------------------
+
+
+def chaotic_report(**messages: int) -> Report:
+    """A passing report with every kind of figure: crashes, takeovers, 409s, the
+    provider's 500s, a broker if asked."""
+    evidence = good_evidence()
+    clients = evidence["clients"]
+    clients.statuses.update({201: 5, 402: 1, 409: 4, 500: 3})
+    clients.requests, clients.dropped, clients.twins = 20, 6, 1
+    settings = {
+        "backend": "sqlite",
+        "clients": 4,
+        "workers": 2,
+        "crash_rate": 0.1,
+        "provider_faults": 0.02,
+        "seed": 7,
+        "rerun": "idempotence demo --rides 3 --seed 7",
+    }
+    counts = MessageCounts(**messages) if messages else None
+    return assess(
+        Evidence(**evidence, takeovers=4, crashes=2, restarts=2, settings=settings, messages=counts)
+    )
+
+
+#: Words of the library's internals that a newcomer cannot read without explanation.
+INTERNAL_WORDS = ("lock takeover", "takeovers", "fenced", "lock token", "fencing")
+
+
+@pytest.mark.parametrize("broker", [False, True], ids=["mailer", "broker"])
+def test_every_figure_of_the_report_has_a_legend(broker: bool):
+    messages = (
+        dict(published=4, duplicates_published=1, redelivered=2, absorbed=1, unsettled=0)
+        if broker
+        else {}
+    )
+    text = render(chaotic_report(**messages))
+
+    figures = [line for line in text.splitlines() if re.match(r"  \S.*  +\S+( s)?  \S", line)]
+    assert len(figures) >= 15, text
+    for line in text.splitlines():
+        # A row is "  label  value  legend"; a value alone on its line has no legend.
+        assert not re.fullmatch(r"  \S.*?  +[\d.]+( s)?", line), f"no legend: {line!r}"
+    for word in INTERNAL_WORDS:
+        assert word not in text.lower(), word
+    assert all(len(line) <= 100 for line in text.splitlines()[:-1]), text
+
+
+def test_the_500s_are_named_as_the_injected_provider_faults():
+    text = render(chaotic_report())
+    (line,) = [line for line in text.splitlines() if line.lstrip().startswith("answers 500")]
+    assert "injected payment-provider fault" in line
+    assert "--provider-faults" in line
+    for status in ("201", "402", "409"):
+        assert any(row.lstrip().startswith(f"answers {status}") for row in text.splitlines())
+
+
+def test_the_report_ends_with_the_command_that_reruns_its_seed():
+    lines = render(chaotic_report()).splitlines()
+    assert lines[-1].startswith("OK:")
+    assert "  idempotence demo --rides 3 --seed 7" in lines
+
+
+def test_the_rerun_command_gives_back_the_same_options():
+    """What the report prints, read back by the demo command itself, is the run's
+    options: the ones changed from the defaults, and the seed."""
+    options = DemoOptions(
+        rides=20, workers=1, crash_rate=0.25, database="sqlite:///x.db", data_dir="/tmp/x"
+    )
+    command = rerun_command(options, seed=42)
+    assert command == (
+        "idempotence demo --rides 20 --workers 1 --crash-rate 0.25 --database sqlite:///x.db"
+        " --seed 42"
+    )
+    words = shlex.split(command)[2:]
+    with demo.make_context("demo", words) as ctx:
+        parsed = {k: v for k, v in ctx.params.items() if k not in ("as_json", "data_dir")}
+    assert DemoOptions(**parsed) == dataclasses.replace(options, seed=42, data_dir=None)
+
+
+def test_the_rerun_command_hides_a_password():
+    options = DemoOptions(database="postgresql://app:s3cret@db/app")
+    assert rerun_command(options, seed=1) == (
+        "idempotence demo --database postgresql://app:PASSWORD@db/app --seed 1"
+    )
+
+
 def test_the_ledger_tally_follows_every_copy(tmp_path):
     ledger = Ledger(tmp_path)
     ledger.write(event="published", ride=1, copies=["a", "b"], duplicates=1)
@@ -378,8 +469,10 @@ def test_the_keys_by_state_agree_with_the_terminal_check():
     assert report.ok, report.violations
     states = report.numbers["keys_by_state"]
     assert states == {"complete": 2, "never claimed": 1}
-    assert "missing" not in next(line for line in render(report).splitlines() if "keys by" in line)
-    assert "every claimed key terminal" in render(report).splitlines()[-1]
+    text = render(report)
+    assert "  keys complete " in text and "  keys never claimed " in text
+    assert "keys missing" not in text
+    assert "every answer stored" in render(report).splitlines()[-1]
 
     lost = good_evidence()
     del lost["key_states"][lost["requested"][0].key]

@@ -288,6 +288,28 @@ def rows() -> list[Row]:
             503,
             flow_runs((DoClaim, EXECUTE), (DoPhase, StoreUnavailable()), (DoRelease, None)),
         ),
+        # DESIGN 13: the phase's COMMIT landed but the partition lost its answer, and
+        # the release after it is refused (our own phase finished the key): the outcome
+        # is unknown, not a takeover, so 503 (it was 409 "taken over").
+        Row(
+            "flow",
+            "idempotency_store_unavailable",
+            503,
+            flow_runs(
+                (DoClaim, EXECUTE),
+                (DoPhase, StoreUnavailable("cut off")),
+                (DoRelease, LockLost("finished")),
+            ),
+        ),
+        # ...while a refused release after any other failure is still a takeover.
+        Row(
+            "flow",
+            "idempotency_key_taken_over",
+            409,
+            flow_runs(
+                (DoClaim, EXECUTE), (DoPhase, RuntimeError()), (DoRelease, LockLost("taken"))
+            ),
+        ),
         # The status URL of an operation this tenant never started.
         Row(
             "status",

@@ -8,12 +8,13 @@ work (the last two have nothing to do and say so); the commands that need SQL
 the URL with the usage status. Tables are for
 people; ``--json`` prints JSON for machines.
 
-Exit statuses (:class:`~idempotence.cli._shared.ExitStatus`):
+Exit statuses (`ExitStatus`):
 
 * 0: success;
 * 1: the store or the work failed (a schema to migrate, a failed pass, a refused
   eviction, the application's listing);
-* 2: a usage error (an unknown option, a bad URL or argument: click's convention);
+* 2: a usage or configuration error (an unknown option, a bad URL or argument, a
+  missing extra, a server that refuses the URL: a Redis database it does not have);
 * 3: ``reconcile`` found differences;
 * 4: not found (``keys show`` or ``keys evict`` of a key that does not exist);
 * 5: the store is unavailable (refused, unknown host or database, timed out):
@@ -50,6 +51,7 @@ from typing import Any
 
 import click
 
+from .._queries import numbering_gaps
 from ..database import DatabaseUrl
 from ..errors import ConfigurationError, IdempotenceError
 from ..observability import Instrumentation
@@ -111,6 +113,9 @@ def migrate(database: DatabaseUrl, as_json: bool) -> None:
         click.echo(json.dumps({"applied": applied}))
     elif applied:
         click.echo(f"applied {len(applied)} migration(s): {', '.join(applied)}")
+        # The numbers are shared by every database: say why one is skipped here.
+        for gap in numbering_gaps(database.backend, applied):
+            click.echo(f"  ({gap})")
     else:
         click.echo("the schema is up to date")
 
@@ -139,7 +144,7 @@ def _one_pass(store: Store, make: Callable[[Store], Any], as_json: bool) -> None
 def _one_pass_async(
     database: DatabaseUrl, make: Callable[[AsyncStore], Any], as_json: bool
 ) -> None:
-    """:func:`_one_pass` of an async service, on an async store (F7)."""
+    """`_one_pass` of an async service, on an async store (F7)."""
 
     async def once() -> None:
         async with open_cli_async_store(database) as store:
@@ -211,7 +216,8 @@ def _config(cls: Any, batch_size: int | None, **changes: Any) -> Any:
 @batch_option
 @json_option
 def sweep(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
-    """Release expired locks, bumping their fencing tokens (B1)."""
+    """Free the keys whose lock timed out (their worker died or hung), so that a retry
+    can take them over; the old worker's late writes are then refused."""
     from ..maintenance import Sweeper, SweeperConfig
 
     config = _config(SweeperConfig, batch_size)
@@ -238,7 +244,8 @@ def complete(
     use_async: bool,
     as_json: bool,
 ) -> None:
-    """Resume abandoned keys through their flows (B2); async flows on an async store."""
+    """Finish the keys left half-done (no worker holds them, and no retry came): resume
+    each through its flow from its stored parameters (an async flow on an async store)."""
     from ..maintenance import AsyncCompleter, Completer, CompleterConfig
 
     changes: dict[str, Any] = {}
@@ -260,7 +267,8 @@ def complete(
 @batch_option
 @json_option
 def reap(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
-    """Store a 408 on expired unfinished keys; delete expired finished ones (B3)."""
+    """Clear out keys past their retention: an unfinished one gets a stored 408
+    (timeout) answer, a finished one is deleted."""
     from ..maintenance import Reaper, ReaperConfig
 
     if not database.sql:
@@ -281,7 +289,7 @@ def reap(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
 @batch_option
 @json_option
 def enqueue(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> None:
-    """Deliver committed staged jobs to the built-in job runner (B4)."""
+    """Hand the jobs that requests staged and committed to the built-in job runner."""
     from ..maintenance import Enqueuer, EnqueuerConfig
 
     config = _config(EnqueuerConfig, batch_size)
@@ -301,7 +309,7 @@ def enqueue(database: DatabaseUrl, batch_size: int | None, as_json: bool) -> Non
 @batch_option
 @json_option
 def run_jobs(database: DatabaseUrl, jobs: Any, batch_size: int | None, as_json: bool) -> None:
-    """Run the due jobs of the built-in runner once (B4)."""
+    """Run the built-in job runner's due jobs once."""
     from ..maintenance import JobRunner, JobRunnerConfig
 
     config = _config(JobRunnerConfig, batch_size)
@@ -354,7 +362,7 @@ def worker(
     --jobs) until SIGTERM or SIGINT; each finishes its current batch first.
 
     When a registered flow has a coroutine phase or foreign call (or with --async),
-    every service runs on an async store on one event loop (F7), so the completer
+    every service runs on an async store on one event loop, so the completer
     resumes async flows and the job runner awaits async jobs."""
     from ..maintenance import (
         AsyncWorker,

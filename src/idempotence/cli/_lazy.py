@@ -9,16 +9,16 @@ from typing import Any
 
 import click
 
-#: Command name -> "module:attribute" of its click command.
 LAZY = {"demo": "rocket_rides.cli:demo"}
+"""Command name -> "module:attribute" of its click command."""
 
-#: The group's own options that may also come after the subcommand
-#: (``idempotence worker --log-json``), and whether each takes a value.
 ANYWHERE = {"--log-json": False, "--log-level": True}
+"""The group's own options that may also come after the subcommand
+(``idempotence worker --log-json``), and whether each takes a value."""
 
 
 def hoist(args: list[str]) -> list[str]:
-    """``args`` with :data:`ANYWHERE`'s options moved in front of the subcommand
+    """``args`` with `ANYWHERE`'s options moved in front of the subcommand
     (click reads a group's options only there); ``--`` ends the search."""
     front: list[str] = []
     rest: list[str] = []
@@ -40,7 +40,7 @@ def hoist(args: list[str]) -> list[str]:
 
 
 class LazyGroup(click.Group):
-    """A group whose commands in :data:`LAZY` are imported on first use, and whose
+    """A group whose commands in `LAZY` are imported on first use, and whose
     logging options are accepted after the subcommand too."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:

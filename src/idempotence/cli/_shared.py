@@ -1,5 +1,5 @@
 """What the CLI's commands share: option types, options, and turning the library's
-errors into exit statuses (:class:`ExitStatus`)."""
+errors into exit statuses (`ExitStatus`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -37,18 +38,19 @@ class ExitStatus(IntEnum):
     """The command's exit statuses, so that a script can tell the failures apart."""
 
     OK = 0
-    #: The store or the work failed (a schema to migrate, a pass that failed, a
-    #: refused eviction, the application's listing).
     FAILED = 1
-    #: A usage error: a bad option, URL or argument (click's convention).
+    """The store or the work failed (a schema to migrate, a pass that failed, a
+    refused eviction, the application's listing)."""
     USAGE = 2
-    #: ``reconcile`` found differences between the two sides.
+    """A usage or configuration error: a bad option, URL or argument (click's
+    convention), a missing extra, or a server that refuses the URL."""
     DIFFERENCES = 3
-    #: The key asked for does not exist (``keys show``, ``keys evict``).
+    """``reconcile`` found differences between the two sides."""
     NOT_FOUND = 4
-    #: The store cannot be reached (refused, unknown host or database, timed out):
-    #: nothing was done; retry later.
+    """The key asked for does not exist (``keys show``, ``keys evict``)."""
     UNAVAILABLE = 5
+    """The store cannot be reached (refused, unknown host or database, timed out):
+    nothing was done; retry later."""
 
 
 class DatabaseUrlType(click.ParamType[DatabaseUrl]):
@@ -63,7 +65,9 @@ class DatabaseUrlType(click.ParamType[DatabaseUrl]):
         try:
             return DatabaseUrl.parse(str(value))
         except IdempotenceError as exc:
-            self.fail(exc.message)
+            # One line, as every other error of the command: click's usage form would
+            # add two lines about --help to a URL that may come from the environment.
+            raise CommandFailed(exc.message, ExitStatus.USAGE) from None
 
 
 class ImportType(click.ParamType[Any]):
@@ -98,8 +102,8 @@ database_option = click.option(
     help=f"postgresql://USER@HOST/DB, sqlite:///PATH or redis://HOST:PORT/DB (default: "
     f"${ENV_VAR}).",
 )
-#: The key prefix of a Redis store opened with ``RedisStore(prefix=...)``.
 REDIS_PREFIX_ENV_VAR = "IDEMPOTENCE_REDIS_PREFIX"
+"""The key prefix of a Redis store opened with ``RedisStore(prefix=...)``."""
 redis_prefix_option = click.option(
     "--redis-prefix",
     envvar=REDIS_PREFIX_ENV_VAR,
@@ -163,6 +167,10 @@ def status_of(exc: IdempotenceError) -> ExitStatus:
     """The exit status for one of the library's errors."""
     if isinstance(exc, KeyNotFound):
         return ExitStatus.NOT_FOUND
+    # Before StoreUnavailable: a server that refuses the URL (StoreMisconfigured) is
+    # both, and no retry cures it.
+    if isinstance(exc, ConfigurationError):
+        return ExitStatus.USAGE
     if isinstance(exc, StoreUnavailable):
         return ExitStatus.UNAVAILABLE
     return ExitStatus.FAILED
@@ -178,11 +186,21 @@ def _reachable(database: DatabaseUrl, create: bool) -> None:
     connection fails at once with libpq's reason, where the pool would retry for its
     whole timeout, logging each attempt, and then report only that it timed out."""
     if database.backend == "sqlite":
+        if database.target == ":memory:":
+            return
         # sqlite3 would create an empty file, which no command but migrate wants.
-        if not create and database.target != ":memory:" and not os.path.exists(database.target):
+        if not create and not os.path.exists(database.target):
             raise StoreUnavailable(
                 f"the SQLite database {database.target} does not exist: "
                 "`idempotence migrate --database URL` creates it"
+            )
+        # sqlite3 creates the file, never its directory, and says only "unable to
+        # open database file".
+        folder = os.path.dirname(os.path.abspath(database.target))
+        if not os.path.isdir(folder):
+            raise ConfigurationError(
+                f"the directory {folder} does not exist: create it, or fix the path in "
+                "the sqlite:/// URL"
             )
         return
     require_driver(database)
@@ -192,6 +210,11 @@ def _reachable(database: DatabaseUrl, create: bool) -> None:
 
     try:
         psycopg.connect(database.target, connect_timeout=int(DEFAULT_CONNECT_TIMEOUT)).close()
+    except psycopg.ProgrammingError as exc:
+        # libpq refused the URL itself (a malformed one, an unknown option); its
+        # message quotes the whole URL, password included: leave that part out.
+        reason = re.sub(r'\s*in URI: ".*"\s*$', "", str(exc).strip(), flags=re.DOTALL)
+        raise ConfigurationError(f"invalid PostgreSQL URL: {reason}") from exc
     except psycopg.Error as exc:
         raise translate(exc) from exc
 

@@ -1,5 +1,5 @@
 """The operator's commands: ``keys list|show|evict``, ``stats`` and ``reconcile``
-(F5, B5). :mod:`idempotence.cli` adds them to the ``idempotence`` command."""
+(F5, B5). `idempotence.cli` adds them to the ``idempotence`` command."""
 
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ from ._shared import (
     refuse_redis,
 )
 
-#: ``reconcile``'s exit status when the two sides differ (0: they agree; 1: the store or
-#: the application's listing failed; 2: usage), so that a scheduled run can alert.
 DIFFERENCES_FOUND = ExitStatus.DIFFERENCES
+"""``reconcile``'s exit status when the two sides differ (0: they agree; 1: the store or
+the application's listing failed; 2: usage), so that a scheduled run can alert."""
 
 
 @click.group()
@@ -57,7 +57,13 @@ def keys() -> None:
     help="Only keys in this state.",
 )
 @click.option("--scope", default=None, help="Only keys of this scope (a consumer's name).")
-@click.option("--limit", type=click.IntRange(1, admin.MAX_LIMIT), default=50, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, admin.MAX_LIMIT),
+    default=50,
+    show_default=True,
+    help="Show at most this many keys (the newest).",
+)
 @redis_prefix_option
 @json_option
 def list_command(
@@ -70,7 +76,7 @@ def list_command(
 ) -> None:
     """Keys, newest first (errored keys wait for a human: --state errored)."""
     with open_cli_key_store(database, redis_prefix) as store:
-        rows = admin.list_keys(
+        rows, more = admin.list_keys_page(
             store, state=KeyState(state) if state else None, scope=scope, limit=limit
         )
     if as_json:
@@ -79,6 +85,13 @@ def list_command(
         click.echo(_format.keys_table(rows))
     else:
         click.echo("no keys", err=True)
+    if more:
+        # On stderr, so that the listing itself (and --json's) stays as it was.
+        click.echo(
+            f"showing the newest {limit} keys only: there are more "
+            f"(pass --limit, up to {admin.MAX_LIMIT}, or filter with --state or --scope)",
+            err=True,
+        )
 
 
 @keys.command("show")
@@ -108,8 +121,8 @@ def checked_cache_url(ctx: click.Context, param: click.Parameter, url: str | Non
         raise click.BadParameter(exc.message) from None
 
 
-#: Where ``keys evict`` finds the Redis cache in front of the database, if any.
 CACHE_ENV_VAR = "IDEMPOTENCE_CACHE_URL"
+"""Where ``keys evict`` finds the Redis cache in front of the database, if any."""
 
 
 @keys.command("evict")
@@ -177,7 +190,8 @@ def _found(get: Any) -> Any:
 def stats(
     database: DatabaseUrl, scope: str | None, redis_prefix: str | None, as_json: bool
 ) -> None:
-    """Keys per state, the oldest pending key's age, and lock takeovers."""
+    """Keys per state, the oldest pending key's age, and how often a retry took a key
+    over from a worker that stopped answering."""
     with open_cli_key_store(database, redis_prefix) as store:
         result = admin.stats(store, scope=scope)
     click.echo(json.dumps(_format.stats_json(result)) if as_json else _format.stats_text(result))
@@ -214,7 +228,7 @@ def reconcile_command(
     flows: Any,
     as_json: bool,
 ) -> None:
-    """Compare FLOW's local records with the foreign system's over a window (B5):
+    """Compare FLOW's local records with the foreign system's over a window:
     foreign records without a local one, and local ones without a foreign one.
 
     Exit status 3 when there are differences, 0 when the two sides agree."""

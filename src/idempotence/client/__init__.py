@@ -6,12 +6,14 @@ with every retry; retries after a dropped connection, a 409 for a key in progres
 ``Retry-After``; a total deadline and a maximum number of attempts; a stored 4xx is
 final; the answer says whether it was replayed and how many attempts it took.
 
->>> import httpx
->>> from idempotence.client import IdempotentClient, Retry
->>> with httpx.Client(base_url="https://api.example.com") as http:
-...     answer = IdempotentClient(http).post("/v1/charges", json={"amount": 20})
-...     answer.status_code, answer.replayed                    # doctest: +SKIP
-(201, False)
+```python
+import httpx
+from idempotence.client import IdempotentClient, Retry
+with httpx.Client(base_url="https://api.example.com") as http:
+    answer = IdempotentClient(http).post("/v1/charges", json={"amount": 20})
+    answer.status_code, answer.replayed
+# (201, False)
+```
 
 Needs httpx (the ``client`` extra: ``pip install idempotence[client]``).
 """

@@ -2,9 +2,9 @@
 # edit the async source and run `python scripts/unasync.py`.
 """The retrying client for an ``httpx.Client`` (DESIGN 10).
 
-This module is the hand-written source of :mod:`._client` (F7): edit it here and run
+This module is the hand-written source of `_client` (F7): edit it here and run
 ``scripts/unasync.py``. What it decides after each attempt is pure code in
-:mod:`._retry`; here it only sends and sleeps.
+`_retry`; here it only sends and sleeps.
 """
 
 from __future__ import annotations
@@ -42,22 +42,25 @@ class IdempotentClient:
     """Sends unsafe requests so that each logical operation runs at most once, however
     often it must be retried (DESIGN 10).
 
-    Each call of :meth:`request` is one operation: it gets one ``Idempotency-Key``
-    (``key=``, or a new UUID) and sends it with every attempt. A transport error
-    (refused, reset, dropped after sending, timed out), a 409 for a key still in
-    progress, a 429 and a fresh 5xx are retried after a pause (``Retry-After`` when
-    the server sent one, else exponential backoff with full jitter) until an answer
-    is final, ``retry.max_attempts`` attempts were made or ``retry.deadline`` would
-    pass. Every other answer is final, and returned: a stored 4xx is never retried.
+    Each call of [`request`][idempotence.client.IdempotentClient.request] is one
+    operation: it gets one ``Idempotency-Key`` (``key=``, or a new UUID) and sends it
+    with every attempt. A transport error (refused, reset, dropped after sending, timed
+    out), a 409 for a key still in progress, a 429 and a fresh 5xx are retried after a
+    pause (``Retry-After`` when the server sent one, else exponential backoff with full
+    jitter) until an answer is final, ``retry.max_attempts`` attempts were made or
+    ``retry.deadline`` would pass. Every other answer is final, and returned: a stored
+    4xx is never retried.
 
-    >>> with httpx.Client(base_url="https://api.example.com") as http:
-    ...     client = IdempotentClient(http, retry=Retry(max_attempts=5))
-    ...     answer = client.post("/v1/charges", json={"amount": 20})
-    ...     answer.status_code, answer.replayed, answer.attempts    # doctest: +SKIP
-    (201, False, 1)
+    ```python
+    with httpx.Client(base_url="https://api.example.com") as http:
+        client = IdempotentClient(http, retry=Retry(max_attempts=5))
+        answer = client.post("/v1/charges", json={"amount": 20})
+        answer.status_code, answer.replayed, answer.attempts
+    # (201, False, 1)
+    ```
 
-    Raises :class:`~idempotence.errors.RetriesExhausted` when it gives up (the key is
-    on the exception: retry later with it) and :class:`~idempotence.errors.KeyReused`
+    Raises [`RetriesExhausted`][idempotence.errors.RetriesExhausted] when it gives up (the key is
+    on the exception: retry later with it) and [`KeyReused`][idempotence.errors.KeyReused]
     when the server says the key was used for another request (a bug in the caller).
     """
 
@@ -88,7 +91,7 @@ class IdempotentClient:
     ) -> IdempotentResponse:
         """Run one operation: send the request with key ``key`` (default: a new one)
         until its answer is final. ``prepare`` and ``observe`` are hooks around each
-        attempt (see :data:`Prepare`, :data:`Observe`)."""
+        attempt (see `Prepare`, `Observe`)."""
         key = new_key() if key is None else validate_key(key)
         request = self.http.build_request(
             method, url, headers=headers, content=content, data=data, json=json, params=params
@@ -144,17 +147,17 @@ class IdempotentClient:
             sleep(pause)
 
     def post(self, url: httpx.URL | str, **options: Any) -> IdempotentResponse:
-        """:meth:`request` with POST."""
+        """[`request`][idempotence.client.IdempotentClient.request] with POST."""
         return self.request("POST", url, **options)
 
     def put(self, url: httpx.URL | str, **options: Any) -> IdempotentResponse:
-        """:meth:`request` with PUT."""
+        """[`request`][idempotence.client.IdempotentClient.request] with PUT."""
         return self.request("PUT", url, **options)
 
     def patch(self, url: httpx.URL | str, **options: Any) -> IdempotentResponse:
-        """:meth:`request` with PATCH."""
+        """[`request`][idempotence.client.IdempotentClient.request] with PATCH."""
         return self.request("PATCH", url, **options)
 
     def delete(self, url: httpx.URL | str, **options: Any) -> IdempotentResponse:
-        """:meth:`request` with DELETE."""
+        """[`request`][idempotence.client.IdempotentClient.request] with DELETE."""
         return self.request("DELETE", url, **options)

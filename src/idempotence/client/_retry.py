@@ -1,10 +1,11 @@
 """What the client decides after each attempt, without I/O (DESIGN 10).
 
-:func:`classify` reads one attempt's answer (a response, or the transport error that
-took its place) and says whether it is final, worth another attempt with the same key,
-or a client bug; :class:`Retry` holds the limits and computes each pause: exponential
-backoff with full jitter, or the server's ``Retry-After`` when it sent one. The drivers
-(:mod:`._client_async` and the generated :mod:`._client`) only send and sleep.
+[`classify`][idempotence.client.classify] reads one attempt's answer (a response, or the
+transport error that took its place) and says whether it is final, worth another attempt
+with the same key, or a client bug; [`Retry`][idempotence.client.Retry] holds the limits
+and computes each pause: exponential backoff with full jitter, or the server's
+``Retry-After`` when it sent one. The drivers (`_client_async` and the generated
+`_client`) only send and sleep.
 """
 
 from __future__ import annotations
@@ -35,25 +36,25 @@ __all__ = [
     "parse_retry_after",
 ]
 
-#: The request header that carries the key (P8).
 KEY_HEADER = "Idempotency-Key"
-#: The header a guarded server adds to a replayed answer (P3).
+"""The request header that carries the key (P8)."""
 REPLAYED_HEADER = "idempotent-replayed"
+"""The header a guarded server adds to a replayed answer (P3)."""
 
-#: 409 problems that mean "this key is busy, come back": the in-progress answer (P4)
-#: and the takeover of a request while it ran. Any other 409 is the application's.
 _BUSY = frozenset({Problem.KEY_IN_USE.code, Problem.KEY_TAKEN_OVER.code})
+"""409 problems that mean "this key is busy, come back": the in-progress answer (P4)
+and the takeover of a request while it ran. Any other 409 is the application's."""
 
 
 class Verdict(enum.Enum):
     """What one attempt's answer means for the operation."""
 
-    #: The operation's answer: return it (2xx, 3xx, a 4xx, a stored 5xx).
     FINAL = "final"
-    #: Not an answer yet: try again with the same key, after a pause.
+    """The operation's answer: return it (2xx, 3xx, a 4xx, a stored 5xx)."""
     RETRY = "retry"
-    #: The key was already used for another request (P2): a bug in the caller.
+    """Not an answer yet: try again with the same key, after a pause."""
     KEY_REUSED = "key_reused"
+    """The key was already used for another request (P2): a bug in the caller."""
 
 
 def problem_field(response: httpx.Response, ietf: str, stripe: str) -> str | None:
@@ -73,27 +74,29 @@ def problem_field(response: httpx.Response, ietf: str, stripe: str) -> str | Non
 
 
 def problem_code(response: httpx.Response) -> str | None:
-    """The stable code of a library problem (:class:`~idempotence.problems.Problem`)."""
+    """The stable code of a library problem ([`Problem`][idempotence.problems.Problem])."""
     return problem_field(response, "code", "code")
 
 
 def classify(response: httpx.Response | None, error: Exception | None = None) -> Verdict:
-    """The :class:`Verdict` on one attempt: ``response``, or the ``error`` raised
-    instead of one.
+    """The [`Verdict`][idempotence.client.Verdict] on one attempt: ``response``, or the
+    ``error`` raised instead of one.
 
     A transport error (refused, reset, dropped mid-response, timed out) is retried:
     the request may have run, which is why the retry carries the same key. A 429, a
     busy 409 and a fresh 5xx are retried; a 5xx the server replays as stored
     (``Idempotent-Replayed: true``) is final, as is every other answer.
 
-    >>> classify(httpx.Response(503))
-    <Verdict.RETRY: 'retry'>
-    >>> classify(httpx.Response(500, headers={"Idempotent-Replayed": "true"}))
-    <Verdict.FINAL: 'final'>
-    >>> classify(httpx.Response(409, json={"error": {"code": "out_of_stock"}}))
-    <Verdict.FINAL: 'final'>
-    >>> classify(None, httpx.ConnectError("refused"))
-    <Verdict.RETRY: 'retry'>
+    ```python
+    classify(httpx.Response(503))
+    # <Verdict.RETRY: 'retry'>
+    classify(httpx.Response(500, headers={"Idempotent-Replayed": "true"}))
+    # <Verdict.FINAL: 'final'>
+    classify(httpx.Response(409, json={"error": {"code": "out_of_stock"}}))
+    # <Verdict.FINAL: 'final'>
+    classify(None, httpx.ConnectError("refused"))
+    # <Verdict.RETRY: 'retry'>
+    ```
     """
     if response is None:
         # A request we could not even form is no network failure: never retried.
@@ -121,12 +124,14 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     """``Retry-After`` in seconds from now: delay-seconds or an HTTP-date (RFC 9110
     10.2.3); None when absent or unreadable, never negative.
 
-    >>> parse_retry_after("3")
-    3.0
-    >>> parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0)
-    10.0
-    >>> parse_retry_after("soon") is None
-    True
+    ```python
+    parse_retry_after("3")
+    # 3.0
+    parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0)
+    # 10.0
+    parse_retry_after("soon") is None
+    # True
+    ```
     """
     if value is None:
         return None
@@ -154,18 +159,19 @@ class Retry:
     after ``max_attempts`` attempts, or when the next attempt could not start before
     ``deadline`` (counted from the first attempt).
 
-    >>> Retry(max_attempts=0)
-    Traceback (most recent call last):
-    ...
-    idempotence.errors.ConfigurationError: Retry.max_attempts=0 must be >= 1
+    ```python
+    Retry(max_attempts=0)
+    # Traceback (most recent call last):
+    # idempotence.errors.ConfigurationError: Retry.max_attempts=0 must be >= 1
+    ```
     """
 
     max_attempts: int = 8
     deadline: timedelta = timedelta(seconds=60)
     base_backoff: timedelta = timedelta(milliseconds=100)
     max_backoff: timedelta = timedelta(seconds=10)
-    #: A Retry-After longer than this is not waited for: the operation gives up.
     max_retry_after: timedelta = timedelta(seconds=120)
+    """A Retry-After longer than this is not waited for: the operation gives up."""
     jitter_fraction: float = 0.1
 
     def __post_init__(self) -> None:
@@ -183,10 +189,12 @@ class Retry:
     def pause(self, attempt: int, retry_after: float | None, rng: random.Random) -> float:
         """Seconds to wait after attempt number ``attempt`` (1-based).
 
-        >>> Retry().pause(1, 2.0, random.Random(0)) >= 2.0
-        True
-        >>> 0 <= Retry().pause(3, None, random.Random(0)) <= 0.4
-        True
+        ```python
+        Retry().pause(1, 2.0, random.Random(0)) >= 2.0
+        # True
+        0 <= Retry().pause(3, None, random.Random(0)) <= 0.4
+        # True
+        ```
         """
         if retry_after is not None:
             return retry_after * (1 + self.jitter_fraction * rng.random())
@@ -215,15 +223,15 @@ def clamp_timeout(request: httpx.Request, remaining: float) -> None:
 class Attempt:
     """One attempt of an operation, as the ``observe`` hook sees it."""
 
-    #: 1 for the first attempt.
     number: int
+    """1 for the first attempt."""
     key: str
-    #: The answer, or None when ``error`` (a transport error) took its place.
     response: httpx.Response | None
+    """The answer, or None when ``error`` (a transport error) took its place."""
     error: Exception | None
     verdict: Verdict
-    #: The pause before the next attempt, or None when this attempt is the last.
     pause: float | None
+    """The pause before the next attempt, or None when this attempt is the last."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,11 +282,11 @@ def exhausted(request: httpx.Request, last: Attempt, why: str, elapsed: float) -
     )
 
 
-#: Called before each attempt with the request and the attempt's number (1-based);
-#: returns the request to send (the same one, changed, or another with the same key).
 Prepare = Callable[[httpx.Request, int], httpx.Request]
-#: Called after each attempt; returning False gives up instead of retrying.
+"""Called before each attempt with the request and the attempt's number (1-based);
+returns the request to send (the same one, changed, or another with the same key)."""
 Observe = Callable[[Attempt], "bool | None"]
+"""Called after each attempt; returning False gives up instead of retrying."""
 
 
 def new_key() -> str:

@@ -1,19 +1,22 @@
 """Message consumers: exactly-once effects for at-least-once deliveries (DESIGN 9).
 
 A delivered message is one more run of the engine (F6): its id is the key, in the
-consumer's scope, and the guard (:mod:`._guard`, pure) tells the broker adapter what
+consumer's scope, and the guard (`_guard`, pure) tells the broker adapter what
 to do with the delivery: ack it (processed now, or a duplicate absorbed), requeue it
 after a delay (its key is in progress elsewhere, M2, or an attempt failed), or
 dead-letter it (M3: the ``max_attempts``-th failure, its key errored; or a hostile
 message). The adapter acks only after the guard returned, so after the commit (M1).
 
->>> consumer = Consumer(name="receipts", handler=write_receipt, transactional=True)
->>> process(consumer, store, Message(b'{"ride": 7}', message_id="m-1"))  # doctest: +SKIP
-Disposition(action=<Action.ACK: 'ack'>, outcome='processed', ...)
+```python
+consumer = Consumer(name="receipts", handler=write_receipt, transactional=True)
+process(consumer, store, Message(b'{"ride": 7}', message_id="m-1"))
+# Disposition(action=<Action.ACK: 'ack'>, outcome='processed', ...)
+```
 
-RabbitMQ adapters: :mod:`idempotence.consumers.rabbitmq_pika` (pika, sync) and
-:mod:`idempotence.consumers.rabbitmq_aio` (aio-pika), ``pip install
-'idempotence[rabbitmq]'``.
+RabbitMQ adapters:
+[`idempotence.consumers.rabbitmq_pika`][idempotence.consumers.rabbitmq_pika] (pika,
+sync) and [`idempotence.consumers.rabbitmq_aio`][idempotence.consumers.rabbitmq_aio]
+(aio-pika), ``pip install 'idempotence[rabbitmq]'``.
 """
 
 from ._driver import process

@@ -1,10 +1,11 @@
-"""Drive a delivery through the guard (:mod:`._guard`) to its disposition.
+"""Drive a delivery through the guard (`_guard`) to its disposition.
 
-:func:`process_async` is the source; :func:`process` is generated from it (F7). Every
-effect is the engine's and is performed by the flows driver
-(:func:`~idempotence.flows._driver_async.perform_async`): the claim, the handler
-with its heartbeats (F2) or inside the claim's transaction (F3), the settling and the
-errored mark. Only running the consumer's handler is the consumer's own.
+[`process_async`][idempotence.consumers.rabbitmq_aio.process_async] is the source;
+[`process`][idempotence.consumers.rabbitmq_pika.process] is generated from it (F7).
+Every effect is the engine's and is performed by the flows driver (`perform_async`): the
+claim, the handler with its heartbeats (F2) or inside the claim's transaction (F3), the
+settling and the errored mark. Only running the consumer's handler is the consumer's
+own.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from ..stores import AsyncKeyStore
 from ._guard import PROCESSED, Consumer, Disposition, Message, MessageContext, lifecycle
 
 _NOT_SYNC = "a consumer handler run by a sync consumer must not be async"
-#: What the handler answers the engine: the acknowledgement every processed key stores.
 _DONE = Captured(PROCESSED.status, PROCESSED.headers, PROCESSED.body)
+"""What the handler answers the engine: the acknowledgement every processed key stores."""
 
 
 class _AsyncHandlerApp:
@@ -47,7 +48,7 @@ async def process_async(consumer: Consumer, store: AsyncKeyStore, message: Messa
     adapter must do with it (ack only after this returns: M1).
 
     Handler mode needs only a key store; transactional and flow consumers need a SQL
-    store (:class:`~idempotence.AsyncStore`)."""
+    store ([`AsyncStore`][idempotence.testing.harness.AsyncStore])."""
 
     consumer.check_store(store)
 

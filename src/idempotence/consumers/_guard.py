@@ -1,12 +1,14 @@
 """The consumer guard, without I/O: a delivered message as one run of the engine (F6).
 
-:func:`lifecycle` turns a :class:`Message` into a run of the consumer's engine (a
-one-step flow built from the :class:`Consumer`, as an HTTP policy builds one, or the
-consumer's own multi-step :class:`~idempotence.flows.Flow`) and the run's result into
-a :class:`Disposition`: what the broker adapter does with the delivery. It yields the
-engine's effects; the drivers (:mod:`._driver_async`, and :mod:`._driver` generated
-from it) perform them with the flows driver, so the claim, the heartbeats (F2), the
-transaction (F3) and the errored mark (R6) are the engine's, written once.
+`lifecycle` turns a [`Message`][idempotence.consumers.Message] into a run of the
+consumer's engine (a one-step flow built from the
+[`Consumer`][idempotence.consumers.rabbitmq_pika.Consumer], as an HTTP policy builds
+one, or the consumer's own multi-step [`Flow`][idempotence.testing.harness.Flow]) and
+the run's result into a [`Disposition`][idempotence.consumers.Disposition]: what the
+broker adapter does with the delivery. It yields the engine's effects; the drivers
+(`_driver_async`, and `_driver` generated from it) perform them with the flows driver,
+so the claim, the heartbeats (F2), the transaction (F3) and the errored mark (R6) are
+the engine's, written once.
 
 The decisions (DESIGN 9):
 
@@ -60,12 +62,12 @@ __all__ = [
     "lifecycle",
 ]
 
-#: What a handler or transactional consumer's processed key stores.
 PROCESSED = StoredResponse(200, (), b"")
-#: The flow name stored on the keys of a handler or transactional consumer.
+"""What a handler or transactional consumer's processed key stores."""
 CONSUMER_FLOW = "consumer"
-#: M4: how long a consumer's keys are kept by default (a broker's usual retention).
+"""The flow name stored on the keys of a handler or transactional consumer."""
 CONSUMER_RETENTION = timedelta(days=7)
+"""M4: how long a consumer's keys are kept by default (a broker's usual retention)."""
 _DECODINGS = ("bytes", "text", "json")
 
 
@@ -80,13 +82,13 @@ class Message:
     """A delivery, broker-neutral: what an adapter hands the guard."""
 
     body: bytes
-    #: The broker's message id (AMQP ``message_id``), if any.
     message_id: str | None = None
+    """The broker's message id (AMQP ``message_id``), if any."""
     headers: Mapping[str, Any] = field(default_factory=dict)
-    #: 1 for the first attempt; the adapter carries the count across requeues.
     attempt: int = 1
-    #: The broker says it delivered this message before (a consumer died holding it).
+    """1 for the first attempt; the adapter carries the count across requeues."""
     redelivered: bool = False
+    """The broker says it delivered this message before (a consumer died holding it)."""
 
 
 @dataclass(slots=True)
@@ -94,16 +96,16 @@ class MessageContext:
     """What a consumer's handler is given."""
 
     message: Message
-    #: The body as the consumer decodes it (bytes, text or JSON).
     payload: Any
-    #: The message's key (its id) and the consumer's scope.
+    """The body as the consumer decodes it (bytes, text or JSON)."""
     key: str
+    """The message's key (its id) and the consumer's scope."""
     scope: str
-    #: The lease of the claimed key: ``lease.id`` names derived keys (R4).
     lease: Lease
-    #: Transactional mode: the store transaction the claim opened; write in it and the
-    #: writes commit with the processed mark, or not at all (F3). None otherwise.
+    """The lease of the claimed key: ``lease.id`` names derived keys (R4)."""
     tx: Any = None
+    """Transactional mode: the store transaction the claim opened; write in it and the
+    writes commit with the processed mark, or not at all (F3). None otherwise."""
     consumer: str = ""
 
     def key_for(self, name: str) -> str:
@@ -114,12 +116,12 @@ class MessageContext:
 class Action(enum.Enum):
     """What the adapter does with a delivery."""
 
-    #: Acknowledge: processed now, or before (a duplicate).
     ACK = "ack"
-    #: Acknowledge only once republished with ``delay`` (M2, or a failed attempt).
+    """Acknowledge: processed now, or before (a duplicate)."""
     REQUEUE = "requeue"
-    #: Acknowledge only once published to the dead-letter queue with ``reason`` (M3).
+    """Acknowledge only once republished with ``delay`` (M2, or a failed attempt)."""
     DEAD_LETTER = "dead_letter"
+    """Acknowledge only once published to the dead-letter queue with ``reason`` (M3)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,13 +129,13 @@ class Disposition:
     """The guard's verdict on one delivery."""
 
     action: Action
-    #: For metrics and logs: processed, duplicate, in_progress, retry, unavailable (the
-    #: key store failed), dead_letter.
     outcome: str
-    #: Seconds to wait before the message is delivered again (REQUEUE).
+    """For metrics and logs: processed, duplicate, in_progress, retry, unavailable (the
+    key store failed), dead_letter."""
     delay: float = 0.0
-    #: The attempt number the requeued message carries.
+    """Seconds to wait before the message is delivered again (REQUEUE)."""
     attempt: int = 1
+    """The attempt number the requeued message carries."""
     reason: str = ""
     key: str | None = None
 
@@ -148,32 +150,34 @@ class Consumer:
     return value is ignored. A ``flow`` runs keyed by the message id (M4), with the
     decoded body as its parameters.
 
-    >>> Consumer(name="receipts", handler=print, transactional=True).mode
-    'transaction'
+    ```python
+    Consumer(name="receipts", handler=print, transactional=True).mode
+    # 'transaction'
+    ```
     """
 
     name: str
     handler: Callable[[MessageContext], Any] | None = None
     flow: Flow | None = None
     transactional: bool = False
-    #: The key of a message; default: its ``message_id``. May return None (hostile).
     message_id: Callable[[Message], str | bytes | None] | None = None
-    #: The keys' scope; default: ``name``.
+    """The key of a message; default: its ``message_id``. May return None (hostile)."""
     scope: str | None = None
-    #: How the body is read before the claim: ``bytes``, ``text`` (UTF-8) or ``json``.
+    """The keys' scope; default: ``name``."""
     decode: str = "bytes"
-    #: M3: the failed attempt that dead-letters the message and errors its key.
+    """How the body is read before the claim: ``bytes``, ``text`` (UTF-8) or ``json``."""
     max_attempts: int = 5
-    #: M4: how long a processed message's key is kept (None: forever). A flow's own.
+    """M3: the failed attempt that dead-letters the message and errors its key."""
     retention: timedelta | None = CONSUMER_RETENTION
+    """M4: how long a processed message's key is kept (None: forever). A flow's own."""
     lock_timeout: timedelta = DEFAULT_HANDLER_LOCK_TIMEOUT
-    #: F2: extend a running handler's lock this often (handler mode).
     heartbeat: timedelta | None = None
-    #: The first delay of a failed attempt's requeue, doubled per attempt up to max_delay.
+    """F2: extend a running handler's lock this often (handler mode)."""
     retry_delay: timedelta = timedelta(seconds=1)
+    """The first delay of a failed attempt's requeue, doubled per attempt up to max_delay."""
     max_delay: timedelta = timedelta(minutes=1)
-    #: The engine run of a handler consumer (F6), built once; a flow consumer's is its flow.
     engine: Flow = field(init=False, repr=False, compare=False)
+    """The engine run of a handler consumer (F6), built once; a flow consumer's is its flow."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -236,7 +240,8 @@ class Consumer:
         return self.scope or self.name
 
     def key_of(self, message: Message) -> str:
-        """The message's key; :class:`HostileMessage` when it has none usable."""
+        """The message's key; [`HostileMessage`][idempotence.consumers.HostileMessage]
+        when it has none usable."""
         try:
             raw = message.message_id if self.message_id is None else self.message_id(message)
         except HostileMessage:
@@ -259,7 +264,8 @@ class Consumer:
             raise HostileMessage(f"its message id ({shown}) is no valid key: {exc}") from None
 
     def payload_of(self, message: Message) -> Any:
-        """The body as ``decode`` says; :class:`HostileMessage` when it is not."""
+        """The body as ``decode`` says;
+        [`HostileMessage`][idempotence.consumers.HostileMessage] when it is not."""
         if self.decode == "bytes":
             return message.body
         try:
@@ -308,7 +314,7 @@ Guarded = Generator[Effect, Any, Disposition]
 def lifecycle(consumer: Consumer, message: Message, make_app: Callable[[str, Any], Any]) -> Guarded:
     """One delivery through the guard (see the module docstring). ``make_app(key,
     payload)`` makes what runs the handler for the engine
-    (:class:`~idempotence.flows.effects.DoHandle`)."""
+    ([`DoHandle`][idempotence.http.wsgi.DoHandle])."""
     try:
         key = consumer.key_of(message)
         payload = consumer.payload_of(message)

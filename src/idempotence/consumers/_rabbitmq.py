@@ -1,7 +1,8 @@
 """What the two RabbitMQ adapters share, without I/O: the queues, and how a delivery
-becomes a :class:`~._guard.Message` and a :class:`~._guard.Disposition` becomes a
-publish. The pika adapter (:mod:`.rabbitmq_pika`) and the aio-pika one
-(:mod:`.rabbitmq_aio`) only put these on the wire.
+becomes a [`Message`][idempotence.consumers.Message] and a
+[`Disposition`][idempotence.consumers.Disposition] becomes a publish. The pika adapter
+([`rabbitmq_pika`][idempotence.consumers.rabbitmq_pika]) and the aio-pika one
+([`rabbitmq_aio`][idempotence.consumers.rabbitmq_aio]) only put these on the wire.
 
 The topology, for a queue ``orders``:
 
@@ -29,13 +30,13 @@ from ._guard import Action, Consumer, Disposition, Message
 
 S = TypeVar("S")
 
-#: The shared broker of a development machine, guest/guest, the default vhost.
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+"""The shared broker of a development machine, guest/guest, the default vhost."""
 
-#: The header that carries the attempt number of a requeued delivery.
 ATTEMPT_HEADER = "x-idempotence-attempt"
-#: The header that says why a message was dead-lettered.
+"""The header that carries the attempt number of a requeued delivery."""
 REASON_HEADER = "x-idempotence-reason"
+"""The header that says why a message was dead-lettered."""
 _MAX_REASON = 1000
 
 
@@ -64,8 +65,8 @@ class Forward:
 
     routing_key: str
     headers: dict[str, Any]
-    #: Per-message TTL in milliseconds (AMQP ``expiration``), or None.
     delay_ms: int | None = None
+    """Per-message TTL in milliseconds (AMQP ``expiration``), or None."""
 
 
 def incoming(
@@ -74,7 +75,7 @@ def incoming(
     headers: Mapping[str, Any] | None,
     redelivered: bool | None,
 ) -> Message:
-    """A delivery as the guard's :class:`~._guard.Message`."""
+    """A delivery as the guard's [`Message`][idempotence.consumers.Message]."""
     headers = dict(headers or {})
     return Message(
         body=bytes(body),
@@ -109,7 +110,6 @@ def forward(
     return None
 
 
-#: The properties a forwarded copy keeps (pika's and aio-pika's names agree).
 KEPT_PROPERTIES = (
     "content_type",
     "content_encoding",
@@ -120,6 +120,7 @@ KEPT_PROPERTIES = (
     "timestamp",
     "priority",
 )
+"""The properties a forwarded copy keeps (pika's and aio-pika's names agree)."""
 
 
 class Acks:
@@ -138,13 +139,15 @@ class Acks:
     absorbs them (duplicates), as it absorbs the one a consumer dies holding. Delivery
     tags are the channel's: one per session.
 
-    >>> acks = Acks(prefetch=4)
-    >>> acks.settled(1); acks.due(waiting=3)
-    False
-    >>> acks.settled(2); acks.due(waiting=3), acks.take()
-    (True, 2)
-    >>> acks.take() is None
-    True
+    ```python
+    acks = Acks(prefetch=4)
+    acks.settled(1); acks.due(waiting=3)
+    # False
+    acks.settled(2); acks.due(waiting=3), acks.take()
+    # (True, 2)
+    acks.take() is None
+    # True
+    ```
     """
 
     __slots__ = ("_count", "_last", "_limit")
@@ -184,7 +187,7 @@ def described(disposition: Disposition) -> str:
 
 
 class Options(TypedDict, total=False):
-    """The adapters' keyword arguments (see :class:`Settings`)."""
+    """The adapters' keyword arguments (see `Settings`)."""
 
     url: str
     queue: str | None
@@ -196,7 +199,8 @@ class Options(TypedDict, total=False):
 
 
 class Settings(Generic[S]):
-    """What both adapters are given; see :class:`~.rabbitmq_pika.PikaConsumer`.
+    """What both adapters are given; see
+    [`PikaConsumer`][idempotence.consumers.rabbitmq_pika.PikaConsumer].
 
     ``queue`` defaults to the consumer's name; ``prefetch`` is the broker's
     ``basic.qos``; ``declare`` declares the three queues (durable); ``name`` is the

@@ -1,17 +1,22 @@
 """The guard on RabbitMQ with aio-pika (async): ``pip install 'idempotence[rabbitmq]'``.
 
-The async twin of :mod:`.rabbitmq_pika`, as thin: each delivery goes through the
-guard (:func:`~idempotence.consumers.process_async`), the copy its answer needs is
-published (with publisher confirms) to the delay or dead-letter queue
-(:mod:`._rabbitmq`), and the delivery is acked only then (M1). Deliveries are handled
-one at a time, in order; ``prefetch`` only keeps the next ones close. It reconnects
-when the connection is lost; :meth:`AioPikaConsumer.stop` (SIGTERM, with
-:meth:`~AioPikaConsumer.install_signal_handlers`) lets the current message finish,
-cancels the consumer and returns.
+The async twin of [`rabbitmq_pika`][idempotence.consumers.rabbitmq_pika], as thin: each
+delivery goes through the guard
+([`process_async`][idempotence.consumers.rabbitmq_aio.process_async]), the copy its
+answer needs is published (with publisher confirms) to the delay or dead-letter queue
+(`_rabbitmq`), and the delivery is acked only then (M1). Deliveries are handled one at a
+time, in order; ``prefetch`` only keeps the next ones close. It reconnects when the
+connection is lost;
+[`AioPikaConsumer.stop`][idempotence.consumers.rabbitmq_aio.AioPikaConsumer.stop]
+(SIGTERM, with
+[`install_signal_handlers`][idempotence.consumers.rabbitmq_aio.AioPikaConsumer.install_signal_handlers])
+lets the current message finish, cancels the consumer and returns.
 
->>> worker = AioPikaConsumer(Consumer(name="receipts", handler=write, transactional=True),
-...                          store, queue="receipts")             # doctest: +SKIP
->>> worker.install_signal_handlers(); await worker.run()           # doctest: +SKIP
+```python
+worker = AioPikaConsumer(Consumer(name="receipts", handler=write, transactional=True),
+                         store, queue="receipts")
+worker.install_signal_handlers(); await worker.run()
+```
 """
 
 from __future__ import annotations
@@ -35,18 +40,19 @@ logger = logging.getLogger("idempotence.consumers")
 
 __all__ = ["DEFAULT_URL", "AioPikaConsumer"]
 
-#: What a lost connection raises, from the connect to the ack.
 _LOST = (
     aiormq.exceptions.AMQPError,
     aiormq.exceptions.ChannelInvalidStateError,
     ConnectionError,
     OSError,
 )
+"""What a lost connection raises, from the connect to the ack."""
 
 
 class AioPikaConsumer(Settings[AsyncKeyStore]):
-    """Consume ``queue`` (default: the consumer's name) through ``consumer``'s guard
-    on ``store``; see :class:`~.rabbitmq_pika.PikaConsumer` for the arguments."""
+    """Consume ``queue`` (default: the consumer's name) through ``consumer``'s guard on
+    ``store``; see [`PikaConsumer`][idempotence.consumers.rabbitmq_pika.PikaConsumer]
+    for the arguments."""
 
     def __init__(
         self, consumer: Consumer, store: AsyncKeyStore, **options: Unpack[Options]
@@ -55,8 +61,9 @@ class AioPikaConsumer(Settings[AsyncKeyStore]):
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
-        """Finish the current message, stop consuming, and make :meth:`run` return
-        (call it on the consumer's event loop)."""
+        """Finish the current message, stop consuming, and make
+        [`run`][idempotence.consumers.rabbitmq_aio.AioPikaConsumer.run] return (call it
+        on the consumer's event loop)."""
         self._stopping.set()
 
     def install_signal_handlers(self) -> None:
@@ -66,7 +73,9 @@ class AioPikaConsumer(Settings[AsyncKeyStore]):
             loop.add_signal_handler(number, self.stop)
 
     async def run(self) -> None:
-        """Consume until :meth:`stop`, reconnecting whenever the connection is lost."""
+        """Consume until
+        [`stop`][idempotence.consumers.rabbitmq_aio.AioPikaConsumer.stop], reconnecting
+        whenever the connection is lost."""
         while not self._stopping.is_set():
             try:
                 await self._session()

@@ -1,19 +1,23 @@
 """The guard on RabbitMQ with pika (sync): ``pip install 'idempotence[rabbitmq]'``.
 
-A thin adapter: it turns each delivery into a :class:`~idempotence.consumers.Message`,
-asks the guard (:func:`~idempotence.consumers.process`) what to do, forwards the copy
+A thin adapter: it turns each delivery into a
+[`Message`][idempotence.consumers.Message], asks the guard
+([`process`][idempotence.consumers.rabbitmq_pika.process]) what to do, forwards the copy
 the guard's answer needs (delay or dead-letter queue, see
-:mod:`idempotence.consumers._rabbitmq`), and acks only then (M1), several settled
-deliveries in one ack (``multiple``, see :class:`~._rabbitmq.Acks`). It declares the
-queues, sets the prefetch, reconnects when the connection is lost (unacked deliveries
-come back and the guard absorbs what was done), and stops gracefully: :meth:`stop`
-(SIGTERM, with :meth:`PikaConsumer.install_signal_handlers`) lets the current message
-finish, cancels the consumer (prefetched deliveries go back to the queue) and returns.
+`idempotence.consumers._rabbitmq`), and acks only then (M1), several settled deliveries
+in one ack (``multiple``, see `Acks`). It declares the queues, sets the prefetch,
+reconnects when the connection is lost (unacked deliveries come back and the guard
+absorbs what was done), and stops gracefully: `stop` (SIGTERM, with
+[`PikaConsumer.install_signal_handlers`][idempotence.consumers.rabbitmq_pika.PikaConsumer.install_signal_handlers])
+lets the current message finish, cancels the consumer (prefetched deliveries go back to
+the queue) and returns.
 
->>> worker = PikaConsumer(Consumer(name="receipts", handler=write, transactional=True),
-...                       store, url="amqp://guest:guest@127.0.0.1:5672/%2F",
-...                       queue="receipts")                     # doctest: +SKIP
->>> worker.install_signal_handlers(); worker.run()                  # doctest: +SKIP
+```python
+worker = PikaConsumer(Consumer(name="receipts", handler=write, transactional=True),
+                      store, url="amqp://guest:guest@127.0.0.1:5672/%2F",
+                      queue="receipts")
+worker.install_signal_handlers(); worker.run()
+```
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ class PikaConsumer(Settings[KeyStore]):
         self._stopping = threading.Event()
 
     def stop(self) -> None:
-        """Finish the current message, stop consuming, and make :meth:`run` return."""
+        """Finish the current message, stop consuming, and make
+        [`run`][idempotence.consumers.rabbitmq_pika.PikaConsumer.run] return."""
         self._stopping.set()
 
     def install_signal_handlers(self) -> None:
@@ -67,7 +72,9 @@ class PikaConsumer(Settings[KeyStore]):
             signal.signal(number, lambda *_: self.stop())
 
     def run(self) -> None:
-        """Consume until :meth:`stop`, reconnecting whenever the connection is lost."""
+        """Consume until
+        [`stop`][idempotence.consumers.rabbitmq_pika.PikaConsumer.stop], reconnecting
+        whenever the connection is lost."""
         while not self._stopping.is_set():
             try:
                 self._session()

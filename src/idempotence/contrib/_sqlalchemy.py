@@ -26,7 +26,7 @@ endpoint):
 
 A block opened while the connection's transaction is open is a savepoint
 (``begin_nested()``). So is every block of a store bound to the application's own
-session or connection (:class:`_BoundSource`): the application's transaction
+session or connection (`_BoundSource`): the application's transaction
 commits the claim, its writes and the stored response, or rolls them back.
 """
 
@@ -243,8 +243,10 @@ def _default_sessions(**kw: Any) -> Session:
 
 
 class SQLAlchemyTransaction(Transaction):
-    """The store's transaction on a SQLAlchemy connection: :attr:`connection` is the
-    SQLAlchemy ``Connection`` and :attr:`session` an ``Session`` on it."""
+    """The store's transaction on a SQLAlchemy connection: `connection` is the
+    SQLAlchemy ``Connection`` and
+    [`session`][idempotence.contrib.sqlalchemy.SQLAlchemyTransaction.session] an
+    ``Session`` on it."""
 
     @property
     def session(self) -> Session:
@@ -286,11 +288,13 @@ class SQLAlchemyStore(Store):
     and what it claims and stores commits when the application commits (``tx.session``
     is the application's session). Such a store serves one task at a time.
 
-    >>> engine = create_async_engine("postgresql+psycopg://app@db/app")  # doctest: +SKIP
-    >>> store = SQLAlchemyStore(async_sessionmaker(engine))        # doctest: +SKIP
-    >>> with store.transaction(claim=request) as tx:              # doctest: +SKIP
-    ...     tx.session.add(Transfer(amount=2000))
-    ...     store.finish(tx.claim.lease, response, tx=tx, at_commit=True)
+    ```python
+    engine = create_async_engine("postgresql+psycopg://app@db/app")
+    store = SQLAlchemyStore(async_sessionmaker(engine))
+    with store.transaction(claim=request) as tx:
+        tx.session.add(Transfer(amount=2000))
+        store.finish(tx.claim.lease, response, tx=tx, at_commit=True)
+    ```
     """
 
     _transaction_type = SQLAlchemyTransaction

@@ -24,7 +24,7 @@ endpoint):
 
 A block opened while the connection's transaction is open is a savepoint
 (``begin_nested()``). So is every block of a store bound to the application's own
-session or connection (:class:`_AsyncBoundSource`): the application's transaction
+session or connection (`_AsyncBoundSource`): the application's transaction
 commits the claim, its writes and the stored response, or rolls them back.
 """
 
@@ -243,8 +243,10 @@ def _default_sessions(**kw: Any) -> AsyncSession:
 
 
 class AsyncSQLAlchemyTransaction(AsyncTransaction):
-    """The store's transaction on a SQLAlchemy connection: :attr:`connection` is the
-    SQLAlchemy ``AsyncConnection`` and :attr:`session` an ``AsyncSession`` on it."""
+    """The store's transaction on a SQLAlchemy connection: `connection` is the
+    SQLAlchemy ``AsyncConnection`` and
+    [`session`][idempotence.contrib.sqlalchemy.AsyncSQLAlchemyTransaction.session] an
+    ``AsyncSession`` on it."""
 
     @property
     def session(self) -> AsyncSession:
@@ -286,11 +288,13 @@ class AsyncSQLAlchemyStore(AsyncStore):
     and what it claims and stores commits when the application commits (``tx.session``
     is the application's session). Such a store serves one task at a time.
 
-    >>> engine = create_async_engine("postgresql+psycopg://app@db/app")  # doctest: +SKIP
-    >>> store = AsyncSQLAlchemyStore(async_sessionmaker(engine))        # doctest: +SKIP
-    >>> async with store.transaction(claim=request) as tx:              # doctest: +SKIP
-    ...     tx.session.add(Transfer(amount=2000))
-    ...     await store.finish(tx.claim.lease, response, tx=tx, at_commit=True)
+    ```python
+    engine = create_async_engine("postgresql+psycopg://app@db/app")
+    store = AsyncSQLAlchemyStore(async_sessionmaker(engine))
+    async with store.transaction(claim=request) as tx:
+        tx.session.add(Transfer(amount=2000))
+        await store.finish(tx.claim.lease, response, tx=tx, at_commit=True)
+    ```
     """
 
     _transaction_type = AsyncSQLAlchemyTransaction

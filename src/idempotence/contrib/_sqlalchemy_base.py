@@ -1,9 +1,9 @@
 """What the SQLAlchemy stores share, sync or async: SQLAlchemy's names in both
-spellings (so that :mod:`._sqlalchemy` can be generated from :mod:`._sqlalchemy_async`),
+spellings (so that `_sqlalchemy` can be generated from `_sqlalchemy_async`),
 the dialect of an engine, and the translation of SQLAlchemy's errors.
 
-The stores are in :mod:`._sqlalchemy_async` (the source) and :mod:`._sqlalchemy`
-(generated from it); :mod:`.sqlalchemy` is their public face.
+The stores are in `_sqlalchemy_async` (the source) and `_sqlalchemy`
+(generated from it); [`sqlalchemy`][idempotence.contrib.sqlalchemy] is their public face.
 """
 
 from __future__ import annotations
@@ -42,16 +42,16 @@ __all__ = [
     "translated",
 ]
 
-#: The drivers whose placeholders and errors the stores know: psycopg 3 on PostgreSQL
-#: (``postgresql+psycopg://``), the standard sqlite3 module or aiosqlite on SQLite.
 DRIVERS = {("postgresql", "psycopg"), ("sqlite", "pysqlite"), ("sqlite", "aiosqlite")}
+"""The drivers whose placeholders and errors the stores know: psycopg 3 on PostgreSQL
+(``postgresql+psycopg://``), the standard sqlite3 module or aiosqlite on SQLite."""
 
-#: How the ORM session of a store's transaction joins it. ``rollback_only``: the
-#: session's ``commit()`` only flushes (the transaction commits when the store's
-#: block does, with the claim and the stored response); its ``rollback()`` rolls the
-#: whole transaction back, the claim included, and the store's next statement then
-#: refuses to run in it (see :func:`require_active`).
 JOIN_MODE = "rollback_only"
+"""How the ORM session of a store's transaction joins it. ``rollback_only``: the
+session's ``commit()`` only flushes (the transaction commits when the store's
+block does, with the claim and the stored response); its ``rollback()`` rolls the
+whole transaction back, the claim included, and the store's next statement then
+refuses to run in it (see `require_active`)."""
 
 
 def dialect_for(engine: Engine) -> Dialect:
@@ -101,7 +101,7 @@ def translate(dialect: Dialect, exc: sqlalchemy.exc.SQLAlchemyError) -> StoreErr
 @contextmanager
 def translated(dialect: Dialect, *, claim: bool = False) -> Iterator[None]:
     """Translate SQLAlchemy's errors; with ``claim``, a claim's lock wait that ran
-    out (F8, PostgreSQL) is :class:`~idempotence.stores.sql.KeyHeld`."""
+    out (F8, PostgreSQL) is [`KeyHeld`][idempotence.stores.sql.KeyHeld]."""
     try:
         yield
     except sqlalchemy.exc.SQLAlchemyError as exc:

@@ -2,11 +2,11 @@
 migrations (the canonical ``sql/*/migrations``), so they cannot drift from what the
 stores expect.
 
-A revision of the application's calls :func:`migrate`; it applies, in Alembic's
-transaction, the library migrations the database lacks, and records them as
-``idempotence migrate`` does (so either can run, in any order, and the stores' schema
-check passes). After an upgrade of the library, a new revision that calls it again
-brings the tables up to date::
+A revision of the application's calls [`migrate`][idempotence.contrib.alembic.migrate];
+it applies, in Alembic's transaction, the library migrations the database lacks, and
+records them as ``idempotence migrate`` does (so either can run, in any order, and the
+stores' schema check passes). After an upgrade of the library, a new revision that calls
+it again brings the tables up to date::
 
     # migrations/versions/0002_idempotency_keys.py
     from alembic import op
@@ -51,10 +51,12 @@ def tables(dialect: str = "postgres") -> list[str]:
 
 def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
     """Alembic's ``include_name`` hook: everything but the library's tables (and
-    their indexes), which :func:`migrate` owns.
+    their indexes), which [`migrate`][idempotence.contrib.alembic.migrate] owns.
 
-    >>> context.configure(connection=connection, target_metadata=Base.metadata,
-    ...                   include_name=include_name)            # doctest: +SKIP
+    ```python
+    context.configure(connection=connection, target_metadata=Base.metadata,
+                      include_name=include_name)
+    ```
     """
     if type_ == "table":
         return name not in _ALL_TABLES

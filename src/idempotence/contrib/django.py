@@ -1,31 +1,33 @@
 """Django: a middleware configured by ``settings.IDEMPOTENCE``.
 
-With :class:`~idempotence.contrib.django_app.DjangoStore` (the store on Django's own
+With `DjangoStore` (the store on Django's own
 connection) and ``Policy(transaction=True)``, a guarded view runs inside
 ``transaction.atomic()`` with the key's claim: its ORM writes, the claim and the
 stored response commit together, or, if the view raises or answers an error that is
 not stored, all roll back (F3). The README's "Django" section shows a whole app.
 
->>> # settings.py                                               # doctest: +SKIP
->>> def account(request: RequestInfo) -> str | None:
-...     user = request.raw.user                   # the HttpRequest's user
-...     return str(user.pk) if user.is_authenticated else None
->>> IDEMPOTENCE = Idempotency(store=PostgresStore(os.environ["DATABASE_URL"]), scope=account)
->>> MIDDLEWARE = [
-...     ...,
-...     "django.contrib.auth.middleware.AuthenticationMiddleware",
-...     "idempotence.contrib.django.IdempotencyMiddleware",   # after authentication
-... ]
+```python
+# settings.py
+def account(request: RequestInfo) -> str | None:
+    user = request.raw.user                   # the HttpRequest's user
+    return str(user.pk) if user.is_authenticated else None
+IDEMPOTENCE = Idempotency(store=PostgresStore(os.environ["DATABASE_URL"]), scope=account)
+MIDDLEWARE = [
+    ...,
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "idempotence.contrib.django.IdempotencyMiddleware",   # after authentication
+]
+```
 
 The middleware is sync only (``async_capable = False``): Django runs it in a thread
 under ASGI, and an async view's ORM calls would not run on its connection.
 
-The scope callable gets a :class:`~idempotence.http.RequestInfo` whose ``raw`` is the
-``HttpRequest``, so it can use ``request.user``. Django runs it sync with a sync store
-(``PostgresStore``, ``SqliteStore``, or another ``KeyStore`` for plain handler
-endpoints). Wrapping the WSGI application in
-:class:`~idempotence.http.IdempotencyWSGIMiddleware` works too, without the tenant
-from ``request.user``.
+The scope callable gets a [`RequestInfo`][idempotence.http.wsgi.RequestInfo] whose
+``raw`` is the ``HttpRequest``, so it can use ``request.user``. Django runs it sync with
+a sync store (``PostgresStore``, ``SqliteStore``, or another ``KeyStore`` for plain
+handler endpoints). Wrapping the WSGI application in
+[`IdempotencyWSGIMiddleware`][idempotence.http.wsgi.IdempotencyWSGIMiddleware] works
+too, without the tenant from ``request.user``.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ class _Exchange:
     def run_app(
         self, run: DoHandle, tx: Transaction | None, overflow: Callable[[int], None] | None
     ) -> Captured:
-        """Run the app for the engine (:class:`~idempotence.flows.effects.DoHandle`),
+        """Run the app for the engine ([`DoHandle`][idempotence.http.wsgi.DoHandle]),
         with ``tx`` and the lease bound for the handler."""
         with bound(tx, run.lease):
             captured = self._run_app(run, overflow)

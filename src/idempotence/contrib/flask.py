@@ -1,12 +1,14 @@
 """Flask: wrap the app's WSGI callable.
 
->>> from flask import Flask
->>> from idempotence import PostgresStore
->>> from idempotence.contrib.flask import install
->>> from idempotence.http import Idempotency, header_scope
->>> app = Flask(__name__)
->>> install(app, Idempotency(store=PostgresStore(url),            # doctest: +SKIP
-...                          scope=header_scope("x-account-id")))
+```python
+from flask import Flask
+from idempotence import PostgresStore
+from idempotence.contrib.flask import install
+from idempotence.http import Idempotency, header_scope
+app = Flask(__name__)
+install(app, Idempotency(store=PostgresStore(url),
+                         scope=header_scope("x-account-id")))
+```
 
 ``app.wsgi_app`` is what Flask's test client and every WSGI server call, so the
 middleware guards both. It runs outside Flask's request context: the scope callable

@@ -1,14 +1,16 @@
 """Litestar: the ASGI middleware, as Litestar declares middleware.
 
->>> from litestar import Litestar
->>> from idempotence import AsyncPostgresStore
->>> from idempotence.contrib.litestar import idempotency_middleware
->>> from idempotence.http import Idempotency, header_scope
->>> app = Litestar(                                                # doctest: +SKIP
-...     route_handlers=[...],
-...     middleware=[idempotency_middleware(Idempotency(
-...         store=AsyncPostgresStore(url), scope=header_scope("x-account-id")))],
-... )
+```python
+from litestar import Litestar
+from idempotence import AsyncPostgresStore
+from idempotence.contrib.litestar import idempotency_middleware
+from idempotence.http import Idempotency, header_scope
+app = Litestar(
+    route_handlers=[...],
+    middleware=[idempotency_middleware(Idempotency(
+        store=AsyncPostgresStore(url), scope=header_scope("x-account-id")))],
+)
+```
 
 Litestar runs app-level middleware after routing, inside its exception handling: an
 exception in a handler reaches the middleware as Litestar's 500 response, which

@@ -2,18 +2,21 @@
 or a flow phase's ORM writes commit in one transaction with the claim and the stored
 response (R2, F3); and the key tables as SQLAlchemy metadata, for Alembic.
 
->>> engine = create_async_engine("postgresql+psycopg://app@db/app")   # doctest: +SKIP
->>> Session = async_sessionmaker(engine)                              # doctest: +SKIP
->>> store = AsyncSQLAlchemyStore(Session)                             # doctest: +SKIP
->>> # the middleware, as for any store; an endpoint with Policy(transaction=True):
->>> @app.post("/transfers")                                           # doctest: +SKIP
-... async def create(transfer: Transfer, session: SessionDep) -> dict[str, int]:
-...     session.add(TransferRow(amount=transfer.amount))     # commits with the key
-...     return {"amount": transfer.amount}
+```python
+engine = create_async_engine("postgresql+psycopg://app@db/app")
+Session = async_sessionmaker(engine)
+store = AsyncSQLAlchemyStore(Session)
+# the middleware, as for any store; an endpoint with Policy(transaction=True):
+@app.post("/transfers")
+async def create(transfer: Transfer, session: SessionDep) -> dict[str, int]:
+    session.add(TransferRow(amount=transfer.amount))     # commits with the key
+    return {"amount": transfer.amount}
+```
 
 PostgreSQL with psycopg 3 (``postgresql+psycopg://``, sync and async) and SQLite
-(``sqlite://`` and ``sqlite+aiosqlite://``). See :mod:`._sqlalchemy_async` for who
-begins and commits what, and :mod:`idempotence.contrib.alembic` for the tables.
+(``sqlite://`` and ``sqlite+aiosqlite://``). See `_sqlalchemy_async` for who begins and
+commits what, and [`idempotence.contrib.alembic`][idempotence.contrib.alembic] for the
+tables.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ __all__ = [
 
 def current_session() -> Session:
     """The ORM session of the request-as-transaction endpoint running now (F3), on a
-    :class:`SQLAlchemyStore` (WSGI): what it writes commits with the key."""
+    [`SQLAlchemyStore`][idempotence.contrib.sqlalchemy.SQLAlchemyStore] (WSGI): what it
+    writes commits with the key."""
     tx = current_transaction()
     if not isinstance(tx, SQLAlchemyTransaction):
         raise ConfigurationError("current_session() needs the middleware on a SQLAlchemyStore")
@@ -49,8 +53,10 @@ def current_session() -> Session:
 
 
 def current_async_session() -> AsyncSession:
-    """:func:`current_session` on an :class:`AsyncSQLAlchemyStore` (ASGI); in FastAPI a
-    dependency as it is: ``session: AsyncSession = Depends(current_async_session)``."""
+    """[`current_session`][idempotence.contrib.sqlalchemy.current_session] on an
+    [`AsyncSQLAlchemyStore`][idempotence.contrib.sqlalchemy.AsyncSQLAlchemyStore]
+    (ASGI); in FastAPI a dependency as it is: ``session: AsyncSession =
+    Depends(current_async_session)``."""
     tx = current_async_transaction()
     if not isinstance(tx, AsyncSQLAlchemyTransaction):
         raise ConfigurationError(
@@ -67,8 +73,9 @@ def async_session_dependency(
     elsewhere a session of ``sessions`` in a transaction of its own, committed when
     the endpoint returns (rolled back if it raises), as the usual dependency does.
 
-    >>> SessionDep = Annotated[AsyncSession, Depends(async_session_dependency(Session))]
-    ... # doctest: +SKIP
+    ```python
+    SessionDep = Annotated[AsyncSession, Depends(async_session_dependency(Session))]
+    ```
     """
 
     async def dependency() -> AsyncIterator[AsyncSession]:
@@ -83,7 +90,8 @@ def async_session_dependency(
 
 
 def session_dependency(sessions: Callable[[], Session]) -> Callable[[], Iterator[Session]]:
-    """The sync twin of :func:`async_session_dependency`."""
+    """The sync twin of
+    [`async_session_dependency`][idempotence.contrib.sqlalchemy.async_session_dependency]."""
 
     def dependency() -> Iterator[Session]:
         tx = _current(current_transaction)

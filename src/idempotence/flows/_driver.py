@@ -2,13 +2,14 @@
 # edit the async source and run `python scripts/unasync.py`.
 """Perform the engine's effects on a store: the one driver (F6).
 
-The engine (:meth:`~.flow.Flow.engine`) decides; the driver only does what
+The engine ([`engine`][idempotence.flows.flow.Flow.engine]) decides; the driver only does what
 it asks and sends back the result, or throws back the exception. Each phase and
-foreign call is wrapped in the store's instrumentation (:func:`~._driver_shared.watch`).
+foreign call is wrapped in the store's instrumentation (`watch`).
 
-A handler run (:mod:`.handler`) needs only a key store; phases, foreign calls and
-request-as-transaction runs need the SQL store, which the entry point checked
-(:meth:`~.flow.Flow.run` by type, the HTTP configuration when it is built).
+A handler run ([`handler`][idempotence.flows.flow.Flow.handler]) needs only a key store;
+phases, foreign calls and request-as-transaction runs need the SQL store, which the
+entry point checked ([`run`][idempotence.flows.flow.Flow.run] by type, the HTTP
+configuration when it is built).
 
 While a handler runs, the driver beats for it (F2): a task (async) or a thread (sync)
 extends the lock with ``store.heartbeat(lease)``, fenced, and is stopped and waited
@@ -55,9 +56,10 @@ class _Rollback(Exception):
 def drive(
     engine: Generator[Effect, Any, R], store: KeyStore, observer: Observer | None = None
 ) -> R:
-    """Run ``engine`` to its result on ``store``, telling ``observer`` of each
-    boundary it crosses. ``engine`` is a flow's run (a :class:`~.results.FlowResult`)
-    or an entry point's generator of the engine's effects (a consumer's delivery)."""
+    """Run ``engine`` to its result on ``store``, telling ``observer`` of each boundary
+    it crosses. ``engine`` is a flow's run (a
+    [`FlowResult`][idempotence.testing.harness.FlowResult]) or an entry point's
+    generator of the engine's effects (a consumer's delivery)."""
     value: Any = None
     error: BaseException | None = None
     while True:

@@ -1,7 +1,7 @@
 """What a flow driver does around a step, sync or async alike: how a phase's result
 closes its transaction, the store's instrumentation around it, and what the observer
-is told after a foreign call. The driver is :mod:`._driver_async` (the source) and
-:mod:`._driver` (generated from it).
+is told after a foreign call. The driver is `_driver_async` (the source) and
+`_driver` (generated from it).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from .contexts import Observer, PhaseContext
 from .effects import DoCall, DoInTransaction, DoPhase
 from .results import Advance, Finish, NoOp
 
-#: How the sync driver refuses a coroutine from a phase or a foreign call.
 NOT_SYNC = "{} returned a coroutine: run the flow with run_async"
+"""How the sync driver refuses a coroutine from a phase or a foreign call."""
 
 
 def closing(result: Any, ctx: PhaseContext) -> dict[str, Any]:

@@ -11,7 +11,8 @@ from ..states import KeyRecord, Lease
 
 
 class FlowInfo(Protocol):
-    """What the steps and the driver of a flow know of it (a :class:`~.flow.Flow`)."""
+    """What the steps and the driver of a flow know of it (a
+    [`Flow`][idempotence.testing.harness.Flow])."""
 
     name: str
 
@@ -31,10 +32,10 @@ class PhaseContext:
     flow: FlowInfo
     record: KeyRecord
     lease: Lease
-    #: The phase's transaction: ``Transaction`` or ``AsyncTransaction``.
     tx: Any
-    #: For the phase that records a foreign call: the call's return value.
+    """The phase's transaction: ``Transaction`` or ``AsyncTransaction``."""
     result: Any = None
+    """For the phase that records a foreign call: the call's return value."""
     jobs: list[tuple[str, str, Any]] = field(default_factory=list)
 
     @property

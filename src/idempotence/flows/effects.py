@@ -1,5 +1,5 @@
 """What the engine asks its driver to do (the driver is generated:
-:mod:`._driver_async` and :mod:`._driver`). One vocabulary for every run: a flow's,
+`_driver_async` and `_driver`). One vocabulary for every run: a flow's,
 an HTTP handler's, a request-as-transaction endpoint's (F6)."""
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from .steps import ForeignStep, HandlerStep, PhaseFn, Settle
 @quick_init
 @dataclass(frozen=True, slots=True)
 class DoClaim:
+    """Claim ``request``'s key; the driver returns the [`Claim`][idempotence.Claim]."""
+
     request: ClaimRequest
 
 
@@ -57,7 +59,8 @@ class DoCall:
 @dataclass(frozen=True, slots=True)
 class DoHandle:
     """Run the application handler with no transaction of the store open (F6): the
-    driver returns ``app.run_app(self, None, overflow)``, a :class:`~.results.Captured`.
+    driver returns ``app.run_app(self, None, overflow)``, a
+    [`Captured`][idempotence.http.wsgi.Captured].
 
     ``app`` is the entry point's (an HTTP exchange): it runs the application with
     ``lease`` (and the transaction it is given) bound, and buffers the response up to
@@ -82,9 +85,11 @@ class DoHandle:
 @dataclass(frozen=True, slots=True)
 class HandlerBody:
     """The body of a request-as-transaction run of a handler (F3): the driver runs
-    ``app`` in the claim's transaction (as for :class:`DoHandle`, without overflow),
-    and commits what :meth:`keep` says to store, finished at the COMMIT; when it keeps
-    nothing, or the app raised, everything rolls back, the claim with it."""
+    ``app`` in the claim's transaction (as for
+    [`DoHandle`][idempotence.http.wsgi.DoHandle], without overflow), and commits what
+    [`keep`][idempotence.flows.effects.HandlerBody.keep] says to store, finished at the
+    COMMIT; when it keeps nothing, or the app raised, everything rolls back, the claim
+    with it."""
 
     app: Any
     step: HandlerStep
@@ -106,9 +111,9 @@ class DoInTransaction:
     """F3: claim, run ``fn`` and store its response in one transaction.
 
     For a phase, the driver returns ``(Claim, PhaseResult | None)``; for a handler
-    (:class:`HandlerBody`), ``(Claim, Captured | Exception | None)``: the app's
-    exception is returned, not raised, once everything rolled back, so that a store
-    failure (raised) is never taken for the app's."""
+    ([`HandlerBody`][idempotence.flows.effects.HandlerBody]), ``(Claim, Captured |
+    Exception | None)``: the app's exception is returned, not raised, once everything
+    rolled back, so that a store failure (raised) is never taken for the app's."""
 
     request: ClaimRequest
     flow: FlowInfo
@@ -133,6 +138,9 @@ class DoCheckpoint:
 @quick_init
 @dataclass(frozen=True, slots=True)
 class DoFinish:
+    """Store ``response`` and unlock the key, fenced by ``lease``; ``error`` marks the key
+    errored (R6)."""
+
     lease: Lease
     response: StoredResponse
     error: str | None = None
@@ -141,12 +149,18 @@ class DoFinish:
 @quick_init
 @dataclass(frozen=True, slots=True)
 class DoRelease:
+    """Unlock the key without storing an answer, fenced by ``lease``: a retry runs it
+    again (R5)."""
+
     lease: Lease
 
 
 @quick_init
 @dataclass(frozen=True, slots=True)
 class DoForget:
+    """Delete the key, fenced by ``lease``: the request was refused as sent, so the
+    client may correct it and retry with the same key (R5)."""
+
     lease: Lease
 
 
@@ -159,9 +173,9 @@ class DoWait:
 
     request: ClaimRequest
     seconds: float
-    #: Sleep ``seconds`` without asking to be woken: the twin's open transaction holds
-    #: the key (``Claim.held``), and no notification can be asked of a row it holds.
     poll: bool = False
+    """Sleep ``seconds`` without asking to be woken: the twin's open transaction holds
+    the key (``Claim.held``), and no notification can be asked of a row it holds."""
 
 
 Effect: TypeAlias = (
@@ -176,4 +190,7 @@ Effect: TypeAlias = (
     | DoForget
     | DoWait
 )
+"""Any effect the engine may ask its driver to perform."""
 Engine: TypeAlias = Generator[Effect, Any, FlowResult]
+"""A run of the engine: it yields effects, is sent each one's outcome, and returns the
+run's [`FlowResult`][idempotence.flows.FlowResult]."""

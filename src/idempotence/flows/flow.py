@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError, LockLost, Reject
+from ..errors import ConfigurationError, LockLost, Reject, StoreUnavailable
 from ..states import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_RETENTION,
@@ -103,11 +103,12 @@ class Flow:
         heartbeat: timedelta | None = None,
         fixed_response: StoredResponse | None = None,
     ) -> None:
-        """Make the application's own handler this flow's one step, at ``started``
-        (F6): a run claims the key, runs the handler it is given (``engine(...,
-        app=...)``), and settles the key by the response's status (R5; see
-        :mod:`.handler`). A request-as-transaction flow runs it inside the claim's
-        transaction instead (F3). Such a flow runs on any key store.
+        """Make the application's own handler this flow's one step, at ``started`` (F6):
+        a run claims the key, runs the handler it is given (``engine(..., app=...)``),
+        and settles the key by the response's status (R5; see
+        [`handler`][idempotence.flows.flow.Flow.handler]). A request-as-transaction flow
+        runs it inside the claim's transaction instead (F3). Such a flow runs on any key
+        store.
 
         While the handler runs, its lock is extended every ``heartbeat`` (default: a
         third of the flow's ``lock_timeout``), fenced (F1, F2): a live handler is never
@@ -235,15 +236,15 @@ class Flow:
     ) -> FlowResult:
         """Run (or resume, or replay) this flow for ``request`` on a sync store.
 
-        ``store`` is a SQL store (:class:`~idempotence.Store`), never a bare
-        :class:`~idempotence.KeyStore`: each phase's writes commit with its checkpoint
-        in the store's transaction (R2), which a store without transactions shared
-        with the application (Redis) cannot offer.
+        ``store`` is a SQL store ([`Store`][idempotence.testing.harness.Store]), never a
+        bare [`KeyStore`][idempotence.stores.redis.KeyStore]: each phase's writes commit
+        with its checkpoint in the store's transaction (R2), which a store without
+        transactions shared with the application (Redis) cannot offer.
 
         ``observer`` is told of every boundary the run crosses (F4; see the module
         docstring); without one the run pays nothing for it. The store's
         instrumentation, if any, watches the run, its phases and its foreign calls
-        (:mod:`idempotence.observability`).
+        ([`idempotence.observability`][idempotence.observability]).
 
         ``wait`` makes a run that finds the key in progress elsewhere wait for it that
         long (P10), then replay it or take it over, instead of ending IN_PROGRESS.
@@ -260,9 +261,11 @@ class Flow:
         observer: Observer | None = None,
         wait: timedelta | None = None,
     ) -> FlowResult:
-        """Run this flow on an async SQL store (:class:`~idempotence.AsyncStore`, for
-        the reason given in :meth:`run`); phases and calls may be coroutines.
-        ``observer`` is a plain function, as for :meth:`run`."""
+        """Run this flow on an async SQL store
+        ([`AsyncStore`][idempotence.testing.harness.AsyncStore], for the reason given in
+        [`run`][idempotence.flows.flow.Flow.run]); phases and calls may be coroutines.
+        ``observer`` is a plain function, as for
+        [`run`][idempotence.flows.flow.Flow.run]."""
         self._check_store(store, AsyncStore)
         engine = watched(store.instrumentation, self.name, request, self.engine(request, wait=wait))
         return await drive_async(engine, store, observer)
@@ -283,8 +286,8 @@ class Flow:
         """The flow's logic for one request, as a generator of effects (F6).
 
         ``wait`` bounds the wait for a twin (P10). ``app`` runs the application
-        handler of a flow made with :meth:`handler` (see
-        :class:`~.effects.DoHandle`).
+        handler of a flow made with [`handler`][idempotence.flows.flow.Flow.handler] (see
+        [`DoHandle`][idempotence.http.wsgi.DoHandle]).
         """
         step = self.steps.get(STARTED)
         if step is None:
@@ -403,6 +406,13 @@ class Flow:
                 return FlowResult(ResultKind.FAILED, claim, SERVER_ERROR, stored=True, error=exc)
             yield DoRelease(lease)
         except LockLost as lost:
+            if isinstance(exc, StoreUnavailable):
+                # The phase's COMMIT may have landed before the store stopped
+                # answering (a partition: DESIGN 13). Then the refused release is our
+                # own phase having finished the key, not another worker's takeover:
+                # answer the unknown outcome as the store failure (503), and the
+                # retry replays or resumes.
+                return FlowResult(ResultKind.FAILED, claim, SERVER_ERROR, error=exc)
             return FlowResult(ResultKind.LOST, claim, error=lost)
         return FlowResult(ResultKind.FAILED, claim, SERVER_ERROR, error=exc)
 
@@ -448,8 +458,8 @@ class FlowRegistry:
         return iter(self._flows.values())
 
 
-#: The default registry.
 flows = FlowRegistry()
+"""The default registry."""
 
 
 def watched(

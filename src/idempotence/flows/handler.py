@@ -11,18 +11,21 @@ failure cannot change the answer any more: it is logged, and the lock expires so
 that a retry takes the key over (P5).
 
 While the handler runs, the driver extends its lock every
-:meth:`~.steps.HandlerStep.beat_every` seconds (F2), fenced: a live handler is never
-taken over, so the lock timeout can be short. A beat refused means another worker took
-the key over (the handler stalled past the lock timeout): beating stops, and the
-settle is refused the same way, so the stalled handler's answer is not stored.
+[`beat_every`][idempotence.flows.steps.HandlerStep.beat_every] seconds (F2), fenced: a
+live handler is never taken over, so the lock timeout can be short. A beat refused means
+another worker took the key over (the handler stalled past the lock timeout): beating
+stops, and the settle is refused the same way, so the stalled handler's answer is not
+stored.
 
 In a request-as-transaction flow (F3) the handler is instead the body of the one
 atomic phase: the claim opens the transaction, and the response is finished at its
 COMMIT, or everything rolls back.
 
->>> flow = Flow("http", store_server_errors=False)
->>> flow.handler(limit=1 << 20)
->>> result = drive_async(flow.engine(request, app=exchange), store)  # doctest: +SKIP
+```python
+flow = Flow("http", store_server_errors=False)
+flow.handler(limit=1 << 20)
+result = drive_async(flow.engine(request, app=exchange), store)
+```
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from .steps import HandlerStep, Settle
 
 
 class Flow(FlowInfo, Protocol):
-    """What a handler run knows of its flow (a :class:`~.flow.Flow`)."""
+    """What a handler run knows of its flow (a [`Flow`][idempotence.testing.harness.Flow])."""
 
     store_server_errors: bool
     lock_timeout: timedelta
@@ -63,8 +66,8 @@ class Flow(FlowInfo, Protocol):
 
 logger = logging.getLogger("idempotence.flows")
 
-#: The first pause of a wait for a twin, and the longest (P10): the pauses double.
 FIRST_POLL, MAX_POLL = 0.005, 0.25
+"""The first pause of a wait for a twin, and the longest (P10): the pauses double."""
 
 
 # -- P10: the wait for a twin, once for every kind of run --------------------------------------

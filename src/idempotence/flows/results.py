@@ -40,6 +40,8 @@ class NoOp:
 
 
 PhaseResult: TypeAlias = Advance | Finish | NoOp
+"""What a phase returns: go on to the next step, finish with a response, or nothing to
+do."""
 
 
 # -- results ----------------------------------------------------------------------------
@@ -48,29 +50,29 @@ PhaseResult: TypeAlias = Advance | Finish | NoOp
 class ResultKind(enum.Enum):
     """How a run of a flow ended."""
 
-    #: This run finished the key; ``response`` is stored.
     EXECUTED = "executed"
-    #: The key was finished before; ``response`` is the stored one (P3).
+    """This run finished the key; ``response`` is stored."""
     REPLAYED = "replayed"
-    #: The key belongs to another request (P2).
+    """The key was finished before; ``response`` is the stored one (P3)."""
     MISMATCH = "mismatch"
-    #: Another worker holds the key (P4).
+    """The key belongs to another request (P2)."""
     IN_PROGRESS = "in_progress"
-    #: Another worker took the key over during this run; this run's writes were
-    #: refused (F1).
+    """Another worker holds the key (P4)."""
     LOST = "lost"
-    #: An unexpected error: rolled back, unlocked, ``response`` (500) not stored
-    #: unless the flow stores server errors (R5).
+    """Another worker took the key over during this run; this run's writes were
+    refused (F1)."""
     FAILED = "failed"
-    #: The request was refused before its first phase committed: nothing stored (R5).
+    """An unexpected error: rolled back, unlocked, ``response`` (500) not stored
+    unless the flow stores server errors (R5)."""
     REJECTED = "rejected"
-    #: A phase returned NoOp: unlocked, to be resumed.
+    """The request was refused before its first phase committed: nothing stored (R5)."""
     PAUSED = "paused"
-    #: A non-idempotent foreign call failed indeterminately: stored, flagged (R6).
+    """A phase returned NoOp: unlocked, to be resumed."""
     ERRORED = "errored"
-    #: An application handler's response was too large to store: the key was settled
-    #: (:func:`~.handler.overflowed`) and the response went out streamed, as it came.
+    """A non-idempotent foreign call failed indeterminately: stored, flagged (R6)."""
     SENT = "sent"
+    """An application handler's response was too large to store: the key was settled
+    (`overflowed`) and the response went out streamed, as it came."""
 
 
 @quick_init
@@ -79,46 +81,49 @@ class FlowResult:
     """The end of one run of a flow."""
 
     kind: ResultKind
-    #: The claim this run made; None when a request-as-transaction run rolled back
-    #: (its claim with it).
     claim: Claim | None
-    #: The response to send; None for MISMATCH, IN_PROGRESS and LOST, whose wire
-    #: form depends on the HTTP profile. A library problem (FAILED's 500, ERRORED's
-    #: 502) is in neutral form: :meth:`~idempotence.problems.ProblemDetails.from_stored`
-    #: reads it, and the HTTP layer renders it in the endpoint's profile (F6).
+    """The claim this run made; None when a request-as-transaction run rolled back
+    (its claim with it)."""
     response: StoredResponse | None = None
-    #: Whether ``response`` is the stored one (replayed to every retry).
+    """The response to send; None for MISMATCH, IN_PROGRESS and LOST, whose wire
+    form depends on the HTTP profile. A library problem (FAILED's 500, ERRORED's
+    502) is in neutral form: `from_stored`
+    reads it, and the HTTP layer renders it in the endpoint's profile (F6)."""
     stored: bool = False
-    #: The exception behind FAILED, ERRORED or LOST.
+    """Whether ``response`` is the stored one (replayed to every retry)."""
     error: BaseException | None = None
-    #: ``response`` is an application handler's own answer, to be sent as the app
-    #: made it (all its headers), not a stored or a library response (F6).
+    """The exception behind FAILED, ERRORED or LOST."""
     answered: bool = False
+    """``response`` is an application handler's own answer, to be sent as the app
+    made it (all its headers), not a stored or a library response (F6)."""
 
 
 def problem(status: int, title: str, detail: str) -> StoredResponse:
     """An RFC 9457 problem response of the application's own (a declined card): stored
     and replayed verbatim, whatever the endpoint's wire profile. The library's own
-    problems are :class:`~idempotence.problems.ProblemDetails` instead."""
+    problems are `ProblemDetails` instead."""
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
     return StoredResponse.of(
         status, {"content-type": "application/problem+json"}, json.dumps(body).encode()
     )
 
 
-#: R5: what a run that raised answers, in neutral form (rendered at the edge, F6).
 SERVER_ERROR = ProblemDetails.of(
     Problem.SERVER_ERROR,
     "The request failed and nothing of it was stored. Retry with the same "
     "Idempotency-Key: the work resumes from its last completed step.",
 ).stored()
+"""R5: what a run that raised answers, in neutral form (rendered at the edge, F6)."""
 PAUSED_RESPONSE = StoredResponse.of(202, {"retry-after": "1"}, b"")
-#: R5: what a handler that raised stores on a run that stores server errors; neutral,
-#: so every replay renders it in the endpoint's profile.
+"""The answer of a run whose phase returned [`NoOp`][idempotence.NoOp] (202, retry
+after a second): the key stays unfinished, so a retry with the same key, or the
+background completer, resumes it."""
 STORED_SERVER_ERROR = ProblemDetails.of(
     Problem.SERVER_ERROR,
     "The request failed with an unexpected error. Retrying it returns this answer.",
 ).stored()
+"""R5: what a handler that raised stores on a run that stores server errors; neutral,
+so every replay renders it in the endpoint's profile."""
 
 
 @quick_init

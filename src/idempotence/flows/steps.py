@@ -17,18 +17,32 @@ from .results import Captured, PhaseResult
 # -- steps ------------------------------------------------------------------------------
 
 PhaseFn: TypeAlias = Callable[[PhaseContext], "PhaseResult | Awaitable[PhaseResult]"]
+"""An atomic phase: it runs in one transaction with the key's checkpoint, and says what
+comes next (sync or async)."""
 CallFn: TypeAlias = Callable[[ForeignContext], Any]
+"""A foreign call: it runs outside any transaction, with a key derived from the
+request's, and returns what the next phase records."""
 RecordFn: TypeAlias = Callable[[PhaseContext, Any], "PhaseResult | Awaitable[PhaseResult]"]
+"""The phase that records a foreign call's result, in the transaction of its
+checkpoint."""
 
 
 @dataclass(frozen=True, slots=True)
 class AtomicStep:
+    """A phase of a flow: ``fn`` runs in one transaction that also moves the key to
+    ``recovery_point`` (R2)."""
+
     recovery_point: str
     fn: PhaseFn
 
 
 @dataclass(frozen=True, slots=True)
 class ForeignStep:
+    """A call to another system (R3, R4): ``call`` runs outside any transaction, then
+    ``record`` keeps its result in a phase that moves the key to ``recovery_point``.
+    A call that is not ``idempotent`` and whose outcome is unknown errors the key for
+    a human (R6) instead of being sent again."""
+
     recovery_point: str
     name: str
     call: CallFn
@@ -39,40 +53,42 @@ class ForeignStep:
 class Settle(enum.Enum):
     """What becomes of a key after its handler answered (R5)."""
 
-    #: A terminal answer (2xx, 3xx, most 4xx; a 5xx with ``store_server_errors``).
     STORE = "store"
-    #: A server error: unlocked, so a retry runs the request again.
+    """A terminal answer (2xx, 3xx, most 4xx; a 5xx with ``store_server_errors``)."""
     RELEASE = "release"
-    #: The request was refused as sent: the key is deleted, so the client can correct
-    #: the request and retry with the same key.
+    """A server error: unlocked, so a retry runs the request again."""
     FORGET = "forget"
+    """The request was refused as sent: the key is deleted, so the client can correct
+    the request and retry with the same key."""
 
 
 @dataclass(frozen=True, slots=True)
 class HandlerStep:
     """The application's own handler as the one step of a run (F6).
 
-    It runs with no transaction of the store open, so on any key store (Redis too),
-    and its response settles the key by its status (R5, :meth:`settle`); in a
-    request-as-transaction flow it is the body of the one atomic phase instead (F3).
-    A response body over ``limit`` bytes is never stored truncated. While the handler
-    runs, the driver extends its lock every ``heartbeat`` (F2; see :meth:`beat_every`).
+    It runs with no transaction of the store open, so on any key store (Redis too), and
+    its response settles the key by its status (R5,
+    [`settle`][idempotence.flows.steps.HandlerStep.settle]); in a request-as-transaction
+    flow it is the body of the one atomic phase instead (F3). A response body over
+    ``limit`` bytes is never stored truncated. While the handler runs, the driver
+    extends its lock every ``heartbeat`` (F2; see
+    [`beat_every`][idempotence.flows.steps.HandlerStep.beat_every]).
     """
 
     recovery_point: str
-    #: Responses with a larger body are not stored.
     limit: int
-    #: 4xx statuses that store nothing, so the client can fix the request and retry.
+    """Responses with a larger body are not stored."""
     rejected_statuses: frozenset[int]
-    #: The response headers (lower-case) kept for replay.
+    """4xx statuses that store nothing, so the client can fix the request and retry."""
     stored_headers: frozenset[str]
-    #: How often the lock is extended while the handler runs; None: a third of the
-    #: lock timeout, so that two beats can be late before a retry may take it over.
+    """The response headers (lower-case) kept for replay."""
     heartbeat: timedelta | None = None
-    #: The response stored by every run that stores one, known before the handler runs
-    #: (a consumer's acknowledgement): a request-as-transaction run writes it with its
-    #: claim, so its COMMIT carries no finish (F3).
+    """How often the lock is extended while the handler runs; None: a third of the
+    lock timeout, so that two beats can be late before a retry may take it over."""
     fixed_response: StoredResponse | None = None
+    """The response stored by every run that stores one, known before the handler runs
+    (a consumer's acknowledgement): a request-as-transaction run writes it with its
+    claim, so its COMMIT carries no finish (F3)."""
 
     def beat_every(self, lock_timeout: timedelta) -> float:
         """Seconds between two heartbeats of a run whose lock lasts ``lock_timeout``."""
@@ -101,6 +117,7 @@ class HandlerStep:
 
 
 Step: TypeAlias = AtomicStep | ForeignStep | HandlerStep
+"""Any step of a run."""
 
-#: A foreign call's failures that leave its outcome unknown (R6).
 INDETERMINATE = (Indeterminate, TimeoutError, ConnectionError)
+"""A foreign call's failures that leave its outcome unknown (R6)."""

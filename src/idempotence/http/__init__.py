@@ -1,17 +1,21 @@
 """HTTP integration: make POST and PATCH exactly-once per ``Idempotency-Key``.
 
-One sans-I/O core (:mod:`._core`) and thin drivers: :class:`IdempotencyMiddleware`
-(pure ASGI: Starlette, FastAPI, Litestar) and :class:`IdempotencyWSGIMiddleware`
-(Flask, any WSGI app); Django has :mod:`idempotence.contrib.django`.
+One sans-I/O core (`_core`) and thin drivers:
+[`IdempotencyMiddleware`][idempotence.http.asgi.IdempotencyMiddleware] (pure ASGI:
+Starlette, FastAPI, Litestar) and
+[`IdempotencyWSGIMiddleware`][idempotence.http.wsgi.IdempotencyWSGIMiddleware] (Flask,
+any WSGI app); Django has `idempotence.contrib.django`.
 
->>> from idempotence import AsyncSqliteStore
->>> from idempotence.http import Endpoint, Idempotency, IdempotencyMiddleware, Policy
->>> config = Idempotency(
-...     store=AsyncSqliteStore("keys.sqlite3"),
-...     scope=lambda request: request.header("x-account-id"),
-...     endpoints=[Endpoint("POST /v1/transfers", Policy(transaction=True))],
-... )                                                          # doctest: +SKIP
->>> app = IdempotencyMiddleware(app, config)                   # doctest: +SKIP
+```python
+from idempotence import AsyncSqliteStore
+from idempotence.http import Endpoint, Idempotency, IdempotencyMiddleware, Policy
+config = Idempotency(
+    store=AsyncSqliteStore("keys.sqlite3"),
+    scope=lambda request: request.header("x-account-id"),
+    endpoints=[Endpoint("POST /v1/transfers", Policy(transaction=True))],
+)
+app = IdempotencyMiddleware(app, config)
+```
 
 See the README's "HTTP middleware" section for every setting.
 """

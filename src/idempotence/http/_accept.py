@@ -4,11 +4,11 @@ response.
 
 The first request claims the key like any flow request (P1), stores the flow's
 parameters with it, releases it unfinished, starts the flow in the background
-(:class:`~._effects.Detach`: the engine's own run, ``flow.run_async``, which takes
+(`Detach`: the engine's own run, ``flow.run_async``, which takes
 the released key over, P5) and answers 202 with ``Location`` (the status URL) and
 ``Retry-After``. Nothing else runs it but that background run and the completer
 (B2), which finishes the key if the server dies mid-flow: a retry with the same key,
-or a GET of the status URL, only reads the key (:class:`~._effects.ReadKey`) and
+or a GET of the status URL, only reads the key (`ReadKey`) and
 never takes it, so a long flow is never run by a request:
 
 * another request with the key (another body, method or path): 422 (P2);

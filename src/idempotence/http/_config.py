@@ -1,15 +1,18 @@
-"""The middleware's configuration: a :class:`Policy` per endpoint, :class:`Endpoint`
-patterns that choose it, and :class:`Idempotency`, which holds them with the store,
-the scope and the wire profile.
+"""The middleware's configuration: a [`Policy`][idempotence.http.Policy] per endpoint,
+[`Endpoint`][idempotence.http.Endpoint] patterns that choose it, and
+[`Idempotency`][idempotence.http.wsgi.Idempotency], which holds them with the store, the
+scope and the wire profile.
 
->>> config = Idempotency(
-...     store=store,                                   # doctest: +SKIP
-...     scope=lambda request: request.header("x-account-id"),
-...     endpoints=[
-...         Endpoint("POST /v1/transfers", Policy(transaction=True)),
-...         Endpoint("POST /v1/webhooks/{source}", None),     # never guarded
-...     ],
-... )
+```python
+config = Idempotency(
+    store=store,
+    scope=lambda request: request.header("x-account-id"),
+    endpoints=[
+        Endpoint("POST /v1/transfers", Policy(transaction=True)),
+        Endpoint("POST /v1/webhooks/{source}", None),     # never guarded
+    ],
+)
+```
 
 Every value is checked when it is built, so a wrong setting fails at import time
 with a message that names it, never on the first request.
@@ -46,24 +49,24 @@ __all__ = [
     "single_tenant",
 ]
 
-#: A request to its tenant id; None when the request has none (answered 401). In an
-#: ASGI app it may be a coroutine function.
 ScopeFn: TypeAlias = Callable[[RequestInfo], "str | Awaitable[str | None] | None"]
-#: A flow's parameters from the request and its parsed body.
+"""A request to its tenant id; None when the request has none (answered 401). In an
+ASGI app it may be a coroutine function."""
 ParamsFn: TypeAlias = Callable[[RequestInfo, Any], Any]
+"""A flow's parameters from the request and its parsed body."""
 
-#: P9: the methods guarded unless configured otherwise.
 DEFAULT_METHODS = frozenset({"POST", "PATCH"})
-#: Statuses that mean "the request was refused as sent": nothing is stored, so the
-#: client can correct the request and retry with the same key (R5).
+"""P9: the methods guarded unless configured otherwise."""
 DEFAULT_REJECTED_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 415, 422, 429})
-#: Response headers always stored for replay; everything else (Set-Cookie above all)
-#: only when an endpoint lists it in ``replay_headers``.
+"""Statuses that mean "the request was refused as sent": nothing is stored, so the
+client can correct the request and retry with the same key (R5)."""
 DEFAULT_REPLAY_HEADERS = ("content-type", "content-encoding", "location")
+"""Response headers always stored for replay; everything else (Set-Cookie above all)
+only when an endpoint lists it in ``replay_headers``."""
 
-#: The flow name recorded on keys of handler and request-as-transaction endpoints. No
-#: flow is registered under it, so the completer leaves such keys to client retries.
 HTTP_FLOW = "http"
+"""The flow name recorded on keys of handler and request-as-transaction endpoints. No
+flow is registered under it, so the completer leaves such keys to client retries."""
 
 _ANY = frozenset({"*"})
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -77,12 +80,12 @@ _MIB = 1024 * 1024
 class Mode(enum.Enum):
     """How a guarded endpoint runs."""
 
-    #: Claim, run the app, store its captured response.
     HANDLER = "handler"
-    #: F3: claim, the app's writes and the stored response commit in ONE transaction.
+    """Claim, run the app, store its captured response."""
     TRANSACTION = "transaction"
-    #: A registered multi-phase flow is the handler (R1); the app is not called.
+    """F3: claim, the app's writes and the stored response commit in ONE transaction."""
     FLOW = "flow"
+    """A registered multi-phase flow is the handler (R1); the app is not called."""
 
 
 class KeyScope(enum.Enum):
@@ -121,8 +124,10 @@ def single_tenant(tenant: str = "default") -> ScopeFn:
     pass a callable that finds the account, or one client could replay another's
     response by guessing its key.
 
-    >>> single_tenant("shop")(RequestInfo("POST", "/orders"))
-    'shop'
+    ```python
+    single_tenant("shop")(RequestInfo("POST", "/orders"))
+    # 'shop'
+    ```
     """
     if not tenant:
         raise ConfigurationError("single_tenant() needs a non-empty tenant name")
@@ -135,8 +140,10 @@ def header_scope(name: str) -> ScopeFn:
     Only behind a gateway that authenticates the caller and sets the header itself:
     a header the client controls is no tenant boundary.
 
-    >>> header_scope("x-account-id")(RequestInfo("POST", "/", headers=(("x-account-id", "a1"),)))
-    'a1'
+    ```python
+    header_scope("x-account-id")(RequestInfo("POST", "/", headers=(("x-account-id", "a1"),)))
+    # 'a1'
+    ```
     """
 
     def scope(request: RequestInfo) -> str | None:
@@ -178,70 +185,72 @@ def _methods(owner: str, methods: Iterable[str]) -> frozenset[str]:
 class Policy:
     """How one endpoint is guarded. Every field has a named default.
 
-    >>> Policy(transaction=True).mode
-    <Mode.TRANSACTION: 'transaction'>
-    >>> Policy(max_body_bytes=-1)
-    Traceback (most recent call last):
-    ...
-    idempotence.errors.ConfigurationError: Policy.max_body_bytes=-1 must be >= 0
+    ```python
+    Policy(transaction=True).mode
+    # <Mode.TRANSACTION: 'transaction'>
+    Policy(max_body_bytes=-1)
+    # Traceback (most recent call last):
+    # idempotence.errors.ConfigurationError: Policy.max_body_bytes=-1 must be >= 0
+    ```
     """
 
-    #: P9: methods guarded when this policy is the default (an endpoint pattern that
-    #: names its methods overrides it). Others pass through untouched.
     methods: frozenset[str] = DEFAULT_METHODS
-    #: P7: True answers a request without a key 400; False lets it through unguarded.
+    """P9: methods guarded when this policy is the default (an endpoint pattern that
+    names its methods overrides it). Others pass through untouched."""
     key_required: bool = True
-    #: Overrides :attr:`Idempotency.scope` for this endpoint.
+    """P7: True answers a request without a key 400; False lets it through unguarded."""
     scope: ScopeFn | None = None
-    #: Where a key is unique: per tenant (default: another endpoint answers 422, P2),
-    #: or per tenant and endpoint (:class:`KeyScope`; ``"endpoint"`` is accepted).
+    """Overrides `Idempotency.scope` for this endpoint."""
     key_scope: KeyScope = KeyScope.TENANT
-    #: Body fields left out of the fingerprint: JSON names or dotted paths, form names.
+    """Where a key is unique: per tenant (default: another endpoint answers 422, P2), or
+    per tenant and endpoint ([`KeyScope`][idempotence.http.KeyScope]; ``"endpoint"`` is
+    accepted)."""
     exclude_fields: tuple[str, ...] = ()
-    #: How long a silent worker keeps the key before a retry may take it over (P4, P5).
-    #: A running handler's lock is extended every ``heartbeat`` (F2), so this bounds
-    #: only how long a crashed server's keys answer 409, not how long a handler may run.
+    """Body fields left out of the fingerprint: JSON names or dotted paths, form names."""
     lock_timeout: timedelta = DEFAULT_HANDLER_LOCK_TIMEOUT
-    #: F2: extend a running handler's lock this often; None: every lock_timeout / 3.
+    """How long a silent worker keeps the key before a retry may take it over (P4, P5).
+    A running handler's lock is extended every ``heartbeat`` (F2), so this bounds
+    only how long a crashed server's keys answer 409, not how long a handler may run."""
     heartbeat: timedelta | None = None
-    #: How long a finished key replays; None keeps it forever.
+    """F2: extend a running handler's lock this often; None: every lock_timeout / 3."""
     retention: timedelta | None = DEFAULT_RETENTION
-    #: P7: larger request bodies are answered 413 before anything is claimed.
+    """How long a finished key replays; None keeps it forever."""
     max_body_bytes: int = _MIB
-    #: Larger responses are not stored (see the README: "Large responses").
+    """P7: larger request bodies are answered 413 before anything is claimed."""
     max_response_bytes: int = _MIB
-    #: P11: run the handler unguarded when the store is unreachable (default: 503).
+    """Larger responses are not stored (see the README: "Large responses")."""
     fail_open: bool = False
-    #: R5: store a 5xx (and an exception's 500) like Stripe, instead of letting the
-    #: next retry run again.
+    """P11: run the handler unguarded when the store is unreachable (default: 503)."""
     store_server_errors: bool = False
-    #: 4xx statuses that store nothing, so the client can fix and retry (R5).
+    """R5: store a 5xx (and an exception's 500) like Stripe, instead of letting the
+    next retry run again."""
     rejected_statuses: frozenset[int] = DEFAULT_REJECTED_STATUSES
-    #: Response headers stored for replay in addition to DEFAULT_REPLAY_HEADERS.
+    """4xx statuses that store nothing, so the client can fix and retry (R5)."""
     replay_headers: tuple[str, ...] = ()
-    #: P10: wait this long for a twin to finish, then replay, instead of 409 at once.
+    """Response headers stored for replay in addition to DEFAULT_REPLAY_HEADERS."""
     wait: timedelta | None = None
-    #: F3: claim, the app's writes and the response commit in one transaction.
+    """P10: wait this long for a twin to finish, then replay, instead of 409 at once."""
     transaction: bool = False
-    #: A registered flow that handles the endpoint instead of the app.
+    """F3: claim, the app's writes and the response commit in one transaction."""
     flow: Flow | None = None
-    #: The flow's parameters from ``(request, parsed body)``; default: the body.
+    """A registered flow that handles the endpoint instead of the app."""
     flow_params: ParamsFn | None = None
-    #: Asynchronous acceptance (a flow endpoint only): the first request starts the
-    #: flow in the background and answers 202 with the operation's status URL
-    #: (:attr:`Idempotency.status_path`); a retry, or a GET of that URL, answers 202
-    #: until the flow finishes, then the stored response. Needs a completer (B2).
+    """The flow's parameters from ``(request, parsed body)``; default: the body."""
     asynchronous: bool = False
-    #: Retry-After (seconds) on a 409 for a key in progress (P4), and on a 202.
+    """Asynchronous acceptance (a flow endpoint only): the first request starts the
+    flow in the background and answers 202 with the operation's status URL
+    (`Idempotency.status_path`); a retry, or a GET of that URL, answers 202
+    until the flow finishes, then the stored response. Needs a completer (B2)."""
     in_progress_retry_after: int = 1
-    #: Retry-After (seconds) on a 503 for an unreachable store (P11).
+    """Retry-After (seconds) on a 409 for a key in progress (P4), and on a 202."""
     unavailable_retry_after: int = 5
-    #: The headers stored for replay: DEFAULT_REPLAY_HEADERS + replay_headers.
+    """Retry-After (seconds) on a 503 for an unreachable store (P11)."""
     stored_headers: frozenset[str] = field(init=False, repr=False)
-    #: The engine run of a handler or transaction endpoint, built once from this
-    #: policy (F6): a one-step flow whose step is the application handler. None for a
-    #: flow endpoint, which runs its flow.
+    """The headers stored for replay: DEFAULT_REPLAY_HEADERS + replay_headers."""
     engine: Flow | None = field(init=False, repr=False, compare=False)
+    """The engine run of a handler or transaction endpoint, built once from this
+    policy (F6): a one-step flow whose step is the application handler. None for a
+    flow endpoint, which runs its flow."""
 
     def __post_init__(self) -> None:
         owner = "Policy"
@@ -405,8 +414,10 @@ class Endpoint:
     """A route pattern and its policy: ``"POST /v1/charges/{id}"`` or ``"/v1/orders"``
     (the policy's methods). ``policy=None`` leaves the endpoint unguarded.
 
-    >>> Endpoint("POST,PATCH /v1/orders/{id}").match("PATCH", "/v1/orders/o_1")
-    {'id': 'o_1'}
+    ```python
+    Endpoint("POST,PATCH /v1/orders/{id}").match("PATCH", "/v1/orders/o_1")
+    # {'id': 'o_1'}
+    ```
     """
 
     route: str
@@ -444,25 +455,28 @@ class Endpoint:
 
 _NO_SCOPE: Any = object()
 _UNRESOLVED: Any = object()
-#: How many (method, path) pairs Idempotency.resolve remembers; past it, it matches.
 _RESOLVED_MAX = 4096
+"""How many (method, path) pairs Idempotency.resolve remembers; past it, it matches."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Idempotency:
     """Everything the middleware needs: the store, the tenant scope, the policies.
 
-    ``scope`` is mandatory (a callable from :class:`RequestInfo` to a tenant id, or
-    :func:`single_tenant`): keys are unique per tenant, never global by accident.
-    ``endpoints`` are tried in order; the first that matches the method and path
-    decides. A guarded method (``default.methods``) on any other path gets
-    ``default``; ``default=None`` guards listed endpoints only.
+    ``scope`` is mandatory (a callable from
+    [`RequestInfo`][idempotence.http.wsgi.RequestInfo] to a tenant id, or
+    [`single_tenant`][idempotence.http.single_tenant]): keys are unique per tenant,
+    never global by accident. ``endpoints`` are tried in order; the first that matches
+    the method and path decides. A guarded method (``default.methods``) on any other
+    path gets ``default``; ``default=None`` guards listed endpoints only.
 
-    ``store`` is any key store (:class:`~idempotence.KeyStore`, or its async twin for
-    an ASGI app) for plain handler endpoints. An endpoint in ``transaction=True`` or
-    ``flow=`` mode shares the store's transaction with the application, so it needs a
-    SQL store (:class:`~idempotence.PostgresStore`, :class:`~idempotence.SqliteStore`
-    or their async twins): with any other store it is refused here.
+    ``store`` is any key store ([`KeyStore`][idempotence.stores.redis.KeyStore], or its
+    async twin for an ASGI app) for plain handler endpoints. An endpoint in
+    ``transaction=True`` or ``flow=`` mode shares the store's transaction with the
+    application, so it needs a SQL store
+    ([`PostgresStore`][idempotence.stores.postgres.PostgresStore],
+    [`SqliteStore`][idempotence.stores.sqlite.SqliteStore] or their async twins): with
+    any other store it is refused here.
     """
 
     store: KeyStore | AsyncKeyStore
@@ -470,16 +484,17 @@ class Idempotency:
     endpoints: tuple[Endpoint, ...] = ()
     default: Policy | None = field(default_factory=Policy)
     profile: Profile = Profile.IETF
-    #: Where the status of an asynchronous operation is read: ``GET
-    #: <status_path>/<key>`` (percent-encoded), served by the middleware when an
-    #: endpoint has ``Policy(asynchronous=True)``.
     status_path: str = "/idempotence/operations"
-    #: The asynchronous policy that serves status reads, and the flows it may show.
+    """Where the status of an asynchronous operation is read: ``GET
+    <status_path>/<key>`` (percent-encoded), served by the middleware when an
+    endpoint has ``Policy(asynchronous=True)``."""
     status_policy: Policy | None = field(init=False, repr=False, compare=False)
+    """The asynchronous policy that serves status reads, and the flows it may show."""
     status_flows: frozenset[str] = field(init=False, repr=False, compare=False)
-    #: What :meth:`resolve` found for a method and path, so that a path is matched
-    #: against the patterns once (bounded: a path with parameters has many values).
     _resolved: dict[tuple[str, str], Any] = field(init=False, repr=False, compare=False)
+    """What [`resolve`][idempotence.http.Idempotency.resolve] found for a method and
+    path, so that a path is matched against the patterns once (bounded: a path with
+    parameters has many values)."""
 
     def __post_init__(self) -> None:
         if self.scope is _NO_SCOPE:
@@ -528,8 +543,10 @@ class Idempotency:
         when the request passes through unguarded (P9). A GET of an operation's status
         URL resolves to the asynchronous policy, with the key as parameter ``key``.
 
-        >>> config.resolve("GET", "/v1/charges") is None          # doctest: +SKIP
-        True
+        ```python
+        config.resolve("GET", "/v1/charges") is None
+        # True
+        ```
         """
         found = self._resolved.get((method, path), _UNRESOLVED)
         if found is _UNRESOLVED:
@@ -558,8 +575,10 @@ class Idempotency:
     def status_url(self, key: str) -> str:
         """Where the status of the asynchronous operation ``key`` is read.
 
-        >>> Idempotency(store=store, scope=single_tenant()).status_url("a/b c")  # doctest: +SKIP
-        '/idempotence/operations/a%2Fb%20c'
+        ```python
+        Idempotency(store=store, scope=single_tenant()).status_url("a/b c")
+        # '/idempotence/operations/a%2Fb%20c'
+        ```
         """
         return f"{self.status_path}/{urllib.parse.quote(key, safe='')}"
 

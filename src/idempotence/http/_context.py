@@ -26,10 +26,12 @@ def current_transaction() -> Transaction:
     sync store (WSGI, Django). Write in it, and the writes commit together with the
     claim and the stored response, or not at all.
 
-    >>> @app.post("/v1/transfers")                                # doctest: +SKIP
-    ... def transfer():
-    ...     current_transaction().execute("INSERT INTO transfers ...")
-    ...     return {"ok": True}, 201
+    ```python
+    @app.post("/v1/transfers")
+    def transfer():
+        current_transaction().execute("INSERT INTO transfers ...")
+        return {"ok": True}, 201
+    ```
     """
     tx = _transaction.get()
     if not isinstance(tx, Transaction):
@@ -38,11 +40,14 @@ def current_transaction() -> Transaction:
 
 
 def current_async_transaction() -> AsyncTransaction:
-    """The async twin of :func:`current_transaction`, for ASGI apps on an async store.
-    In FastAPI it is a dependency as it is: ``tx = Depends(current_async_transaction)``.
+    """The async twin of [`current_transaction`][idempotence.http.current_transaction],
+    for ASGI apps on an async store. In FastAPI it is a dependency as it is: ``tx =
+    Depends(current_async_transaction)``.
 
-    >>> async def transfer(request):                              # doctest: +SKIP
-    ...     await current_async_transaction().execute("INSERT INTO transfers ...")
+    ```python
+    async def transfer(request):
+        await current_async_transaction().execute("INSERT INTO transfers ...")
+    ```
     """
     tx = _transaction.get()
     if not isinstance(tx, AsyncTransaction):

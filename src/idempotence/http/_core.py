@@ -1,11 +1,11 @@
 """The life of a guarded request, written once, without I/O.
 
-:func:`lifecycle` is a generator: it yields effects and is sent each effect's
-result, or thrown its exception, by the driver (:mod:`._driver_async`; :mod:`._driver`
+`lifecycle` is a generator: it yields effects and is sent each effect's
+result, or thrown its exception, by the driver (`_driver_async`; `_driver`
 is generated from it). Only reading the request is HTTP's own (the effects
-:class:`~._effects.ResolveScope` and :class:`~._effects.ReadBody`); the rest is a run
-of the one engine (F6, :mod:`idempotence.flows`), whose effects the flows driver
-performs, and whose :class:`~idempotence.flows.FlowResult` becomes the reply here,
+`ResolveScope` and `ReadBody`); the rest is a run
+of the one engine (F6, [`idempotence.flows`][idempotence.flows]), whose effects the flows driver
+performs, and whose [`FlowResult`][idempotence.testing.harness.FlowResult] becomes the reply here,
 in the endpoint's wire profile. The ASGI, WSGI and Django middlewares only perform
 effects and put bytes on the wire, so every decision of DESIGN 4 and R5 lives here
 or in the engine, once:
@@ -20,12 +20,12 @@ or in the engine, once:
    nothing (P11); then, by the endpoint's policy, the app with the key settled by
    its status (R5), the app inside one transaction with the claim (F3), or a flow (R1),
    or, for an asynchronous endpoint, the flow started in the background and a 202
-   (:mod:`._accept`, which also answers GETs of an operation's status URL).
+   (`_accept`, which also answers GETs of an operation's status URL).
 
 A response is always buffered before it is sent, so the key is settled (stored,
 released or forgotten) before the client sees anything, and in request-as-transaction
 mode nothing is sent before the commit. A response larger than ``max_response_bytes``
-is never stored truncated (:func:`idempotence.flows.handler.overflowed`).
+is never stored truncated (`idempotence.flows.handler.overflowed`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..errors import BodyTooLarge, InvalidBody, InvalidKey, MissingKey, StoreError
+from ..errors import (
+    BodyTooLarge,
+    ConfigurationError,
+    InvalidBody,
+    InvalidKey,
+    MissingKey,
+    StoreError,
+)
 from ..flows import Flow, FlowResult, ResultKind
 from ..flows.flow import watched
 from ..states import ClaimRequest
@@ -73,7 +80,7 @@ __all__ = ["HTTP_FLOW", "lifecycle"]
 def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: Any) -> Lifecycle:
     """Everything a guarded request goes through, as effects (see the module
     docstring). ``app`` runs the application (the exchange of the server
-    integration; see :class:`~idempotence.flows.effects.DoHandle`)."""
+    integration; see [`DoHandle`][idempotence.http.wsgi.DoHandle])."""
     profile = config.profile
     if policy.asynchronous and request.method == "GET":
         return (yield from status(config, policy, request))  # an operation's status URL
@@ -181,7 +188,14 @@ def _reply(policy: Policy, profile: Profile, result: FlowResult) -> Reply:
     error = result.error
     if kind is ResultKind.FAILED and isinstance(error, StoreError):
         claimed = result.claim is not None or policy.transaction
-        if not claimed and policy.fail_open and isinstance(error, DOWN):
+        # A store the server refuses (StoreMisconfigured) fails closed even so: an
+        # outage passes, a wrong URL would run every request unguarded until fixed.
+        if (
+            not claimed
+            and policy.fail_open
+            and isinstance(error, DOWN)
+            and not isinstance(error, ConfigurationError)
+        ):
             logger.warning("key store unavailable, running the request unguarded: %s", error)
             return PASS  # P11: an explicit per-endpoint opt-in
         return store_down(policy, profile, error, rolled_back=claimed)

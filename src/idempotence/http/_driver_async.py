@@ -1,10 +1,10 @@
-"""Drive a guarded request's lifecycle (:mod:`._core`) to its reply.
+"""Drive a guarded request's lifecycle (`_core`) to its reply.
 
-:func:`drive_async` (ASGI) is the source; :func:`drive` (WSGI, Django) is generated
+`drive_async` (ASGI) is the source; `drive` (WSGI, Django) is generated
 from it. It performs the effects that are HTTP's own, reading the scope and the body
 (the body through the server integration's ``io`` object), reading a key and
 starting a flow in the background (asynchronous acceptance), and hands every
-other effect to the engine's one driver (:func:`~idempotence.flows._driver_async.perform_async`,
+other effect to the engine's one driver (`perform_async`,
 F6): there is no second implementation of the claim, the settling of a key or the
 request-as-transaction here.
 """
@@ -20,13 +20,13 @@ from ..stores import AsyncKeyStore, AsyncStore
 from ._effects import Detach, Lifecycle, ReadBody, ReadKey, Reply, ResolveScope
 
 _SYNC_SCOPE = "the scope callable of a WSGI app must not be async"
-#: The effects performed here; every other one is the engine's.
 _OWN = (ReadBody, ResolveScope, ReadKey, Detach)
+"""The effects performed here; every other one is the engine's."""
 
 
 class AsyncIO(Protocol):
     """What the server integration does for the driver (it runs the app for the
-    engine too: :class:`~idempotence.flows.effects.DoHandle`)."""
+    engine too: [`DoHandle`][idempotence.http.wsgi.DoHandle])."""
 
     async def read_body(self, limit: int) -> bytes:
         """The whole body; raise BodyTooLarge past ``limit`` bytes."""

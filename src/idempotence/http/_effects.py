@@ -1,10 +1,10 @@
-"""The vocabulary between the lifecycle (:mod:`._core`) and its driver: the effects
+"""The vocabulary between the lifecycle (`_core`) and its driver: the effects
 that are HTTP's own (reading the scope and the body; for asynchronous acceptance,
 reading a key and starting a flow in the background; everything else that touches
-the store is an engine effect, :mod:`idempotence.flows.effects`), the response the
+the store is an engine effect, `idempotence.flows.effects`), the response the
 app sent, and the reply that goes back.
 
-Plain data, no I/O; :class:`Capture` is the one stateful piece, the buffer an
+Plain data, no I/O; `Capture` is the one stateful piece, the buffer an
 exchange fills as the app sends its response.
 """
 
@@ -83,10 +83,12 @@ Effect: TypeAlias = ResolveScope | ReadBody | ReadKey | Detach | EngineEffect
 class Capture:
     """A response as the app sends it, buffered up to ``limit`` body bytes.
 
-    >>> capture = Capture(limit=4)
-    >>> capture.start(201, [("Content-Type", "text/plain")])
-    >>> capture.add(b"abc"), capture.add(b"de")
-    (False, True)
+    ```python
+    capture = Capture(limit=4)
+    capture.start(201, [("Content-Type", "text/plain")])
+    capture.add(b"abc"), capture.add(b"de")
+    # (False, True)
+    ```
     """
 
     __slots__ = ("chunks", "headers", "limit", "overflowed", "size", "status")
@@ -125,12 +127,12 @@ class Capture:
 
 
 class ReplyKind(enum.Enum):
-    #: Send ``Reply.response``.
     RESPOND = "respond"
-    #: Run the app unguarded (the body is replayed to it if it was read).
+    """Send ``Reply.response``."""
     PASS = "pass"
-    #: The response already went out, streamed (too large to buffer).
+    """Run the app unguarded (the body is replayed to it if it was read)."""
     SENT = "sent"
+    """The response already went out, streamed (too large to buffer)."""
 
 
 @quick_init
@@ -138,8 +140,8 @@ class ReplyKind(enum.Enum):
 class Reply:
     kind: ReplyKind
     response: StoredResponse | None = None
-    #: The app's own response (a driver may send its original object).
     original: bool = False
+    """The app's own response (a driver may send its original object)."""
 
 
 PASS = Reply(ReplyKind.PASS)

@@ -1,9 +1,8 @@
 """Problems in two wire profiles: IETF problem details and Stripe's error body.
 
-Every problem the library makes is a profile-neutral
-:class:`~idempotence.problems.ProblemDetails` (what went wrong, with a stable
-machine-readable ``code``); a :class:`Profile` renders it when it goes on the wire,
-fresh or replayed (F6):
+Every problem the library makes is a profile-neutral `ProblemDetails` (what went wrong,
+with a stable machine-readable ``code``); a [`Profile`][idempotence.http.Profile]
+renders it when it goes on the wire, fresh or replayed (F6):
 
 * ``ietf`` (the default) follows the IETF Idempotency-Key draft: RFC 9457
   ``application/problem+json`` bodies, 422 for a key reused with another request,
@@ -12,11 +11,13 @@ fresh or replayed (F6):
   working: ``{"error": {"type": ..., "code": ..., "message": ...}}`` as
   ``application/json``, and 400 (not 422) for a reused key.
 
->>> response = render(Profile.IETF, Problem.KEY_REUSED, "Use a new key.")
->>> response.status, dict(response.headers)["content-type"]
-(422, 'application/problem+json')
->>> render(Profile.STRIPE, Problem.KEY_REUSED, "Use a new key.").status
-400
+```python
+response = render(Profile.IETF, Problem.KEY_REUSED, "Use a new key.")
+response.status, dict(response.headers)["content-type"]
+# (422, 'application/problem+json')
+render(Profile.STRIPE, Problem.KEY_REUSED, "Use a new key.").status
+# 400
+```
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ __all__ = ["Problem", "Profile", "render", "render_details", "render_stored"]
 class Profile(enum.Enum):
     """How errors look on the wire."""
 
-    #: RFC 9457 problem details; mismatch 422, in progress 409 (the IETF draft).
     IETF = "ietf"
-    #: Stripe's ``{"error": {...}}`` body; mismatch 400, in progress 409.
+    """RFC 9457 problem details; mismatch 422, in progress 409 (the IETF draft)."""
     STRIPE = "stripe"
+    """Stripe's ``{"error": {...}}`` body; mismatch 400, in progress 409."""
 
 
 def status_for(profile: Profile, problem: Problem) -> int:
@@ -55,9 +56,11 @@ def render(
 ) -> StoredResponse:
     """The response for ``problem`` in ``profile``, with ``detail`` saying what to fix.
 
-    >>> body = render(Profile.STRIPE, Problem.KEY_IN_USE, "Retry in 1 second.").body
-    >>> json.loads(body)["error"]["code"]
-    'idempotency_key_in_use'
+    ```python
+    body = render(Profile.STRIPE, Problem.KEY_IN_USE, "Retry in 1 second.").body
+    json.loads(body)["error"]["code"]
+    # 'idempotency_key_in_use'
+    ```
     """
     return render_details(profile, ProblemDetails.of(problem, detail, headers))
 

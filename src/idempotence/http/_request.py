@@ -1,9 +1,10 @@
 """What the middleware reads from a request, without I/O: the key header, the declared
 length, the fingerprint, and a flow's parameters.
 
-:class:`RequestInfo` is the framework-neutral view of a request that a scope callable
-receives; ``raw`` is the framework's own object (the ASGI scope, the WSGI environ, a
-Django ``HttpRequest``) for whatever else a tenant lookup needs.
+[`RequestInfo`][idempotence.http.wsgi.RequestInfo] is the framework-neutral view of a
+request that a scope callable receives; ``raw`` is the framework's own object (the ASGI
+scope, the WSGI environ, a Django ``HttpRequest``) for whatever else a tenant lookup
+needs.
 """
 
 from __future__ import annotations
@@ -32,19 +33,21 @@ class RequestInfo:
     ``headers`` are ``(name, value)`` pairs in arrival order, names lower-cased,
     values decoded as latin-1 (as HTTP field bytes are).
 
-    >>> request = RequestInfo("POST", "/v1/charges", headers=(("x-account", "acct_1"),))
-    >>> request.header("X-Account")
-    'acct_1'
+    ```python
+    request = RequestInfo("POST", "/v1/charges", headers=(("x-account", "acct_1"),))
+    request.header("X-Account")
+    # 'acct_1'
+    ```
     """
 
     method: str
     path: str
     query: str = ""
     headers: tuple[tuple[str, str], ...] = ()
-    #: The framework's own request: ASGI scope, WSGI environ, or Django HttpRequest.
     raw: Any = None
-    #: Values of the ``{name}`` segments of the endpoint pattern that matched.
+    """The framework's own request: ASGI scope, WSGI environ, or Django HttpRequest."""
     path_params: Mapping[str, str] = field(default_factory=dict)
+    """Values of the ``{name}`` segments of the endpoint pattern that matched."""
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (any case), or None."""
@@ -66,17 +69,19 @@ class RequestInfo:
         return f"{self.path}?{self.query}" if self.query else self.path
 
 
-#: What the endpoint part of a per-endpoint scope may hold unencoded: a path's own
-#: characters, never a space (so the tenant ends before the last two spaces).
 _PATH_SAFE = "/:@!$&'()*+,;=-._~"
+"""What the endpoint part of a per-endpoint scope may hold unencoded: a path's own
+characters, never a space (so the tenant ends before the last two spaces)."""
 
 
 def endpoint_scope(tenant: str, request: RequestInfo) -> str:
     """The scope of a key unique per endpoint (``KeyScope.ENDPOINT``): the tenant,
     the method and the path (not the query), the path percent-encoded.
 
-    >>> endpoint_scope("acct 1", RequestInfo("POST", "/v1/orders/a b"))
-    'acct 1 POST /v1/orders/a%20b'
+    ```python
+    endpoint_scope("acct 1", RequestInfo("POST", "/v1/orders/a b"))
+    # 'acct 1 POST /v1/orders/a%20b'
+    ```
     """
     return f"{tenant} {request.method} {urllib.parse.quote(request.path, safe=_PATH_SAFE)}"
 
@@ -122,10 +127,12 @@ def request_fingerprint(request: RequestInfo, body: bytes, exclude: Iterable[str
     """The fingerprint of ``request`` with ``body`` (DESIGN 2), as the middleware
     computes it: method, path with query string, media type, canonical body.
 
-    >>> info = RequestInfo("POST", "/x", headers=(("content-type", "application/json"),))
-    >>> one = request_fingerprint(info, b'{"a": 1, "b": 2}')
-    >>> one == request_fingerprint(info, b'{"b":2,"a":1}')
-    True
+    ```python
+    info = RequestInfo("POST", "/x", headers=(("content-type", "application/json"),))
+    one = request_fingerprint(info, b'{"a": 1, "b": 2}')
+    one == request_fingerprint(info, b'{"b":2,"a":1}')
+    # True
+    ```
     """
     content_type = request.header("content-type")
     return fingerprint(request.method, request.target, body, content_type, exclude=exclude)
@@ -135,8 +142,8 @@ def flow_params(request: RequestInfo, body: bytes) -> Any:
     """A flow's parameters from the request body: parsed JSON, or a form as a dict
     (a repeated field becomes a list). An empty body is ``{}``.
 
-    Raises :class:`UnsupportedBody` for other content types and
-    :class:`~idempotence.errors.InvalidBody` for a body that does not parse.
+    Raises `UnsupportedBody` for other content types and
+    [`InvalidBody`][idempotence.fingerprint.InvalidBody] for a body that does not parse.
     """
     if not body:
         return {}

@@ -1,6 +1,6 @@
 """What the middleware answers, without I/O: what goes on the wire, and the problem
 replies of DESIGN 4. How a status settles the key (R5) and which headers are stored
-is the engine's (:class:`~idempotence.flows.steps.HandlerStep`).
+is the engine's ([`HandlerStep`][idempotence.flows.steps.HandlerStep]).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 
-from ..errors import StoreError, StoreUnavailable
+from ..errors import ConfigurationError, StoreError, StoreUnavailable
 from ..states import Claim, Outcome, StoredResponse
 from ..stores import TransientError
 from ._config import Policy
@@ -17,8 +17,8 @@ from ._problems import Problem, Profile, render, render_stored
 
 logger = logging.getLogger("idempotence.http")
 
-#: Store failures that mean "not now": answered 503 with Retry-After (P11).
 DOWN = (StoreUnavailable, TransientError)
+"""Store failures that mean "not now": answered 503 with Retry-After (P11)."""
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 # -- pure rules -------------------------------------------------------------------------------
@@ -91,7 +91,12 @@ def answer(claim: Claim, policy: Policy, profile: Profile) -> Reply:
 def store_down(policy: Policy, profile: Profile, exc: StoreError, *, rolled_back: bool) -> Reply:
     what = "was rolled back" if rolled_back else "was not processed"
     if isinstance(exc, DOWN):
-        logger.warning("idempotency key store unavailable: %s", exc)
+        if isinstance(exc, ConfigurationError):
+            # Every request meets it until someone fixes the URL: an error, not the
+            # warning of an outage that passes.
+            logger.error("idempotency key store misconfigured: %s", exc)
+        else:
+            logger.warning("idempotency key store unavailable: %s", exc)
         seconds = policy.unavailable_retry_after
         return problem_reply(
             profile,

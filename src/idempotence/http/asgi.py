@@ -3,26 +3,30 @@
 Pure ASGI: non-HTTP scopes and unguarded requests go straight to the app; for a
 guarded request, ``receive`` is wrapped to read the body (and hand it to the app
 again), ``send`` to capture the response. Per-request state lives in the
-:class:`_Exchange` each call makes, never on the middleware.
+`_Exchange` each call makes, never on the middleware.
 
->>> from idempotence import AsyncPostgresStore
->>> from idempotence.http import Idempotency
->>> from idempotence.http.asgi import IdempotencyMiddleware
->>> app.add_middleware(                                    # doctest: +SKIP
-...     IdempotencyMiddleware,
-...     config=Idempotency(
-...         store=AsyncPostgresStore("postgresql://app@db/app"),
-...         scope=lambda request: request.raw["state"]["account_id"],
-...     ),
-... )
+```python
+from idempotence import AsyncPostgresStore
+from idempotence.http import Idempotency
+from idempotence.http.asgi import IdempotencyMiddleware
+app.add_middleware(
+    IdempotencyMiddleware,
+    config=Idempotency(
+        store=AsyncPostgresStore("postgresql://app@db/app"),
+        scope=lambda request: request.raw["state"]["account_id"],
+    ),
+)
+```
 
-It needs an async store (:class:`~idempotence.AsyncPostgresStore`,
-:class:`~idempotence.AsyncSqliteStore`, or another :class:`~idempotence.AsyncKeyStore`
-for plain handler endpoints) and an asyncio server (uvicorn, hypercorn's
-asyncio worker, granian...); put it outside the app's routing and inside the
-middleware that authenticates, so the scope callable can see the tenant.
+It needs an async store
+([`AsyncPostgresStore`][idempotence.stores.postgres.AsyncPostgresStore],
+[`AsyncSqliteStore`][idempotence.stores.sqlite.AsyncSqliteStore], or another
+[`AsyncKeyStore`][idempotence.stores.redis.AsyncKeyStore] for plain handler endpoints)
+and an asyncio server (uvicorn, hypercorn's asyncio worker, granian...); put it outside
+the app's routing and inside the middleware that authenticates, so the scope callable
+can see the tenant.
 
-While a guarded app runs, its response is held back (see :mod:`._core`), and so is a
+While a guarded app runs, its response is held back (see `_core`), and so is a
 client's disconnect: the work completes and is stored for the client's retry.
 """
 
@@ -163,7 +167,7 @@ class _Exchange:
         tx: AsyncTransaction | None,
         overflow: Callable[[int], Awaitable[None]] | None,
     ) -> Captured:
-        """Run the app for the engine (:class:`~idempotence.flows.effects.DoHandle`),
+        """Run the app for the engine ([`DoHandle`][idempotence.http.wsgi.DoHandle]),
         with ``tx`` and the lease bound for the handler."""
         with bound(tx, run.lease):
             return await self._run_app(run, overflow)

@@ -3,20 +3,22 @@
 Unguarded requests go straight to the app. For a guarded one the body is read from
 ``wsgi.input`` (and handed to the app again in a fresh stream) and the app's
 response is collected from ``start_response`` and its iterable before anything is
-sent. Per-request state lives in the :class:`_Exchange` each call makes.
+sent. Per-request state lives in the `_Exchange` each call makes.
 
->>> from idempotence import PostgresStore
->>> from idempotence.http import Idempotency, header_scope
->>> from idempotence.http.wsgi import IdempotencyWSGIMiddleware
->>> app.wsgi_app = IdempotencyWSGIMiddleware(                # doctest: +SKIP
-...     app.wsgi_app,
-...     Idempotency(store=PostgresStore("postgresql://app@db/app"),
-...                 scope=header_scope("x-account-id")),
-... )
+```python
+from idempotence import PostgresStore
+from idempotence.http import Idempotency, header_scope
+from idempotence.http.wsgi import IdempotencyWSGIMiddleware
+app.wsgi_app = IdempotencyWSGIMiddleware(
+    app.wsgi_app,
+    Idempotency(store=PostgresStore("postgresql://app@db/app"),
+                scope=header_scope("x-account-id")),
+)
+```
 
-It needs a sync store (:class:`~idempotence.PostgresStore`,
-:class:`~idempotence.SqliteStore`, or another :class:`~idempotence.KeyStore` for plain
-handler endpoints).
+It needs a sync store ([`PostgresStore`][idempotence.stores.postgres.PostgresStore],
+[`SqliteStore`][idempotence.stores.sqlite.SqliteStore], or another
+[`KeyStore`][idempotence.stores.redis.KeyStore] for plain handler endpoints).
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ class _Exchange:
     def run_app(
         self, run: DoHandle, tx: Transaction | None, overflow: Callable[[int], None] | None
     ) -> Captured:
-        """Run the app for the engine (:class:`~idempotence.flows.effects.DoHandle`),
+        """Run the app for the engine ([`DoHandle`][idempotence.http.wsgi.DoHandle]),
         with ``tx`` and the lease bound for the handler."""
         with bound(tx, run.lease):
             return self._run_app(run, overflow)

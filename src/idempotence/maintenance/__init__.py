@@ -1,27 +1,33 @@
 """Background services and operator tooling (DESIGN 7, F5).
 
-Four services with one shape (:mod:`._service`): a config with named defaults and
-validation, ``run_once()`` returning a frozen result, batches until a short page with
-jittered pauses between them, a timeout per statement, ``FOR UPDATE SKIP LOCKED`` so
-that any number of nodes can run them at once, and ``run_forever(stop)``. Each is
-written once, async, on an :class:`~idempotence.AsyncStore` (``AsyncSweeper`` and so
-on, in the ``*_async`` modules), and its sync twin on a :class:`~idempotence.Store`
-is generated from it (F7); an async application's flows, with coroutine phases and
-foreign calls, are resumed by :class:`AsyncCompleter`.
+Four services with one shape (`_service`): a config with named defaults and validation,
+``run_once()`` returning a frozen result, batches until a short page with jittered
+pauses between them, a timeout per statement, ``FOR UPDATE SKIP LOCKED`` so that any
+number of nodes can run them at once, and ``run_forever(stop)``. Each is written once,
+async, on an [`AsyncStore`][idempotence.testing.harness.AsyncStore] (``AsyncSweeper``
+and so on, in the ``*_async`` modules), and its sync twin on a
+[`Store`][idempotence.testing.harness.Store] is generated from it (F7); an async
+application's flows, with coroutine phases and foreign calls, are resumed by
+[`AsyncCompleter`][idempotence.maintenance.worker_async.AsyncCompleter].
 
-* :class:`Sweeper` (B1) releases expired locks, bumping the fencing token;
-* :class:`Completer` (B2) resumes abandoned keys through their flows;
-* :class:`Reaper` (B3) stores a 408 on expired unfinished keys and deletes expired
-  finished ones;
-* :class:`Enqueuer` (B4) delivers staged jobs, by default to the built-in
-  :class:`JobRunner`.
+* [`Sweeper`][idempotence.maintenance.worker.Sweeper] (B1) releases expired locks,
+  bumping the fencing token;
+* [`Completer`][idempotence.maintenance.worker.Completer] (B2) resumes abandoned keys
+  through their flows;
+* [`Reaper`][idempotence.maintenance.worker.Reaper] (B3) stores a 408 on expired
+  unfinished keys and deletes expired finished ones;
+* [`Enqueuer`][idempotence.maintenance.worker.Enqueuer] (B4) delivers staged jobs, by
+  default to the built-in [`JobRunner`][idempotence.maintenance.worker.JobRunner].
 
-:class:`Worker` (:class:`AsyncWorker` on an async store) runs them all;
-``idempotence worker`` is the same from the shell.
+[`Worker`][idempotence.maintenance.worker.Worker]
+([`AsyncWorker`][idempotence.maintenance.worker_async.AsyncWorker] on an async store)
+runs them all; ``idempotence worker`` is the same from the shell.
 
->>> from idempotence.maintenance import Sweeper, Reaper
->>> Sweeper(store).run_once().count                # doctest: +SKIP
-0
+```python
+from idempotence.maintenance import Sweeper, Reaper
+Sweeper(store).run_once().count
+# 0
+```
 """
 
 from ..metrics import Metrics, default_metrics

@@ -1,6 +1,7 @@
 """The completer's settings, outcomes, results and log lines (B2), shared by
-:class:`~.completer_async.AsyncCompleter` and the generated
-:class:`~.completer.Completer`, and how to tell that a flow needs the async one."""
+[`AsyncCompleter`][idempotence.maintenance.worker_async.AsyncCompleter] and the
+generated [`Completer`][idempotence.maintenance.worker.Completer], and how to tell that
+a flow needs the async one."""
 
 from __future__ import annotations
 
@@ -20,15 +21,15 @@ from ._service_shared import ServiceConfig, _invalid
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompleterConfig(ServiceConfig):
-    """The completer's settings; see :class:`ServiceConfig`."""
+    """The completer's settings; see [`ServiceConfig`][idempotence.maintenance.ServiceConfig]."""
 
-    #: Flows run one key after another, so batches are small.
     batch_size: int = 20
-    #: How long a key must have been left alone before the completer takes it: the
-    #: client's own retries come first.
+    """Flows run one key after another, so batches are small."""
     grace: timedelta = timedelta(minutes=5)
-    #: Attempts before a key is errored and left for a human.
+    """How long a key must have been left alone before the completer takes it: the
+    client's own retries come first."""
     max_attempts: int = 5
+    """Attempts before a key is errored and left for a human."""
 
     def validate(self) -> None:
         ServiceConfig.validate(self)
@@ -41,23 +42,23 @@ class CompleterConfig(ServiceConfig):
 class CompletionOutcome(enum.Enum):
     """How the completer's attempt at one key ended."""
 
-    #: The flow finished the key: its response is stored.
     COMPLETED = "completed"
-    #: The flow stored an indeterminate foreign failure (R6): errored, for a human.
+    """The flow finished the key: its response is stored."""
     ERRORED = "errored"
-    #: Out of attempts: the completer errored the key, for a human.
+    """The flow stored an indeterminate foreign failure (R6): errored, for a human."""
     GAVE_UP = "gave_up"
-    #: The flow failed and released the key; a later pass tries again.
+    """Out of attempts: the completer errored the key, for a human."""
     FAILED = "failed"
-    #: A phase asked to be resumed later (NoOp): progress, so the key's attempts
-    #: start again.
+    """The flow failed and released the key; a later pass tries again."""
     PAUSED = "paused"
-    #: The flow refused the request before its first phase: the key was forgotten.
+    """A phase asked to be resumed later (NoOp): progress, so the key's attempts
+    start again."""
     REJECTED = "rejected"
-    #: Another worker finished or took the key in the meantime.
+    """The flow refused the request before its first phase: the key was forgotten."""
     SKIPPED = "skipped"
-    #: Another worker took the key over mid-run; this run's writes were refused (F1).
+    """Another worker finished or took the key in the meantime."""
     LOST = "lost"
+    """Another worker took the key over mid-run; this run's writes were refused (F1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +69,8 @@ class Completion:
     key: str
     flow: str
     outcome: CompletionOutcome
-    #: Completer attempts at this key so far, this one included.
     attempts: int
+    """Completer attempts at this key so far, this one included."""
     error: str | None = None
 
 
@@ -78,8 +79,8 @@ class CompleteResult:
     """What one pass of the completer did."""
 
     completions: tuple[Completion, ...]
-    #: Abandoned keys left alone because their flow is not registered, per flow.
     unregistered: Mapping[str, int] = field(default_factory=dict)
+    """Abandoned keys left alone because their flow is not registered, per flow."""
     batches: int = 0
     seconds: float = 0.0
 
@@ -95,12 +96,12 @@ class CompleteResult:
         return self.count(CompletionOutcome.GAVE_UP)
 
 
-#: What a key the completer gave up on answers to every retry.
 GAVE_UP_RESPONSE = ProblemDetails.of(
     Problem.REQUEST_ABANDONED,
     "The request could not be completed after repeated attempts and is on hold for an "
     "operator. Retrying it returns this answer.",
 ).stored()
+"""What a key the completer gave up on answers to every retry."""
 
 _KINDS = {
     ResultKind.EXECUTED: CompletionOutcome.COMPLETED,
@@ -159,7 +160,8 @@ def report(
     attempts: int,
     error: str | None,
 ) -> Completion:
-    """Log one attempt at ``record`` and return it as a :class:`Completion`."""
+    """Log one attempt at ``record`` and return it as a
+    [`Completion`][idempotence.maintenance.completer_async.Completion]."""
     level = {
         CompletionOutcome.GAVE_UP: logging.ERROR,
         CompletionOutcome.ERRORED: logging.ERROR,

@@ -1,5 +1,6 @@
 """The enqueuer's settings and result (B4), shared by
-:class:`~.enqueuer_async.AsyncEnqueuer` and the generated :class:`~.enqueuer.Enqueuer`."""
+[`AsyncEnqueuer`][idempotence.maintenance.worker_async.AsyncEnqueuer] and the generated
+[`Enqueuer`][idempotence.maintenance.worker.Enqueuer]."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from ._service_shared import ServiceConfig
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EnqueuerConfig(ServiceConfig):
-    """The enqueuer's settings; see :class:`ServiceConfig`. Jobs wait for it, so it
+    """The enqueuer's settings; see
+    [`ServiceConfig`][idempotence.maintenance.ServiceConfig]. Jobs wait for it, so it
     runs often."""
 
     interval: float = 1.0
@@ -21,10 +23,10 @@ class EnqueuerConfig(ServiceConfig):
 class EnqueueResult:
     """What one pass of the enqueuer did."""
 
-    #: Job keys delivered for the first time, in staging order.
     delivered: tuple[str, ...]
-    #: Staged jobs the sink already had (their job_key was delivered before).
+    """Job keys delivered for the first time, in staging order."""
     duplicates: int
+    """Staged jobs the sink already had (their job_key was delivered before)."""
     batches: int
     seconds: float
 

@@ -20,10 +20,12 @@ from .reconcile import Reconciliation
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Columns padded to their widest cell.
 
-    >>> print(table(["A", "BB"], [["x", 1], ["yyy", 22]]))
-    A    BB
-    x    1
-    yyy  22
+    ```python
+    print(table(["A", "BB"], [["x", 1], ["yyy", 22]]))
+    # A    BB
+    # x    1
+    # yyy  22
+    ```
     """
     cells = [[str(c) for c in headers], *[["" if c is None else str(c) for c in r] for r in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
@@ -36,8 +38,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 def age(delta: timedelta | None) -> str:
     """A short human duration: ``45s``, ``12m``, ``3h05m``, ``4d02h``.
 
-    >>> age(timedelta(hours=3, minutes=5))
-    '3h05m'
+    ```python
+    age(timedelta(hours=3, minutes=5))
+    # '3h05m'
+    ```
     """
     if delta is None:
         return "-"

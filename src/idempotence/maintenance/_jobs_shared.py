@@ -1,5 +1,6 @@
 """The job registry, the runner's settings, result and backoff (B4), shared by
-:class:`~.jobs_async.AsyncJobRunner` and the generated :class:`~.jobs.JobRunner`."""
+[`AsyncJobRunner`][idempotence.maintenance.worker_async.AsyncJobRunner] and the
+generated [`JobRunner`][idempotence.maintenance.worker.JobRunner]."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from ._service_shared import ServiceConfig, _invalid
 
 JobFn = Callable[[Job], Any]
 
-#: Why the sync runner refuses a job function that returned an awaitable (it fails
-#: the job with this, and retries it as any failure).
 NOT_SYNC_JOB = (
     "job {!r} returned an awaitable: an async job function needs the AsyncJobRunner "
     "(idempotence worker --async)"
 )
+"""Why the sync runner refuses a job function that returned an awaitable (it fails
+the job with this, and retries it as any failure)."""
 
 
 class JobRegistry:
@@ -54,25 +55,25 @@ class JobRegistry:
         return iter(sorted(self._fns))
 
 
-#: The default registry.
 jobs = JobRegistry()
+"""The default registry."""
 default_jobs = jobs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobRunnerConfig(ServiceConfig):
-    """The runner's settings; see :class:`ServiceConfig`."""
+    """The runner's settings; see [`ServiceConfig`][idempotence.maintenance.ServiceConfig]."""
 
     batch_size: int = 10
     interval: float = 1.0
-    #: Attempts before a failing job is marked dead.
     max_attempts: int = 5
-    #: The first retry's delay; each later one doubles, up to ``max_backoff``.
+    """Attempts before a failing job is marked dead."""
     backoff: timedelta = timedelta(seconds=10)
+    """The first retry's delay; each later one doubles, up to ``max_backoff``."""
     max_backoff: timedelta = timedelta(hours=1)
-    #: How long a picked job is the runner's: past it, another runner may run it
-    #: again. Longer than any job takes.
     lease: timedelta = timedelta(minutes=5)
+    """How long a picked job is the runner's: past it, another runner may run it
+    again. Longer than any job takes."""
 
     def validate(self) -> None:
         ServiceConfig.validate(self)
@@ -87,12 +88,12 @@ class JobRunnerConfig(ServiceConfig):
 class JobRunResult:
     """What one pass of the runner did."""
 
-    #: Job keys that ran to the end.
     done: tuple[str, ...]
-    #: Job keys that failed and will be retried.
+    """Job keys that ran to the end."""
     retried: tuple[str, ...]
-    #: Job keys that failed for the last time.
+    """Job keys that failed and will be retried."""
     dead: tuple[str, ...]
+    """Job keys that failed for the last time."""
     batches: int
     seconds: float
 

@@ -1,8 +1,8 @@
-"""The maintenance operations, written once, without I/O (see :mod:`..stores._sql.ops`).
+"""The maintenance operations, written once, without I/O (see `stores._sql.ops`).
 
 Each is a generator of named queries from the ``maintenance`` section of the
 dialect's ``queries.sql``; a store runs it with its private ``_perform``, which hands
-it the dialect. The writes start with :func:`statement_timeout`, so they run in a
+it the dialect. The writes start with `statement_timeout`, so they run in a
 transaction of their own (``_perform(..., write=True)``) where the timeout is local.
 """
 
@@ -35,10 +35,10 @@ class SweptKey:
     key: str
     flow: str
     recovery_point: str
-    #: The new fencing token: the crashed holder's token is now stale.
     lock_token: int
-    #: When the crashed holder took or last renewed the lock (PostgreSQL only).
+    """The new fencing token: the crashed holder's token is now stale."""
     held_since: datetime | None
+    """When the crashed holder took or last renewed the lock (PostgreSQL only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +46,8 @@ class PickedKey:
     """An abandoned key the completer took for a resume (B2)."""
 
     record: KeyRecord
-    #: Completer attempts including this one.
     attempts: int
+    """Completer attempts including this one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +63,15 @@ class ExpiredKey:
 @dataclass(frozen=True, slots=True)
 class Job(StagedJob):
     """A job of the built-in runner, as its function receives it (B4): the fields
-    of the :class:`~idempotence.states.StagedJob` it was delivered from (``id`` and
+    of the `StagedJob` it was delivered from (``id`` and
     ``created_at`` are its row's in the runner's table), and its attempt.
 
     ``job_key`` is the same on every attempt: use it to deduplicate the job's own
     side effects (pass it as the idempotency key of the email provider's call).
     """
 
-    #: 1 on the first attempt.
     attempt: int
+    """1 on the first attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +80,8 @@ class KeyRow:
 
     record: KeyRecord
     state: KeyState
-    #: The database clock when the row was read; ``state`` is the state at that moment.
     now: datetime
+    """The database clock when the row was read; ``state`` is the state at that moment."""
     completer_attempts: int
 
 

@@ -1,5 +1,6 @@
 """The reaper's retentions, stored 408, settings, result and log lines (B3), shared by
-:class:`~.reaper_async.AsyncReaper` and the generated :class:`~.reaper.Reaper`."""
+[`AsyncReaper`][idempotence.maintenance.worker_async.AsyncReaper] and the generated
+[`Reaper`][idempotence.maintenance.worker.Reaper]."""
 
 from __future__ import annotations
 
@@ -16,31 +17,34 @@ from ._service_shared import ServiceConfig
 class Retention:
     """The usual retentions, for ``Flow(retention=...)``.
 
-    >>> from idempotence.flows import Flow
-    >>> ledger = Flow("ledger_entries", retention=Retention.FOREVER)
+    ```python
+    from idempotence.flows import Flow
+    ledger = Flow("ledger_entries", retention=Retention.FOREVER)
+    ```
     """
 
-    #: Stripe's window: a day of replays (the default).
     DAY: timedelta = timedelta(hours=24)
-    #: Clients that retry over a weekend.
+    """Stripe's window: a day of replays (the default)."""
     THREE_DAYS: timedelta = timedelta(hours=72)
+    """Clients that retry over a weekend."""
     WEEK: timedelta = timedelta(days=7)
-    #: Never reaped: the key row is part of a ledger.
     FOREVER: None = None
+    """Never reaped: the key row is part of a ledger."""
 
 
-#: What a key that expired before it finished answers to every retry.
 EXPIRED_RESPONSE = ProblemDetails.of(
     Problem.REQUEST_EXPIRED,
     "The request was not completed before its Idempotency-Key expired, and it will not "
     "be completed. Check whether its effects happened before sending it again with a "
     "new Idempotency-Key.",
 ).stored()
+"""What a key that expired before it finished answers to every retry."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReaperConfig(ServiceConfig):
-    """The reaper's settings; see :class:`ServiceConfig`. Deleting is cheap per row,
+    """The reaper's settings; see
+    [`ServiceConfig`][idempotence.maintenance.ServiceConfig]. Deleting is cheap per row,
     so its batches are large; the pause between them lets requests through."""
 
     batch_size: int = 1000
@@ -51,10 +55,10 @@ class ReaperConfig(ServiceConfig):
 class ReapResult:
     """What one pass of the reaper did."""
 
-    #: Pending keys finished with the stored 408.
     expired: tuple[ExpiredKey, ...]
-    #: Finished keys deleted.
+    """Pending keys finished with the stored 408."""
     deleted: int
+    """Finished keys deleted."""
     batches: int
     seconds: float
 

@@ -1,15 +1,16 @@
 """The shape every background service has (DESIGN 7): the batch loop, pauses, the
-long-running loop, logging and test signals, on an :class:`~idempotence.AsyncStore`.
+long-running loop, logging and test signals, on an
+[`AsyncStore`][idempotence.testing.harness.AsyncStore].
 
-A service does its work in passes. :meth:`AsyncService.run_once` is one pass:
+A service does its work in passes. `AsyncService.run_once` is one pass:
 batches of at most ``batch_size`` rows, each in a transaction of its own, until a
 batch comes back short (the backlog is worked off), with a short jittered pause
 between batches so that a large backlog never starves the requests that share the
-database. :meth:`AsyncService.run_forever` repeats passes, a jittered ``interval``
+database. `AsyncService.run_forever` repeats passes, a jittered ``interval``
 apart, until its stop event is set; it survives a failed pass (the database
 restarting, say) and tries again at the next interval.
 
-The configuration and the signals, which need no store, are in :mod:`._service_shared`, shared
+The configuration and the signals, which need no store, are in `_service_shared`, shared
 by both flavours (F7).
 """
 
@@ -32,13 +33,13 @@ from ._service_shared import MAX_NAP, ConfigT, Progress, ResultT, Signals, jitte
 class AsyncService(abc.ABC, Generic[ConfigT, ResultT]):
     """The shape every maintenance service has (see the module docstring).
 
-    Subclasses implement :meth:`_pass`, which drains its work with :meth:`_drain`
-    and returns the pass's frozen result; :meth:`_summary` says what the result
+    Subclasses implement `_pass`, which drains its work with `_drain`
+    and returns the pass's frozen result; `_summary` says what the result
     means, for the log.
     """
 
-    #: The service's name in logs, metrics and signals.
     name: ClassVar[str]
+    """The service's name in logs, metrics and signals."""
 
     def __init__(
         self,

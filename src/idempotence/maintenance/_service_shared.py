@@ -1,11 +1,11 @@
 """What the sync and async background services share, without I/O (DESIGN 7, F7):
 their configuration, test signals and the arithmetic of their pauses.
 
-The services themselves are written once, async (:mod:`._service_async` and the
+The services themselves are written once, async (`_service_async` and the
 ``*_async`` modules beside it), and their sync twins are generated from them by
 ``scripts/unasync.py``; everything that needs no store lives here, or in each
-service's own shared module (:mod:`._sweeper_shared`, :mod:`._reaper_shared`,
-:mod:`._completer_shared`, :mod:`._enqueuer_shared`, :mod:`._jobs_shared`), so it is
+service's own shared module (`_sweeper_shared`, `_reaper_shared`,
+`_completer_shared`, `_enqueuer_shared`, `_jobs_shared`), so it is
 defined once.
 """
 
@@ -27,39 +27,45 @@ __all__ = ["MAX_NAP", "Progress", "ServiceConfig", "Signals", "jittered", "log_p
 ResultT = TypeVar("ResultT")
 ConfigT = TypeVar("ConfigT", bound="ServiceConfig")
 
-#: The longest a service sleeps in one go, so that a stop is noticed promptly even if
-#: the stop event is never set (a test that only sets a flag).
 MAX_NAP = 1.0
+"""The longest a service sleeps in one go, so that a stop is noticed promptly even if
+the stop event is never set (a test that only sets a flag)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServiceConfig:
     """Settings every service has; each service's config adds its own and changes the
-    defaults. Invalid values raise :class:`~idempotence.ConfigurationError` at once.
+    defaults. Invalid values raise
+    [`ConfigurationError`][idempotence.maintenance.completer_async.ConfigurationError]
+    at once.
 
-    >>> SweeperConfig(batch_size=500, interval=10.0)          # doctest: +SKIP
+    ```python
+    SweeperConfig(batch_size=500, interval=10.0)
+    ```
     """
 
-    #: Rows per batch (and per transaction).
     batch_size: int = 100
-    #: Seconds between two passes of ``run_forever``.
+    """Rows per batch (and per transaction)."""
     interval: float = 60.0
-    #: Seconds between two batches of one pass.
+    """Seconds between two passes of ``run_forever``."""
     batch_pause: float = 0.05
-    #: Each pause is stretched or shrunk by up to this fraction, at random, so that
-    #: services started together on many nodes drift apart instead of colliding.
+    """Seconds between two batches of one pass."""
     jitter: float = 0.25
-    #: Seconds one statement may run (PostgreSQL ``statement_timeout``); None for no
-    #: limit.
+    """Each pause is stretched or shrunk by up to this fraction, at random, so that
+    services started together on many nodes drift apart instead of colliding."""
     query_timeout: float | None = 30.0
-    #: Batches one pass runs at most; None works the backlog off.
+    """Seconds one statement may run (PostgreSQL ``statement_timeout``); None for no
+    limit."""
     max_batches: int | None = None
+    """Batches one pass runs at most; None works the backlog off."""
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Raise :class:`ConfigurationError` for a value that cannot work."""
+        """Raise
+        [`ConfigurationError`][idempotence.maintenance.completer_async.ConfigurationError]
+        for a value that cannot work."""
         _positive(self, "batch_size", self.batch_size)
         _positive(self, "interval", self.interval)
         if self.batch_pause < 0:
@@ -102,12 +108,14 @@ class Signals:
     ``on(name, fn)`` runs ``fn(payload)`` where the service runs (its thread, or for
     an async service its event loop) when ``name`` is emitted (while a batch's
     transaction is open, for ``batch_locked``), and every event is queued for
-    :meth:`wait`, which any thread may call.
+    [`wait`][idempotence.maintenance.Signals.wait], which any thread may call.
 
-    >>> signals = Signals()
-    >>> signals.emit("pass", 3)
-    >>> signals.wait("pass")
-    3
+    ```python
+    signals = Signals()
+    signals.emit("pass", 3)
+    signals.wait("pass")
+    # 3
+    ```
     """
 
     def __init__(self) -> None:

@@ -21,8 +21,8 @@ def stop_on_signals(
 ) -> Iterator[None]:
     """Set ``stop`` on the first of ``signals``; restore the old handlers on exit.
 
-    ``stop`` is the sync worker's :class:`threading.Event` or, entered in a running
-    event loop, the async worker's :class:`asyncio.Event` (set through the loop, which
+    ``stop`` is the sync worker's `threading.Event` or, entered in a running
+    event loop, the async worker's `asyncio.Event` (set through the loop, which
     the handler wakes). A second signal while stopping falls through to the previous
     handler (Ctrl-C twice interrupts at once). Call from the main thread.
     """

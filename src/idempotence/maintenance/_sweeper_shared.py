@@ -1,5 +1,6 @@
 """The sweeper's settings, its result and its log lines (B1), shared by
-:class:`~.sweeper_async.AsyncSweeper` and the generated :class:`~.sweeper.Sweeper`."""
+[`AsyncSweeper`][idempotence.maintenance.worker_async.AsyncSweeper] and the generated
+[`Sweeper`][idempotence.maintenance.worker.Sweeper]."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ._service_shared import ServiceConfig
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SweeperConfig(ServiceConfig):
-    """The sweeper's settings; see :class:`ServiceConfig`."""
+    """The sweeper's settings; see [`ServiceConfig`][idempotence.maintenance.ServiceConfig]."""
 
     interval: float = 30.0
 
@@ -22,8 +23,8 @@ class SweeperConfig(ServiceConfig):
 class SweepResult:
     """What one pass of the sweeper did."""
 
-    #: The keys unlocked, with their new fencing tokens.
     swept: tuple[SweptKey, ...]
+    """The keys unlocked, with their new fencing tokens."""
     batches: int
     seconds: float
 

@@ -1,14 +1,19 @@
 """The operator's view of the key store (F5): list, show and evict keys, and counts.
 
-The state of every key is computed in SQL exactly as :func:`idempotence.key_state`
-computes it (the test suite holds the two together), so that ``--state`` filters
-before ``--limit`` and a listing never disagrees with the state machine. On a
-:class:`~idempotence.RedisStore` the records are found by SCAN (never KEYS) and
-classified by :func:`idempotence.key_state` itself, on the server's clock.
+The state of every key is computed in SQL exactly as
+[`idempotence.key_state`][idempotence.maintenance.admin.key_state] computes it (the test
+suite holds the two together), so that ``--state`` filters before ``--limit`` and a
+listing never disagrees with the state machine. On a
+[`RedisStore`][idempotence.stores.redis.RedisStore] the records are found by SCAN (never
+KEYS) and classified by
+[`idempotence.key_state`][idempotence.maintenance.admin.key_state] itself, on the
+server's clock.
 
->>> rows = list_keys(store, state=KeyState.ERRORED, limit=20)   # doctest: +SKIP
->>> stats(store).states[KeyState.PENDING]                       # doctest: +SKIP
-4
+```python
+rows = list_keys(store, state=KeyState.ERRORED, limit=20)
+stats(store).states[KeyState.PENDING]
+# 4
+```
 """
 
 from __future__ import annotations
@@ -28,10 +33,19 @@ from ._ops import KeyRow, StateCount
 if TYPE_CHECKING:
     from ..stores.redis import RedisStore
 
-__all__ = ["KeyIsLocked", "KeyRow", "Stats", "evict_key", "list_keys", "show_key", "stats"]
+__all__ = [
+    "KeyIsLocked",
+    "KeyRow",
+    "Stats",
+    "evict_key",
+    "list_keys",
+    "list_keys_page",
+    "show_key",
+    "stats",
+]
 
-#: The most rows one listing returns.
 MAX_LIMIT = 10_000
+"""The most rows one listing returns."""
 
 
 def list_keys(
@@ -42,8 +56,28 @@ def list_keys(
     limit: int = 50,
 ) -> list[KeyRow]:
     """Up to ``limit`` keys, newest first, of one ``state`` and ``scope`` if given."""
+    return list_keys_page(store, state=state, scope=scope, limit=limit)[0]
+
+
+def list_keys_page(
+    store: Store | RedisStore,
+    *,
+    state: KeyState | None = None,
+    scope: str | None = None,
+    limit: int = 50,
+) -> tuple[list[KeyRow], bool]:
+    """[`list_keys`][idempotence.maintenance.admin.list_keys], and whether more keys
+    than ``limit`` match (so that a listing can say it was cut short)."""
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+    # One row past the limit tells whether there are more.
+    rows = _newest(store, state, scope, limit + 1)
+    return rows[:limit], len(rows) > limit
+
+
+def _newest(
+    store: Store | RedisStore, state: KeyState | None, scope: str | None, limit: int
+) -> list[KeyRow]:
     if not isinstance(store, Store):
         rows = _redis_rows(store, store.records(scope))
         rows = [row for row in rows if state is None or row.state is state]
@@ -60,7 +94,8 @@ def _redis_rows(store: RedisStore, records: list[KeyRecord]) -> list[KeyRow]:
 
 
 def show_key(store: Store | RedisStore, scope: str, key: str) -> KeyRow:
-    """One key with its state; :class:`~idempotence.KeyNotFound` if there is none."""
+    """One key with its state;
+    [`KeyNotFound`][idempotence.maintenance.admin.KeyNotFound] if there is none."""
     if isinstance(store, Store):
         rows = store._perform(
             lambda d: _ops.list_keys(d, state=None, scope=scope, key=key, limit=1),
@@ -74,17 +109,17 @@ def show_key(store: Store | RedisStore, scope: str, key: str) -> KeyRow:
     return rows[0]
 
 
-#: How many incarnations of a key ``evict_key`` chases when each is replaced by a new
-#: request while it evicts the one before.
 _EVICT_ATTEMPTS = 3
+"""How many incarnations of a key ``evict_key`` chases when each is replaced by a new
+request while it evicts the one before."""
 
 
 def evict_key(store: Store | RedisStore, scope: str, key: str, *, force: bool = False) -> KeyRow:
     """Delete one key, so that its next request runs afresh; return it as it was.
 
     A live lock means a worker is running the key right now: that raises
-    :class:`KeyIsLocked` unless ``force``, and with ``force`` the worker's later
-    fenced writes find no row and roll back (F1).
+    [`KeyIsLocked`][idempotence.maintenance.admin.KeyIsLocked] unless ``force``, and
+    with ``force`` the worker's later fenced writes find no row and roll back (F1).
     """
     for _ in range(_EVICT_ATTEMPTS):
         row = show_key(store, scope, key)
@@ -128,14 +163,14 @@ class Stats:
     """Counts over the key store (or one scope's keys), on the database clock."""
 
     now: datetime
-    #: Keys per state; every state is present.
     states: Mapping[KeyState, int]
-    #: The creation time of the oldest key of each state that has keys.
+    """Keys per state; every state is present."""
     oldest: Mapping[KeyState, datetime]
-    #: Lock takeovers and sweeps: every one bumps a key's lock_token from 1.
+    """The creation time of the oldest key of each state that has keys."""
     takeovers: int
-    #: Staged jobs not yet delivered, and the built-in runner's jobs by status.
+    """Lock takeovers and sweeps: every one bumps a key's lock_token from 1."""
     jobs: Mapping[str, int]
+    """Staged jobs not yet delivered, and the built-in runner's jobs by status."""
 
     @property
     def total(self) -> int:

@@ -22,9 +22,11 @@ coroutines as well as plain ones, so an application written async registers its 
 flow, not a blocking twin of it for the completer (F7). On a sync store a coroutine
 step fails the run, and the key is retried until it is given up on.
 
->>> completer = AsyncCompleter(store, flows=my_app.flows)   # doctest: +SKIP
->>> (await completer.run_once()).completed                  # doctest: +SKIP
-3
+```python
+completer = AsyncCompleter(store, flows=my_app.flows)
+(await completer.run_once()).completed
+# 3
+```
 """
 
 from __future__ import annotations

@@ -2,19 +2,23 @@
 # edit the async source and run `python scripts/unasync.py`.
 """The enqueuer (B4): deliver committed staged jobs to a job runner.
 
-A phase stages jobs in its own transaction (R7), so a job exists exactly when the
-phase committed. The enqueuer takes a batch out of the staging table and hands it to
-a :class:`JobSink` in ONE transaction, which commits only after the sink
-accepted the batch: a crash in between leaves the jobs staged, and the next pass
-delivers them again. A sink therefore sees a job at least once, and must deduplicate
-by ``job_key``.
+A phase stages jobs in its own transaction (R7), so a job exists exactly when the phase
+committed. The enqueuer takes a batch out of the staging table and hands it to a
+[`JobSink`][idempotence.maintenance.worker.JobSink] in ONE transaction,
+which commits only after the sink accepted the batch: a crash in between leaves the jobs
+staged, and the next pass delivers them again. A sink therefore sees a job at least
+once, and must deduplicate by ``job_key``.
 
-The built-in sink, :class:`RunnerSink`, inserts into the built-in runner's
-table (:mod:`.jobs`) in that same transaction, ``ON CONFLICT (job_key) DO NOTHING``:
-taking and delivering commit together, so each ``job_key`` arrives exactly once.
+The built-in sink,
+[`RunnerSink`][idempotence.maintenance.enqueuer.RunnerSink], inserts
+into the built-in runner's table (`jobs`) in that same transaction, ``ON CONFLICT
+(job_key) DO NOTHING``: taking and delivering commit together, so each ``job_key``
+arrives exactly once.
 
->>> Enqueuer(store).run_once()             # doctest: +SKIP
-EnqueueResult(delivered=('rides-12-started-email-0',), duplicates=0, batches=1, ...)
+```python
+Enqueuer(store).run_once()
+# EnqueueResult(delivered=('rides-12-started-email-0',), duplicates=0, batches=1, ...)
+```
 """
 
 from __future__ import annotations

@@ -3,22 +3,24 @@
 """The built-in job runner (B4): runs the jobs the enqueuer delivered.
 
 Register a Python function per job name; the runner calls ``fn(job)`` with a
-:class:`Job`. On an async store the runner awaits what the function returns, so it
-may be a coroutine function (a blocking one holds up the event loop while it runs);
-on a sync store an awaitable fails the job. Execution is at-least-once: a runner that
-dies mid-job leaves it to be picked again when its lease ends, so a function must
-deduplicate its own side effects by ``job.job_key`` (send it as the email provider's
-idempotency key, or record it in the same transaction as the function's writes). A
-job that raises is retried after an exponential, jittered backoff, up to
-``max_attempts`` times, and is then marked ``dead`` for a human.
+[`Job`][idempotence.maintenance.jobs.Job]. On an async store the runner awaits
+what the function returns, so it may be a coroutine function (a blocking one holds up
+the event loop while it runs); on a sync store an awaitable fails the job. Execution is
+at-least-once: a runner that dies mid-job leaves it to be picked again when its lease
+ends, so a function must deduplicate its own side effects by ``job.job_key`` (send it as
+the email provider's idempotency key, or record it in the same transaction as the
+function's writes). A job that raises is retried after an exponential, jittered backoff,
+up to ``max_attempts`` times, and is then marked ``dead`` for a human.
 
-The registry is in :mod:`._jobs_shared`, shared by both flavours (F7).
+The registry is in `_jobs_shared`, shared by both flavours (F7).
 
->>> jobs = JobRegistry()
->>> @jobs.register("send_receipt")
-... def send_receipt(job: Job) -> None:
-...     mailer.send(job.args["to"], idempotency_key=job.job_key)  # doctest: +SKIP
->>> JobRunner(store, jobs=jobs).run_once()                   # doctest: +SKIP
+```python
+jobs = JobRegistry()
+@jobs.register("send_receipt")
+def send_receipt(job: Job) -> None:
+    mailer.send(job.args["to"], idempotency_key=job.job_key)
+JobRunner(store, jobs=jobs).run_once()
+```
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """A log formatter that shows the structured fields the services log with ``extra``.
 
-The services log through :mod:`logging` with fields such as ``service``, ``scope``,
+The services log through `logging` with fields such as ``service``, ``scope``,
 ``key`` and ``count`` in ``extra``; any handler of the application's sees them as
 record attributes. This formatter prints them, as ``key=value`` pairs after the
 message or as one JSON object per line (for a log shipper).
 
->>> handler = logging.StreamHandler()
->>> handler.setFormatter(StructuredFormatter(as_json=True))
+```python
+handler = logging.StreamHandler()
+handler.setFormatter(StructuredFormatter(as_json=True))
+```
 """
 
 from __future__ import annotations

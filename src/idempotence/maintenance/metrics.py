@@ -1,9 +1,11 @@
-"""An old import path of the background services' Prometheus metrics (F5), kept
-working: they live in :mod:`idempotence.metrics`, with the store's own, on the same
-registry, and the library imports them from there.
+"""An old import path of the background services' Prometheus metrics (F5), kept working:
+they live in [`idempotence.metrics`][idempotence.metrics], with the store's own, on the
+same registry, and the library imports them from there.
 
->>> from idempotence.maintenance.metrics import default_metrics
->>> default_metrics().keys_swept(3)          # counts, or does nothing
+```python
+from idempotence.maintenance.metrics import default_metrics
+default_metrics().keys_swept(3)          # counts, or does nothing
+```
 """
 
 from __future__ import annotations

@@ -13,11 +13,14 @@ A pass has two steps, each in batches until a short page:
    errored key: it waits for a human (R6). Never a locked one.
 
 Retention is per flow, set when the key is claimed (``Flow(retention=...)``): see
-:class:`Retention` for the usual choices; ``None`` keeps a key forever (ledgers).
+[`Retention`][idempotence.maintenance.reaper.Retention] for the usual choices;
+``None`` keeps a key forever (ledgers).
 
->>> reaper = Reaper(store, ReaperConfig(batch_size=5000))   # doctest: +SKIP
->>> reaper.run_once()                                      # doctest: +SKIP
-ReapResult(expired=(), deleted=1200000, ...)
+```python
+reaper = Reaper(store, ReaperConfig(batch_size=5000))
+reaper.run_once()
+# ReapResult(expired=(), deleted=1200000, ...)
+```
 """
 
 from __future__ import annotations

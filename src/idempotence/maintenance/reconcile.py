@@ -1,19 +1,22 @@
 """The reconciliation hook (B5): compare local records with the foreign system's.
 
-Idempotency keys make each side effect happen once; reconciliation checks that the
-two sides agree anyway: a charge at the provider with no ride here (a local phase
-lost after the call), or a ride here with no charge there. A flow declares how to
-list both sides for a time window by registering a :class:`Reconciler` under its
-name; ``idempotence reconcile FLOW --since 24h`` prints the differences.
+Idempotency keys make each side effect happen once; reconciliation checks that the two
+sides agree anyway: a charge at the provider with no ride here (a local phase lost after
+the call), or a ride here with no charge there. A flow declares how to list both sides
+for a time window by registering a
+[`Reconciler`][idempotence.maintenance.reconcile.Reconciler] under its name;
+``idempotence reconcile FLOW --since 24h`` prints the differences.
 
->>> class Rides:
-...     def foreign_ids(self, since, until):
-...         return [c.metadata["ride"] for c in stripe.Charge.list(created={"gte": since})]
-...     def local_ids(self, since, until):
-...         return [r.id for r in Ride.objects.filter(created__gte=since, created__lt=until)]
->>> reconcilers.register("rides", Rides())            # doctest: +SKIP
->>> reconcile(Rides(), since).foreign_only            # doctest: +SKIP
-('ride_81',)
+```python
+class Rides:
+    def foreign_ids(self, since, until):
+        return [c.metadata["ride"] for c in stripe.Charge.list(created={"gte": since})]
+    def local_ids(self, since, until):
+        return [r.id for r in Ride.objects.filter(created__gte=since, created__lt=until)]
+reconcilers.register("rides", Rides())
+reconcile(Rides(), since).foreign_only
+# ('ride_81',)
+```
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class ReconcilerRegistry:
         self._by_flow: dict[str, Reconciler] = {}
 
     def register(self, flow: Any, reconciler: Reconciler) -> Reconciler:
-        """Register ``reconciler`` for ``flow`` (a :class:`~idempotence.flows.Flow` or
+        """Register ``reconciler`` for ``flow`` (a [`Flow`][idempotence.testing.harness.Flow] or
         its name)."""
         name = flow if isinstance(flow, str) else flow.name
         if not isinstance(reconciler, Reconciler):
@@ -70,8 +73,8 @@ class ReconcilerRegistry:
         return flow in self._by_flow
 
 
-#: The default registry.
 reconcilers = ReconcilerRegistry()
+"""The default registry."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +84,12 @@ class Reconciliation:
     flow: str
     since: datetime
     until: datetime
-    #: Foreign records with no local record: an effect we do not know about.
     foreign_only: tuple[str, ...]
-    #: Local records with no foreign record: an effect that never happened.
+    """Foreign records with no local record: an effect we do not know about."""
     local_only: tuple[str, ...]
-    #: Ids found on both sides.
+    """Local records with no foreign record: an effect that never happened."""
     matched: int
+    """Ids found on both sides."""
 
     @property
     def clean(self) -> bool:
@@ -120,10 +123,12 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     """A point in time from ``24h``, ``7d``, ``90m`` (ago) or an ISO 8601 time (UTC
     unless it says otherwise).
 
-    >>> parse_since("2h", datetime(2024, 1, 1, 12, tzinfo=UTC)).hour
-    10
-    >>> parse_since("2024-01-01T00:00").isoformat()
-    '2024-01-01T00:00:00+00:00'
+    ```python
+    parse_since("2h", datetime(2024, 1, 1, 12, tzinfo=UTC)).hour
+    # 10
+    parse_since("2024-01-01T00:00").isoformat()
+    # '2024-01-01T00:00:00+00:00'
+    ```
     """
     text = text.strip()
     duration = _DURATION.fullmatch(text)

@@ -12,9 +12,11 @@ Claims take over expired locks by themselves (P5); the sweeper makes the state
 observable (a key shows ``pending`` instead of a stale ``processing``) and hands the
 key to the completer (B2) without waiting for a client's retry.
 
->>> sweeper = Sweeper(store)                  # doctest: +SKIP
->>> sweeper.run_once()                       # doctest: +SKIP
-SweepResult(swept=(...), batches=1, seconds=0.004)
+```python
+sweeper = Sweeper(store)
+sweeper.run_once()
+# SweepResult(swept=(...), batches=1, seconds=0.004)
+```
 """
 
 from __future__ import annotations

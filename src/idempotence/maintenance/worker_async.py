@@ -11,10 +11,12 @@ completer resumes flows whose phases and foreign calls are coroutines, and its j
 runner awaits coroutine job functions. ``idempotence worker`` runs it when a
 registered flow has a coroutine step, or with ``--async``.
 
->>> stop = AsyncEvent()
->>> worker = AsyncWorker(store, flows=app.flows, jobs=app.jobs)   # doctest: +SKIP
->>> with stop_on_signals(stop):                                  # doctest: +SKIP
-...     await worker.run(stop)
+```python
+stop = AsyncEvent()
+worker = AsyncWorker(store, flows=app.flows, jobs=app.jobs)
+with stop_on_signals(stop):
+    await worker.run(stop)
+```
 """
 
 from __future__ import annotations

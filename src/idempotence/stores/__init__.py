@@ -1,11 +1,13 @@
-"""Key stores. Import the backend you use from its module, or from :mod:`idempotence`.
+"""Key stores. Import the backend you use from its module, or from [`idempotence`][idempotence].
 
 The PostgreSQL store needs the ``postgres`` extra (psycopg 3); the SQLite store needs
-nothing beyond the standard library. :class:`KeyStore` and :class:`AsyncKeyStore` are
-what every backend honours; :class:`Store` and :class:`AsyncStore`, the SQL stores,
-add the transaction shared with the application that flows and request-as-transaction
-need (:mod:`._interface`). :mod:`.cached` (the ``redis`` extra) puts a Redis cache of
-finished responses in front of a SQL store, and stands in for it.
+nothing beyond the standard library. [`KeyStore`][idempotence.stores.redis.KeyStore] and
+[`AsyncKeyStore`][idempotence.stores.redis.AsyncKeyStore] are what every backend
+honours; [`Store`][idempotence.testing.harness.Store] and
+[`AsyncStore`][idempotence.testing.harness.AsyncStore], the SQL stores, add the
+transaction shared with the application that flows and request-as-transaction need
+(`_interface`). `cached` (the ``redis`` extra) puts a Redis cache of finished responses
+in front of a SQL store, and stands in for it.
 """
 
 from typing import TYPE_CHECKING

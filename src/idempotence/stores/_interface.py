@@ -1,31 +1,38 @@
 """The key-store interface: what ANY backend can honour (DESIGN 4, 8).
 
-:class:`KeyStore` and :class:`AsyncKeyStore` are the operations of a key store that
-owns its own writes: claim a key atomically (P1-P6), then finish, release, forget or
-heartbeat the lease, fenced by its token (F1, F2), read a record, wait for a twin
-(P10). A backend without transactions shared with the application (Redis, whose
+[`KeyStore`][idempotence.stores.redis.KeyStore] and
+[`AsyncKeyStore`][idempotence.stores.redis.AsyncKeyStore] are the operations of a key
+store that owns its own writes: claim a key atomically (P1-P6), then finish, release,
+forget or heartbeat the lease, fenced by its token (F1, F2), read a record, wait for a
+twin (P10). A backend without transactions shared with the application (Redis, whose
 claim is one Lua script) can implement them all.
 
 A transactional store adds what only a SQL database can do, because the application
-writes in the same database: :meth:`~idempotence.Store.transaction`, ``claim(...,
-tx=)`` and ``finish(..., tx=)``, :meth:`~idempotence.Store.checkpoint`,
-:meth:`~idempotence.Store.end_phase`, :meth:`~idempotence.Store.stage_jobs`,
-and the maintenance services (which reach its SQL through a private seam). Flows
-(R2: a phase's writes commit with its checkpoint) and request-as-transaction (F3)
-need them, and so they take the SQL classes :class:`~idempotence.Store` /
-:class:`~idempotence.AsyncStore` (``Flow.run(store: Store, ...)``): a key store that
-is only a :class:`KeyStore` is refused by type, and the HTTP configuration refuses
-it at construction for a ``transaction=True`` or ``flow=`` endpoint.
+writes in the same database: [`transaction`][idempotence.stores.sql.Store.transaction],
+``claim(..., tx=)`` and ``finish(..., tx=)``,
+[`checkpoint`][idempotence.stores.sql.Store.checkpoint],
+[`end_phase`][idempotence.stores.sql.Store.end_phase],
+[`stage_jobs`][idempotence.stores.sql.Store.stage_jobs], and the maintenance services
+(which reach its SQL through a private seam). Flows (R2: a phase's writes commit with
+its checkpoint) and request-as-transaction (F3) need them, and so they take the SQL
+classes [`Store`][idempotence.testing.harness.Store] /
+[`AsyncStore`][idempotence.testing.harness.AsyncStore] (``Flow.run(store: Store,
+...)``): a key store that is only a [`KeyStore`][idempotence.stores.redis.KeyStore] is
+refused by type, and the HTTP configuration refuses it at construction for a
+``transaction=True`` or ``flow=`` endpoint.
 
 The SQL stores satisfy these protocols structurally (mypy checks it in
-:mod:`idempotence.stores`), so code that only claims and settles keys is typed
+[`idempotence.stores`][idempotence.stores]), so code that only claims and settles keys is typed
 against the protocol and runs on every backend:
 
->>> def replayed(store: KeyStore, request: ClaimRequest) -> bool:
-...     return store.claim(request).outcome is Outcome.REPLAY      # doctest: +SKIP
+```python
+def replayed(store: KeyStore, request: ClaimRequest) -> bool:
+    return store.claim(request).outcome is Outcome.REPLAY
+```
 
 The protocols are ``runtime_checkable``, but ``isinstance`` only sees method names,
-which the sync and the async interface share: :func:`is_async` tells them apart.
+which the sync and the async interface share:
+[`is_async`][idempotence.stores.keyvalue.is_async] tells them apart.
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ class KeyStore(Protocol):
     """A sync key store: the operations every backend honours, no shared transaction.
 
     Every write but the claim is fenced by the lease's token (F1): it raises
-    :class:`~idempotence.errors.LockLost` when another worker took the key over.
+    [`LockLost`][idempotence.maintenance.completer_async.LockLost] when another worker
+    took the key over.
     """
 
     def claim(self, request: ClaimRequest) -> Claim:
@@ -82,7 +90,8 @@ class KeyStore(Protocol):
 
 @runtime_checkable
 class AsyncKeyStore(Protocol):
-    """The async twin of :class:`KeyStore`: every operation is awaitable."""
+    """The async twin of [`KeyStore`][idempotence.stores.redis.KeyStore]: every
+    operation is awaitable."""
 
     async def claim(self, request: ClaimRequest) -> Claim: ...
 
@@ -106,13 +115,16 @@ class AsyncKeyStore(Protocol):
 def is_async(store: KeyStore | AsyncKeyStore) -> TypeGuard[AsyncKeyStore]:
     """True when ``store``'s operations are coroutine functions (an async store).
 
-    >>> from idempotence import AsyncSqliteStore, SqliteStore
-    >>> is_async(AsyncSqliteStore(":memory:")), is_async(SqliteStore(":memory:"))
-    (True, False)
+    ```python
+    from idempotence import AsyncSqliteStore, SqliteStore
+    is_async(AsyncSqliteStore(":memory:")), is_async(SqliteStore(":memory:"))
+    # (True, False)
+    ```
     """
     return inspect.iscoroutinefunction(store.claim)
 
 
 def is_sync(store: KeyStore | AsyncKeyStore) -> TypeGuard[KeyStore]:
-    """True when ``store`` is a sync store: the negation of :func:`is_async`."""
+    """True when ``store`` is a sync store: the negation of
+    [`is_async`][idempotence.stores.keyvalue.is_async]."""
     return not inspect.iscoroutinefunction(store.claim)

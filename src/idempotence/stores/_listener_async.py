@@ -1,5 +1,5 @@
 """P10 on PostgreSQL: the listener that wakes a duplicate waiting for its twin (see
-:mod:`._listener_shared` for how a wait goes)."""
+`_listener_shared` for how a wait goes)."""
 
 from __future__ import annotations
 

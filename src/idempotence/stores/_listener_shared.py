@@ -1,14 +1,14 @@
 """P10 on PostgreSQL: a duplicate waiting for its twin is woken by LISTEN/NOTIFY.
 
 This module holds what the listeners share; the listener itself is written in
-:mod:`._listener_async`, and :mod:`._listener` is generated from it.
+`_listener_async`, and `_listener` is generated from it.
 
 Each store has at most one listener: a connection of its own (never one of the pool's:
 a LISTENing connection stays open and idle for as long as the store lives), opened at
 the first wait, that LISTENs on the channel of ``mark_waiter`` (see
 ``sql/postgres/queries.sql``) and hands every notification to the store's
-:class:`~._waiters.Waiters`. The sync store reads it on a daemon thread, the async one
-on a task of the event loop that first waited (:mod:`idempotence._concurrency`'s
+`Waiters`. The sync store reads it on a daemon thread, the async one
+on a task of the event loop that first waited (`idempotence._concurrency`'s
 ``Background`` and ``AsyncBackground``).
 
 A wait (``Listener.wait``, ``AsyncListener.wait``) goes:
@@ -38,13 +38,13 @@ from ._sql.ops import Dialect, Op
 
 logger = logging.getLogger("idempotence.stores")
 
-#: How the listener's connection shows in ``pg_stat_activity``, unless the
-#: application named its connections itself.
 APPLICATION_NAME = "idempotence-listener"
+"""How the listener's connection shows in ``pg_stat_activity``, unless the
+application named its connections itself."""
 
-#: The listener looks up from the socket this often to notice that the store is
-#: closing (a thread blocked on a socket cannot be interrupted).
 STOP_CHECK = 0.2
+"""The listener looks up from the socket this often to notice that the store is
+closing (a thread blocked on a socket cannot be interrupted)."""
 
 
 def mark_waiter(d: Dialect, scope: str, key: str) -> Op[bool]:
@@ -56,8 +56,8 @@ def mark_waiter(d: Dialect, scope: str, key: str) -> Op[bool]:
 class ListenerBase:
     """What the sync and the async listener share: where to connect, and the log."""
 
-    #: The server named in the log (the Redis store's listener shares the waiting).
     backend = "PostgreSQL"
+    """The server named in the log (the Redis store's listener shares the waiting)."""
 
     def __init__(
         self, dialect: Dialect, conninfo: str, kwargs: Mapping[str, Any], connect_timeout: float

@@ -10,26 +10,29 @@ was meant for: so the database is checked here, and refused with what to write i
 from __future__ import annotations
 
 import urllib.parse
+from dataclasses import dataclass
 
 from ..errors import ConfigurationError
 
-__all__ = ["check_redis_url"]
+__all__ = ["SentinelTarget", "check_redis_url", "sentinel_url"]
 
-#: The schemes redis-py reads; a cluster's URL is one of them once ``+cluster`` is
-#: dropped (``cluster_url``).
 SCHEMES = ("redis", "rediss", "unix")
+"""The schemes redis-py reads; a cluster's URL is one of them once ``+cluster`` is
+dropped (``cluster_url``)."""
 
 
 def check_redis_url(url: str, *, cluster: bool = False) -> str:
     """``url`` if redis-py will read it as written; else
-    :class:`~idempotence.errors.ConfigurationError` saying what to fix. The message
-    never repeats the URL, which may carry a password.
+    [`ConfigurationError`][idempotence.maintenance.completer_async.ConfigurationError]
+    saying what to fix. The message never repeats the URL, which may carry a password.
 
-    >>> check_redis_url("redis://127.0.0.1:6379/2")
-    'redis://127.0.0.1:6379/2'
-    >>> check_redis_url("redis://127.0.0.1:6379/two")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    idempotence.errors.ConfigurationError: invalid database 'two' in the Redis URL: ...
+    ```python
+    check_redis_url("redis://127.0.0.1:6379/2")
+    # 'redis://127.0.0.1:6379/2'
+    check_redis_url("redis://127.0.0.1:6379/two")
+    # Traceback (most recent call last):
+    # idempotence.errors.ConfigurationError: invalid database 'two' in the Redis URL: ...
+    ```
     """
     try:
         parts = urllib.parse.urlsplit(url)
@@ -65,3 +68,62 @@ def check_redis_url(url: str, *, cluster: bool = False) -> str:
                 "database out of a redis+cluster:// URL"
             )
     return url
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A ``redis+sentinel://`` URL, read: where the sentinels are, which master."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int
+    tls: bool
+    username: str | None
+    password: str | None
+
+
+_SENTINEL_FORM = (
+    "write redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB] "
+    "(rediss+sentinel:// for TLS)"
+)
+
+
+def sentinel_url(url: str) -> SentinelTarget | None:
+    """``redis+sentinel://`` (or ``rediss+sentinel://``) read; None for another URL.
+
+    The password, if any, is the master's; the sentinels are asked without one.
+
+    Raises:
+        ConfigurationError: the URL names no sentinel, no service, or a database or
+            port that is no number. The message never repeats the URL.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("redis+sentinel", "rediss+sentinel"):
+        return None
+    netloc, _, path = rest.partition("/")
+    path = path.partition("?")[0]
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = urllib.parse.unquote(user) or None
+        password = urllib.parse.unquote(secret) if colon else None
+    sentinels = []
+    for host in hosts.split(","):
+        name, colon, port = host.rpartition(":") if ":" in host else (host, "", "26379")
+        if not name or not (port.isascii() and port.isdigit()):
+            raise ConfigurationError(f"invalid sentinel address in the Redis URL: {_SENTINEL_FORM}")
+        sentinels.append((name.strip("[]"), int(port)))
+    service, _, database = path.strip("/").partition("/")
+    if not service:
+        raise ConfigurationError(f"no service name in the Redis Sentinel URL: {_SENTINEL_FORM}")
+    if database and not (database.isascii() and database.isdigit()):
+        raise ConfigurationError(f"invalid database in the Redis Sentinel URL: {_SENTINEL_FORM}")
+    return SentinelTarget(
+        tuple(sentinels),
+        urllib.parse.unquote(service),
+        int(database or 0),
+        scheme.lower().startswith("rediss"),
+        username,
+        password,
+    )

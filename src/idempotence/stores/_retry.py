@@ -1,9 +1,9 @@
 """What every store's I/O shares, sync or async: the retry policy for transient
-errors (:class:`~idempotence.errors.TransientError`), and the bookkeeping of
-operations deferred to a commit (:class:`Blocks`).
+errors ([`TransientError`][idempotence.stores.TransientError]), and the bookkeeping of
+operations deferred to a commit ([`Blocks`][idempotence.stores.sql.Blocks]).
 
 The connections themselves (the protocols, and the runners that feed an operation's
-queries to one) are in :mod:`._sql.connection_async`, from which :mod:`._sql.connection` is
+queries to one) are in `_sql.connection_async`, from which `_sql.connection` is
 generated.
 """
 
@@ -29,16 +29,16 @@ __all__ = [
 ]
 from ._sql.ops import APPLICATION, Op
 
-#: How often an operation whose transaction the store owns is retried after a
-#: serialization failure, deadlock or busy database, and the base of its backoff.
 TRANSIENT_ATTEMPTS = 5
+"""How often an operation whose transaction the store owns is retried after a
+serialization failure, deadlock or busy database, and the base of its backoff."""
 TRANSIENT_BACKOFF = 0.005
 
 
 class KeyHeld(Exception):
     """The claim that opens a transaction (F3) found the key's row held by another
     open transaction and did not wait for it (F8): its transaction rolled back. The
-    store answers the claim from a read instead (:func:`~._sql.ops.claim_held`)."""
+    store answers the claim from a read instead (`claim_held`)."""
 
 
 E = TypeVar("E", bound=BaseException)
@@ -66,14 +66,15 @@ def backoff(attempt: int) -> float:
 
 class Blocks:
     """The operations deferred to the commit of each open transaction block of one
-    connection (see :meth:`Connection.defer`), innermost last.
+    connection (see [`Connection.defer`][idempotence.stores.sql.Connection.defer]), innermost last.
 
     A driver's ``atomic`` opens and ends the transaction; between the two it runs
-    :func:`~._sql.connection.body`, which runs ``first``, yields its result to the block,
-    and runs what was deferred before the driver commits. An exception out
-    of it, the block's own or a deferred operation's, is the driver's cue to roll back.
-    A driver that sends the deferred statements with its COMMIT keeps only the
-    bookkeeping: :meth:`block`, then :meth:`seal` before it runs them.
+    [`body`][idempotence.stores.sql.body], which runs ``first``, yields its result to
+    the block, and runs what was deferred before the driver commits. An exception out of
+    it, the block's own or a deferred operation's, is the driver's cue to roll back. A
+    driver that sends the deferred statements with its COMMIT keeps only the
+    bookkeeping: [`block`][idempotence.stores.sql.Blocks.block], then
+    [`seal`][idempotence.stores.sql.Blocks.seal] before it runs them.
     """
 
     def __init__(self) -> None:
@@ -108,7 +109,7 @@ class Blocks:
 
 
 class Translated(Protocol):
-    """A store's ``translated``: see :func:`translator`."""
+    """A store's ``translated``: see [`translator`][idempotence.stores.sql.translator]."""
 
     def __call__(self, statement: str = "") -> Translating: ...
 
@@ -142,7 +143,7 @@ def translator(
     translate: Callable[..., BaseException],
 ) -> Translated:
     """A store's ``translated(statement)``: the block for the statement named
-    ``statement``, where :data:`~._sql.ops.APPLICATION` (the application's statement, whose
+    ``statement``, where `APPLICATION` (the application's statement, whose
     errors are its own) translates with ``own=False``."""
     own = Translating(errors, translate, own=True)
     application = Translating(errors, translate, own=False)

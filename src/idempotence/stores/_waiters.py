@@ -4,8 +4,8 @@ A duplicate request in wait mode (``Policy(wait=...)``) waits for the request th
 holds its key. On PostgreSQL the statement that settles the key (finish, release,
 forget, the sweeper's unlock) sends a NOTIFY when someone marked the key as waited for
 (``mark_waiter`` in ``sql/postgres/queries.sql``); its payload is the JSON array
-``[scope, key]``. The store's one listener connection (:mod:`._listener`) receives it
-and hands it to :meth:`Waiters.notify`, which wakes every waiter of that key.
+``[scope, key]``. The store's one listener connection (`_listener`) receives it
+and hands it to `Waiters.notify`, which wakes every waiter of that key.
 
 No I/O here: the sync listener (a thread, waiters are ``threading.Event``) and the
 async one (a task, waiters are futures) share this bookkeeping and differ only in how
@@ -21,18 +21,20 @@ from typing import Generic, TypeVar
 
 W = TypeVar("W")
 
-#: PostgreSQL refuses a NOTIFY payload of 8000 bytes or more (the settling statements
-#: then send none). A waiter whose payload comes near it does not ask for one and just
-#: sleeps its pause: the margin covers any difference between this encoding and
-#: PostgreSQL's ``json_build_array(scope, key)::text``.
 MAX_PAYLOAD_BYTES = 7000
+"""PostgreSQL refuses a NOTIFY payload of 8000 bytes or more (the settling statements
+then send none). A waiter whose payload comes near it does not ask for one and just
+sleeps its pause: the margin covers any difference between this encoding and
+PostgreSQL's ``json_build_array(scope, key)::text``."""
 
 
 def payload(scope: str, key: str) -> str:
     """The NOTIFY payload for a key, as PostgreSQL builds it.
 
-    >>> payload("acct_1", "k1")
-    '["acct_1", "k1"]'
+    ```python
+    payload("acct_1", "k1")
+    # '["acct_1", "k1"]'
+    ```
     """
     return json.dumps([scope, key], ensure_ascii=False)
 
@@ -40,8 +42,10 @@ def payload(scope: str, key: str) -> str:
 def parse(text: str) -> tuple[str, str] | None:
     """The ``(scope, key)`` of a payload; None for anything else on the channel.
 
-    >>> parse('["acct_1", "k1"]')
-    ('acct_1', 'k1')
+    ```python
+    parse('["acct_1", "k1"]')
+    # ('acct_1', 'k1')
+    ```
     """
     try:
         value = json.loads(text)
@@ -68,13 +72,15 @@ class Waiters(Generic[W]):
 
     Thread-safe: waiters come and go on request threads while the listener delivers.
 
-    >>> woken = []
-    >>> waiters = Waiters(woken.append)
-    >>> waiters.add("acct_1", "k1", "w1")
-    >>> waiters.notify('["acct_1", "k1"]')
-    1
-    >>> woken
-    ['w1']
+    ```python
+    woken = []
+    waiters = Waiters(woken.append)
+    waiters.add("acct_1", "k1", "w1")
+    waiters.notify('["acct_1", "k1"]')
+    # 1
+    woken
+    # ['w1']
+    ```
     """
 
     def __init__(self, wake: Callable[[W], None]) -> None:

@@ -11,25 +11,34 @@ What a SQL dialect supplies:
 * **Its queries file**: ``idempotence/sql/<name>/queries.sql``, every statement the
   store runs, each under a ``-- name --`` header, with ``schema.sql`` and
   ``migrations/NNNN_*.sql`` beside it. ``:name`` placeholders throughout.
-* **A** :class:`Dialect` **subclass**: its ``name`` (the folder above), whether its
-  claim is one atomic statement (``claim_is_one_statement``; the claim is then
-  :func:`claim_in_one_statement`, else :func:`claim_in_transaction` under a write
+* **A** [`Dialect`][idempotence.stores.sql.Dialect] **subclass**: its ``name`` (the
+  folder above), whether its claim is one atomic statement (``claim_is_one_statement``;
+  the claim is then
+  [`claim_in_one_statement`][idempotence.stores.sql.claim_in_one_statement], else
+  [`claim_in_transaction`][idempotence.stores.sql.claim_in_transaction] under a write
   lock), its value conversions (``timestamp``, ``duration_in``, ``duration_out``) and
   the placeholders of the application's own statements (``application``; see
-  :func:`to_pyformat` for a driver that takes ``%(name)s``).
-* **A connection and a source**: a :class:`Connection` (or :class:`AsyncConnection`)
-  runs one :class:`Query` on the driver's connection and opens transactions; a
-  :class:`Source` (or :class:`AsyncSource`) hands connections out. :func:`run` and
-  :func:`body` (and their ``_async`` twins) do the rest; :class:`Blocks` keeps the
-  operations deferred to a commit.
+  [`to_pyformat`][idempotence.stores.sql.to_pyformat] for a driver that takes
+  ``%(name)s``).
+* **A connection and a source**: a [`Connection`][idempotence.stores.sql.Connection] (or
+  [`AsyncConnection`][idempotence.stores.sql.AsyncConnection]) runs one
+  [`Query`][idempotence.stores.sql.Query] on the driver's connection and opens
+  transactions; a [`Source`][idempotence.stores.sql.Source] (or
+  [`AsyncSource`][idempotence.stores.sql.AsyncSource]) hands connections out.
+  [`run`][idempotence.stores.sql.run] and [`body`][idempotence.stores.sql.body] (and
+  their ``_async`` twins) do the rest; [`Blocks`][idempotence.stores.sql.Blocks] keeps
+  the operations deferred to a commit.
 * **Error translation**: a function from the driver's exception to the library's
-  (:class:`~idempotence.errors.StoreUnavailable` when the database cannot be reached,
-  :class:`~idempotence.errors.TransientError` when the statement may simply run again,
-  :class:`~idempotence.errors.SchemaMissing`, else
-  :class:`~idempotence.errors.StoreError`), wrapped by :func:`translator`.
-  :class:`KeyHeld` is what a claim whose lock wait ran out raises.
-* **The store classes**: a subclass of :class:`Store` (or :class:`AsyncStore`) that
-  builds its dialect and source; the operations are inherited.
+  ([`StoreUnavailable`][idempotence.errors.StoreUnavailable] when the database cannot be
+  reached, [`TransientError`][idempotence.stores.TransientError] when the statement may
+  simply run again, [`SchemaMissing`][idempotence.errors.SchemaMissing], else
+  [`StoreError`][idempotence.errors.StoreError]), wrapped by
+  [`translator`][idempotence.stores.sql.translator].
+  [`KeyHeld`][idempotence.stores.sql.KeyHeld] is what a claim whose lock wait ran out
+  raises.
+* **The store classes**: a subclass of [`Store`][idempotence.testing.harness.Store] (or
+  [`AsyncStore`][idempotence.testing.harness.AsyncStore]) that builds its dialect and
+  source; the operations are inherited.
 
 What it can and cannot do is said by the dialect's class attributes and by the
 queries it defines: a database without ``LISTEN`` waits for a twin by polling, and

@@ -1,9 +1,9 @@
 """The crash harness's workers: one run of the flow in a child process (F4).
 
-This is the parent's side of :mod:`idempotence.testing._child`: it writes the child's
+This is the parent's side of `idempotence.testing._child`: it writes the child's
 spec, starts it, and reads back what the child left in its files (the boundaries it
 crossed, its result). The harness and tests use it through
-:mod:`idempotence.testing.harness`, which re-exports its public names.
+`idempotence.testing.harness`, which re-exports its public names.
 """
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ class WorkerResult:
 class Worker:
     """A child process running the target's flow once (or until final, ``retry``).
 
-    Build it with :func:`spawn_worker`. The child kills itself with SIGKILL at
-    ``kill_at`` (exactly as a ``kill -9`` would, at an exact point), or stops itself
-    with SIGSTOP at ``stop_at`` until :meth:`resume` (a zombie: a worker frozen by a GC
+    Build it with [`spawn_worker`][idempotence.testing.harness.spawn_worker]. The child
+    kills itself with SIGKILL at ``kill_at`` (exactly as a ``kill -9`` would, at an
+    exact point), or stops itself with SIGSTOP at ``stop_at`` until
+    [`resume`][idempotence.testing.Worker.resume] (a zombie: a worker frozen by a GC
     pause or a partition that wakes up later).
     """
 
@@ -170,8 +171,9 @@ def spawn_worker(
 ) -> Worker:
     """Start a child process that runs the target's flow for ``(scope, key)``.
 
-    ``retry`` makes the child retry until the answer is final (:func:`settle`);
-    ``workdir`` (an empty directory) receives the child's spec, events and result.
+    ``retry`` makes the child retry until the answer is final
+    ([`settle`][idempotence.testing.harness.settle]); ``workdir`` (an empty directory)
+    receives the child's spec, events and result.
     """
     folder = Path(workdir)
     folder.mkdir(parents=True, exist_ok=True)

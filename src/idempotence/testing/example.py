@@ -18,18 +18,20 @@ Read it as a template for a flow of your own::
   with the phase (R7), and finish with 201 and the ride.
 
 The phases are written once for sync and async stores: each is a generator that
-yields ``(sql, params)`` and is sent the rows back (:func:`sql_phase`), the way the
+yields ``(sql, params)`` and is sent the rows back (`sql_phase`), the way the
 library writes its own store operations. The SQL uses ``:name`` placeholders, which
 the store's transaction takes on every database.
 
->>> provider = FakeProvider("provider.sqlite3")                      # doctest: +SKIP
->>> store = SqliteStore("keys.sqlite3"); store.migrate(); create_tables(store)
->>> flow = rides_flow(provider)
->>> result = flow.run(store, ride_request(flow, scope="acct_1", key="k1"))
->>> result.response.status
-201
+```python
+provider = FakeProvider("provider.sqlite3")
+store = SqliteStore("keys.sqlite3"); store.migrate(); create_tables(store)
+flow = rides_flow(provider)
+result = flow.run(store, ride_request(flow, scope="acct_1", key="k1"))
+result.response.status
+# 201
+```
 
-:func:`crash_target` hands the flow to the crash harness
+`crash_target` hands the flow to the crash harness
 (``idempotence.testing.example:crash_target``).
 """
 
@@ -71,8 +73,8 @@ __all__ = [
 # -- writing a phase once for sync and async stores ---------------------------------------
 
 Row = dict[str, Any]
-#: A phase written as statements: yields ``(sql, params)``, is sent each one's rows.
 Statements: TypeAlias = Generator[tuple[str, Mapping[str, Any]], list[Row], PhaseResult]
+"""A phase written as statements: yields ``(sql, params)``, is sent each one's rows."""
 
 
 def _run(tx: Any, statements: Statements) -> PhaseResult | Awaitable[PhaseResult]:
@@ -105,11 +107,13 @@ def sql_phase(
 ) -> Callable[..., PhaseResult | Awaitable[PhaseResult]]:
     """Make a phase of a generator of statements, for ``run`` and ``run_async`` alike.
 
-    >>> @flow.phase("started")                                    # doctest: +SKIP
-    ... @sql_phase
-    ... def create(ctx):
-    ...     rows = yield ("INSERT INTO t (k) VALUES (:k) RETURNING id", {"k": ctx.lease.id})
-    ...     return Advance("created")
+    ```python
+    @flow.phase("started")
+    @sql_phase
+    def create(ctx):
+        rows = yield ("INSERT INTO t (k) VALUES (:k) RETURNING id", {"k": ctx.lease.id})
+        return Advance("created")
+    ```
     """
 
     def phase(ctx: PhaseContext, *args: Any) -> PhaseResult | Awaitable[PhaseResult]:
@@ -321,10 +325,10 @@ _COUNT = "SELECT count(*) AS n FROM {table} WHERE scope = :scope AND key_id = :k
 def crash_target(config: Mapping[str, Any]) -> Target:
     """The example flow as a crash-harness target.
 
-    ``config``: ``database`` (a URL, as for :func:`~idempotence.open_store`, already
-    migrated and with :func:`create_tables` applied), ``provider`` (the provider's
+    ``config``: ``database`` (a URL, as for [`open_store`][idempotence.database.open_store], already
+    migrated and with `create_tables` applied), ``provider`` (the provider's
     SQLite file), and optionally ``lock_timeout`` (seconds), ``card``, ``amount`` and
-    ``idempotent`` (see :func:`rides_flow`).
+    ``idempotent`` (see `rides_flow`).
     """
     provider = FakeProvider(config["provider"])
     idempotent = bool(config.get("idempotent", True))

@@ -1,7 +1,7 @@
 """The crash-injection harness: kill a flow at every boundary and prove it recovers (F4).
 
 Point it at a flow of your own. The harness runs the flow once, cleanly, in a child
-process, to learn its boundaries (the events of :class:`~idempotence.flows.Observer`:
+process, to learn its boundaries (the events of [`Observer`][idempotence.testing.harness.Observer]:
 before and after each phase commits, around each foreign call, and whatever your
 downstream fakes report, such as the provider's own commit). Then, for every
 boundary, it runs the flow in a fresh child that SIGKILLs itself exactly there, and
@@ -12,14 +12,15 @@ recovers the key twice over, separately:
   stored parameters, as the completer does (``flow.run(store, flow.resume_request(record))``).
 
 After each recovery it asserts what exactly-once means: the key reached a terminal
-state; no downstream effect and no local row exists twice (the target's *census*
-never counts more than a clean run left behind, nor less unless the key is errored,
-R6); the response is the clean run's; and every later retry replays it byte for
-byte. It returns a :class:`CrashReport` and raises ``AssertionError`` listing every
-violation.
+state; no downstream effect and no local row exists twice (the target's *census* never
+counts more than a clean run left behind, nor less unless the key is errored, R6); the
+response is the clean run's; and every later retry replays it byte for byte. It returns
+a [`CrashReport`][idempotence.testing.harness.CrashReport] and raises ``AssertionError``
+listing every violation.
 
 The flow is named by an importable ``"module:function"`` factory, so each child can
-build it; the factory takes a JSON-able config and returns a :class:`Target`::
+build it; the factory takes a JSON-able config and returns a
+[`Target`][idempotence.testing.harness.Target]::
 
     # myapp/crash.py
     def target(config):
@@ -93,18 +94,18 @@ class Target:
     """A flow under test, and what the harness needs to drive and judge it."""
 
     flow: Flow
-    #: Open the key store (each process opens its own).
     open_store: Callable[[], Store]
-    #: The request to run for ``(scope, key)``; the same arguments give the same request.
+    """Open the key store (each process opens its own)."""
     request: Callable[[str, str], ClaimRequest]
-    #: Named counts of what the run of ``record`` left behind: local rows, downstream
-    #: effects. A recovered run must never count more than a clean run.
+    """The request to run for ``(scope, key)``; the same arguments give the same request."""
     census: Callable[[Store, KeyRecord], Mapping[str, int]]
-    #: Wire the downstream fakes' own boundaries (a provider's commit) to ``observer``,
-    #: so the harness can kill inside a foreign call too.
+    """Named counts of what the run of ``record`` left behind: local rows, downstream
+    effects. A recovered run must never count more than a clean run."""
     instrument: Callable[[Observer], None] = _uninstrumented
-    #: Open the async key store, for ``flavour="async"`` runs.
+    """Wire the downstream fakes' own boundaries (a provider's commit) to ``observer``,
+    so the harness can kill inside a foreign call too."""
     open_async_store: Callable[[], AsyncStore] | None = None
+    """Open the async key store, for ``flavour="async"`` runs."""
 
 
 def load_target(factory: str, config: Mapping[str, Any]) -> Target:
@@ -123,7 +124,6 @@ def load_target(factory: str, config: Mapping[str, Any]) -> Target:
 
 # -- settling a key: retry until the flow's answer is final ------------------------------
 
-#: Results that end a client's retries: the answer is final.
 FINAL = frozenset(
     {
         ResultKind.EXECUTED,
@@ -133,6 +133,7 @@ FINAL = frozenset(
         ResultKind.MISMATCH,
     }
 )
+"""Results that end a client's retries: the answer is final."""
 
 
 def settle(attempt: Callable[[], FlowResult], *, timeout: float) -> tuple[FlowResult, int]:
@@ -158,10 +159,10 @@ def settle(attempt: Callable[[], FlowResult], *, timeout: float) -> tuple[FlowRe
 class Recovery(enum.Enum):
     """How a killed run's key is recovered."""
 
-    #: The client retries with the same key, from a fresh process.
     RETRY = "retry"
-    #: The key is resumed from its stored parameters once its lock expires (B2).
+    """The client retries with the same key, from a fresh process."""
     RESUME = "resume"
+    """The key is resumed from its stored parameters once its lock expires (B2)."""
 
 
 @dataclass(frozen=True)
@@ -170,16 +171,16 @@ class KillResult:
 
     point: KillPoint
     recovery: Recovery
-    #: Whether the worker was killed at ``point`` (False: the run never got there).
     killed: bool
-    #: The key's state after the recovery (None: the key is gone).
+    """Whether the worker was killed at ``point`` (False: the run never got there)."""
     state: KeyState | None
-    #: The stored response's status.
+    """The key's state after the recovery (None: the key is gone)."""
     status: int | None
-    #: Runs the recovery took.
+    """The stored response's status."""
     attempts: int
-    #: ``{census name: (clean run's count, this run's count)}`` where this run has more.
+    """Runs the recovery took."""
     duplicates: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    """``{census name: (clean run's count, this run's count)}`` where this run has more."""
     violations: tuple[str, ...] = ()
 
     @property
@@ -189,7 +190,8 @@ class KillResult:
 
 @dataclass(frozen=True)
 class CrashReport:
-    """What :func:`crash_test` found: the clean run, and one row per kill and recovery."""
+    """What [`crash_test`][idempotence.testing.harness.crash_test] found: the clean run,
+    and one row per kill and recovery."""
 
     factory: str
     baseline_status: int
@@ -225,8 +227,8 @@ class CrashReport:
 
 # -- the harness --------------------------------------------------------------------------
 
-#: Every run uses this key, each kill in a scope of its own.
 _KEY = "k"
+"""Every run uses this key, each kill in a scope of its own."""
 
 
 @dataclass(frozen=True)
@@ -360,9 +362,9 @@ def _survey(
     return _CleanRun(clean.response, dict(target.census(store, record)), tuple(survey.events()))
 
 
-#: What a recovery answered (None: the retrying worker died), the runs it took, and
-#: what went wrong on the way.
 _Recovered = tuple[FlowResult | WorkerResult | None, int, list[str]]
+"""What a recovery answered (None: the retrying worker died), the runs it took, and
+what went wrong on the way."""
 
 
 def _kill_and_recover(

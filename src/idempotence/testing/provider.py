@@ -5,15 +5,17 @@ store's, as a real provider's is, so what it committed survives the killing of t
 process that called it. It deduplicates by idempotency key the way Stripe does, and
 it can be made to misbehave the way networks do.
 
->>> provider = FakeProvider(tmp_path / "provider.sqlite3")      # doctest: +SKIP
->>> first = provider.charge(2000, "tok_visa", idempotency_key="rides-1-charge")
->>> again = provider.charge(2000, "tok_visa", idempotency_key="rides-1-charge")
->>> first == again, len(provider.charges())
-(True, 1)
->>> provider.charge(2000, "tok_declined").declined                # a result, not an error
-True
->>> provider.fail_next(Fault.TIMEOUT_AFTER_COMMIT)                 # charged, then "timeout"
->>> provider.before_commit = lambda charge: os.kill(os.getpid(), signal.SIGKILL)
+```python
+provider = FakeProvider(tmp_path / "provider.sqlite3")
+first = provider.charge(2000, "tok_visa", idempotency_key="rides-1-charge")
+again = provider.charge(2000, "tok_visa", idempotency_key="rides-1-charge")
+first == again, len(provider.charges())
+# (True, 1)
+provider.charge(2000, "tok_declined").declined                # a result, not an error
+# True
+provider.fail_next(Fault.TIMEOUT_AFTER_COMMIT)                 # charged, then "timeout"
+provider.before_commit = lambda charge: os.kill(os.getpid(), signal.SIGKILL)
+```
 
 Each call opens a connection of its own, so one provider can serve many threads and
 many processes can share one file.
@@ -59,18 +61,20 @@ CREATE TABLE IF NOT EXISTS fakepay_requests (
 
 
 class Fault(enum.Enum):
-    """A failure to inject into the next call (see :meth:`FakeProvider.fail_next`)."""
+    """A failure to inject into the next call (see
+    [`FakeProvider.fail_next`][idempotence.testing.provider.FakeProvider.fail_next])."""
 
-    #: The connection drops before the provider commits: nothing is charged, but the
-    #: caller cannot tell (``ConnectionResetError``, indeterminate to it).
     RESET_BEFORE_COMMIT = "reset_before_commit"
-    #: The provider commits the charge, then the connection drops
-    #: (``ConnectionResetError``): the caller cannot tell it was charged.
+    """The connection drops before the provider commits: nothing is charged, but the
+    caller cannot tell (``ConnectionResetError``, indeterminate to it)."""
     RESET_AFTER_COMMIT = "reset_after_commit"
-    #: The provider commits the charge, then the caller times out (``TimeoutError``).
+    """The provider commits the charge, then the connection drops
+    (``ConnectionResetError``): the caller cannot tell it was charged."""
     TIMEOUT_AFTER_COMMIT = "timeout_after_commit"
-    #: The provider answers 500 and charges nothing (:class:`ProviderError`).
+    """The provider commits the charge, then the caller times out (``TimeoutError``)."""
     SERVER_ERROR = "server_error"
+    """The provider answers 500 and charges nothing
+    ([`ProviderError`][idempotence.testing.provider.ProviderError])."""
 
 
 class ProviderError(Exception):
@@ -101,11 +105,11 @@ class Charge:
     id: str
     amount: int
     card: str
-    #: ``"succeeded"`` or ``"declined"``.
     status: str
+    """``"succeeded"`` or ``"declined"``."""
     idempotency_key: str | None
-    #: The caller's reference (metadata), for reconciliation.
     reference: str | None
+    """The caller's reference (metadata), for reconciliation."""
     created_at: float
 
     @property
@@ -116,8 +120,8 @@ class Charge:
         return asdict(self)
 
 
-#: Called with the charge just before, or just after, the provider commits it.
 CommitHook = Callable[[Charge], None]
+"""Called with the charge just before, or just after, the provider commits it."""
 
 
 class FakeProvider:
@@ -175,9 +179,10 @@ class FakeProvider:
 
         With an ``idempotency_key`` already used, nothing new is charged: the first
         charge comes back if the parameters are the same, and
-        :class:`IdempotencyKeyReused` is raised if they differ. A card whose name ends
-        in ``declined`` is declined: the declined charge is recorded (and replayed
-        under its key) and returned, not raised. Without a key, every call charges.
+        [`IdempotencyKeyReused`][idempotence.testing.provider.IdempotencyKeyReused] is
+        raised if they differ. A card whose name ends in ``declined`` is declined: the
+        declined charge is recorded (and replayed under its key) and returned, not
+        raised. Without a key, every call charges.
         """
         self._record_request(amount, card, idempotency_key, reference)
         if self.latency:

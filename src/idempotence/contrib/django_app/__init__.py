@@ -1,12 +1,14 @@
 """The Django app of the key store: its tables through ``manage.py migrate``, and
-:class:`DjangoStore`, the store on Django's own database connection.
+`DjangoStore`, the store on Django's own database connection.
 
->>> # settings.py                                               # doctest: +SKIP
->>> INSTALLED_APPS = [..., "idempotence.contrib.django_app"]
->>> MIDDLEWARE = [..., "idempotence.contrib.django.IdempotencyMiddleware"]
->>> IDEMPOTENCE = Idempotency(
-...     store=DjangoStore(), scope=single_tenant("shop"), default=Policy(transaction=True)
-... )
+```python
+# settings.py
+INSTALLED_APPS = [..., "idempotence.contrib.django_app"]
+MIDDLEWARE = [..., "idempotence.contrib.django.IdempotencyMiddleware"]
+IDEMPOTENCE = Idempotency(
+    store=DjangoStore(), scope=single_tenant("shop"), default=Policy(transaction=True)
+)
+```
 
 With ``Policy(transaction=True)`` a view's ORM writes, the key's claim and the stored
 response commit in one Django transaction (F3). The migrations run the package's own

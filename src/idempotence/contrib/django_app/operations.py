@@ -7,7 +7,7 @@ database lacks, in the schema editor's transaction, and records them in
 history, whichever tool ran: they cannot drift.
 
 A release that adds a package migration adds a Django migration with
-:class:`ApplyKeyTables` naming it (a test holds the two lists together).
+`ApplyKeyTables` naming it (a test holds the two lists together).
 """
 
 from __future__ import annotations

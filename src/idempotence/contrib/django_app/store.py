@@ -1,6 +1,6 @@
 """The key store on Django's own database connection (F3 with the Django ORM).
 
-:class:`DjangoStore` runs the store's statements on ``django.db.connections[alias]``,
+`DjangoStore` runs the store's statements on ``django.db.connections[alias]``,
 the very connection the ORM uses in the running thread, and opens its transactions
 with ``django.db.transaction.atomic(using=alias)``. So a request-as-transaction
 endpoint (``Policy(transaction=True)``) or a flow phase claims the key, runs the
@@ -195,11 +195,13 @@ class DjangoStore(Store):
     tables come from ``manage.py migrate`` with ``"idempotence.contrib.django_app"``
     in ``INSTALLED_APPS``.
 
-    >>> IDEMPOTENCE = Idempotency(                                 # doctest: +SKIP
-    ...     store=DjangoStore(),
-    ...     scope=single_tenant("shop"),
-    ...     default=Policy(transaction=True),
-    ... )
+    ```python
+    IDEMPOTENCE = Idempotency(
+        store=DjangoStore(),
+        scope=single_tenant("shop"),
+        default=Policy(transaction=True),
+    )
+    ```
     """
 
     def __init__(
@@ -225,6 +227,8 @@ class DjangoStore(Store):
         return self._django.alias
 
     def check(self) -> None:
-        """Raise :class:`~idempotence.errors.ConfigurationError` unless the connection
-        is one the store runs on (the middleware calls it when Django loads it)."""
+        """Raise
+        [`ConfigurationError`][idempotence.maintenance.completer_async.ConfigurationError]
+        unless the connection is one the store runs on (the middleware calls it when
+        Django loads it)."""
         self._django.vendor()

@@ -5,7 +5,7 @@ of that scope wait; when it is back, everything that waited goes out as one
 statement (``claim_batch``, ``finish_batch`` in the dialect's queries), and each
 caller gets its own row back. This module decides what goes in a batch, how the
 single statements' parameters become the batch's, and whose rows are whose. The
-waiting itself is :mod:`.batcher`'s.
+waiting itself is `batcher`'s.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any, Protocol, TypeVar
 
 from ...errors import StoreUnavailable, TransientError
 
-#: A row as the stores return it (``ops.Row``; not imported: ``ops`` imports this).
 Row = dict[str, Any]
+"""A row as the stores return it (``ops.Row``; not imported: ``ops`` imports this)."""
 
 
 class Query(Protocol):
@@ -29,25 +29,25 @@ class Query(Protocol):
     def params(self) -> Mapping[str, Any]: ...
 
 
-#: The most statements one batch carries: a bound on the statement's size and on the
-#: time its row locks are held, far above what a pool of connections keeps waiting.
 CAP = 64
+"""The most statements one batch carries: a bound on the statement's size and on the
+time its row locks are held, far above what a pool of connections keeps waiting."""
 
-#: How long a batch statement waits for a row lock before it gives up and its
-#: statements go again one by one (see ``claim_batch``): a key held by another open
-#: transaction must not hold up the batch's other callers, nor the lane behind them.
-#: Long enough for a statement of a concurrent batch on the same keys to commit.
 LOCK_WAIT = "50ms"
+"""How long a batch statement waits for a row lock before it gives up and its
+statements go again one by one (see ``claim_batch``): a key held by another open
+transaction must not hold up the batch's other callers, nor the lane behind them.
+Long enough for a statement of a concurrent batch on the same keys to commit."""
 
-#: The column of a batch statement's rows that says whose row it is (1-based, the
-#: order of the queries in the batch).
 BATCH_INDEX = "batch_index"
+"""The column of a batch statement's rows that says whose row it is (1-based, the
+order of the queries in the batch)."""
 
-#: Per statement that batches, the parameter naming its row within a scope: two
-#: statements of one batch must never touch the same row (PostgreSQL's ON CONFLICT
-#: DO UPDATE cannot change a row twice in one statement, and an UPDATE ... FROM would
-#: apply only one of two), so a second one goes out alone (see :func:`take`).
 ROW = {"claim": "key", "finish": "id"}
+"""Per statement that batches, the parameter naming its row within a scope: two
+statements of one batch must never touch the same row (PostgreSQL's ON CONFLICT
+DO UPDATE cannot change a row twice in one statement, and an UPDATE ... FROM would
+apply only one of two), so a second one goes out alone (see `take`)."""
 
 
 class Waiting(Protocol):
@@ -99,12 +99,12 @@ def params(queries: Sequence[Query]) -> dict[str, Any]:
     return batched
 
 
-#: The statements whose batch may leave unchanged a row their single statement would
-#: have changed: finish_batch takes each row by the ctid of the version its snapshot
-#: saw (see queries.sql), and a row updated after that snapshot (a duplicate marking
-#: itself a waiter, P10) is then not updated at all. So such a statement with no row
-#: back goes out again alone (see :func:`answered`).
 EMPTY_NOT_FINAL = {"finish"}
+"""The statements whose batch may leave unchanged a row their single statement would
+have changed: finish_batch takes each row by the ctid of the version its snapshot
+saw (see queries.sql), and a row updated after that snapshot (a duplicate marking
+itself a waiter, P10) is then not updated at all. So such a statement with no row
+back goes out again alone (see `answered`)."""
 
 
 def answered(query: Query, rows: list[Row]) -> bool:
@@ -117,7 +117,7 @@ def answered(query: Query, rows: list[Row]) -> bool:
 
 def split(rows: list[Row], count: int) -> list[list[Row]]:
     """The batch statement's ``rows`` as each of ``count`` statements would have had
-    them: by :data:`BATCH_INDEX`, none for a statement no row came back for."""
+    them: by `BATCH_INDEX`, none for a statement no row came back for."""
     mine: list[list[Row]] = [[] for _ in range(count)]
     for row in rows:
         mine[row[BATCH_INDEX] - 1].append(row)

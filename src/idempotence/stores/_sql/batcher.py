@@ -1,20 +1,20 @@
 """Natural batching of autocommit statements (DESIGN 11): the waiting, in both
 spellings (the sync one passes every statement straight through).
 
-The first statement of a lane (a kind and a scope: see :func:`.batch_plan.lane`) goes out
+The first statement of a lane (a kind and a scope: see `batch_plan.lane`) goes out
 at once, exactly as without batching: an idle store adds no wait. Statements that
 arrive while one of their lane is on its way queue up; when it is back, one task
-sends the whole queue as one statement (up to :data:`.batch_plan.CAP`; a second
+sends the whole queue as one statement (up to `batch_plan.CAP`; a second
 statement for a row in it goes out alone beside it), then the queue that formed
 meanwhile, until the lane is idle again. This is the leader/follower
 pattern of River's batched job completer: the batches grow with the load and no
 timer ever delays a statement.
 
-Each caller keeps its own operation (:mod:`.ops`): it hands the batch its first
+Each caller keeps its own operation (`ops`): it hands the batch its first
 statement and gets that statement's rows back, so its outcome, its fence (F1) and its
 error are decided by its own code, as alone. An operation that wants a second
 statement (a claim that met a row committed after its snapshot) runs again alone, and
-so does a finish the batch returned no row for (:func:`.batch_plan.answered`).
+so does a finish the batch returned no row for (`batch_plan.answered`).
 An error of the batch statement that any statement in it would have met (the
 database gone, a transient abort retried to the end) reaches every caller in it, the
 error the single statement would have raised (each caller its own copy, the batch's
@@ -43,20 +43,20 @@ from .ops import Op, Query, Row
 
 T = TypeVar("T")
 
-#: Run an operation in a transaction of its own (the store's ``_own``).
 AsyncAlone = Callable[[Callable[[], Op[Any]]], Awaitable[Any]]
+"""Run an operation in a transaction of its own (the store's ``_own``)."""
 Alone = Callable[[Callable[[], Op[Any]]], Any]
-#: Send a batch of statements of one lane; the rows of each, in order.
 AsyncSend = Callable[[list[Query]], Awaitable[list[list[Row]]]]
+"""Send a batch of statements of one lane; the rows of each, in order."""
 Send = Callable[[list[Query]], list[list[Row]]]
 
 
 @dataclass(slots=True)
 class _Waiter:
     query: Query
-    #: The statement's rows; None when the batch failed in a way that each of its
-    #: statements alone might not (see :func:`.batch_plan.alone_after`).
     rows: asyncio.Future[list[Row] | None]
+    """The statement's rows; None when the batch failed in a way that each of its
+    statements alone might not (see `batch_plan.alone_after`)."""
 
 
 def _waiting(waiter: _Waiter) -> bool:

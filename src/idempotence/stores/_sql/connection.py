@@ -3,10 +3,11 @@
 """The thin I/O layer: a connection runs one query, a runner feeds an operation's
 queries to it.
 
-A store operation (:mod:`.ops`) is a generator of queries. :func:`run` feeds it
-from a connection until it returns. Connections wrap a database driver's connection and
-translate its errors into the library's (:class:`~idempotence.errors.StoreError` and
-friends, always ``from`` the driver's exception).
+A store operation (`ops`) is a generator of queries.
+[`run`][idempotence.stores.sql.run] feeds it from a connection until it
+returns. Connections wrap a database driver's connection and translate its errors into
+the library's ([`StoreError`][idempotence.errors.StoreError] and friends, always
+``from`` the driver's exception).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ T = TypeVar("T")
 class Connection(Protocol):
     """A database connection, as the stores use it."""
 
-    #: The driver's own connection (``psycopg.Connection``, ``sqlite3.Connection``),
-    #: for the application's writes inside a phase.
     raw: Any
+    """The driver's own connection (``psycopg.Connection``, ``sqlite3.Connection``),
+    for the application's writes inside a phase."""
 
     def fetch(self, query: Query) -> list[Row]:
         """Run one statement; return its rows (empty for none)."""
@@ -34,15 +35,16 @@ class Connection(Protocol):
     def atomic(self, first: Op[T] | None = None) -> AbstractContextManager[T | None]:
         """A write transaction (a savepoint when one is already open).
 
-        ``first`` runs as its first statements and its result is what the block
-        yields; an operation handed to :meth:`defer` inside the block runs as its last
-        statements, just before the commit. A driver sends each with the BEGIN or the
-        COMMIT in one trip where it can (request-as-transaction, F3, makes no more
-        trips than the bare handler).
+        ``first`` runs as its first statements and its result is what the block yields;
+        an operation handed to [`defer`][idempotence.stores.sql.Connection.defer]
+        inside the block runs as its last statements, just before the commit. A driver
+        sends each with the BEGIN or the COMMIT in one trip where it can
+        (request-as-transaction, F3, makes no more trips than the bare handler).
         """
 
     def defer(self, op: Op[Any]) -> None:
-        """Run ``op`` when the innermost open :meth:`atomic` block commits, as its
+        """Run ``op`` when the innermost open
+        [`atomic`][idempotence.stores.sql.Connection.atomic] block commits, as its
         last statements; if it raises, the block rolls back and its exit raises."""
 
     def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
@@ -83,7 +85,7 @@ def run(op: Op[T], conn: Fetcher, rows: list[Row] | None = None) -> T:
 def body(blocks: Blocks, conn: Connection, first: Op[T] | None) -> Iterator[T | None]:
     """The inside of a transaction block that runs its statements one by one: run
     ``first`` and yield its result, then run what was deferred to the commit (see
-    :class:`~.._retry.Blocks`)."""
+    [`Blocks`][idempotence.stores.sql.Blocks])."""
     with blocks.block() as deferred:
         yield None if first is None else run(first, conn)
         blocks.seal(deferred)

@@ -1,10 +1,11 @@
 """The thin I/O layer: a connection runs one query, a runner feeds an operation's
 queries to it.
 
-A store operation (:mod:`.ops`) is a generator of queries. :func:`run_async` feeds it
-from a connection until it returns. Connections wrap a database driver's connection and
-translate its errors into the library's (:class:`~idempotence.errors.StoreError` and
-friends, always ``from`` the driver's exception).
+A store operation (`ops`) is a generator of queries.
+[`run_async`][idempotence.stores.sql.run_async] feeds it from a connection until it
+returns. Connections wrap a database driver's connection and translate its errors into
+the library's ([`StoreError`][idempotence.errors.StoreError] and friends, always
+``from`` the driver's exception).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ T = TypeVar("T")
 class AsyncConnection(Protocol):
     """A database connection, as the stores use it."""
 
-    #: The driver's own connection (``psycopg.AsyncConnection``, ``sqlite3.Connection``),
-    #: for the application's writes inside a phase.
     raw: Any
+    """The driver's own connection (``psycopg.AsyncConnection``, ``sqlite3.Connection``),
+    for the application's writes inside a phase."""
 
     async def fetch(self, query: Query) -> list[Row]:
         """Run one statement; return its rows (empty for none)."""
@@ -32,15 +33,16 @@ class AsyncConnection(Protocol):
     def atomic(self, first: Op[T] | None = None) -> AbstractAsyncContextManager[T | None]:
         """A write transaction (a savepoint when one is already open).
 
-        ``first`` runs as its first statements and its result is what the block
-        yields; an operation handed to :meth:`defer` inside the block runs as its last
-        statements, just before the commit. A driver sends each with the BEGIN or the
-        COMMIT in one trip where it can (request-as-transaction, F3, makes no more
-        trips than the bare handler).
+        ``first`` runs as its first statements and its result is what the block yields;
+        an operation handed to [`defer`][idempotence.stores.sql.AsyncConnection.defer]
+        inside the block runs as its last statements, just before the commit. A driver
+        sends each with the BEGIN or the COMMIT in one trip where it can
+        (request-as-transaction, F3, makes no more trips than the bare handler).
         """
 
     def defer(self, op: Op[Any]) -> None:
-        """Run ``op`` when the innermost open :meth:`atomic` block commits, as its
+        """Run ``op`` when the innermost open
+        [`atomic`][idempotence.stores.sql.AsyncConnection.atomic] block commits, as its
         last statements; if it raises, the block rolls back and its exit raises."""
 
     async def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
@@ -83,7 +85,7 @@ async def body_async(
 ) -> AsyncIterator[T | None]:
     """The inside of a transaction block that runs its statements one by one: run
     ``first`` and yield its result, then run what was deferred to the commit (see
-    :class:`~.._retry.Blocks`)."""
+    [`Blocks`][idempotence.stores.sql.Blocks])."""
     with blocks.block() as deferred:
         yield None if first is None else await run_async(first, conn)
         blocks.seal(deferred)

@@ -7,16 +7,16 @@ Three rules, the same on every store and every source:
   ``transaction()``). Depending on the source that would wait forever for the very
   transaction that waits for it (SQLite's one writer, a single-connection source's
   one slot, a PostgreSQL row lock), or quietly run inside it: so it raises
-  :class:`~idempotence.errors.StoreInTransaction` at once, everywhere.
+  [`StoreInTransaction`][idempotence.errors.StoreInTransaction] at once, everywhere.
 * After ``close()`` the store takes no connection at all, even from an application's
-  pool or connection that stays open: :class:`~idempotence.errors.StoreUnavailable`.
+  pool or connection that stays open: [`StoreUnavailable`][idempotence.errors.StoreUnavailable].
 * A transaction object is usable inside its block only. When the block ends, the
-  store swaps the transaction's connection for :data:`ENDED`, which refuses every use
+  store swaps the transaction's connection for `ENDED`, which refuses every use
   (a statement, ``tx.connection``, ``tx=`` on any operation: they all go through it)
-  with :class:`~idempotence.errors.TransactionEnded`, before anything is sent: the
+  with [`TransactionEnded`][idempotence.errors.TransactionEnded], before anything is sent: the
   connection is the source's again, maybe already in another request's transaction.
 
-"The same thread or task" is a :class:`contextvars.ContextVar`: each thread has a
+"The same thread or task" is a `contextvars.ContextVar`: each thread has a
 context of its own, each asyncio task a copy of its creator's. So a task created
 inside the transaction counts as inside it (awaiting it there could deadlock just the
 same), and a thread started inside it does not (it waits its turn like any other).
@@ -29,10 +29,10 @@ from typing import Any, NoReturn
 
 from ...errors import StoreInTransaction, StoreUnavailable, TransactionEnded
 
-#: The gates of the stores that have a transaction open in the current context.
 _OPEN: ContextVar[frozenset[Gate]] = ContextVar(
     "idempotence_open_transactions", default=frozenset()
 )
+"""The gates of the stores that have a transaction open in the current context."""
 
 _NESTED_OPERATION = (
     "A store operation without tx= (claim, finish, release, heartbeat, forget, get, "
@@ -57,7 +57,7 @@ _ENDED = (
 
 class Gate:
     """A store's way to connections of its own: refused while the store has a
-    transaction open in this context, and for good after :meth:`close`."""
+    transaction open in this context, and for good after `close`."""
 
     def __init__(self) -> None:
         self._closed = False
@@ -79,7 +79,7 @@ class Gate:
 
 
 class _Marked:
-    """The block of :meth:`Gate.transaction`. A class, not a generator: it is entered
+    """The block of `Gate.transaction`. A class, not a generator: it is entered
     for every transaction."""
 
     __slots__ = ("_gate",)
@@ -125,11 +125,11 @@ class _Ended:
         refuse_ended()
 
 
-#: Stands in for the connection of a transaction whose block has ended.
 ENDED: Any = _Ended()
+"""Stands in for the connection of a transaction whose block has ended."""
 
 
 def refuse_ended() -> NoReturn:
-    """Raise :class:`~idempotence.errors.TransactionEnded`: a transaction was used
+    """Raise [`TransactionEnded`][idempotence.errors.TransactionEnded]: a transaction was used
     after its block."""
     raise TransactionEnded(_ENDED)

@@ -1,11 +1,11 @@
 """The store operations, written once, without I/O.
 
-Each operation is a generator: it yields :class:`Query` objects and receives their
-rows back, and returns its result. A thin runner (:mod:`.connection_async`,
-:mod:`.connection`) runs it on a sync or an async connection, so the logic of every
-store exists exactly once and the sync and async stores cannot drift. A
-:class:`Dialect` holds what differs between databases: the query file, value
-conversions, and the shape of the claim.
+Each operation is a generator: it yields [`Query`][idempotence.stores.sql.Query] objects
+and receives their rows back, and returns its result. A thin runner (`connection_async`,
+`connection`) runs it on a sync or an async connection, so the logic of every store
+exists exactly once and the sync and async stores cannot drift. A
+[`Dialect`][idempotence.stores.sql.Dialect] holds what differs between databases: the
+query file, value conversions, and the shape of the claim.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ from . import batch_plan as _batch
 
 T = TypeVar("T")
 Row = dict[str, Any]
+"""A row as a query returns it: column name to value."""
 
-#: A claim that keeps meeting rows committed after its snapshot gives up after this
-#: many statements. Each retry needs a new concurrent change of the same key, so in
-#: practice the second statement settles it.
 MAX_CLAIM_ATTEMPTS = 8
+"""A claim that keeps meeting rows committed after its snapshot gives up after this
+many statements. Each retry needs a new concurrent change of the same key, so in
+practice the second statement settles it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +53,9 @@ class Query:
     params: Mapping[str, Any]
 
 
-#: The name of the application's own statements (``tx.execute``): their errors are
-#: the application's (a missing table is not the key store's schema).
 APPLICATION = "application"
+"""The name of the application's own statements (``tx.execute``): their errors are
+the application's (a missing table is not the key store's schema)."""
 
 Op = Generator[Query, list[Row], T]
 """An operation: yields queries, is sent each query's rows, returns its result."""
@@ -64,13 +65,13 @@ class Dialect(abc.ABC):
     """What one database needs that the others do not."""
 
     name: ClassVar[str]
-    #: True when the claim is a single statement that is atomic on its own (it then
-    #: runs in autocommit, one round trip); False when the driver must wrap it in a
-    #: write transaction.
     claim_is_one_statement: ClassVar[bool]
-    #: True when a claim should first be tried as a plain read (claim_preview), so
-    #: that replays and conflicts never take the write lock (SQLite).
+    """True when the claim is a single statement that is atomic on its own (it then
+    runs in autocommit, one round trip); False when the driver must wrap it in a
+    write transaction."""
     previews_claims: ClassVar[bool] = False
+    """True when a claim should first be tried as a plain read (claim_preview), so
+    that replays and conflicts never take the write lock (SQLite)."""
 
     def __init__(self) -> None:
         self.queries = _queries.load(self.name)
@@ -111,7 +112,8 @@ class Dialect(abc.ABC):
         return json.loads(value) if isinstance(value, str) else value
 
     def record(self, row: Row) -> KeyRecord:
-        """Build a :class:`KeyRecord` from a row of the key table."""
+        """Build a [`KeyRecord`][idempotence.testing.harness.KeyRecord] from a row of
+        the key table."""
         if "calling" not in row:
             # The newest column of the key table is missing: a schema older than this
             # release (the statements read ``k.*``). Fail closed, as a statement that
@@ -175,7 +177,7 @@ class Dialect(abc.ABC):
 
     def batch(self, queries: list[Query]) -> Query:
         """``queries`` (of one kind and one scope) as the one statement that runs them
-        all: the query file's ``<name>_batch`` (DESIGN 11, see :mod:`.batch_plan`)."""
+        all: the query file's ``<name>_batch`` (DESIGN 11, see `batch_plan`)."""
         name = f"{queries[0].name}_batch"
         return Query(name, self.queries[name], _batch.params(queries))
 
@@ -254,7 +256,7 @@ def finish(d: Dialect, lease: Lease, response: StoredResponse, error: str | None
 def finish_times(
     d: Dialect, lease: Lease, response: StoredResponse, error: str | None
 ) -> Op[tuple[datetime, datetime | None]]:
-    """:func:`finish`, handing back the finished row's ``finished_at`` and
+    """`finish`, handing back the finished row's ``finished_at`` and
     ``expires_at``, the database's own times: with the claim's record, the finished
     record that a cache in front of the store keeps for replays (``CachedStore``),
     without reading the whole row back. Its statement is named ``finish``, so it
@@ -334,7 +336,7 @@ def heartbeat(d: Dialect, lease: Lease) -> Op[datetime]:
 def migrate(d: Dialect, *, upto: str | None = None) -> Op[list[str]]:
     """Apply the dialect's pending migrations in one transaction; return their versions.
     Given ``upto``, only those up to that version (a Django migration's, see
-    :mod:`idempotence.contrib.django_app`)."""
+    `idempotence.contrib.django_app`)."""
     yield d.query("migrations_prepare")
     applied = {row["version"] for row in (yield d.query("migrations_applied"))}
     done = []
@@ -439,10 +441,12 @@ def claim_in_one_statement(
 def claim_preview(d: Dialect, request: ClaimRequest) -> Op[Claim | None]:
     """Decide a claim from a plain read when the read alone can decide it.
 
-    REPLAY and MISMATCH read settled facts (a finished key stays finished, a
-    fingerprint never changes); IN_PROGRESS may be a moment stale, which only costs
-    the client a retry. A claim that may take the key returns None: it must be decided
-    again inside the write transaction (:func:`claim_in_transaction`), so P6 holds.
+    REPLAY and MISMATCH read settled facts (a finished key stays finished, a fingerprint
+    never changes); IN_PROGRESS may be a moment stale, which only costs the client a
+    retry. A claim that may take the key returns None: it must be decided again inside
+    the write transaction
+    ([`claim_in_transaction`][idempotence.stores.sql.claim_in_transaction]), so P6
+    holds.
     """
     rows = yield d.query("claim_read", scope=request.scope, key=request.key)
     if not rows:
@@ -453,9 +457,9 @@ def claim_preview(d: Dialect, request: ClaimRequest) -> Op[Claim | None]:
     return claim_from(record, request.fingerprint, now, claimed=False)
 
 
-#: Retry-After, in seconds, for a key that another request's open transaction holds
-#: before its claim committed: how long that transaction will run is not known.
 HELD_RETRY_AFTER = 1.0
+"""Retry-After, in seconds, for a key that another request's open transaction holds
+before its claim committed: how long that transaction will run is not known."""
 
 
 def claim_held(d: Dialect, request: ClaimRequest) -> Op[Claim]:

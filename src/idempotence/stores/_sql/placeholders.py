@@ -1,8 +1,9 @@
 """One placeholder style for the application's SQL on every store: ``:name``.
 
-sqlite3 takes ``:name`` as written; psycopg wants ``%(name)s``. :func:`to_pyformat`
-rewrites a statement's ``:name`` placeholders for psycopg, reading the SQL the way
-PostgreSQL's lexer does, so that nothing but a placeholder is touched:
+sqlite3 takes ``:name`` as written; psycopg wants ``%(name)s``.
+[`to_pyformat`][idempotence.stores.sql.to_pyformat] rewrites a statement's ``:name``
+placeholders for psycopg, reading the SQL the way PostgreSQL's lexer does, so that
+nothing but a placeholder is touched:
 
 * ``'string literals'`` (``''`` inside), ``E'escape strings'`` (``\\'`` inside),
   ``"quoted identifiers"``, ``$tag$dollar-quoted bodies$tag$``, ``-- line`` and
@@ -15,13 +16,15 @@ PostgreSQL's lexer does, so that nothing but a placeholder is touched:
 
 A statement without ``:name`` placeholders is returned unchanged: psycopg's own
 ``%(name)s`` and ``%s`` keep working. One that mixes the two styles is refused with
-:class:`~idempotence.errors.MixedPlaceholders`. Translations are cached per SQL text,
+[`MixedPlaceholders`][idempotence.errors.MixedPlaceholders]. Translations are cached per SQL text,
 so a statement an application runs on every request is scanned once.
 
->>> to_pyformat("SELECT :amount::numeric, ':not', '5%' WHERE a[lo:hi] = :x")
-"SELECT %(amount)s::numeric, ':not', '5%%' WHERE a[lo:hi] = %(x)s"
->>> to_pyformat("SELECT %(amount)s")
-'SELECT %(amount)s'
+```python
+to_pyformat("SELECT :amount::numeric, ':not', '5%' WHERE a[lo:hi] = :x")
+# "SELECT %(amount)s::numeric, ':not', '5%%' WHERE a[lo:hi] = %(x)s"
+to_pyformat("SELECT %(amount)s")
+# 'SELECT %(amount)s'
+```
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 """The SQL key stores: one method per operation (DESIGN 4, 6).
 
 The store only chooses a connection and a transaction and hands the operation from
-:mod:`.ops` to it; the logic lives in the ops and the dialect.
+`ops` to it; the logic lives in the ops and the dialect.
 """
 
 from __future__ import annotations
@@ -30,15 +30,18 @@ T = TypeVar("T")
 class Transaction:
     """An open write transaction on the store's database (R2).
 
-    The application writes through :attr:`connection` (the driver's own connection)
-    or :meth:`execute`; :meth:`Store.checkpoint` or :meth:`Store.finish`
-    given this transaction is its last statement, and the whole lot commits or rolls
-    back together.
+    The application writes through
+    [`connection`][idempotence.stores.sql.Transaction.connection] (the driver's own
+    connection) or [`execute`][idempotence.stores.sql.Transaction.execute];
+    [`Store.checkpoint`][idempotence.stores.sql.Store.checkpoint] or
+    [`Store.finish`][idempotence.stores.sql.Store.finish] given this
+    transaction is its last statement, and the whole lot commits or rolls back together.
 
-    It is usable inside its block only: afterwards every use (:meth:`execute`,
-    :attr:`connection`, ``tx=`` on the store's operations) raises
-    :class:`~idempotence.errors.TransactionEnded` at the call; :attr:`claim` stays
-    readable.
+    It is usable inside its block only: afterwards every use
+    ([`execute`][idempotence.stores.sql.Transaction.execute],
+    [`connection`][idempotence.stores.sql.Transaction.connection], ``tx=`` on the
+    store's operations) raises [`TransactionEnded`][idempotence.errors.TransactionEnded]
+    at the call; `claim` stays readable.
     """
 
     def __init__(self, conn: Connection, dialect: Dialect, claim: Claim | None = None) -> None:
@@ -60,18 +63,21 @@ class Transaction:
         """Run one statement of the application's in this transaction; return its rows
         (dicts).
 
-        Write parameters as ``:name`` with a mapping: that works on every SQL store
-        (on PostgreSQL they become psycopg's ``%(name)s``, outside string literals,
-        comments and ``::`` casts, with every ``%`` in the statement then doubled for
-        psycopg; see :func:`~idempotence.stores.to_pyformat`). The driver's own styles
-        keep working too (``?`` on SQLite; ``%(name)s`` and ``%s`` on PostgreSQL),
-        but a statement in them runs on that database only, and one that mixes
-        ``:name`` with ``%(name)s`` raises :class:`~idempotence.errors.MixedPlaceholders`.
+        Write parameters as ``:name`` with a mapping: that works on every SQL store (on
+        PostgreSQL they become psycopg's ``%(name)s``, outside string literals, comments
+        and ``::`` casts, with every ``%`` in the statement then doubled for psycopg;
+        see [`to_pyformat`][idempotence.stores.sql.to_pyformat]). The driver's own
+        styles keep working too (``?`` on SQLite; ``%(name)s`` and ``%s`` on
+        PostgreSQL), but a statement in them runs on that database only, and one that
+        mixes ``:name`` with ``%(name)s`` raises
+        [`MixedPlaceholders`][idempotence.errors.MixedPlaceholders].
 
-        >>> tx.execute(                                           # doctest: +SKIP
-        ...     "INSERT INTO transfers (account, amount) VALUES (:account, :amount)",
-        ...     {"account": "acct_1", "amount": 2000},
-        ... )
+        ```python
+        tx.execute(
+            "INSERT INTO transfers (account, amount) VALUES (:account, :amount)",
+            {"account": "acct_1", "amount": 2000},
+        )
+        ```
         """
         return self._conn.fetch(self._dialect.application(sql, params))
 
@@ -94,28 +100,34 @@ def _no_commit(at_commit: bool) -> None:
 
 class Store:
     """A key store on a SQL database. Build one with
-    :class:`~idempotence.PostgresStore` or :class:`~idempotence.SqliteStore`;
-    their ``instrumentation`` keyword (:mod:`idempotence.observability`) is told of
-    every claim, every refused fenced write, and the runs of the flows on the store.
+    [`PostgresStore`][idempotence.stores.postgres.PostgresStore] or
+    [`SqliteStore`][idempotence.stores.sqlite.SqliteStore]; their
+    ``instrumentation`` keyword
+    ([`idempotence.observability`][idempotence.observability]) is told of every claim,
+    every refused fenced write, and the runs of the flows on the store.
 
-    >>> claim = store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
-    ... # doctest: +SKIP
-    >>> if claim.outcome is Outcome.EXECUTE:                              # doctest: +SKIP
-    ...     with store.transaction() as tx:
-    ...         tx.execute("INSERT INTO rides ...")
-    ...         store.finish(claim.lease, StoredResponse.of(201, body="{}"), tx=tx)
+    ```python
+    claim = store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
+    if claim.outcome is Outcome.EXECUTE:
+        with store.transaction() as tx:
+            tx.execute("INSERT INTO rides ...")
+            store.finish(claim.lease, StoredResponse.of(201, body="{}"), tx=tx)
+    ```
 
-    While a thread (or, async, a task) has the store's :meth:`transaction` open, the
-    store's operations there take ``tx=`` (claim, finish) or wait for the
-    transaction to end: one that would need a connection of its own (any operation
-    without ``tx=``, a second ``transaction()``) raises
-    :class:`~idempotence.errors.StoreInTransaction` at once, on every store, rather
-    than wait for the transaction that waits for it. After :meth:`close`, every
-    operation raises :class:`~idempotence.errors.StoreUnavailable`.
+    While a thread (or, async, a task) has the store's
+    [`transaction`][idempotence.stores.sql.Store.transaction] open, the store's
+    operations there take ``tx=`` (claim, finish) or wait for the transaction to end:
+    one that would need a connection of its own (any operation without ``tx=``, a second
+    ``transaction()``) raises
+    [`StoreInTransaction`][idempotence.errors.StoreInTransaction] at once, on every
+    store, rather than wait for the transaction that waits for it. After
+    [`close`][idempotence.stores.sql.Store.close], every operation raises
+    [`StoreUnavailable`][idempotence.errors.StoreUnavailable].
     """
 
-    #: What :meth:`transaction` yields (a store on an ORM's connections adds its session).
     _transaction_type: type[Transaction] = Transaction
+    """What [`transaction`][idempotence.stores.sql.Store.transaction] yields (a
+    store on an ORM's connections adds its session)."""
 
     def __init__(
         self,
@@ -183,11 +195,12 @@ class Store:
         the key's last committed version (a replay, a mismatch, or IN_PROGRESS with
         ``held``); then ``tx`` has no transaction open and must not be written to.
 
-        Given ``finished`` as well (a run whose stored response is known before it
-        runs: a transactional consumer's), a claim that takes the key writes it
-        finished with that response at once: the commit settles it with everything
-        else, a rollback takes it back, and no :meth:`finish` follows (one would be
-        refused: the key is finished). Its ``finished_at`` is the claim's time.
+        Given ``finished`` as well (a run whose stored response is known before it runs:
+        a transactional consumer's), a claim that takes the key writes it finished with
+        that response at once: the commit settles it with everything else, a rollback
+        takes it back, and no [`finish`][idempotence.stores.sql.Store.finish]
+        follows (one would be refused: the key is finished). Its ``finished_at`` is the
+        claim's time.
         """
         if finished is not None and claim is None:
             raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
@@ -230,9 +243,10 @@ class Store:
         """Record ``recovery_point`` in ``tx``, fenced (F1); returns the advanced lease.
 
         ``calling`` names the non-idempotent foreign call about to begin, so that a
-        claim after a crash knows it may have happened (R6); every checkpoint without
-        it clears it. Raises :class:`~idempotence.errors.LockLost` when another worker
-        holds the key now; the caller must then let ``tx`` roll back.
+        claim after a crash knows it may have happened (R6); every checkpoint without it
+        clears it. Raises [`LockLost`][idempotence.maintenance.completer.LockLost]
+        when another worker holds the key now; the caller must then let ``tx`` roll
+        back.
         """
         conn = tx._fenced(lease, "checkpoint", self._instrumentation)
         op = _ops.checkpoint(self._dialect, lease, recovery_point, calling)
@@ -277,17 +291,18 @@ class Store:
     def _finish_times(
         self, lease: Lease, response: StoredResponse, error: str | None
     ) -> tuple[datetime, datetime | None]:
-        """:meth:`finish` outside a transaction, batched as it is, handing back the
-        finished row's ``finished_at`` and ``expires_at`` (the database's times): with
-        the claim's record, what a cache in front of the store keeps for replays
-        (:class:`~idempotence.stores.cached.CachedStore`)."""
+        """[`finish`][idempotence.stores.sql.Store.finish] outside a transaction,
+        batched as it is, handing back the finished row's ``finished_at`` and
+        ``expires_at`` (the database's times): with the claim's record, what a cache in
+        front of the store keeps for replays
+        ([`CachedStore`][idempotence.stores.cached.CachedStore])."""
         return self._finish_own(
             lease, functools.partial(_ops.finish_times, self._dialect, lease, response, error)
         )
 
     def _invalidate(self, scope: str, key: str, key_id: int) -> None:
         """Before and after the key row ``key_id`` is deleted by an operator
-        (:func:`~idempotence.maintenance.admin.evict_key`): a store with a cache in
+        ([`evict_key`][idempotence.maintenance.admin.evict_key]): a store with a cache in
         front forgets the row's cached response there. A plain store has nothing to do."""
 
     def release(self, lease: Lease) -> None:
@@ -346,15 +361,17 @@ class Store:
         SQLite); the PostgreSQL store returns as soon as a NOTIFY says the key
         settled. It never raises for a store failure: the next claim reports it.
 
-        >>> while (claim := store.claim(request)).outcome is Outcome.IN_PROGRESS:
-        ...     store.wait_for_settle(request.scope, request.key, 0.25)  # doctest: +SKIP
+        ```python
+        while (claim := store.claim(request)).outcome is Outcome.IN_PROGRESS:
+            store.wait_for_settle(request.scope, request.key, 0.25)
+        ```
         """
         sleep(seconds)
 
     @property
     def instrumentation(self) -> Instrumentation | None:
         """What the store and the flows run on it report to, or None
-        (:mod:`idempotence.observability`)."""
+        ([`idempotence.observability`][idempotence.observability])."""
         return self._instrumentation
 
     def _perform(
@@ -367,10 +384,11 @@ class Store:
         """Run one of the library's own store operations (a generator of queries over
         the store's dialect, which ``make_op`` is handed).
 
-        In ``tx`` when given. Otherwise in a transaction of its own (``write``) or as
-        a plain read, retried after a transient abort, which is why this takes a
-        factory: each attempt gets a fresh operation. Not public API: it is how the
-        background services (:mod:`idempotence.maintenance`) reach the store's SQL.
+        In ``tx`` when given. Otherwise in a transaction of its own (``write``) or as a
+        plain read, retried after a transient abort, which is why this takes a factory:
+        each attempt gets a fresh operation. Not public API: it is how the background
+        services ([`idempotence.maintenance`][idempotence.maintenance]) reach the
+        store's SQL.
         """
         if tx is not None:
             return tx._conn.run_in_transaction(make_op(self._dialect))
@@ -382,7 +400,7 @@ class Store:
 
     def close(self) -> None:
         """Close the connections the store opened itself; every later operation raises
-        :class:`~idempotence.errors.StoreUnavailable` (an application's pool or
+        [`StoreUnavailable`][idempotence.errors.StoreUnavailable] (an application's pool or
         connection stays open). Closing twice is harmless."""
         self._gate.close()
         self._source.close()
@@ -394,7 +412,7 @@ class Store:
         self.close()
 
     def _send_batch(self, queries: list[Query]) -> list[list[Row]]:
-        """Send statements of one kind and scope as one (see :mod:`.batcher`)."""
+        """Send statements of one kind and scope as one (see `batcher`)."""
         return self._own(lambda: _ops.batch(self._dialect, queries))
 
     def _own(self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True) -> T:

@@ -3,9 +3,10 @@
 Needs the ``redis`` extra (``pip install 'idempotence[redis]'``). The primary store
 (PostgreSQL or SQLite) stays the source of truth; Redis serves replays, so the common
 retry costs one Redis GET and no round trip to the database. A stale or missing entry
-costs a read of the primary, never a wrong answer; Redis down costs nothing but
-speed. See :class:`AsyncCachedStore` (the source; :class:`CachedStore` is generated
-from it, F7) and the README's "Redis in front of the database".
+costs a read of the primary, never a wrong answer; Redis down costs nothing but speed.
+See [`AsyncCachedStore`][idempotence.stores.cached.AsyncCachedStore] (the source;
+[`CachedStore`][idempotence.stores.cached.CachedStore] is generated from it, F7) and the
+README's "Redis in front of the database".
 """
 
 from ._store import CachedStore

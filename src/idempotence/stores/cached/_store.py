@@ -4,7 +4,7 @@
 
 Written once, async: the sync store is generated from this module (F7). The
 decisions (what an entry says, when it is stale, a degraded cache) are in
-:mod:`._store_shared`; this module only makes the Redis calls around the primary's
+`_store_shared`; this module only makes the Redis calls around the primary's
 operations.
 """
 
@@ -43,9 +43,10 @@ class CachedStore(Store):
     """A SQL key store (``primary``: PostgreSQL or SQLite, the source of truth) with a
     Redis cache of finished responses in front of it, for replays.
 
-    >>> store = CachedStore(PostgresStore(url), "redis://localhost:6379/0")
-    ... # doctest: +SKIP
-    >>> claim = store.claim(request)   # a retry: one Redis GET, no SQL  # doctest: +SKIP
+    ```python
+    store = CachedStore(PostgresStore(url), "redis://localhost:6379/0")
+    claim = store.claim(request)   # a retry: one Redis GET, no SQL
+    ```
 
     A claim first reads the key's entry in Redis: an entry of the same scope, key and
     fingerprint is a finished key, replayed as the primary would (P3), with no round
@@ -64,17 +65,17 @@ class CachedStore(Store):
     phase, request-as-transaction) are cached by their first replay.
 
     ``redis`` is a ``redis://host:port/db`` URL (the store opens the client, with
-    ``timeout`` seconds to connect and to answer, and closes it) or a
-    client of the application's, left open (``redis.asyncio.Redis`` for the async
-    store, ``redis.Redis`` for the sync one). Its keys start
-    with ``prefix``, then the scope. An entry lives at most ``ttl`` and ends
-    ``clock_skew`` before its key expires, so the reaper never deletes a row whose
-    entry is still served. A failed or slow Redis is counted (:attr:`cache_stats`,
-    the ``cache`` hook of the primary's instrumentation), logged now and then, and
-    not asked again for ``pause`` seconds: the primary answers alone, never an error.
-    Evicting a key (:func:`~idempotence.maintenance.admin.evict_key`, ``idempotence
-    keys evict --cache URL``) must go through this store, which stores a tombstone
-    first: the CLI on the database alone cannot reach the cache.
+    ``timeout`` seconds to connect and to answer, and closes it) or a client of the
+    application's, left open (``redis.asyncio.Redis`` for the async store,
+    ``redis.Redis`` for the sync one). Its keys start with ``prefix``, then the scope.
+    An entry lives at most ``ttl`` and ends ``clock_skew`` before its key expires, so
+    the reaper never deletes a row whose entry is still served. A failed or slow Redis
+    is counted ([`cache_stats`][idempotence.CachedStore.cache_stats], the ``cache``
+    hook of the primary's instrumentation), logged now and then, and not asked again for
+    ``pause`` seconds: the primary answers alone, never an error. Evicting a key
+    ([`evict_key`][idempotence.maintenance.admin.evict_key], ``idempotence keys evict
+    --cache URL``) must go through this store, which stores a tombstone first: the CLI
+    on the database alone cannot reach the cache.
     """
 
     def __init__(
@@ -167,7 +168,7 @@ class CachedStore(Store):
 
     def _invalidate(self, scope: str, key: str, key_id: int) -> None:
         """Store a tombstone that refuses the entries of row ``key_id`` and older;
-        raises :class:`~idempotence.errors.StoreUnavailable` if Redis cannot be
+        raises [`StoreUnavailable`][idempotence.errors.StoreUnavailable] if Redis cannot be
         reached (the caller then deletes nothing)."""
         value, until = self._cache.tombstone(key_id)
         try:

@@ -1,19 +1,19 @@
 """The Redis cache of finished responses in front of a SQL store, without its I/O.
 
-:mod:`._store_async` (and the generated :mod:`._store`) performs the Redis calls;
+`_store_async` (and the generated `_store`) performs the Redis calls;
 what they send and how an answer is judged lives here, once: the Redis key of a
 (scope, key), the cache entry's encoding, its expiry, the floor that refuses stale
 writes, and the bookkeeping of a degraded cache (counted, logged at most every
 ``LOG_EVERY`` seconds, skipped for ``pause`` seconds after a failure). The two spellings
 of the Redis client (``connect_redis`` and ``connect_redis_async``) are here too (F7).
 
-An entry is the whole finished :class:`~idempotence.KeyRecord` (so a replay served
-from Redis is the claim the primary would have returned), prefixed by its row id:
-``E`` + 20 digits + JSON. A tombstone is ``T`` + 20 digits: the lowest row id whose
-entry may be stored. Row ids grow for one (scope, key) (a sequence on PostgreSQL,
-``AUTOINCREMENT`` on SQLite), so the one script that writes entries (``SET_SCRIPT``)
-refuses any entry below the floor of what is there: an entry of a deleted row never
-comes back, however late its writer.
+An entry is the whole finished [`KeyRecord`][idempotence.testing.harness.KeyRecord] (so
+a replay served from Redis is the claim the primary would have returned), prefixed by
+its row id: ``E`` + 20 digits + JSON. A tombstone is ``T`` + 20 digits: the lowest row
+id whose entry may be stored. Row ids grow for one (scope, key) (a sequence on
+PostgreSQL, ``AUTOINCREMENT`` on SQLite), so the one script that writes entries
+(``SET_SCRIPT``) refuses any entry below the floor of what is there: an entry of a
+deleted row never comes back, however late its writer.
 """
 
 from __future__ import annotations
@@ -42,44 +42,36 @@ __all__ = ["AsyncRedis", "Redis"]
 
 logger = logging.getLogger("idempotence.cache")
 
-#: Redis waits at most this long (seconds) to connect or to answer: a slow cache
-#: costs a request little before the primary answers alone.
 DEFAULT_TIMEOUT = 0.25
-#: After a Redis failure, the cache is not asked for this long (seconds): while it is
-#: down, requests pay nothing for it.
+"""Redis waits at most this long (seconds) to connect or to answer: a slow cache
+costs a request little before the primary answers alone."""
 DEFAULT_PAUSE = 1.0
-#: The longest an entry lives, whatever the key's retention (kept forever: ledgers).
+"""After a Redis failure, the cache is not asked for this long (seconds): while it is
+down, requests pay nothing for it."""
 DEFAULT_TTL = timedelta(hours=24)
-#: An entry expires this long before its key does, so that it is gone from Redis
-#: before the reaper can delete the row, as long as the clocks of Redis and of the
-#: database agree within it.
+"""The longest an entry lives, whatever the key's retention (kept forever: ledgers)."""
 DEFAULT_CLOCK_SKEW = timedelta(seconds=60)
-#: A degraded cache logs one warning per this many seconds, not one per request.
+"""An entry expires this long before its key does, so that it is gone from Redis
+before the reaper can delete the row, as long as the clocks of Redis and of the
+database agree within it."""
 LOG_EVERY = 10.0
-#: The most claims whose record a cache keeps for their finish (see
-#: :meth:`Cache.claimed`): far above the requests one process has in flight; past it
-#: the oldest is dropped, and its finish is cached by its first replay instead.
+"""A degraded cache logs one warning per this many seconds, not one per request."""
 CLAIMS_KEPT = 10_000
+"""The most claims whose record a cache keeps for their finish (see
+`Cache.claimed`): far above the requests one process has in flight; past it
+the oldest is dropped, and its finish is cached by its first replay instead."""
 
-#: What a failing Redis raises: redis-py's errors (connection refused, timeout, a
-#: server error) and a socket's own.
 CACHE_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+"""What a failing Redis raises: redis-py's errors (connection refused, timeout, a
+server error) and a socket's own."""
 
 _VERSION = 1
 _ENTRY = b"E"
 _TOMBSTONE = b"T"
 _DIGITS = 20
-#: One decoder for every entry (json.loads of bytes sniffs their encoding first).
 _JSON = json.JSONDecoder()
+"""One decoder for every entry (json.loads of bytes sniffs their encoding first)."""
 
-#: Store ARGV[1] (an entry or a tombstone) with absolute expiry ARGV[2] (Unix ms),
-#: unless what is there is an entry or a tombstone of a higher floor (characters
-#: 2-21, the row id or the tombstone's lowest id, zero-padded so that strings compare
-#: as numbers). Anything else there (a foreign value) is overwritten. What replaces an
-#: entry or a tombstone keeps its expiry if that is later: the floor it held must last
-#: as long, or a late writer of an older row could store that row once a shorter-lived
-#: newer entry expired. An entry kept past its own expiry is a miss to its readers
-#: (:meth:`Cache.replay`).
 SET_SCRIPT = """
 local current = redis.call('GET', KEYS[1])
 local at = tonumber(ARGV[2])
@@ -102,6 +94,14 @@ end
 redis.call('SET', KEYS[1], ARGV[1], 'PXAT', at)
 return 1
 """
+"""Store ARGV[1] (an entry or a tombstone) with absolute expiry ARGV[2] (Unix ms),
+unless what is there is an entry or a tombstone of a higher floor (characters
+2-21, the row id or the tombstone's lowest id, zero-padded so that strings compare
+as numbers). Anything else there (a foreign value) is overwritten. What replaces an
+entry or a tombstone keeps its expiry if that is later: the floor it held must last
+as long, or a late writer of an older row could store that row once a shorter-lived
+newer entry expired. An entry kept past its own expiry is a miss to its readers
+(`Cache.replay`)."""
 
 
 def connect_redis_async(target: str | AsyncRedis, timeout: float) -> tuple[AsyncRedis, bool]:
@@ -118,7 +118,7 @@ def connect_redis_async(target: str | AsyncRedis, timeout: float) -> tuple[Async
 
 
 def connect_redis(target: str | Redis, timeout: float) -> tuple[Redis, bool]:
-    """The sync twin of :func:`connect_redis_async`: a ``redis.Redis``."""
+    """The sync twin of `connect_redis_async`: a ``redis.Redis``."""
     if isinstance(target, str):
         return open_client(Redis, target, _options(timeout)), True
     if not isinstance(target, Redis):
@@ -134,7 +134,7 @@ async def close_redis_async(client: AsyncRedis) -> None:
 
 
 def close_redis(client: Redis) -> None:
-    """The sync twin of :func:`close_redis_async`."""
+    """The sync twin of `close_redis_async`."""
     client.close()
 
 
@@ -164,8 +164,8 @@ class _NoConnection:
         )
 
 
-#: Stands in for the connection of a transaction whose claim the cache answered.
 NO_CONNECTION: Any = _NoConnection()
+"""Stands in for the connection of a transaction whose claim the cache answered."""
 
 
 class CacheStats:
@@ -217,7 +217,7 @@ class Cache:
         self._logged_at = -LOG_EVERY
         self._unlogged = 0
         #: The record of each claim made through the store and not yet settled, by
-        #: its lease (see :meth:`claimed`).
+        #: its lease (see `claimed`).
         self._claims: OrderedDict[tuple[str, str, int, int], KeyRecord] = OrderedDict()
         self.stats = CacheStats()
 
@@ -281,7 +281,7 @@ class Cache:
     def claimed(self, claim: Claim) -> None:
         """Keep the record of a claim that took the key (EXECUTE) until its lease
         settles: with the two times its finish sets, it is the finished record (see
-        :meth:`finished`), so that the finish reads nothing back from the primary."""
+        `finished`), so that the finish reads nothing back from the primary."""
         if claim.lease is None:
             return
         with self._lock:
@@ -293,7 +293,7 @@ class Cache:
 
     def settled(self, lease: Lease) -> KeyRecord | None:
         """The record of ``lease``'s claim, no longer kept: None when the claim was
-        not made through this store (or was dropped, see :data:`CLAIMS_KEPT`)."""
+        not made through this store (or was dropped, see `CLAIMS_KEPT`)."""
         with self._lock:
             return self._claims.pop(_held(lease), None)
 

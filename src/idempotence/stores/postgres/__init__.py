@@ -6,13 +6,13 @@ conninfo, with the application's own ``psycopg_pool`` pool, or with one connecti
 the application already has (then its operations share that connection's
 transactions, which is what request-as-transaction mode wants).
 
-:class:`AsyncPostgresStore` is written in :mod:`._store_async`;
-:class:`PostgresStore` is generated from it (``scripts/unasync.py``). For a store
-built on the SQL store interface (:mod:`idempotence.stores.sql`) over a psycopg
-connection of its own (the Django store is one), the dialect, the error translation
-and the connection are public too: :class:`PostgresDialect`, :func:`translate`,
-:class:`PostgresConnection` and :class:`BoundedClaim` (a claim whose lock wait is
-bounded, F8).
+[`AsyncPostgresStore`][idempotence.stores.postgres.AsyncPostgresStore] is written in
+`_store_async`; [`PostgresStore`][idempotence.stores.postgres.PostgresStore] is
+generated from it (``scripts/unasync.py``). For a store built on the SQL store interface
+([`idempotence.stores.sql`][idempotence.stores.sql]) over a psycopg connection of its
+own (the Django store is one), the dialect, the error translation and the connection are
+public too: `PostgresDialect`, `translate`, `PostgresConnection` and `BoundedClaim` (a
+claim whose lock wait is bounded, F8).
 """
 
 # A package's __init__ runs before any of its modules: the one place to name the

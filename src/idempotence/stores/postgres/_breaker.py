@@ -6,15 +6,15 @@ PostgreSQL store; the I/O is theirs.
 Three states:
 
 - healthy: a checkout waits for a connection as long as the pool's own timeout (a
-  busy pool is not a dead server), in slices of :data:`FAIL_FAST` seconds, so that
+  busy pool is not a dead server), in slices of `FAIL_FAST` seconds, so that
   it stops waiting once the server turns out to be gone (the store's checkouts take
   turns to wait in the pool's queue, so one that slices keeps its place there);
 - suspect: a connection turned out broken (the server closed it, or it died under a
-  statement). A checkout waits at most :data:`FAIL_FAST` seconds, so a request is
+  statement). A checkout waits at most `FAIL_FAST` seconds, so a request is
   answered 503 within a second if the server is really gone;
 - down: the pool could not connect, or a suspect checkout timed out. A checkout
-  fails at once, but one every :data:`PROBE_INTERVAL` seconds is let through to try
-  (waiting at most :data:`FAIL_FAST`): the first that gets a connection makes the
+  fails at once, but one every `PROBE_INTERVAL` seconds is let through to try
+  (waiting at most `FAIL_FAST`): the first that gets a connection makes the
   store healthy again, within about a second of the server accepting connections.
 
 An outage is logged once, as a warning on ``idempotence.stores``, and its end once,
@@ -33,16 +33,16 @@ from ...errors import StoreUnavailable
 
 logger = logging.getLogger("idempotence.stores")
 
-#: Seconds a checkout waits for a connection while the server is suspect or down.
 FAIL_FAST = 0.5
-#: Seconds between the checkouts let through to try a server known to be down.
+"""Seconds a checkout waits for a connection while the server is suspect or down."""
 PROBE_INTERVAL = 0.5
+"""Seconds between the checkouts let through to try a server known to be down."""
 
 _HEALTHY, _SUSPECT, _DOWN = 0, 1, 2
 
-#: The last reason each of the store's pools failed to connect, by pool name (the
-#: pool's own log tells it; its ``reconnect_failed`` callback does not).
 connect_errors: dict[str, str] = {}
+"""The last reason each of the store's pools failed to connect, by pool name (the
+pool's own log tells it; its ``reconnect_failed`` callback does not)."""
 
 
 class Breaker:
@@ -64,15 +64,15 @@ class Breaker:
         return time.monotonic() + FAIL_FAST
 
     def check(self) -> None:
-        """Raise :class:`~idempotence.errors.StoreUnavailable` while the server is down
-        and no probe is due (what :meth:`timeout` would, without letting a probe
+        """Raise [`StoreUnavailable`][idempotence.errors.StoreUnavailable] while the server is down
+        and no probe is due (what `timeout` would, without letting a probe
         through)."""
         if self._state == _DOWN and time.monotonic() < self._probe_at:
             raise StoreUnavailable(f"{self._what} is unavailable: {self._reason}")
 
     def timeout(self, deadline: float | None = None) -> float:
         """How long the next checkout may wait (while healthy: a slice of it), at
-        most until ``deadline``; raises :class:`~idempotence.errors.StoreUnavailable`
+        most until ``deadline``; raises [`StoreUnavailable`][idempotence.errors.StoreUnavailable]
         at once while the server is down and no probe is due."""
         if deadline is not None:
             return max(deadline - time.monotonic(), 0.001)
@@ -114,7 +114,7 @@ class Breaker:
         self.down("cannot connect")
 
     def healthy(self) -> None:
-        """A checkout got a live connection (call only when :attr:`troubled`)."""
+        """A checkout got a live connection (call only when `troubled`)."""
         with self._lock:
             was, self._state = self._state, _HEALTHY
         if was == _DOWN:

@@ -12,7 +12,7 @@ transactions, which is what request-as-transaction mode wants).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import (
     AbstractContextManager,
     contextmanager,
@@ -36,24 +36,29 @@ from .._sql.connection import body, run
 from .._sql.ops import APPLICATION, Op, Query, Row
 from .._sql.store import Store
 from ._breaker import Breaker, closed_by_server
+from ._replication import REPLICATION_SQL, ReplicationState, describe, report
 from ._store_shared import (
     COMMIT_PLANNING,
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_STATEMENT_TIMEOUT,
     DRIVER_ERRORS,
-    SESSION_PLANNING,
     TRANSACTION_PLANNING,
     PostgresDialect,
     bounded_claim,
+    check_statement_timeout,
+    connection_options,
     deferred_sql,
     has_rows,
     held,
     listener,
     pipelines,
     pool_name,
+    session_settings,
     settle_deferred,
     translate,
     translated,
 )
+from ._watchdog import Watchdog
 
 T = TypeVar("T")
 
@@ -235,9 +240,27 @@ class BoundedClaim:
             return cur.fetchall() if has_rows(cur) else []
 
 
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    # Plans without sequential scans: see SESSION_PLANNING.
-    conn.execute(SESSION_PLANNING)
+def _configure(
+    settings: str, *, require_synchronous_standby: bool
+) -> Callable[[psycopg.Connection[Any]], None]:
+    seen: list[ReplicationState] = []
+
+    def configure(conn: psycopg.Connection[Any]) -> None:
+        # Plans without sequential scans (see SESSION_PLANNING), and the statement
+        # bound (DESIGN 13).
+        conn.execute(settings)
+        # The replication the COMMITs run on: said at the first connection and when
+        # it changes (a failover), refused if a synchronous standby is required.
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(REPLICATION_SQL)
+            state = describe(cur.fetchone() or {})
+        if require_synchronous_standby or not seen or seen[-1] != state:
+            seen[:] = [state]
+            refused = report(state, required=require_synchronous_standby)
+            if refused is not None:
+                raise StoreUnavailable(refused)
+
+    return configure
 
 
 class _PoolSource:
@@ -247,15 +270,18 @@ class _PoolSource:
         *,
         owned: bool,
         breaker: Breaker | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.pool = pool
         self._owned = owned
         self._opened = not owned
         self.breaker = breaker or Breaker(pool.name)
-        #: One checkout at a time waits in the pool's queue: see :meth:`_wait`.
+        #: Cancels what the server's statement_timeout does not end (DESIGN 13).
+        self.watchdog = watchdog
+        #: One checkout at a time waits in the pool's queue: see `_wait`.
         self._turn = Lock()
         #: The store's view of each of the pool's connections, made once per connection
-        #: (a view holds its connection: see :meth:`view` for how the map stays small).
+        #: (a view holds its connection: see `view` for how the map stays small).
         self._views: dict[psycopg.Connection[Any], PostgresConnection] = {}
 
     def view(self, raw: psycopg.Connection[Any]) -> PostgresConnection:
@@ -347,6 +373,8 @@ class _PoolSource:
     def close(self) -> None:
         # Final: a store closed before its first use never opens its pool, and a
         # closed pool refuses connections (the store is unavailable).
+        if self.watchdog is not None:
+            self.watchdog.close()
         opened, self._opened = self._opened, True
         if self._owned and opened:
             self.pool.close()
@@ -355,7 +383,7 @@ class _PoolSource:
 class _Checkout:
     """One of the pool's connections for one operation, by ``getconn`` and ``putconn``:
     the pool's ``connection()`` wraps them in two context managers and a lock, every
-    operation, to do what :meth:`__exit__` does here only when there is something to
+    operation, to do what `__exit__` does here only when there is something to
     do (a transaction left open commits, or rolls back after an error)."""
 
     __slots__ = ("_raw", "_source")
@@ -366,6 +394,8 @@ class _Checkout:
 
     def __enter__(self) -> PostgresConnection:
         raw = self._raw = self._source.checkout()
+        if self._source.watchdog is not None:
+            self._source.watchdog.watch(raw)
         return self._source.view(raw)
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
@@ -381,6 +411,8 @@ class _Checkout:
                     with suppress(psycopg.Error):
                         raw.rollback()
         finally:
+            if self._source.watchdog is not None:
+                self._source.watchdog.unwatch(raw)
             self._source.pool.putconn(raw)
 
 
@@ -406,9 +438,23 @@ class PostgresStore(Store):
     ``target`` is a conninfo or ``postgresql://`` URL (the store opens and owns a
     pool), a ``psycopg_pool.ConnectionPool``, or a ``psycopg.Connection``.
 
-    >>> store = PostgresStore("postgresql://app@db/app")   # doctest: +SKIP
-    >>> store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
-    ... # doctest: +SKIP
+    ``statement_timeout`` (seconds, None for no bound) bounds every wait of the store's
+    own pool: a statement or COMMIT that runs or waits for a lock longer on the server,
+    and a connection that goes unanswered that long on the network (a partition, a
+    server that stopped answering), end in ``StoreUnavailable``, so a request is
+    answered 503 within about that time. A pool or connection of your own keeps the
+    settings you gave it: set ``statement_timeout``, ``tcp_user_timeout`` and
+    keepalives there.
+
+    The store logs the replication its database runs on at its first connection
+    (synchronous, asynchronous: a failover may lose the last finished keys, or none),
+    and again when it changes. ``require_synchronous_standby=True`` refuses every
+    connection without a synchronous standby (``StoreUnavailable``: 503).
+
+    ```python
+    store = PostgresStore("postgresql://app@db/app")
+    store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
+    ```
     """
 
     def __init__(
@@ -417,9 +463,12 @@ class PostgresStore(Store):
         *,
         max_size: int = 10,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
+        require_synchronous_standby: bool = False,
         instrumentation: Instrumentation | None = None,
     ) -> None:
         source: _PoolSource | _SingleSource
+        statement_timeout = check_statement_timeout(statement_timeout)
         if isinstance(target, str):
             name = pool_name()
             breaker = Breaker(name)
@@ -428,8 +477,11 @@ class PostgresStore(Store):
                 min_size=1,
                 max_size=max_size,
                 timeout=connect_timeout,
-                kwargs={"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)},
-                configure=_configure,
+                kwargs=connection_options(connect_timeout, statement_timeout),
+                configure=_configure(
+                    session_settings(statement_timeout),
+                    require_synchronous_standby=require_synchronous_standby,
+                ),
                 open=False,
                 name=name,
                 # Give up at once on a failed connection attempt (the breaker then
@@ -438,7 +490,8 @@ class PostgresStore(Store):
                 reconnect_timeout=0,
                 reconnect_failed=breaker.reconnect_failed,
             )
-            source = _PoolSource(pool, owned=True, breaker=breaker)
+            watchdog = None if statement_timeout is None else Watchdog(statement_timeout)
+            source = _PoolSource(pool, owned=True, breaker=breaker, watchdog=watchdog)
         elif isinstance(target, psycopg_pool.ConnectionPool):
             source = _PoolSource(target, owned=False)
         else:
@@ -456,7 +509,7 @@ class PostgresStore(Store):
         """P10: return as soon as a NOTIFY says the key settled, or after ``seconds``.
 
         The notifications come on one connection of the store's own, opened at the
-        first wait (see :mod:`idempotence.stores._listener`). A store on the
+        first wait (see `idempotence.stores._listener`). A store on the
         application's one connection has none, and sleeps ``seconds``.
         """
         if self._listener is None:

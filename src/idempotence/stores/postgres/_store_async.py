@@ -10,7 +10,7 @@ transactions, which is what request-as-transaction mode wants).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import (
     AbstractAsyncContextManager,
     asynccontextmanager,
@@ -34,24 +34,29 @@ from .._sql.connection_async import body_async, run_async
 from .._sql.ops import APPLICATION, Op, Query, Row
 from .._sql.store_async import AsyncStore
 from ._breaker import Breaker, closed_by_server
+from ._replication import REPLICATION_SQL, ReplicationState, describe, report
 from ._store_shared import (
     COMMIT_PLANNING,
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_STATEMENT_TIMEOUT,
     DRIVER_ERRORS,
-    SESSION_PLANNING,
     TRANSACTION_PLANNING,
     PostgresDialect,
     bounded_claim,
+    check_statement_timeout,
+    connection_options,
     deferred_sql,
     has_rows,
     held,
     listener,
     pipelines,
     pool_name,
+    session_settings,
     settle_deferred,
     translate,
     translated,
 )
+from ._watchdog import Watchdog
 
 T = TypeVar("T")
 
@@ -234,9 +239,27 @@ class AsyncBoundedClaim:
                 return await cur.fetchall() if has_rows(cur) else []
 
 
-async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    # Plans without sequential scans: see SESSION_PLANNING.
-    await conn.execute(SESSION_PLANNING)
+def _configure_async(
+    settings: str, *, require_synchronous_standby: bool
+) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
+    seen: list[ReplicationState] = []
+
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        # Plans without sequential scans (see SESSION_PLANNING), and the statement
+        # bound (DESIGN 13).
+        await conn.execute(settings)
+        # The replication the COMMITs run on: said at the first connection and when
+        # it changes (a failover), refused if a synchronous standby is required.
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(REPLICATION_SQL)
+            state = describe(await cur.fetchone() or {})
+        if require_synchronous_standby or not seen or seen[-1] != state:
+            seen[:] = [state]
+            refused = report(state, required=require_synchronous_standby)
+            if refused is not None:
+                raise StoreUnavailable(refused)
+
+    return configure
 
 
 class _AsyncPoolSource:
@@ -246,15 +269,18 @@ class _AsyncPoolSource:
         *,
         owned: bool,
         breaker: Breaker | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.pool = pool
         self._owned = owned
         self._opened = not owned
         self.breaker = breaker or Breaker(pool.name)
-        #: One checkout at a time waits in the pool's queue: see :meth:`_wait`.
+        #: Cancels what the server's statement_timeout does not end (DESIGN 13).
+        self.watchdog = watchdog
+        #: One checkout at a time waits in the pool's queue: see `_wait`.
         self._turn = AsyncLock()
         #: The store's view of each of the pool's connections, made once per connection
-        #: (a view holds its connection: see :meth:`view` for how the map stays small).
+        #: (a view holds its connection: see `view` for how the map stays small).
         self._views: dict[psycopg.AsyncConnection[Any], AsyncPostgresConnection] = {}
 
     def view(self, raw: psycopg.AsyncConnection[Any]) -> AsyncPostgresConnection:
@@ -348,6 +374,8 @@ class _AsyncPoolSource:
     async def close(self) -> None:
         # Final: a store closed before its first use never opens its pool, and a
         # closed pool refuses connections (the store is unavailable).
+        if self.watchdog is not None:
+            self.watchdog.close()
         opened, self._opened = self._opened, True
         if self._owned and opened:
             await self.pool.close()
@@ -356,7 +384,7 @@ class _AsyncPoolSource:
 class _AsyncCheckout:
     """One of the pool's connections for one operation, by ``getconn`` and ``putconn``:
     the pool's ``connection()`` wraps them in two context managers and a lock, every
-    operation, to do what :meth:`__aexit__` does here only when there is something to
+    operation, to do what `__aexit__` does here only when there is something to
     do (a transaction left open commits, or rolls back after an error)."""
 
     __slots__ = ("_raw", "_source")
@@ -367,6 +395,8 @@ class _AsyncCheckout:
 
     async def __aenter__(self) -> AsyncPostgresConnection:
         raw = self._raw = await self._source.checkout()
+        if self._source.watchdog is not None:
+            self._source.watchdog.watch(raw)
         return self._source.view(raw)
 
     async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
@@ -382,6 +412,8 @@ class _AsyncCheckout:
                     with suppress(psycopg.Error):
                         await raw.rollback()
         finally:
+            if self._source.watchdog is not None:
+                self._source.watchdog.unwatch(raw)
             await self._source.pool.putconn(raw)
 
 
@@ -407,9 +439,23 @@ class AsyncPostgresStore(AsyncStore):
     ``target`` is a conninfo or ``postgresql://`` URL (the store opens and owns a
     pool), a ``psycopg_pool.AsyncConnectionPool``, or a ``psycopg.AsyncConnection``.
 
-    >>> store = AsyncPostgresStore("postgresql://app@db/app")   # doctest: +SKIP
-    >>> await store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
-    ... # doctest: +SKIP
+    ``statement_timeout`` (seconds, None for no bound) bounds every wait of the store's
+    own pool: a statement or COMMIT that runs or waits for a lock longer on the server,
+    and a connection that goes unanswered that long on the network (a partition, a
+    server that stopped answering), end in ``StoreUnavailable``, so a request is
+    answered 503 within about that time. A pool or connection of your own keeps the
+    settings you gave it: set ``statement_timeout``, ``tcp_user_timeout`` and
+    keepalives there.
+
+    The store logs the replication its database runs on at its first connection
+    (synchronous, asynchronous: a failover may lose the last finished keys, or none),
+    and again when it changes. ``require_synchronous_standby=True`` refuses every
+    connection without a synchronous standby (``StoreUnavailable``: 503).
+
+    ```python
+    store = AsyncPostgresStore("postgresql://app@db/app")
+    await store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
+    ```
     """
 
     def __init__(
@@ -418,9 +464,12 @@ class AsyncPostgresStore(AsyncStore):
         *,
         max_size: int = 10,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
+        require_synchronous_standby: bool = False,
         instrumentation: Instrumentation | None = None,
     ) -> None:
         source: _AsyncPoolSource | _AsyncSingleSource
+        statement_timeout = check_statement_timeout(statement_timeout)
         if isinstance(target, str):
             name = pool_name()
             breaker = Breaker(name)
@@ -429,8 +478,11 @@ class AsyncPostgresStore(AsyncStore):
                 min_size=1,
                 max_size=max_size,
                 timeout=connect_timeout,
-                kwargs={"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)},
-                configure=_configure_async,
+                kwargs=connection_options(connect_timeout, statement_timeout),
+                configure=_configure_async(
+                    session_settings(statement_timeout),
+                    require_synchronous_standby=require_synchronous_standby,
+                ),
                 open=False,
                 name=name,
                 # Give up at once on a failed connection attempt (the breaker then
@@ -439,7 +491,8 @@ class AsyncPostgresStore(AsyncStore):
                 reconnect_timeout=0,
                 reconnect_failed=breaker.reconnect_failed,
             )
-            source = _AsyncPoolSource(pool, owned=True, breaker=breaker)
+            watchdog = None if statement_timeout is None else Watchdog(statement_timeout)
+            source = _AsyncPoolSource(pool, owned=True, breaker=breaker, watchdog=watchdog)
         elif isinstance(target, psycopg_pool.AsyncConnectionPool):
             source = _AsyncPoolSource(target, owned=False)
         else:
@@ -457,7 +510,7 @@ class AsyncPostgresStore(AsyncStore):
         """P10: return as soon as a NOTIFY says the key settled, or after ``seconds``.
 
         The notifications come on one connection of the store's own, opened at the
-        first wait (see :mod:`idempotence.stores._listener`). A store on the
+        first wait (see `idempotence.stores._listener`). A store on the
         application's one connection has none, and sleeps ``seconds``.
         """
         if self._listener is None:

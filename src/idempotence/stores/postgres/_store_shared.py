@@ -1,8 +1,8 @@
 """What the PostgreSQL stores share, sync or async: the dialect, the translation of
 psycopg's errors, the pieces of a pipelined transaction, and the pool settings.
 
-The stores themselves are in :mod:`._store_async` (the source) and
-:mod:`._store` (generated from it); :mod:`idempotence.stores.postgres` is their public face.
+The stores themselves are in `_store_async` (the source) and
+`_store` (generated from it); `idempotence.stores.postgres` is their public face.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import psycopg
 import psycopg_pool
 from psycopg import pq
 
-from ...errors import SchemaMissing, StoreError, StoreUnavailable
+from ...errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
 from ...states import ClaimRequest, StoredResponse
 from .._listener import Listener
 from .._listener_async import AsyncListener
@@ -25,9 +25,68 @@ from .._sql.ops import APPLICATION, Dialect, Op, Query, Row, claim_in_one_statem
 from .._sql.placeholders import to_pyformat
 from ._breaker import connect_errors
 
-#: Seconds to wait for a connection before the store reports itself unavailable
-#: (P11): a request should get its 503 quickly, not after libpq's default minutes.
 DEFAULT_CONNECT_TIMEOUT = 5.0
+"""Seconds to wait for a connection before the store reports itself unavailable
+(P11): a request should get its 503 quickly, not after libpq's default minutes."""
+
+DEFAULT_STATEMENT_TIMEOUT = 30.0
+"""DESIGN 13: no statement or COMMIT on the request path waits without bound. Seconds a
+statement may run on the server (``statement_timeout``: a row lock held by a stuck
+session) and a connection may go unanswered on the network (``tcp_user_timeout``
+and keepalives: a partition, a server that stopped answering mid-query) before the
+store fails closed with StoreUnavailable (503). Generous: an application's
+statement inside request-as-transaction mode is bounded too."""
+
+
+def check_statement_timeout(seconds: float | None) -> float | None:
+    """``seconds`` if it is None (no bound) or a positive number of seconds."""
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0
+    ):
+        raise ConfigurationError(
+            f"statement_timeout is a positive number of seconds (or None for no bound), "
+            f"not {seconds!r}"
+        )
+    return seconds
+
+
+def connection_options(connect_timeout: float, statement_timeout: float | None) -> dict[str, Any]:
+    """The libpq options of the store's own connections (DESIGN 13, P11).
+
+    With a bound, the kernel drops a connection whose data stays unacknowledged for
+    ``statement_timeout`` (``tcp_user_timeout``), and keepalives probe a connection
+    that waits for an answer with nothing unacknowledged (the request reached the
+    server, then the network broke), so psycopg's wait ends with an error instead of
+    lasting for the TCP retransmission timeout (about 15 minutes).
+    """
+    options: dict[str, Any] = {"autocommit": True, "connect_timeout": max(int(connect_timeout), 1)}
+    if statement_timeout is not None:
+        options |= {
+            "keepalives": 1,
+            "keepalives_idle": max(int(statement_timeout / 3), 1),
+            "keepalives_interval": 1,
+            "keepalives_count": 3,
+            "tcp_user_timeout": max(int(statement_timeout * 1000), 1),
+        }
+    return options
+
+
+def session_settings(statement_timeout: float | None) -> str:
+    """SET statements for a new connection of the store's own pool.
+
+    The server ends a statement that runs (or waits for a lock) longer than the bound
+    (QueryCanceled, translated to StoreUnavailable), and a transaction left idle that
+    long: after a partition cut the app off mid-transaction (request-as-transaction
+    mode), the server would otherwise hold the key row's lock until its own TCP
+    keepalive notices the client gone, two hours by default.
+    """
+    if statement_timeout is None:
+        return SESSION_PLANNING
+    ms = max(int(statement_timeout * 1000), 1)
+    return (
+        f"{SESSION_PLANNING};\nSET statement_timeout = {ms};\n"
+        f"SET idle_in_transaction_session_timeout = {ms}"
+    )
 
 
 class PostgresDialect(Dialect):
@@ -110,10 +169,13 @@ def translate(exc: BaseException, *, own: bool = True) -> StoreError:
     # No SQLSTATE means libpq itself failed (refused, reset, timed out); class 08 is a
     # connection exception, 57P0x a server shutting down or starting, 53 out of
     # resources (too many connections).
+    # 57014 is a statement cancelled, by statement_timeout, and 25P03 a transaction
+    # ended by idle_in_transaction_session_timeout: the store could not do it within
+    # its bound (DESIGN 13).
     if (
         isinstance(exc, psycopg_pool.PoolTimeout)
         or (isinstance(exc, psycopg.OperationalError) and not sqlstate)
-        or sqlstate.startswith(("08", "57P", "53"))
+        or sqlstate.startswith(("08", "57P", "53", "57014", "25P03"))
     ):
         return StoreUnavailable(f"PostgreSQL is unavailable: {exc}")
     return StoreError(f"PostgreSQL error: {exc}")
@@ -123,7 +185,7 @@ DRIVER_ERRORS = (psycopg.Error, psycopg_pool.PoolTimeout)
 
 
 class _Held:
-    """Inside :func:`translated`: a claim's lock wait that ran out (F8) is KeyHeld."""
+    """Inside `translated`: a claim's lock wait that ran out (F8) is KeyHeld."""
 
     __slots__ = ()
 
@@ -137,8 +199,8 @@ class _Held:
 
 _HELD = _Held()
 
-#: ``with translated(query.name):`` raises the library's error for a psycopg or pool error.
 translated = translator(DRIVER_ERRORS, translate)
+"""``with translated(query.name):`` raises the library's error for a psycopg or pool error."""
 
 
 def held() -> _Held:

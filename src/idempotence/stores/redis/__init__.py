@@ -1,14 +1,16 @@
 """The Redis key store on redis-py, sync and async (DESIGN 8: the fast variant).
 
 Needs the ``redis`` extra (``pip install 'idempotence[redis]'``). A
-:class:`~idempotence.KeyStore`: plain handler endpoints and consumers, not flows or
-request-as-transaction, which share a SQL transaction with the application. Every
-operation is one Lua script (``redis.lua``); a Redis Cluster is served by hash tags
-(``redis+cluster://host:port``, or a ``RedisCluster`` client). Read
-:class:`AsyncRedisStore` for what it guarantees and what it cannot.
+[`KeyStore`][idempotence.stores.redis.KeyStore]: plain handler endpoints and consumers,
+not flows or request-as-transaction, which share a SQL transaction with the application.
+Every operation is one Lua script (``redis.lua``); a Redis Cluster is served by hash
+tags (``redis+cluster://host:port``, or a ``RedisCluster`` client). Read
+[`AsyncRedisStore`][idempotence.stores.redis.AsyncRedisStore] for what it guarantees and
+what it cannot.
 
-:class:`AsyncRedisStore` is written in :mod:`._store_async`; :class:`RedisStore` is
-generated from it (``scripts/unasync.py``).
+[`AsyncRedisStore`][idempotence.stores.redis.AsyncRedisStore] is written in
+`_store_async`; [`RedisStore`][idempotence.stores.redis.RedisStore] is generated from it
+(``scripts/unasync.py``).
 """
 
 # A package's __init__ runs before any of its modules: the one place to name the

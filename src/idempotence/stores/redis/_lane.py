@@ -6,14 +6,14 @@ themselves.
 Why: redis-py's ``execute_command`` wraps each command in a retry loop, a locked pool
 checkout and release, connection-count and duration metrics and an event dispatch, all
 in Python. That cost as much client CPU per command as sending and parsing it. Here a
-command is a list ``pop``, :func:`pack`, redis-py's ``send_packed_command`` and
+command is a list ``pop``, `pack`, redis-py's ``send_packed_command`` and
 ``read_response`` and an ``append``: the connection's own methods, which time out,
 reconnect and translate errors as the client's would (``socket_timeout``,
 ``ConnectionError``, ``ResponseError``...).
 
 Only for a plain server (not a cluster, whose client routes by slot) and only for a
 client the store opened (an application's client keeps its own pool, limits and
-instrumentation). The async lane (:mod:`._lane_async`) is not this module's
+instrumentation). The async lane (`_lane_async`) is not this module's
 twin: it reads replies as an asyncio protocol, which a blocking socket has no use for.
 """
 
@@ -34,8 +34,10 @@ def pack(args: tuple[Any, ...]) -> bytes:
     own packer runs every argument through its encoder, which cost more than the
     command's reply to parse.
 
-    >>> pack(("GET", b"k", 7))
-    b'*3\r\n$3\r\nGET\r\n$1\r\nk\r\n$1\r\n7\r\n'
+    ```python
+    pack(("GET", b"k", 7))
+    # b'*3\r\n$3\r\nGET\r\n$1\r\nk\r\n$1\r\n7\r\n'
+    ```
     """
     out = [b"*%d\r\n" % len(args)]
     for arg in args:

@@ -11,7 +11,7 @@ it and parsing its reply (callgrind, benchmarks/profile_request.py ``redis-floor
 as much as a guarded request's two scripts cost the server. Here redis-py still makes
 and opens the connection (its host, TLS, password, database and connect timeout, as
 the client's), and the lane then reads its socket as an asyncio protocol
-(:class:`_Connection`): a command is a write and a future, its reply parsed by
+(`_Connection`): a command is a write and a future, its reply parsed by
 hiredis as it arrives.
 
 Every command in flight shares the one connection (Redis answers a connection's
@@ -37,7 +37,7 @@ those in flight are answered. An error reply raises redis-py's own exception
 Only for a plain server (not a cluster, whose client routes by slot), only for a
 client the store opened (an application's client keeps its own pool, limits and
 instrumentation), and only where hiredis is installed (``AsyncLane.of``). The sync lane
-(:mod:`._lane`) is not generated from this module: a blocking socket needs no
+(`_lane`) is not generated from this module: a blocking socket needs no
 protocol.
 """
 
@@ -60,18 +60,18 @@ try:
 except ImportError:  # pragma: no cover - hiredis ships wheels for CPython only
     hiredis = None
 
-#: What the reader returns for a reply not yet whole (its default, False, is also
-#: RESP3's boolean false).
 _PARTIAL = object()
-#: A RESP3 push (a maintenance notice, an invalidation): never a command's reply
-#: (hiredis >= 3.2, as the redis extra requires; no type at all without hiredis).
+"""What the reader returns for a reply not yet whole (its default, False, is also
+RESP3's boolean false)."""
 _PUSH: Any = getattr(hiredis, "PushNotification", ())
+"""A RESP3 push (a maintenance notice, an invalidation): never a command's reply
+(hiredis >= 3.2, as the redis extra requires; no type at all without hiredis)."""
 
 
-#: A command past its deadline gets this long more before it times out: a loop that
-#: was held up (a blocking call in a callback) runs its timers before it reads the
-#: replies that came meanwhile.
 _GRACE = 0.01
+"""A command past its deadline gets this long more before it times out: a loop that
+was held up (a blocking call in a callback) runs its timers before it reads the
+replies that came meanwhile."""
 
 
 class _Write:

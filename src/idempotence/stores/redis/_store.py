@@ -3,9 +3,10 @@
 """The Redis key store on redis-py (DESIGN 8: the fast variant for handler endpoints).
 
 Every operation is one Lua script (``redis.lua``), loaded once and run by EVALSHA; the
-outcome of a claim is named by :mod:`idempotence.states` from what the script read
-and wrote, so P1-P5 are decided in one place. See :class:`RedisStore` for what
-it guarantees and what it cannot.
+outcome of a claim is named by `idempotence.states` from what the script read and wrote,
+so P1-P5 are decided in one place. See
+[`RedisStore`][idempotence.stores.redis.RedisStore] for what it guarantees and
+what it cannot.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ...observability import Instrumentation, combine
 from ...states import Claim, ClaimRequest, KeyRecord, Lease, StoredResponse
 from .._listener import Listener
 from .._listener_shared import STOP_CHECK
+from .._redis_url import sentinel_url
 from .._sql.ops import _lost
 from .._waiters import Waiters
 from ._lane import Lane
@@ -31,6 +33,7 @@ from ._store_shared import (
     Redis,
     RedisCluster,
     RedisError,
+    Sentinel,
     channel,
     check_prefix,
     claim_args,
@@ -44,6 +47,7 @@ from ._store_shared import (
     finish_args,
     no_retry,
     open_client,
+    open_sentinel,
     record,
     record_pattern,
     timestamp,
@@ -57,7 +61,7 @@ Client = Redis | RedisCluster
 
 class _RedisListener(Listener):
     """P10: the store's one subscription to its channel, read by a background job;
-    the waiting itself is :class:`Listener`'s (see :mod:`.._listener_shared`)."""
+    the waiting itself is `Listener`'s (see `_listener_shared`)."""
 
     backend = "Redis"
 
@@ -91,25 +95,28 @@ class _RedisListener(Listener):
 
 
 class RedisStore:
-    """The Redis key store: a :class:`~idempotence.KeyStore` (P1-P5, F1, F2, P10).
+    """The Redis key store: a [`KeyStore`][idempotence.stores.redis.KeyStore]
+    (P1-P5, F1, F2, P10).
 
     ``target`` is a ``redis://`` / ``rediss://`` URL (``redis+cluster://host:port``
-    for a Redis Cluster), for which the store opens and owns a client with connect and
-    read timeouts of ``timeout`` seconds, or a redis-py client of the application's,
+    for a Redis Cluster, ``redis+sentinel://host:port[,host:port...]/service[/db]``
+    for the master that Redis Sentinel names, found again after a failover), for
+    which the store opens and owns a client with connect and read timeouts of
+    ``timeout`` seconds, or a redis-py client of the application's,
     ``Redis`` or ``RedisCluster`` (the asyncio ones for the async store), which must
     not decode responses. Every Redis key starts with ``prefix`` and holds the scope and
     the key (tenants never share a key), behind a hash tag: one record, one hash, one
     cluster slot.
 
     What it guarantees: a claim is one atomic script, its outcome the SQL stores'
-    (mismatch first, then replay, in progress with ``retry_after``, execute or take
-    over with the next token); finish, release, heartbeat and forget are fenced by
-    the record's id and token (a zombie's write raises
-    :class:`~idempotence.errors.LockLost`); every time is the server's (``TIME``); a
-    finished record expires with its retention (its TTL), a locked one never while its
-    lock is live; an unreachable server raises
-    :class:`~idempotence.errors.StoreUnavailable` within about ``timeout`` (the HTTP
-    middleware answers 503 and runs nothing).
+    (mismatch first, then replay, in progress with ``retry_after``, execute or take over
+    with the next token); finish, release, heartbeat and forget are fenced by the
+    record's id and token (a zombie's write raises
+    [`LockLost`][idempotence.maintenance.completer.LockLost]); every time is the
+    server's (``TIME``); a finished record expires with its retention (its TTL), a
+    locked one never while its lock is live; an unreachable server raises
+    [`StoreUnavailable`][idempotence.errors.StoreUnavailable] within about ``timeout``
+    (the HTTP middleware answers 503 and runs nothing).
 
     What it cannot do:
 
@@ -128,9 +135,10 @@ class RedisStore:
     handler's side effects need their own idempotency key, derived from ours), and the
     crashed worker, if it comes back, cannot write.
 
-    >>> store = RedisStore("redis://127.0.0.1:6379/0")        # doctest: +SKIP
-    >>> store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
-    ... # doctest: +SKIP
+    ```python
+    store = RedisStore("redis://127.0.0.1:6379/0")
+    store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
+    ```
     """
 
     def __init__(
@@ -150,8 +158,13 @@ class RedisStore:
             # follows MOVED and ASK redirections, which are not failures.
             options = client_options(timeout) | {"retry": no_retry()}
             self._lane: Lane | None = None
+            sentinel = sentinel_url(target)
             if cluster is not None:
                 self._client = open_client(RedisCluster, cluster, options)
+            elif sentinel is not None:
+                # The master the sentinels name, asked again after a failover. Not
+                # through the lane: its one connection would stay on a demoted master.
+                self._client = open_sentinel(Sentinel, sentinel, options)
             else:
                 client: Redis = open_client(Redis, target, options)
                 self._client = client
@@ -276,7 +289,7 @@ class RedisStore:
 
     def migrate(self) -> list[str]:
         """Nothing to migrate: a Redis store has no schema. Returns ``[]``, so code
-        that migrates whatever :func:`~idempotence.open_store` opened works."""
+        that migrates whatever [`open_store`][idempotence.database.open_store] opened works."""
         return []
 
     def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:

@@ -2,13 +2,14 @@
 record's encoding and the translation of redis-py's errors (DESIGN 8).
 
 No I/O here. The scripts live in ``redis.lua`` beside this module; the store itself is
-written once in :mod:`._store_async` (:mod:`._store` is generated from it).
+written once in `_store_async` (`_store` is generated from it).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import struct
 from collections.abc import Mapping, Sequence
@@ -20,36 +21,37 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.retry
+import redis.asyncio.sentinel
 import redis.backoff
 import redis.cluster
 import redis.exceptions
 import redis.retry
+import redis.sentinel
 
 from ... import _queries
-from ...errors import ConfigurationError, StoreError, StoreUnavailable
+from ...errors import ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
 from ...states import STARTED, Claim, ClaimRequest, KeyRecord, StoredResponse, claim_from
-from .._redis_url import check_redis_url
+from .._redis_url import SentinelTarget, check_redis_url
 
-#: The clients, in both spellings (``scripts/unasync.py`` turns ``AsyncRedis`` into
-#: ``Redis``): a plain server, or a Redis Cluster.
 AsyncRedis = redis.asyncio.Redis
+"""The clients, in both spellings (``scripts/unasync.py`` turns ``AsyncRedis`` into
+``Redis``): a plain server, or a Redis Cluster."""
 Redis = redis.Redis
 AsyncRedisCluster = redis.asyncio.cluster.RedisCluster
 RedisCluster = redis.cluster.RedisCluster
+Sentinel = redis.sentinel.Sentinel
+AsyncSentinel = redis.asyncio.sentinel.Sentinel
 
-#: Any error of redis-py's.
 RedisError = redis.exceptions.RedisError
+"""Any error of redis-py's."""
 
-#: Connect and read timeouts of a store that opens its own client, in seconds: a Redis
-#: that does not answer is a 503 quickly (P11), not a request hanging on a socket.
 DEFAULT_TIMEOUT = 1.0
+"""Connect and read timeouts of a store that opens its own client, in seconds: a Redis
+that does not answer is a 503 quickly (P11), not a request hanging on a socket."""
 
-#: What every Redis key of the store starts with (``RedisStore(prefix=)``).
 DEFAULT_PREFIX = "idempotence"
+"""What every Redis key of the store starts with (``RedisStore(prefix=)``)."""
 
-#: Redis errors that mean "not now": the server is unreachable, loading, read-only
-#: after a failover, or the cluster is reconfiguring. The store answers them with
-#: StoreUnavailable (503 + Retry-After); any other Redis error is a StoreError.
 _DOWN = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
@@ -63,6 +65,9 @@ _DOWN = (
     # cluster (a 503 that names the reason, never a 500).
     redis.exceptions.RedisClusterException,
 )
+"""Redis errors that mean "not now": the server is unreachable, loading, read-only
+after a failover, or the cluster is reconfiguring. The store answers them with
+StoreUnavailable (503 + Retry-After); any other Redis error is a StoreError."""
 
 _TEXT = "surrogatepass"  # any Python str survives the trip, even a lone surrogate
 
@@ -74,8 +79,8 @@ def _scripts() -> dict[str, str]:
     return {name: prelude + "\n" + body for name, body in parsed.items()}
 
 
-#: The scripts by name, each with the prelude in front (``redis.lua``).
 SCRIPTS = _scripts()
+"""The scripts by name, each with the prelude in front (``redis.lua``)."""
 
 
 def check_prefix(prefix: str) -> str:
@@ -101,14 +106,16 @@ def record_key(prefix: str, scope: str, key: str) -> bytes:
     hash tag that is the digest of both: the tag holds no brace whatever the key
     holds, so the record stays in one cluster slot and records spread over all.
 
-    >>> record_key("idem", "acct_1", "k{1}")
-    b'idem:{57f36082ffaff2a771c98954}:6:acct_1:k{1}'
+    ```python
+    record_key("idem", "acct_1", "k{1}")
+    # b'idem:{57f36082ffaff2a771c98954}:6:acct_1:k{1}'
+    ```
     """
     return encoded_record_key(encode(prefix), scope, key)
 
 
 def encoded_record_key(prefix: bytes, scope: str, key: str) -> bytes:
-    """:func:`record_key` of a prefix already encoded (a store's, once)."""
+    """`record_key` of a prefix already encoded (a store's, once)."""
     s, k = scope.encode("utf-8", _TEXT), key.encode("utf-8", _TEXT)
     tag = hashlib.blake2b(b"%d:%s:%s" % (len(s), s, k), digest_size=12).hexdigest()
     return b"%s:{%s}:%d:%s:%s" % (prefix, tag.encode(), len(s), s, k)
@@ -196,9 +203,9 @@ def _json_params(params: Any) -> str:
     return json.dumps(params, separators=(",", ":"))
 
 
-#: Times are stored as integer microseconds since the Unix epoch (here and in the
-#: cached store's entries).
 MICROSECOND = timedelta(microseconds=1)
+"""Times are stored as integer microseconds since the Unix epoch (here and in the
+cached store's entries)."""
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -216,17 +223,17 @@ def timestamp(raw: bytes | int | str) -> datetime:
     return EPOCH + int(raw) * MICROSECOND
 
 
-#: The fields a claim script reads back, in the order of ``READ_FIELDS`` in
-#: ``redis.lua``, packed into one string (:func:`unpack`).
 READ_FIELDS = (
     b"id", b"scope", b"key", b"method", b"path", b"fp", b"params", b"flow",
     b"rp", b"token", b"locked", b"lto", b"created", b"last_run", b"finished", b"expires",
     b"status", b"headers", b"body", b"error", b"calling",
 )  # fmt: skip
+"""The fields a claim script reads back, in the order of ``READ_FIELDS`` in
+``redis.lua``, packed into one string (`unpack`)."""
 
 
-#: The lengths in front of the values (see :func:`unpack`).
 _LENGTHS = struct.Struct(f">{len(READ_FIELDS)}i")
+"""The lengths in front of the values (see `unpack`)."""
 
 
 def unpack(packed: bytes) -> dict[bytes, bytes]:
@@ -235,9 +242,11 @@ def unpack(packed: bytes) -> dict[bytes, bytes]:
     then the values present, one after the other. The lengths are read in one call,
     not parsed one by one: every replay reads a record.
 
-    >>> absent = (-1,) * (len(READ_FIELDS) - 2)
-    >>> unpack(_LENGTHS.pack(1, *absent, 2) + b"7{}")[b"calling"]
-    b'{}'
+    ```python
+    absent = (-1,) * (len(READ_FIELDS) - 2)
+    unpack(_LENGTHS.pack(1, *absent, 2) + b"7{}")[b"calling"]
+    # b'{}'
+    ```
     """
     try:
         lengths = _LENGTHS.unpack_from(packed)
@@ -261,7 +270,8 @@ def _not_read_fields(packed: bytes) -> StoreError:
 
 
 def record(fields: Mapping[Any, Any]) -> KeyRecord:
-    """The :class:`KeyRecord` of a record hash (see the field list in ``redis.lua``).
+    """The [`KeyRecord`][idempotence.testing.harness.KeyRecord] of a record hash (see
+    the field list in ``redis.lua``).
 
     Every replay reads one, so the decoding is spelled out, without a call per field."""
     get = fields.get
@@ -301,9 +311,9 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
 
 
 def claim_result(request: ClaimRequest, args: Sequence[Any], reply: Sequence[Any]) -> Claim:
-    """The claim script's reply (to ``args``, from :func:`claim_args`) as a
-    :class:`Claim`: the outcome is named by :func:`~idempotence.states.claim_from`,
-    which refuses a reply that disagrees with :func:`~idempotence.states.arbitrate`
+    """The claim script's reply (to ``args``, from `claim_args`) as a
+    [`Claim`][idempotence.states.Claim]: the outcome is named by `claim_from`,
+    which refuses a reply that disagrees with [`arbitrate`][idempotence.states.arbitrate]
     (P1-P5 are decided once, in ``states``)."""
     if len(reply) == 2:  # a new key: the script wrote the request, nothing to read
         now = timestamp(reply[1])
@@ -315,8 +325,9 @@ def claim_result(request: ClaimRequest, args: Sequence[Any], reply: Sequence[Any
 
 
 def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> KeyRecord:
-    """The record that the claim script's first branch (P1) wrote for ``request``
-    at ``now``, field by field, as :func:`record` would read it back."""
+    """The record that the claim script's first branch (P1) wrote for ``request`` at
+    ``now``, field by field, as [`record`][idempotence.stores.sql.Dialect.record] would
+    read it back."""
     retention = args[8]
     return KeyRecord(
         id=int(args[9]),
@@ -352,10 +363,37 @@ class _Translated:
         return None
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            return
+        misconfigured = _misconfigured(exc)
+        if misconfigured is not None:
+            raise StoreMisconfigured(misconfigured) from exc
         if isinstance(exc, _DOWN):
             raise StoreUnavailable(f"the Redis key store is unavailable: {exc}") from exc
         if isinstance(exc, redis.exceptions.RedisError):
             raise StoreError(f"the Redis key store failed: {exc}") from exc
+
+
+def _misconfigured(exc: BaseException) -> str | None:
+    """What to fix, when ``exc`` is the server refusing the URL itself: a retry would
+    meet the same refusal, so it is a configuration error, not an outage. redis-py
+    says so only in its messages (the server's reply, or the cluster discovery's)."""
+    text = str(exc)
+    if isinstance(exc, redis.exceptions.ResponseError) and "DB index is out of range" in text:
+        return (
+            "the Redis server has no database of the number the URL gives (after the port, "
+            "as in redis://HOST:PORT/0): a server has databases 0 to 15 unless its "
+            "`databases` setting says more"
+        )
+    if isinstance(exc, redis.exceptions.RedisClusterException) and (
+        "Cluster mode is not enabled" in text or "cluster support disabled" in text
+    ):
+        return (
+            "the Redis server is not a cluster node (cluster mode is not enabled on it): "
+            "use redis://HOST:PORT/DB for a single server, and redis+cluster:// only for a "
+            "Redis Cluster"
+        )
+    return None
 
 
 _TRANSLATED = _Translated()
@@ -375,8 +413,28 @@ def cluster_url(url: str) -> str | None:
     return None
 
 
+def open_sentinel(kind: Any, target: SentinelTarget, options: Mapping[str, Any]) -> Any:
+    """A client of the master that ``target``'s sentinels name, found again after a
+    failover (redis-py's SentinelConnectionPool asks them at each new connection)."""
+    timeouts = {k: v for k, v in options.items() if k.startswith("socket_")}
+    sentinel = kind(
+        list(target.sentinels),
+        sentinel_kwargs={**timeouts, "ssl": target.tls} if target.tls else timeouts,
+        **timeouts,
+    )
+    extra = {"ssl": True} if target.tls else {}
+    return sentinel.master_for(
+        target.service,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        **extra,
+        **options,
+    )
+
+
 def open_client(kind: Any, url: str, options: Mapping[str, Any]) -> Any:
-    """``kind.from_url(url, **options)`` for a URL checked first (:mod:`._redis_url`).
+    """``kind.from_url(url, **options)`` for a URL checked first (`_redis_url`).
     What redis-py would refuse only at the first command, an option it does not know
     or an option's bad value, is refused here; a cluster that the sync client cannot
     discover while it starts is unavailable (P11)."""
@@ -390,7 +448,17 @@ def open_client(kind: Any, url: str, options: Mapping[str, Any]) -> Any:
             # never connected, nothing to close.
             pool = client.connection_pool
             pool.connection_class(**pool.connection_kwargs)
-    except (ValueError, TypeError, redis.exceptions.RedisError) as exc:
+    except TypeError as exc:
+        # "Connection.__init__() got an unexpected keyword argument 'foo'": the words
+        # of redis-py's internals; the option's name is what the reader wrote.
+        unknown = re.search(r"unexpected keyword argument '([^']*)'", str(exc))
+        if unknown is None:
+            raise ConfigurationError(f"invalid option in the Redis URL: {exc}") from None
+        raise ConfigurationError(
+            f"unknown option {unknown.group(1)!r} in the Redis URL: remove it (the URL "
+            "takes redis-py's connection settings, as ?socket_timeout=5 or ?protocol=3)"
+        ) from None
+    except (ValueError, redis.exceptions.RedisError) as exc:
         raise ConfigurationError(f"invalid option in the Redis URL: {exc}") from None
     return client
 
@@ -430,7 +498,7 @@ def no_retry_async() -> Any:
 
 
 def no_retry() -> Any:
-    """:func:`no_retry_async` for the sync client."""
+    """`no_retry_async` for the sync client."""
     return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
 
 

@@ -6,9 +6,9 @@ no other writer can interleave. The database is put in WAL mode so readers never
 wait for the writer, and every connection waits (``busy_timeout``) rather than fail
 at once when another holds the write lock.
 
-Both stores are written in :mod:`._store` (sqlite3 has no async API: the async store
+Both stores are written in `_store` (sqlite3 has no async API: the async store
 runs the same connections on threads); the dialect, error translation, connections and
-group commit they share are in :mod:`._store_shared`.
+group commit they share are in `_store_shared`.
 """
 
 from ._store import AsyncSqliteStore, SqliteStore

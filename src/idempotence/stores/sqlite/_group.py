@@ -6,7 +6,7 @@ not the CPU, sets the pace. So the store's own autocommit writes (claims, finish
 heartbeats, releases) queue here, and one writer at a time commits everything queued
 while the previous commit was in flight, in one transaction: a write that arrives
 while the database is idle leads a group of one and goes at once, and under load
-each fsync serves many writes. The drivers (:mod:`.sqlite`) do the I/O: they run each
+each fsync serves many writes. The drivers (`sqlite`) do the I/O: they run each
 write of a group in a savepoint of its own, commit, and only then tell each caller its
 own outcome.
 """
@@ -18,9 +18,9 @@ from typing import Generic, TypeVar
 
 W = TypeVar("W")
 
-#: The most writes one commit takes: a bound on the savepoints of one transaction and on
-#: how long the write lock is held at a time (the rest go in the next group).
 MAX_GROUP = 64
+"""The most writes one commit takes: a bound on the savepoints of one transaction and on
+how long the write lock is held at a time (the rest go in the next group)."""
 
 
 class Groups(Generic[W]):
@@ -39,8 +39,8 @@ class Groups(Generic[W]):
 
     def arrive(self, write: W) -> bool:
         """Queue ``write``; True when no commit is in flight, and the caller must
-        commit the next group now (:meth:`take`), else the group in flight's
-        committer will (:meth:`done`)."""
+        commit the next group now (`take`), else the group in flight's
+        committer will ([`done`][idempotence.observability.Watch.done])."""
         self._queue.append(write)
         if self._busy:
             return False
@@ -48,10 +48,11 @@ class Groups(Generic[W]):
         return True
 
     def lead(self) -> bool:
-        """True when no commit is in flight: the caller commits its own write now, as
-        a group of one, without queueing it (a write that arrives while the database
-        is idle leads a group of one anyway), and calls :meth:`done` after. False: it
-        must :meth:`arrive`."""
+        """True when no commit is in flight: the caller commits its own write now, as a
+        group of one, without queueing it (a write that arrives while the database is
+        idle leads a group of one anyway), and calls
+        [`done`][idempotence.observability.Watch.done] after. False: it must
+        `arrive`."""
         if self._busy:
             return False
         self._busy = True

@@ -9,12 +9,12 @@ at once when another holds the write lock.
 The async store runs the same sync connections, each on a thread of its own: sqlite3
 has no async API, and a local file is quick enough that a thread hop is the whole
 cost. Its own reads skip even that: they run on the event loop, on a reader
-connection that never waits (:class:`_LoopReader`).
+connection that never waits (`_LoopReader`).
 
 At the default durability each commit waits for an fsync, so on a file the store's
 own autocommit writes commit in groups: the writes queued while one commit is in
 flight go in the next, one savepoint each, answered after the COMMIT
-(:mod:`._group`, :meth:`SqliteConnection.commit_group`; docs/design.md section 8).
+(`_group`, `SqliteConnection.commit_group`; docs/design.md section 8).
 """
 
 from __future__ import annotations
@@ -162,11 +162,13 @@ class SqliteStore(Store):
     ``sqlite3.Connection`` the application already has.
 
     ``synchronous`` sets ``PRAGMA synchronous`` on the store's own connections (one of
-    :data:`SYNCHRONOUS`; ``None`` keeps SQLite's default, FULL): ``"NORMAL"`` skips
+    `SYNCHRONOUS`; ``None`` keeps SQLite's default, FULL): ``"NORMAL"`` skips
     the fsync per commit, so the last commits before a power loss may be lost, never
     torn (see ``benchmarks/http_bench.py`` for what it buys).
 
-    >>> store = SqliteStore("keys.sqlite3")      # doctest: +SKIP
+    ```python
+    store = SqliteStore("keys.sqlite3")
+    ```
     """
 
     def __init__(
@@ -503,9 +505,9 @@ class _AsyncSource:
 
 
 class AsyncSqliteStore(AsyncStore):
-    """The SQLite key store (async); ``target`` as for :class:`SqliteStore` (an
-    application's connection must allow use from other threads:
-    ``check_same_thread=False``).
+    """The SQLite key store (async); ``target`` as for
+    [`SqliteStore`][idempotence.stores.sqlite.SqliteStore] (an application's connection
+    must allow use from other threads: ``check_same_thread=False``).
 
     On a file it opens up to ``max_size`` connections for the callers, each on a
     thread of its own, plus one that reads on the event loop and one (with its

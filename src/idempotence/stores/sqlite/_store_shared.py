@@ -1,5 +1,5 @@
 """The SQLite store's parts shared by the sync and the async store: the dialect, error
-translation, a connection and its group commit (see :mod:`.sqlite`)."""
+translation, a connection and its group commit (see `sqlite`)."""
 
 from __future__ import annotations
 
@@ -23,18 +23,18 @@ from .._sql.connection import body, run
 from .._sql.ops import Dialect, Op, Query, Row, claim_in_transaction
 from ._group import Groups
 
-#: Seconds a connection waits for another's write lock before the attempt fails (and
-#: the store retries it a few times, see ``_sql.store.TRANSIENT_ATTEMPTS``).
 DEFAULT_BUSY_TIMEOUT = 5.0
+"""Seconds a connection waits for another's write lock before the attempt fails (and
+the store retries it a few times, see ``_sql.store.TRANSIENT_ATTEMPTS``)."""
 
-#: The values of ``PRAGMA synchronous`` a store accepts (``None`` keeps SQLite's
-#: default, FULL). In WAL mode NORMAL skips the fsync at each commit: a commit is
-#: still atomic and the database consistent, but the last commits before a power
-#: loss or an OS crash may be rolled back (an application crash loses nothing).
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+"""The values of ``PRAGMA synchronous`` a store accepts (``None`` keeps SQLite's
+default, FULL). In WAL mode NORMAL skips the fsync at each commit: a commit is
+still atomic and the database consistent, but the last commits before a power
+loss or an OS crash may be rolled back (an application crash loses nothing)."""
 
-#: Idle connections a store keeps open for reuse (and, async, the most it opens).
 MAX_IDLE_CONNECTIONS = 16
+"""Idle connections a store keeps open for reuse (and, async, the most it opens)."""
 
 T = TypeVar("T")
 
@@ -91,8 +91,8 @@ def translate(exc: sqlite3.Error, *, own: bool = True) -> StoreError:
     return StoreError(f"SQLite error: {text}")
 
 
-#: ``with _translated(query.name):`` raises the library's error for a sqlite3 error.
 _translated = translator(sqlite3.Error, translate)
+"""``with _translated(query.name):`` raises the library's error for a sqlite3 error."""
 
 
 class SqliteConnection:
@@ -361,7 +361,7 @@ def connect(
 
 
 def _synchronous(value: str | None) -> str | None:
-    """``value`` checked against :data:`SYNCHRONOUS` (it is spliced into a PRAGMA)."""
+    """``value`` checked against `SYNCHRONOUS` (it is spliced into a PRAGMA)."""
     if value is None:
         return None
     if not isinstance(value, str) or value.upper() not in SYNCHRONOUS:

@@ -1,0 +1,184 @@
+"""Guarded requests through random network partitions, judged by the history checker.
+
+    sudo python benchmarks/faults.py [--requests 1000] [--partitions 20] [--json]
+
+The app server (uvicorn, the PostgreSQL store, a handler-mode, a
+request-as-transaction and a flow endpoint: tests/network/app.py) runs in a network namespace of
+its own and reaches PostgreSQL over a veth link (tests/network/hosts.py). Client
+threads send each key until it gets a final answer, while a fault thread takes the
+link down at random moments for random spells (so the cut lands on a claim, a handler,
+a finish or a COMMIT as chance has it) and heals it. Then the history checker
+(idempotence.testing.History) judges every key: duplicate effects, answers not
+replayed, acknowledged answers the store lost, keys that did not settle within the
+lock timeout plus a heartbeat interval (plus the statement bound) of the last heal,
+409s with no twin. It also prints how soon after each heal the service answered a
+final answer again. Needs root (network namespaces) and PostgreSQL at
+IDEMPOTENCE_TEST_POSTGRES or 127.0.0.1:5432. Bounded: the run stops at --seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=1000, help="keys to send (default 1000)")
+    parser.add_argument("--partitions", type=int, default=20, help="link cuts (default 20)")
+    parser.add_argument("--clients", type=int, default=8, help="client threads (default 8)")
+    parser.add_argument("--lock", type=float, default=2.0, help="lock timeout, seconds")
+    parser.add_argument("--bound", type=float, default=1.0, help="store statement bound, seconds")
+    parser.add_argument("--seconds", type=float, default=600.0, help="stop the run after this")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="60 requests, 3 partitions")
+    parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    args = parser.parse_args()
+    if args.quick:
+        args.requests, args.partitions = 60, 3
+    numbers = run(args)
+    if args.json:
+        print(json.dumps(numbers))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+    import psycopg
+
+    from idempotence.stores.postgres import PostgresStore
+    from idempotence.testing import History, Property
+    from tests.network.hosts import AppHost
+    from tests.network.test_partitions import Served
+    from tests.support.postgres import create_database, drop_database, provide_server
+
+    rng = random.Random(args.seed)
+    history = History()
+    heals: list[float] = []
+    with provide_server() as server_url:
+        database = create_database(server_url, prefix="idempotence_faults")
+        host = AppHost.create()
+        try:
+            with PostgresStore(database) as store:
+                store.migrate()
+            with psycopg.connect(database, autocommit=True) as conn:
+                conn.execute("CREATE TABLE net_transfers (key TEXT NOT NULL, id TEXT NOT NULL)")
+            parts = urlsplit(database)
+            relay = host.relay((parts.hostname or "127.0.0.1", parts.port or 5432))
+            user = f"{parts.username}@" if parts.username else ""
+            over_link = urlunsplit(
+                parts._replace(netloc=f"{user}{relay.address[0]}:{relay.address[1]}")
+            )
+            provider = (
+                Path(os.environ.get("TMPDIR", "/tmp")) / f"faults-provider-{os.getpid()}.sqlite3"
+            )
+            url = host.serve(
+                "tests.network.app:app",
+                {
+                    "NET_DATABASE_URL": over_link,
+                    "NET_PROVIDER": str(provider),
+                    "NET_LOCK_TIMEOUT": str(args.lock),
+                    "NET_STATEMENT_TIMEOUT": str(args.bound),
+                },
+            )
+            served = Served(host, relay, url, database, provider)
+            stop_at = time.monotonic() + args.seconds
+            keys = [f"k{n}" for n in range(args.requests)]
+            paths = {key: rng.choice(["/charges", "/transfers", "/rides"]) for key in keys}
+            todo: queue.Queue[str] = queue.Queue()
+            for key in keys:
+                todo.put(key)
+
+            def client() -> None:
+                with httpx.Client(base_url=url, timeout=args.bound + 8) as http:
+                    while time.monotonic() < stop_at:
+                        try:
+                            key = todo.get_nowait()
+                        except queue.Empty:
+                            return
+                        while time.monotonic() < stop_at:
+                            with history.operation(key) as op:
+                                try:
+                                    response = http.post(
+                                        paths[key], headers={"Idempotency-Key": key}, json={}
+                                    )
+                                    op.answer(response.status_code, response.content)
+                                except httpx.HTTPError:
+                                    pass
+                            if op.final:
+                                break
+                            time.sleep(0.1)
+
+            def faults() -> None:
+                # Spread the cuts over the run: about one every (requests / 20 / K) s
+                # at this machine's rate, each for up to 1.5 lock timeouts.
+                for _ in range(args.partitions):
+                    if time.monotonic() > stop_at or todo.empty():
+                        return
+                    time.sleep(rng.uniform(0.3, 1.5))
+                    with host.back.partitioned():
+                        time.sleep(rng.uniform(0.2, args.lock * 1.5))
+                    heals.append(history.now())
+
+            started = time.monotonic()
+            threads = [threading.Thread(target=client) for _ in range(args.clients)]
+            fault_thread = threading.Thread(target=faults)
+            for thread in [*threads, fault_thread]:
+                thread.start()
+            for thread in [*threads, fault_thread]:
+                thread.join(timeout=max(stop_at - time.monotonic(), 0) + 30)
+            elapsed = time.monotonic() - started
+            settle = args.lock + args.lock / 3 + args.bound + 4.0
+            served.effects(history)
+            with PostgresStore(database) as store:
+                records = {key: store.get("default", key) for key in keys}
+            report = history.check(
+                records=records, healed_at=heals[-1] if heals else None, settle_within=settle
+            )
+        finally:
+            host.close()
+            drop_database(server_url, database)
+            provider.unlink(missing_ok=True)
+    finals = sorted(
+        op.ended for op in history.operations if op.status is not None and 200 <= op.status < 300
+    )
+    back = [next((t - heal for t in finals if t >= heal), float("inf")) for heal in heals]
+    numbers = {
+        "requests": args.requests,
+        "partitions": len(heals),
+        "seconds": round(elapsed, 1),
+        "attempts": report.operations,
+        "unanswered": report.unknown,
+        "acknowledged": report.acknowledged,
+        "effects": report.effects,
+        "violations": {prop.value: report.count(prop) for prop in Property if report.count(prop)},
+        "violations_by_endpoint": {
+            path: sum(1 for v in report.violations if paths.get(v.key) == path)
+            for path in ("/charges", "/transfers", "/rides")
+        },
+        "settle_after_last_heal_s": report.settle_after_heal,
+        "service_back_after_heal_max_s": round(max(back), 2) if back else None,
+    }
+    if not args.json:
+        print(report)
+        print(f"violations by endpoint: {numbers['violations_by_endpoint']}")
+        print(
+            f"{len(heals)} partitions in {elapsed:.1f} s; a 2xx answered at most "
+            f"{numbers['service_back_after_heal_max_s']} s after a heal"
+        )
+    return numbers
+
+
+if __name__ == "__main__":
+    main()

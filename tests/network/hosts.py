@@ -1,0 +1,275 @@
+"""Test hosts on one machine: an app host in its own network namespace, and faults on
+its links (DESIGN 13).
+
+An :class:`AppHost` is a network namespace joined to this machine by two veth pairs:
+
+* the **front** link, over which the test (the client) reaches the app server;
+* the **back** link, over which the app server reaches the machine's PostgreSQL.
+
+A fault on the back link cuts the app off from its database while the client can still
+ask it what it answers; a fault on the front link cuts the client off from the app.
+
+PostgreSQL listens on 127.0.0.1 only, so the back link ends in a userspace TCP
+:class:`Relay` on the machine's side of the veth, which forwards to 127.0.0.1:5432. We
+chose a relay over a throwaway cluster listening on the veth address: it serves the
+machine's server (no second cluster to start per test), and it works for Redis and
+RabbitMQ the same way. The relay's kernel acknowledges every TCP segment it receives,
+so a fault must sit *between* the app and the relay, where TCP sees it: taking the
+veth down (:meth:`Link.down`) drops every packet in both directions, silently, as a
+partition does. The kernel here has neither netem nor a classifier qdisc (probed:
+"Specified qdisc kind is unknown"), nor iptables/nft, so packet loss is whole-link loss
+and latency is the relay's (:attr:`Relay.delay`).
+
+Everything is named uniquely per test run (the process id and a counter), deleted by
+:meth:`AppHost.close` (also after a failure), and every fault is healed by the context
+manager that injects it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+_counter = itertools.count(1)
+
+
+class NetworkUnavailable(RuntimeError):
+    """This machine cannot make test hosts: the message says what is missing."""
+
+
+def ip(
+    *args: str, netns: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    command = ["ip", *args] if netns is None else ["ip", "netns", "exec", netns, "ip", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
+    if check and result.returncode != 0:
+        raise NetworkUnavailable(f"`{' '.join(command)}` failed: {result.stderr.strip()}")
+    return result
+
+
+def require_namespaces() -> None:
+    """Raise :class:`NetworkUnavailable` unless this process can make namespaces."""
+    if shutil.which("ip") is None:
+        raise NetworkUnavailable("the network fault tests need the `ip` command (iproute2)")
+    if os.geteuid() != 0:
+        raise NetworkUnavailable(
+            "the network fault tests create network namespaces and veth pairs: run them as root"
+        )
+    probe = f"idem-probe-{os.getpid()}"
+    ip("netns", "add", probe)
+    ip("netns", "del", probe)
+
+
+@dataclass
+class Link:
+    """A veth pair: ``host_if`` on this machine, ``ns_if`` in the namespace, a /30 each."""
+
+    host_if: str
+    ns_if: str
+    host_ip: str
+    ns_ip: str
+    netns: str
+
+    def down(self) -> None:
+        # The machine's end down: the namespace's end loses its carrier, and packets
+        # either way are dropped with no error to the sender (a partition).
+        ip("link", "set", self.host_if, "down")
+
+    def up(self) -> None:
+        ip("link", "set", self.host_if, "up")
+        # The machine's route to the /30 comes back with the link.
+        _wait_for(lambda: self.host_ip in ip("-4", "addr", "show", self.host_if).stdout, 5.0)
+
+    @contextlib.contextmanager
+    def partitioned(self) -> Iterator[None]:
+        """The link is down inside the block, and up again after it, even on error."""
+        self.down()
+        try:
+            yield
+        finally:
+            self.up()
+
+
+class Relay:
+    """A TCP relay on ``(host, port)`` to ``target``, one thread pair per connection.
+
+    ``delay`` (seconds) holds each chunk before forwarding it: latency both ways.
+    """
+
+    def __init__(self, host: str, target: tuple[str, int]) -> None:
+        self.target = target
+        self.delay = 0.0
+        self._server = socket.create_server((host, 0))
+        self._server.settimeout(0.2)
+        self.address: tuple[str, int] = self._server.getsockname()[:2]
+        self._closing = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept, name="relay", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while not self._closing.is_set():
+                ready, _, _ = select.select([source], [], [], 0.2)
+                if not ready:
+                    continue
+                data = source.recv(65536)
+                if not data:
+                    break
+                if self.delay:
+                    time.sleep(self.delay)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._closing.set()
+        self._server.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()
+        self._thread.join(timeout=5)
+
+
+@dataclass
+class AppHost:
+    """A network namespace with a front and a back link (see the module docstring)."""
+
+    name: str
+    front: Link
+    back: Link
+    relays: list[Relay] = field(default_factory=list)
+    servers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @classmethod
+    def create(cls) -> AppHost:
+        require_namespaces()
+        n = next(_counter)
+        tag = f"{os.getpid() % 100000}x{n}"  # interface names: 15 characters at most
+        name = f"idem-{tag}"
+        # A /30 per link in 10.x.y.z, spread by process id and counter so that
+        # parallel runs pick different subnets (and we check the subnet is free).
+        base = (os.getpid() * 7 + n * 2) % 16000
+        links: list[Link] = []
+        ip("netns", "add", name)
+        try:
+            ip("link", "set", "lo", "up", netns=name)
+            for i, role in enumerate(("f", "b")):
+                block = base + i
+                # A /30: .1 on this machine's end, .2 in the namespace.
+                net = f"10.{200 + block // 4000}.{(block % 4000) // 64}"
+                last = (block % 64) * 4
+                host_ip, ns_ip = f"{net}.{last + 1}", f"{net}.{last + 2}"
+                host_if, ns_if = f"ih{role}{tag}", f"in{role}{tag}"
+                ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+                links.append(Link(host_if, ns_if, host_ip, ns_ip, name))
+                ip("link", "set", ns_if, "netns", name)
+                ip("addr", "add", f"{host_ip}/30", "dev", host_if)
+                ip("link", "set", host_if, "up")
+                ip("addr", "add", f"{ns_ip}/30", "dev", ns_if, netns=name)
+                ip("link", "set", ns_if, "up", netns=name)
+        except BaseException:
+            for link in links:
+                ip("link", "del", link.host_if, check=False)
+            ip("netns", "del", name, check=False)
+            raise
+        front, back = links
+        return cls(name, front, back)
+
+    def relay(self, target: tuple[str, int]) -> Relay:
+        """A relay on the back link's machine end to ``target`` (on this machine)."""
+        relay = Relay(self.back.host_ip, target)
+        self.relays.append(relay)
+        return relay
+
+    def serve(
+        self, app: str, env: Mapping[str, str], port: int = 8000, timeout: float = 20.0
+    ) -> str:
+        """Run ``uvicorn app`` in the namespace on the front link; its base URL."""
+        command = [
+            "ip", "netns", "exec", self.name,
+            sys.executable, "-m", "uvicorn", app,
+            "--host", self.front.ns_ip, "--port", str(port),
+            "--log-level", "warning", "--no-access-log",
+        ]  # fmt: skip
+        server = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        )
+        self.servers.append(server)
+        url = f"http://{self.front.ns_ip}:{port}"
+
+        def ready() -> bool:
+            if server.poll() is not None:
+                raise RuntimeError(f"the app server in {self.name} exited with {server.returncode}")
+            try:
+                httpx.get(f"{url}/health", timeout=0.5)
+            except httpx.HTTPError:
+                return False
+            return True
+
+        _wait_for(ready, timeout, f"the app server in {self.name} did not answer")
+        return url
+
+    def close(self) -> None:
+        for server in self.servers:
+            if server.poll() is None:
+                server.terminate()
+                try:
+                    server.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait(timeout=5)
+        for relay in self.relays:
+            relay.close()
+        for link in (self.front, self.back):
+            # Deleting one end of a veth deletes both.
+            ip("link", "del", link.host_if, check=False)
+        ip("netns", "del", self.name, check=False)
+
+
+def _wait_for(condition: object, timeout: float, message: str = "timed out") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{message} within {timeout:g} s")

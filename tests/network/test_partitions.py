@@ -1,0 +1,251 @@
+"""Partitions at every boundary of a guarded request (DESIGN 13; issue 35 items 1, 3, 6).
+
+The app server runs in its own network namespace (hosts.py) and reaches PostgreSQL
+over a veth link through a relay that adds latency, so the test can cut the link while
+a given statement is in flight: the claim, the handler's work, the finish or the
+request-as-transaction COMMIT. While the link is down the client keeps asking; after
+it heals the client retries to a final answer. The history checker then judges the
+run: one effect per key, the acknowledged answer replayed, the store's record finished
+with it, the key settled within the lock timeout plus a heartbeat interval (plus the
+time a cut-off statement takes to fail) of the heal, and no retry told 409 by its own
+lost attempt for longer than that.
+
+These tests need root (network namespaces): without it they fail and say so.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import psycopg
+import pytest
+
+from idempotence.stores.postgres import PostgresStore
+from idempotence.testing import History, HistoryReport
+
+from .hosts import AppHost, NetworkUnavailable, Relay, require_namespaces
+
+#: The app's lock timeout and statement bound (seconds), short so a test is quick.
+LOCK = 2.0
+BOUND = 1.0
+#: How long a statement cut off by the partition takes to fail: tcp_user_timeout and
+#: keepalives (about the bound, the first probe after at least a second), plus slack
+#: for a machine shared by many test runs.
+FAIL_WITHIN = BOUND + 4.0
+#: A key settles within the lock timeout plus a heartbeat interval of the heal (the
+#: lock of the cut-off attempt lapses), plus the time a retry's own cut-off statement
+#: may still take, plus the client's pause between retries.
+SETTLE = LOCK + LOCK / 3 + FAIL_WITHIN + 1.0
+RELAY_DELAY = 0.6
+
+
+@pytest.fixture
+def app_host() -> Iterator[AppHost]:
+    try:
+        require_namespaces()
+        host = AppHost.create()
+    except NetworkUnavailable as exc:
+        pytest.fail(f"network fault tests cannot run here: {exc}")
+    try:
+        yield host
+    finally:
+        host.close()
+
+
+@dataclass
+class Served:
+    host: AppHost
+    relay: Relay
+    url: str
+    database: str
+    provider: Path
+
+    def effects(self, history: History) -> None:
+        """Record the effects that landed: the provider's charges, the transfer rows."""
+        with sqlite3.connect(self.provider) as db:
+            db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, id TEXT)")
+            for key, charge_id in db.execute("SELECT key, id FROM charges"):
+                history.effect(key.removeprefix("net-").removesuffix("-charge"), charge_id)
+        with psycopg.connect(self.database) as conn:
+            for key, transfer_id in conn.execute("SELECT key, id FROM net_transfers"):
+                history.effect(key, transfer_id)
+
+    def charged(self, key: str) -> bool:
+        with sqlite3.connect(self.provider) as db:
+            db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, id TEXT)")
+            return (
+                db.execute("SELECT 1 FROM charges WHERE key = ?", (f"net-{key}-charge",)).fetchone()
+                is not None
+            )
+
+    def check(self, history: History, keys: list[str], healed_at: float) -> HistoryReport:
+        self.effects(history)
+        with PostgresStore(self.database) as store:
+            records = {key: store.get("default", key) for key in keys}
+        return history.check(records=records, healed_at=healed_at, settle_within=SETTLE)
+
+
+@pytest.fixture
+def served(app_host: AppHost, fresh_pg_url: str, tmp_path: Path) -> Served:
+    with psycopg.connect(fresh_pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE net_transfers (key TEXT NOT NULL, id TEXT NOT NULL)")
+    parts = urlsplit(fresh_pg_url)
+    relay = app_host.relay((parts.hostname or "127.0.0.1", parts.port or 5432))
+    host, port = relay.address
+    user = f"{parts.username}@" if parts.username else ""
+    over_link = urlunsplit(parts._replace(netloc=f"{user}{host}:{port}"))
+    provider = tmp_path / "provider.sqlite3"
+    url = app_host.serve(
+        "tests.network.app:app",
+        {
+            "NET_DATABASE_URL": over_link,
+            "NET_PROVIDER": str(provider),
+            "NET_LOCK_TIMEOUT": str(LOCK),
+            "NET_STATEMENT_TIMEOUT": os.environ.get("NET_TEST_UNBOUNDED", str(BOUND)),
+        },
+    )
+    return Served(app_host, relay, url, fresh_pg_url, provider)
+
+
+def attempt(
+    history: History, client: httpx.Client, path: str, key: str, work: float = 0.0
+) -> int | None:
+    with history.operation(key) as op:
+        try:
+            response = client.post(
+                path, headers={"Idempotency-Key": key, "x-work": str(work)}, json={}
+            )
+        except httpx.HTTPError:
+            return None
+        op.answer(response.status_code, response.content)
+    return op.status
+
+
+def retry_to_final(
+    history: History, client: httpx.Client, path: str, key: str, seconds: float
+) -> None:
+    """Retry until a final answer, at most ``seconds`` (bounded in count too)."""
+    deadline = time.monotonic() + seconds
+    for _ in range(200):
+        status = attempt(history, client, path, key)
+        if status is not None and status < 500 and status != 409:
+            return
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
+def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.02)
+    pytest.fail(f"{what} did not happen within {seconds:g} s")
+
+
+def partition_at(
+    served: Served, path: str, key: str, *, boundary: str
+) -> tuple[History, list[tuple[int | None, float]], float, float]:
+    """Send one request, cut the back link at ``boundary``, ask during the cut, heal,
+    retry. Returns the history, the answers during the cut (with their durations),
+    the cut's time and the heal's (the history's clock)."""
+    history = History()
+    during: list[tuple[int | None, float]] = []
+    with httpx.Client(base_url=served.url, timeout=FAIL_WITHIN + 5) as client:
+        # Warm: the pool's connection is open before the latency goes on.
+        assert attempt(history, client, path, f"{key}-warm") == 201
+        served.relay.delay = RELAY_DELAY
+        work = 2.0 if boundary == "handler" else 0.3
+        first = threading.Thread(target=attempt, args=(history, client, path, key, work))
+        first.start()
+        if boundary == "claim":
+            # The claim left the app and sits in the relay's delay.
+            time.sleep(RELAY_DELAY / 2)
+        elif path == "/charges":
+            wait_until(lambda: served.charged(key), 10, "the charge")
+            if boundary == "finish":
+                # The handler's work is over and its finish sits in the relay.
+                time.sleep(work + RELAY_DELAY / 2)
+        else:
+            # A transfer's row is invisible until its COMMIT: wait for the claim and
+            # the INSERT to make their way (two delayed round trips), then the work.
+            time.sleep(4 * RELAY_DELAY + (work + RELAY_DELAY / 2 if boundary == "finish" else 0.2))
+        with served.host.back.partitioned():
+            cut = history.now()
+            # Ask while the link is down: each answer must come within the bound.
+            while time.monotonic() - cut < LOCK * 1.5:
+                started = time.monotonic()
+                status = attempt(history, client, path, key)
+                during.append((status, time.monotonic() - started))
+                time.sleep(0.05)
+        healed_at = history.now()
+        served.relay.delay = 0.0
+        first.join(timeout=FAIL_WITHIN + 10)
+        assert not first.is_alive(), "the first attempt never got an answer"
+        retry_to_final(history, client, path, key, SETTLE + 10)
+    return history, during, cut, healed_at
+
+
+BOUNDARIES = [
+    pytest.param("/charges", "claim", id="handler-claim"),
+    pytest.param("/transfers", "finish", id="transaction-commit"),
+    pytest.param("/charges", "handler", id="handler-during", marks=pytest.mark.slow),
+    pytest.param("/charges", "finish", id="handler-finish", marks=pytest.mark.slow),
+    pytest.param("/transfers", "claim", id="transaction-claim", marks=pytest.mark.slow),
+    pytest.param("/transfers", "handler", id="transaction-during", marks=pytest.mark.slow),
+    pytest.param("/rides", "claim", id="flow-claim", marks=pytest.mark.slow),
+    pytest.param("/rides", "handler", id="flow-phase", marks=pytest.mark.slow),
+    pytest.param("/rides", "finish", id="flow-commit", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("path", "boundary"), BOUNDARIES)
+def test_a_partition_at_each_boundary_keeps_every_promise(
+    served: Served, path: str, boundary: str
+) -> None:
+    key = f"part-{boundary}"
+    history, during, cut, healed_at = partition_at(served, path, key, boundary=boundary)
+    report = served.check(history, [key, f"{key}-warm"], healed_at)
+    first = next(op for op in history.operations if op.key == key and op.attempt == 1)
+    after = [op.status for op in history.operations if op.key == key and op.started >= healed_at]
+    # What the mode answered, for the table in docs/design.md (shown with -s).
+    print(
+        f"{path} cut at {boundary}: the cut-off attempt got {first.status}; during the cut "
+        f"{sorted({s for s, _ in during}, key=str)}; after the heal {after}"
+    )
+    for op in history.operations:  # the timeline, relative to the cut
+        if op.key == key:
+            print(f"  {op.attempt}: {op.status} {op.started - cut:+.2f}..{op.ended - cut:+.2f} s")
+    print(report)
+    report.assert_ok()
+    # While the link was down the app answered, 503 or 409, never hung (DESIGN 13).
+    assert during, "no attempt was made during the partition"
+    for status, took in during:
+        assert status in (503, 409), f"answered {status} during the partition"
+        assert took <= FAIL_WITHIN, f"an answer took {took:.2f} s during the partition"
+    # The key ended with a final answer, and a single effect.
+    assert 201 in after, "the key never got its 201 after the heal"
+    # A retry after an unknown outcome never sees its own lost attempt as a twin for
+    # longer than the lock: every 409 comes within the lock (and a second of slack)
+    # of the end of an attempt of the key that got no final answer. (Measured from
+    # that end, not from the cut: an attempt made during the cut may reach the
+    # database when the link heals, by TCP's retransmission, after its client gave
+    # up, and its transaction then holds the key until the server's idle bound.)
+    lost = [op.ended for op in history.operations if op.key == key and op.status in (None, 503)]
+    late = [
+        op
+        for op in history.operations
+        if op.key == key
+        and op.status == 409
+        and not any(end <= op.started <= end + LOCK + 1.0 for end in lost)
+    ]
+    assert not late, f"told 409 at {late[0].started - cut:+.2f} s, long after any lost attempt"
