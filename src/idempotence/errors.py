@@ -144,8 +144,8 @@ class CallInProgress(IdempotenceError):
     not run: call again after ``retry_after`` seconds to get its result, or guard the
     function with ``wait=`` to wait for it."""
 
-    #: Seconds until the running call's lock expires, if it dies (a live one beats).
     retry_after: float
+    """Seconds until the running call's lock expires, if it dies (a live one beats)."""
 
 
 class ResultNotStorable(ConfigurationError):

@@ -61,7 +61,7 @@ def fingerprint(
     # (True, 64)
     ```
 
-    Raises [`InvalidBody`][idempotence.fingerprint.InvalidBody] when a JSON body is not valid JSON.
+    Raises [`InvalidBody`][idempotence.errors.InvalidBody] when a JSON body is not valid JSON.
     """
     excluded = _names(exclude)
     kind = media_type(content_type)
@@ -70,9 +70,10 @@ def fingerprint(
 
 def digest(method: str, path: str, kind: str, canonical: bytes) -> str:
     """The fingerprint of a request whose body is already in canonical form
-    (``canonical``, of media type ``kind``): what :func:`fingerprint` hashes once it
-    has canonicalised the body. A caller that makes the canonical form itself (a
-    guarded function's arguments, written as sorted JSON) skips the parse."""
+    (``canonical``, of media type ``kind``): what
+    [`fingerprint`][idempotence.fingerprint.fingerprint] hashes once it has
+    canonicalised the body. A caller that makes the canonical form itself (a guarded
+    function's arguments, written as sorted JSON) skips the parse."""
     # Each part is length-prefixed, so no choice of method, path or body can shift bytes
     # from one part into another ("POST" + "/x" never equals "POS" + "T/x").
     # The media type is hashed too: the same bytes sent as another type are another
@@ -116,7 +117,7 @@ def canonical_body(
     body: bytes, content_type: str | None = None, exclude: Iterable[str] = ()
 ) -> bytes:
     """Return the body in the canonical form that
-    [`fingerprint`][idempotence.testing.example.fingerprint] hashes.
+    [`fingerprint`][idempotence.fingerprint.fingerprint] hashes.
 
     Useful to see why two requests fingerprint differently.
 

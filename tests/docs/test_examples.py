@@ -50,6 +50,8 @@ NOT_RUN = {
     ("docs/how-to/celery.md", "needs a RabbitMQ broker and a Celery worker"),
     ("docs/how-to/staged-jobs.md", "needs a RabbitMQ broker or a Celery app"),
     ("docs/how-to/staged-jobs.md", "needs a RabbitMQ broker"),
+    ("docs/how-to/fault-testing.md", "needs your app, its database and a fault to inject"),
+    ("docs/stores.md", "needs a PostgreSQL server"),
 }
 
 

@@ -1,11 +1,12 @@
 """Celery tasks that run once per key (DESIGN 12), with ``@idempotent_task``.
 
-Celery delivers a task at least once: with late acknowledgement a task whose worker
-died is delivered again, and a publisher that retries may send it twice. A task made
-with :func:`idempotent_task` is an ``@idempotent`` function
-(:mod:`idempotence.functions`) registered as a Celery task: the first delivery of a
-key runs it and stores its return value; every later delivery returns the stored
-value (so the result backend gets the same result) without running it again.
+Celery delivers a task at least once: with late acknowledgement a task whose worker died
+is delivered again, and a publisher that retries may send it twice. A task made with
+[`idempotent_task`][idempotence.contrib.celery.idempotent_task] is an ``@idempotent``
+function ([`idempotence.functions`][idempotence.functions]) registered as a Celery task:
+the first delivery of a key runs it and stores its return value; every later delivery
+returns the stored value (so the result backend gets the same result) without running it
+again.
 
 * The key is a task argument (``key="order_id"``, a dotted path or a callable, as for
   ``@idempotent``), or by default the task's id: the same message delivered again, or
@@ -54,8 +55,8 @@ from ..functions.decorator import StoreOrOpener
 
 __all__ = ["idempotent_task", "task_id"]
 
-#: The countdown of a retry after the key store was unreachable.
 UNAVAILABLE_RETRY = timedelta(seconds=5)
+"""The countdown of a retry after the key store was unreachable."""
 
 
 def task_id(*args: Any, **kwargs: Any) -> str:

@@ -1,6 +1,7 @@
 """Guarded functions: ``@idempotent`` runs a function once per key (DESIGN 12).
 
-See :func:`idempotent`, and ``docs/how-to/functions.md`` for a tour.
+See [`idempotent`][idempotence.functions.decorator.idempotent], and
+``docs/how-to/functions.md`` for a tour.
 """
 
 from __future__ import annotations

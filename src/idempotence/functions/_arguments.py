@@ -12,11 +12,12 @@ A name is checked against the function's parameters when it is decorated, so a t
 fails at import, not at the first call.
 
 The fingerprint is the canonical JSON (sorted keys, no whitespace; hashed as
-:func:`idempotence.fingerprint.digest` frames every fingerprint) of the bound
-arguments, defaults applied, under the function's name: the same call made again
-fingerprints the same whatever the order or spelling of its arguments, and the same
-key with other arguments is refused (P2). ``fingerprint_exclude`` leaves arguments
-(or dotted paths into them) out: a timestamp, a database session, a logger.
+[`idempotence.fingerprint.digest`][idempotence.fingerprint.digest] frames every
+fingerprint) of the bound arguments, defaults applied, under the function's name: the
+same call made again fingerprints the same whatever the order or spelling of its
+arguments, and the same key with other arguments is refused (P2).
+``fingerprint_exclude`` leaves arguments (or dotted paths into them) out: a timestamp, a
+database session, a logger.
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from ._codec import NotStorable, to_json
 
 __all__ = ["Picker", "Selector", "Fingerprinter"]
 
-#: How a key or scope is chosen: an argument name, a dotted path, or a callable.
 Selector = str | Callable[..., Any]
+"""How a key or scope is chosen: an argument name, a dotted path, or a callable."""
 
-#: Parameters never fingerprinted: a method's own object or class.
 _IMPLICIT = frozenset({"self", "cls"})
+"""Parameters never fingerprinted: a method's own object or class."""
 
 
 def _parameter(signature: inspect.Signature, path: str, option: str, owner: str) -> str:
@@ -79,8 +80,9 @@ class Picker:
     def pick(
         self, arguments: Mapping[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> str:
-        """The value for this call, as a valid key; :class:`MissingKey` when it is
-        None, :class:`InvalidKey` when it is no key."""
+        """The value for this call, as a valid key;
+        [`MissingKey`][idempotence.errors.MissingKey] when it is None,
+        [`InvalidKey`][idempotence.errors.InvalidKey] when it is no key."""
         if self._call is not None:
             value = self._call(*args, **kwargs)
         else:

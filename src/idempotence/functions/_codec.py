@@ -1,7 +1,7 @@
 """Return values as stored JSON, and back to their declared type (DESIGN 12).
 
-A guarded function's return value is its stored response. :func:`codec_for` reads the
-function's declared return type once, at decoration, and builds a :class:`Codec`:
+A guarded function's return value is its stored response. `codec_for` reads the
+function's declared return type once, at decoration, and builds a `Codec`:
 ``dump`` turns a value into JSON, ``load`` turns the stored JSON back into the declared
 type. Supported without configuration:
 
@@ -19,7 +19,7 @@ first call: the value is dumped and loaded back before anything is stored, so a
 replay can never meet what it cannot restore.
 
 The same conversion (by the value's own type) makes the arguments' JSON for the
-fingerprint: :func:`to_json`.
+fingerprint: `to_json`.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Codec:
     load: Callable[[Any], Any]
 
     def encode(self, value: Any) -> bytes:
-        """``value`` as stored JSON bytes; :class:`NotStorable` when it cannot be, or
+        """``value`` as stored JSON bytes; `NotStorable` when it cannot be, or
         when what was stored would not load back (checked now, not at the replay)."""
         try:
             data = self.dump(value)
@@ -83,9 +83,10 @@ class Codec:
 def codec_for(
     annotation: Any, serializer: tuple[Callable[[Any], Any], Callable[[Any], Any]] | None
 ) -> Codec:
-    """The codec of a function declared to return ``annotation`` (``inspect.Signature.empty``
-    or ``Any`` for none); ``serializer`` overrides it. :class:`ConfigurationError`
-    when the type cannot be stored and no serializer is given."""
+    """The codec of a function declared to return ``annotation``
+    (``inspect.Signature.empty`` or ``Any`` for none); ``serializer`` overrides it.
+    [`ConfigurationError`][idempotence.errors.ConfigurationError] when the
+    type cannot be stored and no serializer is given."""
     if serializer is not None:
         dump, load = _pair(serializer)
         return Codec(_name(annotation), dump, load)
@@ -119,8 +120,8 @@ def _name(annotation: Any) -> str:
     return getattr(annotation, "__qualname__", None) or repr(annotation)
 
 
-#: What :func:`codec_for` is given for a function without a return annotation.
 _EMPTY: Any = inspect.Signature.empty
+"""What `codec_for` is given for a function without a return annotation."""
 
 
 def _identity(value: Any) -> Any:
@@ -154,7 +155,7 @@ def _check_json(value: Any) -> None:
 
 
 def _converters(tp: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
-    """(dump, load) for declared type ``tp``; :class:`NotStorable` if there are none."""
+    """(dump, load) for declared type ``tp``; `NotStorable` if there are none."""
     if tp is _EMPTY or tp is Any or tp is object:
         return _json_value, _identity
     if tp is None or tp is type(None):
@@ -292,7 +293,7 @@ def _is_pydantic(tp: type) -> bool:
 def to_json(value: Any) -> Any:
     """``value`` (an argument) as a JSON value, by its own type: JSON values as they
     are, tuples and sets as lists, dataclasses and pydantic models as objects, enums by
-    value, dates and times, UUIDs and decimals as text. :class:`NotStorable` for
+    value, dates and times, UUIDs and decimals as text. `NotStorable` for
     anything else."""
     if value is None or type(value) in (str, int, bool):
         return value

@@ -1,10 +1,10 @@
-"""Run a guarded call through the engine on a store (:mod:`._guard` decides).
+"""Run a guarded call through the engine on a store (`_guard` decides).
 
-:func:`call_async` is the source; :func:`call` is generated from it (F7). Every effect
-is the engine's and is performed by the flows driver
-(:func:`~idempotence.flows._driver_async.drive_async`): the claim, the wait for a twin
-(P10), the function with its heartbeats (F2) or inside the claim's transaction (F3),
-and the settling of the key. Only calling the function is this module's own.
+`call_async` is the source; `call` is
+generated from it (F7). Every effect is the engine's and is performed by the flows
+driver (`drive_async`): the claim, the wait for a twin (P10), the function with its
+heartbeats (F2) or inside the claim's transaction (F3), and the settling of the key.
+Only calling the function is this module's own.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ _NOT_SYNC = "a function guarded with a sync store must not be async"
 
 class _AsyncCall(CallState):
     """Runs the function for the engine, with the call's context set
-    (:func:`~._guard.current_call`)."""
+    ([`current_call`][idempotence.functions.current_call])."""
 
     __slots__ = ()
 

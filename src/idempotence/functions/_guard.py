@@ -1,11 +1,11 @@
 """A guarded function, without I/O: a call as one run of the engine (F6, DESIGN 12).
 
-:class:`Guard` holds what the decorator was told, checked once, and the engine run it
+`Guard` holds what the decorator was told, checked once, and the engine run it
 makes: a one-step flow whose step is the function (the application handler of
-:mod:`idempotence.flows.handler`), or, with ``transactional=True``, the body of the one
+`idempotence.flows.handler`), or, with ``transactional=True``, the body of the one
 atomic phase (F3). So the claim, the bounded wait for a twin (P10), the heartbeats
 (F2), the settling of the key by what the function did (R5) and the transaction are
-the engine's, written once; the drivers (:mod:`._driver_async`, and :mod:`._driver`
+the engine's, written once; the drivers (`_driver_async`, and `_driver`
 generated from it) only run the function for it.
 
 What becomes of a call, decided here:
@@ -18,7 +18,7 @@ What becomes of a call, decided here:
   retry runs the function again, and the exception propagates;
 * the value (or final exception) cannot be stored: the key is finished with that
   verdict, so no retry runs the function a second time, and the caller (and every
-  retry) gets :class:`~idempotence.errors.ResultNotStorable`.
+  retry) gets [`ResultNotStorable`][idempotence.errors.ResultNotStorable].
 """
 
 from __future__ import annotations
@@ -53,29 +53,29 @@ from ._codec import Codec, NotStorable, codec_for
 
 __all__ = ["FUNCTION_FLOW", "CallContext", "CallState", "Guard", "current_call"]
 
-#: The flow name stored on a guarded function's keys.
 FUNCTION_FLOW = "function"
-#: What the function did, as the status of the stored response.
+"""The flow name stored on a guarded function's keys (its ``flow`` column)."""
 RETURNED, RAISED, NOT_STORABLE = 200, 400, 422
+"""What the function did, as the status of the stored response."""
 _JSON = (("content-type", "application/json"),)
-#: Larger stored results are refused by the store, not the engine: no cap of its own.
 _NO_LIMIT = 1 << 62
+"""Larger stored results are refused by the store, not the engine: no cap of its own."""
 
 
 @dataclass(frozen=True, slots=True)
 class CallContext:
     """What a guarded function can learn of the call it is running in:
-    :func:`current_call`."""
+    [`current_call`][idempotence.functions.current_call]."""
 
-    #: The function's name as the guard knows it (its qualified name by default).
     name: str
+    """The function's name as the guard knows it (its qualified name by default)."""
     scope: str
     key: str
-    #: The claimed key's lease; ``lease.id`` names derived keys (R4).
     lease: Lease
-    #: With ``transactional=True``: the store transaction the claim opened. Write in
-    #: it, and the writes commit with the stored result, or not at all (F3).
+    """The claimed key's lease; ``lease.id`` names derived keys (R4)."""
     tx: Any = None
+    """With ``transactional=True``: the store transaction the claim opened. Write in
+    it, and the writes commit with the stored result, or not at all (F3)."""
 
     def key_for(self, name: str) -> str:
         """The derived key for foreign call ``name`` (R4): the same on every attempt
@@ -206,7 +206,7 @@ class Guard:
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[ClaimRequest, Mapping[str, Any]]:
         """The claim request of a call, and its bound arguments. Raises
-        :class:`TypeError` for arguments the function does not take (as calling it
+        `TypeError` for arguments the function does not take (as calling it
         would), before anything is claimed."""
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()

@@ -40,11 +40,12 @@ def idempotent(
     """Guard a function (``def`` or ``async def``) so that each key runs it once.
 
     The first call with a key runs the function and stores what it returned; a later
-    call with the key returns the stored value, restored to the declared return type.
-    A racing call raises :class:`~idempotence.errors.CallInProgress` (or waits, with
-    ``wait``); the key with other arguments raises
-    :class:`~idempotence.errors.ArgumentsMismatch`; an unreachable store raises
-    :class:`~idempotence.errors.StoreUnavailable`. The function runs in none of these.
+    call with the key returns the stored value, restored to the declared return type. A
+    racing call raises [`CallInProgress`][idempotence.errors.CallInProgress] (or
+    waits, with ``wait``); the key with other arguments raises
+    [`ArgumentsMismatch`][idempotence.errors.ArgumentsMismatch]; an unreachable store
+    raises [`StoreUnavailable`][idempotence.errors.StoreUnavailable]. The
+    function runs in none of these.
 
     Args:
         store: The key store, or a function without arguments that returns it (called

@@ -1,21 +1,22 @@
 """Sinks that deliver staged jobs to the queues teams already run (B4, R7, DESIGN 12).
 
-The enqueuer (:class:`~.enqueuer.Enqueuer`) takes a batch of staged jobs and hands it
-to a sink inside the transaction that took them; it commits only once the sink
-returned. Both sinks here return only after the broker confirmed every message of the
-batch, so a job leaves the outbox only once the broker has it: a broker that is down,
-refuses a message or restarts mid-batch makes the sink raise, the transaction rolls
-back, and the jobs stay staged for the next pass (every ``interval``).
+The enqueuer ([`Enqueuer`][idempotence.maintenance.Enqueuer]) takes a batch of
+staged jobs and hands it to a sink inside the transaction that took them; it commits
+only once the sink returned. Both sinks here return only after the broker confirmed
+every message of the batch, so a job leaves the outbox only once the broker has it: a
+broker that is down, refuses a message or restarts mid-batch makes the sink raise, the
+transaction rolls back, and the jobs stay staged for the next pass (every ``interval``).
 
 A lost confirm (the broker took the message, then the connection broke before it said
-so) delivers the job again at the next pass. Each message carries the job key as its
-id, so a consumer guarded by :mod:`idempotence.consumers` (keyed by the message id),
-or a Celery task keyed by its task id, absorbs the duplicate.
+so) delivers the job again at the next pass. Each message carries the job key as its id,
+so a consumer guarded by [`idempotence.consumers`][idempotence.consumers] (keyed by the
+message id), or a Celery task keyed by its task id, absorbs the duplicate.
 
-* :class:`RabbitMQSink`: one persistent message per job (``message_id`` = the job key,
-  JSON body = the job's arguments), publisher confirms, routed by the job's name.
-* :class:`CelerySink`: ``send_task(job name, task_id=job key)`` per job, on a Celery
-  app whose broker confirms publishes.
+* [`RabbitMQSink`][idempotence.maintenance.sinks.RabbitMQSink]: one persistent message
+  per job (``message_id`` = the job key, JSON body = the job's arguments), publisher
+  confirms, routed by the job's name.
+* [`CelerySink`][idempotence.maintenance.sinks.CelerySink]: ``send_task(job name,
+  task_id=job key)`` per job, on a Celery app whose broker confirms publishes.
 
 Example:
     ```python
@@ -94,8 +95,8 @@ class RabbitMQSink:
 
     def deliver(self, store: Store, tx: Transaction, jobs: Sequence[StagedJob]) -> list[str]:
         """Publish ``jobs``; return their keys once the broker confirmed every one.
-        :class:`BrokerUnavailable` when it did not: the enqueuer's transaction rolls
-        back and the jobs stay staged."""
+        [`BrokerUnavailable`][idempotence.maintenance.sinks.BrokerUnavailable] when it
+        did not: the enqueuer's transaction rolls back and the jobs stay staged."""
         pika = self._pika
         try:
             channel = self._open()
@@ -174,7 +175,7 @@ class CelerySink:
 
     def deliver(self, store: Store, tx: Transaction, jobs: Sequence[StagedJob]) -> list[str]:
         """Send ``jobs``; return their keys once the broker confirmed every one.
-        :class:`BrokerUnavailable` when it did not."""
+        [`BrokerUnavailable`][idempotence.maintenance.sinks.BrokerUnavailable] when it did not."""
         try:
             for job in jobs:
                 args, kwargs = ((), job.args) if isinstance(job.args, dict) else (job.args, {})
