@@ -3,8 +3,8 @@ dependency), made exactly-once by the idempotence middleware on an
 ``AsyncSQLAlchemyStore``: the key's claim, the ORM writes and the stored response
 commit in one transaction, so a crash anywhere leaves all of them or none.
 
-    DATABASE_URL=postgresql+psycopg://app@db/app uvicorn fastapi_sqlalchemy:app
-    # default: sqlite+aiosqlite:///transfers.sqlite3 in the working directory
+    IDEMPOTENCE_DATABASE_URL=postgresql://app@db/app uvicorn fastapi_sqlalchemy:app
+    # default: sqlite:///app.sqlite3 in the working directory (through aiosqlite)
 
 Run by tests/sqla/test_fastapi_example.py under a real uvicorn.
 """
@@ -19,15 +19,17 @@ from typing import Annotated
 from fastapi import Depends, FastAPI
 from pydantic import BaseModel
 from sqlalchemy import String, func, select
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from idempotence.contrib.sqlalchemy import AsyncSQLAlchemyStore, async_session_dependency
 from idempotence.http import Endpoint, Idempotency, IdempotencyMiddleware, Policy, header_scope
 
-engine = create_async_engine(
-    os.environ.get("DATABASE_URL", "sqlite+aiosqlite:///transfers.sqlite3")
-)
+# The URL the CLI reads too; SQLAlchemy talks to it through an async driver.
+ASYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+aiosqlite"}
+url = make_url(os.environ.get("IDEMPOTENCE_DATABASE_URL", "sqlite:///app.sqlite3"))
+engine = create_async_engine(url.set(drivername=ASYNC_DRIVERS.get(url.drivername, url.drivername)))
 Session = async_sessionmaker(engine, expire_on_commit=False)
 
 
@@ -36,7 +38,7 @@ class Base(DeclarativeBase):
 
 
 class Transfer(Base):
-    __tablename__ = "transfers"
+    __tablename__ = "orm_transfers"
 
     id: Mapped[int] = mapped_column(primary_key=True)
     account: Mapped[str] = mapped_column(String(64))

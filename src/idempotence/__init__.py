@@ -2,7 +2,8 @@
 
 Clients send an ``Idempotency-Key``; the key store claims it atomically, replays the
 stored response to retries, and refuses racing or mismatched duplicates. See the
-README for a tour and ``docs/design.md`` for the contract.
+documentation's getting-started tutorial for a tour and ``docs/design.md`` for the
+contract.
 
 ```python
 from idempotence import SqliteStore, ClaimRequest, Outcome

@@ -51,7 +51,7 @@ class Problem(enum.Enum):
     KEY_INVALID = ("idempotency_key_invalid", 400, "idempotency_error")
     """P7, P8: the key is empty, too long, not printable ASCII, or badly quoted."""
     KEY_REPEATED = ("idempotency_key_repeated", 400, "idempotency_error")
-    """Two Idempotency-Key fields (or a bare key with a comma: see keys in the README)."""
+    """Two Idempotency-Key fields (or a bare key with a comma, which reads as two)."""
     KEY_REUSED = ("idempotency_key_reused", 422, "idempotency_error")
     """P2: the key was first used for a different request."""
     KEY_IN_USE = ("idempotency_key_in_use", 409, "idempotency_error")

@@ -1,4 +1,4 @@
-"""The README's Kafka-style adapter, as written there, over an in-memory partition log:
+"""The consumers guide's Kafka-style adapter, as written there, over an in-memory partition log:
 offsets are committed only after the transaction, so a consumer that dies between its
 commit and its offset commit replays records that the keys absorb (M1)."""
 
@@ -12,14 +12,14 @@ from typing import Any
 from idempotence import SqliteStore
 from idempotence.consumers import Consumer, MessageContext
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "consumers.md"
 
 
 def readme_consume() -> Any:
-    text = README.read_text(encoding="utf-8")
+    text = GUIDE.read_text(encoding="utf-8")
     block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "def consume(" in b)
     namespace: dict[str, Any] = {}
-    exec(compile(block, "README.md", "exec"), namespace)
+    exec(compile(block, str(GUIDE), "exec"), namespace)
     return namespace["consume"]
 
 

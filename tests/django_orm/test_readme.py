@@ -1,6 +1,6 @@
-"""The README's Django section shows excerpts of the example shop, which the suite
+"""The README and the Django guides show excerpts of the example shop, which the suite
 runs (test_django_orm.py): each excerpt must be in the file its marker names,
-verbatim, so the README cannot drift from code that runs."""
+verbatim, so the documentation cannot drift from code that runs."""
 
 from __future__ import annotations
 
@@ -14,10 +14,19 @@ _EXCERPT = re.compile(
 )
 
 
-def test_the_readme_django_excerpts_are_in_the_example_app() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    excerpts = list(_EXCERPT.finditer(readme))
-    assert len(excerpts) >= 4
-    for found in excerpts:
+DOCUMENTS = [ROOT / "README.md", ROOT / "docs" / "how-to" / "django.md"]
+DOCUMENTS += [ROOT / "docs" / "how-to" / "django-orm.md"]
+
+
+def test_the_documented_django_excerpts_are_in_the_example_app() -> None:
+    excerpts = [
+        (document, found)
+        for document in DOCUMENTS
+        for found in _EXCERPT.finditer(document.read_text(encoding="utf-8"))
+    ]
+    assert len(excerpts) >= 5
+    for document, found in excerpts:
         source = (ROOT / found["path"]).read_text(encoding="utf-8")
-        assert found["code"] in source, f"README excerpt not in {found['path']}:\n{found['code']}"
+        assert found["code"] in source, (
+            f"{document.name}: excerpt not in {found['path']}:\n{found['code']}"
+        )

@@ -8,11 +8,18 @@ between are allowed), so a reader of the Markdown sees it too:
 * ``<!-- run: serve METHOD PATH [HEADER=VALUE ...] [BODY] -->``: the block defines an
   ASGI ``app``, served by uvicorn; the request is sent twice with one Idempotency-Key
   and the second answer must be the first, replayed;
+* ``<!-- run: file NAME -->``: the block is saved as NAME in the working directory
+  ("save it as app.py"), for the blocks after it to use;
 * ``<!-- run: console -->``: a ``console`` block's commands run in bash, ``set -e``;
-  ``<!-- run: console against `COMMAND` on port N -->`` starts COMMAND first (on free
-  ports, given as ``--port`` and ``--provider-port``, replacing N in the block) and
-  checks that each HTTP status the block's comments promise is printed;
+  ``<!-- run: console against `COMMAND` on port N -->`` starts COMMAND first (on a free
+  port, given as ``--port``, and the demo's provider on another, ``--provider-port``,
+  replacing N in the block) and checks that each HTTP status the block's comments
+  promise is printed;
 * ``<!-- not-run: REASON -->``: not run, for the reason given (the test lists them).
+
+A ``<!-- extras: NAME, ... -->`` comment beside that one (before or after it) names the
+package extras that provide the block's imports (``pip install -e '.[NAME]'``); a block
+without one imports only what the package installs with no extra (test_extras.py).
 
 A ``console`` block must say which. Blocks in other languages (``text``, ``toml``,
 ...) are output or configuration, not examples, and are listed as such.
@@ -31,6 +38,7 @@ EXAMPLE_LANGUAGES = {"python", "console"}
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)\s*(?P<info>[^\s`]*)")
 _MARKER = re.compile(r"^\s*<!--\s*(?P<verb>run|not-run):\s*(?P<arg>.*?)\s*-->\s*$")
+_EXTRAS = re.compile(r"^\s*<!--\s*extras:\s*(?P<names>[\w\s,-]*?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class Block:
     code: str
     verb: str | None  # "run", "not-run" or None
     arg: str
+    extras: tuple[str, ...] = ()  # the package extras its marker names
 
     @property
     def id(self) -> str:
@@ -48,7 +57,8 @@ class Block:
 
     @property
     def mode(self) -> str:
-        """``script``, ``pytest``, ``serve``, ``console``, ``not-run`` or ``output``."""
+        """``script``, ``pytest``, ``serve``, ``file``, ``console``, ``not-run`` or
+        ``output``."""
         if self.verb == "not-run":
             return "not-run"
         if self.language not in EXAMPLE_LANGUAGES:
@@ -74,10 +84,19 @@ def blocks(document: Path) -> list[Block]:
         while end < len(lines) and not lines[end].strip().startswith(fence):
             body.append(lines[end][indent:] if lines[end][:indent].isspace() else lines[end])
             end += 1
+        marker, extras = None, None
         before = index - 1
-        while before >= 0 and not lines[before].strip():
+        while before >= 0:  # the comments just above the fence, blank lines between
+            line = lines[before]
+            if not line.strip():
+                pass
+            elif marker is None and (hit := _MARKER.match(line)):
+                marker = hit
+            elif extras is None and (hit := _EXTRAS.match(line)):
+                extras = hit
+            else:
+                break
             before -= 1
-        marker = _MARKER.match(lines[before]) if before >= 0 else None
         found.append(
             Block(
                 document,
@@ -86,6 +105,11 @@ def blocks(document: Path) -> list[Block]:
                 "\n".join(body) + "\n",
                 marker["verb"] if marker else None,
                 marker["arg"] if marker else "",
+                tuple(
+                    name.strip()
+                    for name in (extras["names"] if extras else "").split(",")
+                    if name.strip()
+                ),
             )
         )
         index = end + 1

@@ -33,7 +33,7 @@ def _census(database: Database, key: str) -> tuple[int, int]:
     engine = sa.create_engine(database.sync_url)
     try:
         with engine.connect() as conn:
-            rows = conn.execute(sa.text("SELECT count(*) FROM transfers")).scalar_one()
+            rows = conn.execute(sa.text("SELECT count(*) FROM orm_transfers")).scalar_one()
             keys = conn.execute(
                 sa.text("SELECT count(*) FROM idempotency_keys WHERE key = :key"), {"key": key}
             ).scalar_one()
@@ -47,7 +47,7 @@ def _serve(
 ) -> Any:
     return uvicorn_process(
         module,
-        {"DATABASE_URL": database.async_url, **env},
+        {"IDEMPOTENCE_DATABASE_URL": database.async_url, **env},
         tmp_path,
         app_dirs=(EXAMPLES, HERE),
     )
@@ -92,10 +92,10 @@ def test_f3_32_concurrent_duplicates_commit_one_row(database: Database, tmp_path
     assert _census(database, key) == (1, 1)
 
 
-def test_the_readme_shows_the_example_as_it_runs() -> None:
-    """The README's FastAPI + SQLAlchemy block is this example, byte for byte (its
+def test_the_guide_shows_the_example_as_it_runs() -> None:
+    """The SQLAlchemy guide's FastAPI block is this example, byte for byte (its
     docstring aside), so what the reader copies is what these tests run."""
     example = (EXAMPLES / "fastapi_sqlalchemy.py").read_text()
     body = example.split('"""', 2)[2].lstrip("\n")
-    readme = (EXAMPLES.parent / "README.md").read_text()
-    assert f"```python\n{body}```" in readme
+    guide = (EXAMPLES.parent / "docs" / "how-to" / "sqlalchemy.md").read_text()
+    assert f"```python\n{body}```" in guide

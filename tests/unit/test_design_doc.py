@@ -147,3 +147,45 @@ def test_the_checker_counts_prose_and_test_names_not_code() -> None:
 def test_a_mention_is_not_a_definition() -> None:
     doc = "## 4. The claim\n\n| # | row |\n|---|---|\n| P1 | none |\n\nSee P2 and | x | P3 |\n"
     assert definitions(doc) == ["P1"]
+
+
+# -- the pointers stay current -----------------------------------------------------------
+
+#: A file or folder the doc names: a test path, or a path of the package, the scripts or
+#: the benchmarks (``stores/_ops.py``, ``flows/``, ``contrib/django_app``).
+POINTER = re.compile(
+    r"`((?:tests|scripts|benchmarks)/[\w./-]*|[\w/-]+\.(?:py|sql|lua)|[a-z_]+/(?:[\w/-]*/)?)`"
+)
+
+
+def pointers(doc: str) -> set[str]:
+    return set(POINTER.findall(doc))
+
+
+def stale(doc: str) -> list[str]:
+    """The pointers of ``doc`` that name nothing in the repository."""
+    roots = (ROOT, ROOT / "src" / "idempotence", ROOT / "src")
+    return sorted(p for p in pointers(doc) if not any((r / p).exists() for r in roots))
+
+
+def test_every_file_the_design_doc_points_to_exists() -> None:
+    doc = DOC.read_text(encoding="utf-8")
+    assert len(pointers(doc)) > 50, "the scan found almost no pointers: is it still working?"
+    assert stale(doc) == [], "docs/design.md names files that do not exist (moved?)"
+
+
+def test_every_requirement_names_the_tests_that_hold_it() -> None:
+    doc = DOC.read_text(encoding="utf-8")
+    blocks = re.split(r"^(?=### |\| [PRFBM]\d)", doc, flags=re.MULTILINE)
+    untested = [
+        number
+        for block in blocks
+        if (number := next(iter(definitions(block)), None))
+        and "tests/" not in block.split("\n### ")[0]
+    ]
+    assert untested == []
+
+
+def test_the_pointer_check_finds_a_moved_file() -> None:
+    assert stale("`states.py`, `tests/unit/`, `flows/`") == []
+    assert stale("`stores/_gone.py` and `tests/nowhere/`") == ["stores/_gone.py", "tests/nowhere/"]

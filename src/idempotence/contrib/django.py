@@ -4,7 +4,8 @@ With `DjangoStore` (the store on Django's own
 connection) and ``Policy(transaction=True)``, a guarded view runs inside
 ``transaction.atomic()`` with the key's claim: its ORM writes, the claim and the
 stored response commit together, or, if the view raises or answers an error that is
-not stored, all roll back (F3). The README's "Django" section shows a whole app.
+not stored, all roll back (F3). The guide "Guard Django views"
+(docs/how-to/django.md) shows a whole app.
 
 ```python
 # settings.py

@@ -17,7 +17,7 @@ config = Idempotency(
 app = IdempotencyMiddleware(app, config)
 ```
 
-See the README's "HTTP middleware" section for every setting.
+Every setting is in the guide "Tune an endpoint's policy" (docs/how-to/endpoint-policy.md).
 """
 
 from __future__ import annotations

@@ -218,7 +218,8 @@ class Policy:
     max_body_bytes: int = _MIB
     """P7: larger request bodies are answered 413 before anything is claimed."""
     max_response_bytes: int = _MIB
-    """Larger responses are not stored (see the README: "Large responses")."""
+    """Larger responses are not stored (the guide "Tune an endpoint's policy" says what
+    happens to them, under "Large responses")."""
     fail_open: bool = False
     """P11: run the handler unguarded when the store is unreachable (default: 503)."""
     store_server_errors: bool = False

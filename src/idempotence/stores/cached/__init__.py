@@ -6,7 +6,7 @@ retry costs one Redis GET and no round trip to the database. A stale or missing 
 costs a read of the primary, never a wrong answer; Redis down costs nothing but speed.
 See [`AsyncCachedStore`][idempotence.stores.cached.AsyncCachedStore] (the source;
 [`CachedStore`][idempotence.stores.cached.CachedStore] is generated from it, F7) and the
-README's "Redis in front of the database".
+guide "Keep keys in Redis, or cache replays in Redis" (docs/how-to/redis.md).
 """
 
 from ._store import CachedStore

@@ -200,7 +200,7 @@ return 1
 -- release --
 -- Unlock without finishing, fenced (R5): the next claim resumes. ARGV: id, token,
 -- the channel. An unlocked record keeps its `expires`: past it, Redis drops it (the
--- SQL reaper would store a 408 failure first; see the README's Redis section).
+-- SQL reaper would store a 408 failure first; see docs/how-to/redis.md).
 local k = KEYS[1]
 if not holds(k, ARGV[1], ARGV[2]) then
   return 0

@@ -1,0 +1,55 @@
+"""The README is a front door, and the pages a newcomer reads speak the user's words.
+
+Requirement numbers (P1, F3, ...) name the design contract's promises for the code and
+its tests; a reader of the README, a tutorial or a how-to guide is told what happens
+instead. docs/design.md defines them, and the explanation pages that accompany it may
+cite them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tests.docs.blocks import ROOT
+
+README_MAX_LINES = 250
+NUMBER = re.compile(r"(?<![\w-])[PRFBM][1-9][0-9]?(?![\w-])")
+USER_FACING = [
+    ROOT / "README.md",
+    ROOT / "docs" / "index.md",
+    *sorted((ROOT / "docs" / "tutorials").glob("*.md")),
+    *sorted((ROOT / "docs" / "how-to").glob("*.md")),
+]
+
+
+def numbers_in(text: str) -> list[str]:
+    return NUMBER.findall(text)
+
+
+def test_the_readme_reads_in_five_minutes() -> None:
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move detail to docs/"
+
+
+def test_the_readme_tutorials_and_guides_cite_no_requirement_numbers() -> None:
+    found = {
+        str(page.relative_to(ROOT)): numbers_in(page.read_text(encoding="utf-8"))
+        for page in USER_FACING
+    }
+    assert len(found) > 10, sorted(found)
+    assert {page: numbers for page, numbers in found.items() if numbers} == {}
+
+
+def test_the_readme_links_to_files_that_exist() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert len(local) > 10
+    assert [link for link in local if not (ROOT / link).exists()] == []
+
+
+def test_the_checker_finds_a_number_and_leaves_other_words() -> None:
+    assert numbers_in("a twin gets 409 (P4); fenced (F1), R2-D2, MP3, F401, B0") == [
+        "P4",
+        "F1",
+    ]
