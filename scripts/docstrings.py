@@ -387,11 +387,11 @@ def main() -> int:
     # The sync twins are generated from their async sources (scripts/unasync.py): convert
     # the sources, then regenerate.
     sys.path.insert(0, str(ROOT / "scripts"))
-    from unasync import PACKAGE, SOURCES
+    from unasync import PACKAGE, sources
 
     generated = {
         (PACKAGE / source).with_name(Path(source).name.removesuffix("_async.py") + ".py")
-        for source in SOURCES
+        for source in sources()
     }
     files = [path for path in files if path.resolve() not in generated]
     site = args.site or build_site()

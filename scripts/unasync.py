@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Generate the sync modules from their async sources (DESIGN F7: written once).
 
-Each ``<name>_async.py`` listed in ``SOURCES`` is the hand-written source of
-``<name>.py`` beside it. The transformation is textual and small, like httpcore's: drop
-``async``/``await``, and rename by convention (``AsyncStore`` -> ``Store``,
-``run_async`` -> ``run``, ``__aenter__`` -> ``__enter__``, module ``_store_async`` ->
-``_store``). Whatever cannot be said that way (a lock, a sleep, an awaitable handed in
-by the application) comes from a small hand-written module in both spellings, e.g.
-``settle_async`` / ``settle`` in :mod:`idempotence._awaitables`. The result is
+Each ``<name>_async.py`` in the package (but the few in ``HAND_WRITTEN``) is the
+hand-written source of ``<name>.py`` beside it. The transformation is textual and
+small, like httpcore's: drop ``async``/``await``, and rename by convention
+(``AsyncStore`` -> ``Store``, ``run_async`` -> ``run``, ``__aenter__`` ->
+``__enter__``, module ``_store_async`` -> ``_store``). Whatever cannot be said that
+way (a lock, a sleep, an awaitable handed in by the application) comes from a small
+hand-written module in both spellings, e.g. ``settle_async`` / ``settle`` in
+:mod:`idempotence._awaitables`. The result is
 formatted with ruff, so the generated file is exactly what ``ruff format`` keeps.
 
     python scripts/unasync.py           # regenerate
@@ -26,29 +27,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "idempotence"
 
-#: The async sources, relative to the package; each generates the module without
-#: the ``_async`` suffix.
-SOURCES = [
-    "stores/_sql/connection_async.py",
-    "stores/_listener_async.py",
-    "stores/_sql/store_async.py",
-    "stores/postgres/_store_async.py",
-    "stores/cached/_store_async.py",
-    "stores/redis/_store_async.py",
-    "flows/_driver_async.py",
-    "http/_driver_async.py",
-    "consumers/_driver_async.py",
-    "functions/_driver_async.py",
-    "maintenance/_service_async.py",
-    "maintenance/sweeper_async.py",
-    "maintenance/reaper_async.py",
-    "maintenance/completer_async.py",
-    "maintenance/enqueuer_async.py",
-    "maintenance/jobs_async.py",
-    "maintenance/worker_async.py",
-    "client/_client_async.py",
-    "contrib/_sqlalchemy_async.py",
-]
+#: The async modules that are NOT the source of a generated twin: written by hand in
+#: both spellings because the two cannot be said alike (the sync Redis lane runs a
+#: blocking socket; the async one an asyncio protocol).
+HAND_WRITTEN = {"stores/redis/_lane_async.py"}
+
+
+def sources() -> list[str]:
+    """Every ``<name>_async.py`` of the package, relative to it, but the hand-written
+    ones: each is the source of ``<name>.py`` beside it. Found by name, so a new
+    store's ``_store_async.py`` is generated without being listed anywhere."""
+    found = (path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*_async.py"))
+    return sorted(name for name in found if name not in HAND_WRITTEN)
+
 
 # Applied in order, to every line (code, comments and docstrings alike, so that the
 # sync module's prose names its own classes).
@@ -113,7 +104,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="fail if anything would change")
     args = parser.parse_args()
     stale = []
-    for relative in SOURCES:
+    for relative in sources():
         target, text = generate(PACKAGE / relative)
         current = target.read_text() if target.exists() else ""
         if current == text:

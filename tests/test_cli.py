@@ -101,7 +101,7 @@ def test_migrate_without_a_database_says_how_to_give_one() -> None:
 @pytest.mark.parametrize(
     ("url", "accepted"),
     [
-        pytest.param("mysql://x", ["postgresql://", "sqlite:///"], id="unsupported"),
+        pytest.param("oracle://x", ["postgresql://", "sqlite:///", "mariadb://"], id="unsupported"),
         pytest.param("sqlite://x.db", ["sqlite:///"], id="sqlite-two-slashes"),
     ],
 )

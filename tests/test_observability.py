@@ -561,3 +561,11 @@ def test_the_store_and_the_services_share_one_metrics_per_registry() -> None:
     from idempotence.maintenance import metrics as old
 
     assert old.Metrics is Metrics and old.default_metrics is default_metrics
+
+
+def test_the_old_import_path_of_the_log_formatter_works() -> None:
+    from idempotence import logs
+    from idempotence.maintenance import logs as old
+
+    assert old.StructuredFormatter is logs.StructuredFormatter
+    assert old.fields_of is logs.fields_of

@@ -7,9 +7,9 @@ file is reading every statement a store runs.
 
 from __future__ import annotations
 
-import functools
 import re
 from importlib import resources
+from importlib.resources.abc import Traversable
 
 _HEADER = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 
@@ -28,24 +28,37 @@ def parse(text: str) -> dict[str, str]:
     return queries
 
 
-@functools.cache
-def load(dialect: str) -> dict[str, str]:
-    """The queries of ``dialect`` (``postgres`` or ``sqlite``)."""
-    text = resources.files("idempotence").joinpath("sql", dialect, "queries.sql").read_text()
-    return parse(text)
+def folder(dialect: str | Traversable) -> Traversable:
+    """The folder of a dialect's SQL files: a built-in dialect's by its name
+    (``idempotence/sql/<name>/``), or the folder a dialect outside the package names."""
+    if isinstance(dialect, str):
+        return resources.files("idempotence").joinpath("sql", dialect)
+    return dialect
 
 
-def schema(dialect: str) -> str:
+_loaded: dict[str, dict[str, str]] = {}
+"""The queries read so far, by the folder's path: each file is read once a process."""
+
+
+def load(dialect: str | Traversable) -> dict[str, str]:
+    """The queries of ``dialect`` (its ``queries.sql``), read once."""
+    where = folder(dialect)
+    queries = _loaded.get(str(where))
+    if queries is None:
+        queries = _loaded[str(where)] = parse(where.joinpath("queries.sql").read_text())
+    return queries
+
+
+def schema(dialect: str | Traversable) -> str:
     """The dialect's whole current schema (``schema.sql``)."""
-    return resources.files("idempotence").joinpath("sql", dialect, "schema.sql").read_text()
+    return folder(dialect).joinpath("schema.sql").read_text()
 
 
-def migrations(dialect: str) -> list[tuple[str, str]]:
+def migrations(dialect: str | Traversable) -> list[tuple[str, str]]:
     """The dialect's migrations as ``(version, sql)`` in the order they apply."""
-    folder = resources.files("idempotence").joinpath("sql", dialect, "migrations")
     found = sorted(
         (entry.name.removesuffix(".sql"), entry.read_text())
-        for entry in folder.iterdir()
+        for entry in folder(dialect).joinpath("migrations").iterdir()
         if entry.name.endswith(".sql")
     )
     return found

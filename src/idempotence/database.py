@@ -1,4 +1,5 @@
-"""Database URLs: ``postgresql://…``, ``sqlite:///path`` and ``redis://host:port/db``
+"""Database URLs: ``postgresql://…``, ``sqlite:///path``, ``mariadb://…`` (or
+``mysql://…``) and ``redis://host:port/db``
 (``rediss://`` with TLS, ``redis+cluster://host:port`` for a Redis Cluster), and the
 stores they open.
 
@@ -39,7 +40,7 @@ _S_co = TypeVar("_S_co", covariant=True)
 class DatabaseUrl:
     """A parsed database URL: which backend, and what to hand its store."""
 
-    backend: Literal["postgres", "sqlite", "redis"]
+    backend: Literal["postgres", "sqlite", "redis", "mariadb"]
     target: str
     """A libpq conninfo URL, a SQLite file path (or ``:memory:``), or the Redis URL."""
 
@@ -57,6 +58,8 @@ class DatabaseUrl:
         try:
             if self.backend == "postgres":
                 from .stores.postgres import _store_shared  # noqa: F401
+            elif self.backend == "mariadb":
+                from .stores.mariadb import _store_shared as _mariadb  # noqa: F401
             elif not self.sql:
                 from .stores.redis import _store_shared as _redis  # noqa: F401
         except ImportError as exc:  # the modules' own message names the extra
@@ -80,8 +83,8 @@ class DatabaseUrl:
         scheme, sep, rest = url.partition("://")
         if not sep:
             raise ConfigurationError(
-                f"not a database URL: {url!r}; use postgresql://USER@HOST/DB, sqlite:///PATH "
-                "or redis://HOST:PORT/DB"
+                f"not a database URL: {url!r}; use postgresql://USER@HOST/DB, sqlite:///PATH, "
+                "mariadb://USER@HOST/DB or redis://HOST:PORT/DB"
             )
         scheme = scheme.lower()
         if scheme in ("postgresql", "postgres") or scheme.startswith("postgresql+"):
@@ -94,6 +97,9 @@ class DatabaseUrl:
                     f"or sqlite:////absolute.db, not {url!r}"
                 )
             return cls("sqlite", rest[1:])
+        if scheme in ("mariadb", "mysql"):
+            _check_ports(rest)
+            return cls("mariadb", "mariadb://" + rest)
         if scheme.endswith("+sentinel"):
             sentinel_url(url)  # a ConfigurationError says what to write
             return cls("redis", scheme + "://" + rest)
@@ -106,8 +112,8 @@ class DatabaseUrl:
             return cls("redis", scheme + "://" + rest)
         raise ConfigurationError(
             f"unsupported database {scheme!r} in {url!r}: use postgresql://, sqlite:///relative "
-            "or sqlite:////absolute, redis://, rediss://, redis+cluster:// or "
-            "redis+sentinel://"
+            "or sqlite:////absolute, mariadb:// (or mysql://), redis://, rediss://, "
+            "redis+cluster:// or redis+sentinel://"
         )
 
     @classmethod
@@ -172,6 +178,10 @@ def _stores(
         from .stores.postgres import AsyncPostgresStore, PostgresStore
 
         return PostgresStore, AsyncPostgresStore, parsed.target
+    if parsed.backend == "mariadb":
+        from .stores.mariadb import AsyncMariaDBStore, MariaDBStore
+
+        return MariaDBStore, AsyncMariaDBStore, parsed.target
     from .stores.sqlite import AsyncSqliteStore, SqliteStore
 
     return SqliteStore, AsyncSqliteStore, parsed.target

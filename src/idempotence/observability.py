@@ -21,6 +21,12 @@ the result). Hooks only report; what happens to a key is decided elsewhere
 Write your own by subclassing
 [`Instrumentation`][idempotence.observability.Instrumentation] and overriding what you
 need.
+
+One module per meaning: this one is the interface; [`idempotence.metrics`][idempotence.metrics] its
+Prometheus implementation (the background services count there too),
+[`idempotence.tracing`][idempotence.tracing] its OpenTelemetry one, and `idempotence.logs` the
+formatter that shows the fields the library logs with. ``idempotence.maintenance.metrics``
+and ``idempotence.maintenance.logs`` are old import paths of the last two, kept working.
 """
 
 from __future__ import annotations

@@ -231,14 +231,34 @@ def arbitrate(record: KeyRecord | None, fingerprint: str, now: datetime) -> Outc
     """
     if record is None:
         return Outcome.EXECUTE  # P1
+    outcome = settled(record, fingerprint)
+    if outcome is not None:
+        return outcome
+    if record.lock_is_live(now):
+        return Outcome.IN_PROGRESS  # P4
+    return Outcome.EXECUTE  # P5: unlocked, or the holder's lock expired: take over
+
+
+def settled(record: KeyRecord, fingerprint: str) -> Outcome | None:
+    """What a key's row decides whatever its lock says, in
+    [`arbitrate`][idempotence.states.arbitrate]'s order: MISMATCH for another request's
+    key (P2), REPLAY for a finished one (P3); None for an unfinished key of this
+    request, which its lock decides (P4, P5). A reader that does not claim (a status
+    URL's GET) asks this, not the clock.
+
+    Args:
+        record: the key's row.
+        fingerprint: the fingerprint of the request asking.
+
+    Returns:
+        ``Outcome.MISMATCH``, ``Outcome.REPLAY``, or None when the lock decides.
+    """
     # P2 before P3: replaying another request's response would be a lie.
     if record.fingerprint != fingerprint:
         return Outcome.MISMATCH
     if record.finished:
         return Outcome.REPLAY  # P3
-    if record.lock_is_live(now):
-        return Outcome.IN_PROGRESS  # P4
-    return Outcome.EXECUTE  # P5: unlocked, or the holder's lock expired: take over
+    return None
 
 
 def claim_from(record: KeyRecord, fingerprint: str, now: datetime, *, claimed: bool) -> Claim:

@@ -386,7 +386,7 @@ def test_the_idempotence_command_has_the_demo():
 
     overview = runner.invoke(main, ["demo", "--help"])
     serve = runner.invoke(main, ["demo", "serve", "--help"])
-    wrong = runner.invoke(main, ["demo", "--database", "mysql://x"])
+    wrong = runner.invoke(main, ["demo", "--database", "oracle://x"])
 
     assert overview.exit_code == 0 and "--crash-rate" in overview.output
     assert serve.exit_code == 0 and "--provider-port" in serve.output

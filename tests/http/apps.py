@@ -63,6 +63,8 @@ INSERT = {
     "sqlite": "INSERT INTO http_transfers (scope, key_id, note) VALUES (:scope, :key_id, :note)",
     "postgres": "INSERT INTO http_transfers (scope, key_id, note) "
     "VALUES (%(scope)s, %(key_id)s, %(note)s)",
+    "mariadb": "INSERT INTO http_transfers (scope, key_id, note) "
+    "VALUES (%(scope)s, %(key_id)s, %(note)s)",
 }
 
 

@@ -195,6 +195,10 @@ class Harness:
 
 
 def sync_store(backend: str, target: str) -> Any:
+    if backend == "mariadb":
+        from idempotence.stores.mariadb import MariaDBStore
+
+        return MariaDBStore(target)
     if backend == "redis":
         from idempotence.stores.redis import RedisStore
 
@@ -203,6 +207,10 @@ def sync_store(backend: str, target: str) -> Any:
 
 
 def async_store(backend: str, target: str) -> Any:
+    if backend == "mariadb":
+        from idempotence.stores.mariadb import AsyncMariaDBStore
+
+        return AsyncMariaDBStore(target)
     if backend == "redis":
         from idempotence.stores.redis import AsyncRedisStore
 

@@ -2,7 +2,7 @@
 
     python -m tests.http.crash_server uvicorn|waitress BACKEND TARGET DIR
 
-BACKEND is ``sqlite``, ``postgres`` or ``redis`` (TARGET: the store's path or URL),
+BACKEND is ``sqlite``, ``postgres``, ``mariadb`` or ``redis`` (TARGET: the store's path or URL),
 or ``cached-sqlite`` / ``cached-postgres``, a cached store (TARGET:
 ``PRIMARY|REDIS_URL``). On Redis, a KeyStore, only the plain handler endpoint
 ``/handle/{name}`` exists, and a cached store serves only that one too: the suites
@@ -51,11 +51,13 @@ from idempotence.states import StoredResponse
 
 TABLE = (
     "CREATE TABLE IF NOT EXISTS crash_effects ("
-    "scope TEXT NOT NULL, key TEXT NOT NULL, what TEXT NOT NULL)"
+    "scope TEXT NOT NULL, request_key TEXT NOT NULL, what TEXT NOT NULL)"
 )
 INSERT = {
-    "sqlite": "INSERT INTO crash_effects (scope, key, what) VALUES (:scope, :key, :what)",
-    "postgres": "INSERT INTO crash_effects (scope, key, what) "
+    "sqlite": "INSERT INTO crash_effects (scope, request_key, what) VALUES (:scope, :key, :what)",
+    "postgres": "INSERT INTO crash_effects (scope, request_key, what) "
+    "VALUES (%(scope)s, %(key)s, %(what)s)",
+    "mariadb": "INSERT INTO crash_effects (scope, request_key, what) "
     "VALUES (%(scope)s, %(key)s, %(what)s)",
 }
 #: How long a killed worker's lock holds the key before a retry may take it over (P5).
@@ -156,6 +158,10 @@ def asgi_app(backend: str, target: str, hang: Hang) -> Any:
         from idempotence.stores.redis import AsyncRedisStore
 
         store = AsyncRedisStore(target)
+    elif backend == "mariadb":
+        from idempotence.stores.mariadb import AsyncMariaDBStore
+
+        store = AsyncMariaDBStore(target)
     else:
         store = AsyncPostgresStore(target) if backend == "postgres" else AsyncSqliteStore(target)
 
@@ -198,6 +204,10 @@ def wsgi_app(backend: str, target: str, hang: Hang) -> Any:
         from idempotence.stores.redis import RedisStore
 
         store = RedisStore(target)
+    elif backend == "mariadb":
+        from idempotence.stores.mariadb import MariaDBStore
+
+        store = MariaDBStore(target)
     else:
         store = PostgresStore(target) if backend == "postgres" else SqliteStore(target)
     app = Flask("crash-server")

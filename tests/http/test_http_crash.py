@@ -76,7 +76,7 @@ class Server:
 
 def effects(backend: str, target: str, key: str) -> list[str]:
     with sync_store(backend, target) as store, store.transaction() as tx:
-        rows = tx.execute("SELECT what FROM crash_effects WHERE key = :key", {"key": key})
+        rows = tx.execute("SELECT what FROM crash_effects WHERE request_key = :key", {"key": key})
     return [row["what"] for row in rows]
 
 

@@ -34,6 +34,10 @@ TABLES = {
         "CREATE TABLE orders (key_id INTEGER PRIMARY KEY, scope TEXT NOT NULL, charge TEXT)",
         "CREATE TABLE provider_charges (derived_key TEXT PRIMARY KEY, calls INT NOT NULL)",
     ],
+    "mariadb": [
+        "CREATE TABLE orders (key_id BIGINT PRIMARY KEY, scope TEXT NOT NULL, charge TEXT)",
+        "CREATE TABLE provider_charges (derived_key VARCHAR(255) PRIMARY KEY, calls INT NOT NULL)",
+    ],
 }
 
 #: The steps a fault can be injected at.
@@ -135,9 +139,13 @@ def async_checkout_flow(db: Backend, faults: Faults, name: str = "async_checkout
 
 def provider_charge(db: Backend, derived: str) -> str:
     # The provider's own dedup: a repeated key is counted but charges nothing new.
+    upsert = (
+        "ON DUPLICATE KEY UPDATE calls = calls + 1"
+        if db.kind == "mariadb"
+        else "ON CONFLICT (derived_key) DO UPDATE SET calls = provider_charges.calls + 1"
+    )
     db.execute(
-        "INSERT INTO provider_charges (derived_key, calls) VALUES (%(k)s, 1) "
-        "ON CONFLICT (derived_key) DO UPDATE SET calls = provider_charges.calls + 1",
+        f"INSERT INTO provider_charges (derived_key, calls) VALUES (%(k)s, 1) {upsert}",
         {"k": derived},
     )
     return derived

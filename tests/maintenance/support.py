@@ -33,7 +33,7 @@ class Backend:
     share a database split by scope.
     """
 
-    kind: str  # "postgres" or "sqlite"
+    kind: str  # "postgres", "sqlite" or "mariadb"
     #: The URL the CLI takes.
     url: str
     opener: Callable[[], Store]
@@ -79,6 +79,8 @@ class Backend:
     # -- raw SQL, written with %(name)s parameters for both ---------------------------
 
     def execute(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        if self.kind == "mariadb":
+            return _mariadb_execute(self.url, sql, params)
         if self.kind == "postgres":
             with psycopg.connect(self.url, autocommit=True, row_factory=dict_row) as pg:
                 cur = pg.execute(sql.encode(), params or {})
@@ -93,7 +95,7 @@ class Backend:
 
     def sql(self, sql: str) -> str:
         """``sql`` in the store's own parameter style (for ``tx.execute``)."""
-        return sql if self.kind == "postgres" else re.sub(r"%\((\w+)\)s", r":\1", sql)
+        return sql if self.kind != "sqlite" else re.sub(r"%\((\w+)\)s", r":\1", sql)
 
     def backdate(self, scope: str, key: str | None, age: timedelta, *columns: str) -> None:
         """Move the ``columns`` of one key (every key of ``scope`` if None) ``age``
@@ -101,17 +103,26 @@ class Backend:
         seconds = age.total_seconds()
         if self.kind == "postgres":
             sets = ", ".join(f"{c} = {c} - make_interval(secs => %(s)s)" for c in columns)
+        elif self.kind == "mariadb":
+            sets = ", ".join(f"{c} = {c} - INTERVAL %(us)s MICROSECOND" for c in columns)
         else:
             sets = ", ".join(f"{c} = {c} - %(s)s" for c in columns)
-        which = "" if key is None else " AND key = %(key)s"
+        which = "" if key is None else f" AND {self.key_column} = %(key)s"
         self.execute(
             f"UPDATE idempotency_keys SET {sets} WHERE scope = %(scope)s{which}",
-            {"s": seconds, "scope": scope, "key": key},
+            {"s": seconds, "us": age // timedelta(microseconds=1), "scope": scope, "key": key},
         )
+
+    @property
+    def key_column(self) -> str:
+        """The key table's ``key`` column as a statement names it (KEY is reserved
+        in MariaDB)."""
+        return "`key`" if self.kind == "mariadb" else "key"
 
     def row(self, scope: str, key: str) -> dict[str, Any] | None:
         rows = self.execute(
-            "SELECT * FROM idempotency_keys WHERE scope = %(scope)s AND key = %(key)s",
+            "SELECT * FROM idempotency_keys"
+            f" WHERE scope = %(scope)s AND {self.key_column} = %(key)s",
             {"scope": scope, "key": key},
         )
         return rows[0] if rows else None
@@ -119,6 +130,29 @@ class Backend:
     def count(self, table: str, where: str = "TRUE") -> int:
         where = where if self.kind == "postgres" else where.replace("TRUE", "1")
         return int(self.execute(f"SELECT count(*) AS n FROM {table} WHERE {where}")[0]["n"])
+
+
+def _mariadb_execute(url: str, sql: str, params: dict[str, Any] | None) -> list[dict[str, Any]]:
+    import pymysql
+
+    from idempotence.stores.mariadb import Settings
+
+    where = Settings.from_url(url)
+    conn = pymysql.connect(
+        host=where.host,
+        port=where.port,
+        user=where.user,
+        password=where.password,
+        database=where.database,
+        autocommit=True,
+        cursorclass=pymysql.cursors.DictCursor,
+    )
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, params or None)
+            return list(cur.fetchall()) if cur.description else []
+    finally:
+        conn.close()
 
 
 class AsyncTwin:

@@ -508,7 +508,7 @@ def test_cli_reconcile_takes_database_like_every_command(tmp_path: Path) -> None
         url,
     )
     assert "2 matched" in out
-    bad = run("reconcile", "receipts", "--since", "1h", "--database", "mysql://x")
+    bad = run("reconcile", "receipts", "--since", "1h", "--database", "oracle://x")
     assert bad.returncode == 2
     assert "unsupported database" in bad.stderr
 

@@ -16,6 +16,7 @@ import pytest
 from idempotence import StoredResponse, StoreError, open_store
 from idempotence import metrics as metrics_module
 from idempotence.flows import Finish, Flow, FlowRegistry, FlowResult, ResultKind
+from idempotence.logs import StructuredFormatter, fields_of
 from idempotence.maintenance import (
     Completer,
     CompleterConfig,
@@ -27,7 +28,6 @@ from idempotence.maintenance import (
     default_metrics,
 )
 from idempotence.maintenance._service import Service
-from idempotence.maintenance.logs import StructuredFormatter, fields_of
 from idempotence.metrics import PrometheusInstrumentation
 from tests.maintenance.support import EXPIRED, Backend, claim, new_scope, pending
 

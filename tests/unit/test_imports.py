@@ -160,3 +160,24 @@ def test_the_private_import_finder_finds_one():
         "idempotence.contrib.alembic": {"idempotence.stores._sql.ops"},
         "idempotence.contrib.django_app.store": {"idempotence.stores.postgres._store"},
     }
+
+
+def test_shared_code_is_named_for_the_modules_that_share_it():
+    """One convention (issue 31): what a sync module and its async source share, without
+    I/O, is ``<name>_shared.py`` beside ``<name>.py`` (or ``_<name>.py``), in stores,
+    maintenance, flows and contrib alike (a bare ``_shared.py`` is what a package's
+    modules share); no ``_base`` module is left to mean something else."""
+    shared = sorted(p for p in PACKAGE.rglob("*_shared.py") if p.name != "_shared.py")
+    assert shared, "the convention names at least the stores' and the services' modules"
+    orphans = [
+        path.relative_to(PACKAGE).as_posix()
+        for path in shared
+        if not any(
+            (
+                path.parent / f"{prefix}{path.name.lstrip('_').removesuffix('_shared.py')}.py"
+            ).exists()
+            for prefix in ("", "_")
+        )
+    ]
+    assert orphans == []
+    assert sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*_base.py")) == []

@@ -25,8 +25,8 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..flows import Flow, FlowRegistry
+from ..logs import StructuredFormatter
 from ..maintenance._jobs_shared import JobRegistry
-from ..maintenance.logs import StructuredFormatter
 from ..observability import Instrumentation
 from ..stores import AsyncStore, Store
 
@@ -99,8 +99,8 @@ database_option = click.option(
     type=DatabaseUrlType(),
     envvar=ENV_VAR,
     required=True,
-    help=f"postgresql://USER@HOST/DB, sqlite:///PATH or redis://HOST:PORT/DB (default: "
-    f"${ENV_VAR}).",
+    help=f"postgresql://USER@HOST/DB, sqlite:///PATH, mariadb://USER@HOST/DB or "
+    f"redis://HOST:PORT/DB (default: ${ENV_VAR}).",
 )
 REDIS_PREFIX_ENV_VAR = "IDEMPOTENCE_REDIS_PREFIX"
 """The key prefix of a Redis store opened with ``RedisStore(prefix=...)``."""
@@ -204,6 +204,8 @@ def _reachable(database: DatabaseUrl, create: bool) -> None:
             )
         return
     require_driver(database)
+    if database.backend == "mariadb":
+        return  # no pool retries there: the store's first connection fails at once
     import psycopg
 
     from ..stores.postgres import DEFAULT_CONNECT_TIMEOUT, translate

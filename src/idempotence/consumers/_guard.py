@@ -36,12 +36,12 @@ from typing import Any
 
 from ..errors import ConfigurationError, InvalidKey, StoreError
 from ..flows import Flow, FlowResult, ResultKind
-from ..flows.effects import DoClaim, DoFinish, Effect
+from ..flows.effects import Effect
+from ..flows.flow import finish_errored
 from ..keys import validate_key
 from ..problems import Problem, ProblemDetails
 from ..states import (
     DEFAULT_HANDLER_LOCK_TIMEOUT,
-    Claim,
     ClaimRequest,
     Lease,
     Outcome,
@@ -411,12 +411,9 @@ def mark_errored(request: ClaimRequest, reason: str) -> Generator[Effect, Any, O
     """R6 for a run that gave up: claim the key and finish it errored, so it is
     listed for a human (``idempotence keys list --state errored``) and every later
     delivery of it is absorbed. Returns the claim's outcome."""
-    claim: Claim = yield DoClaim(request)
-    if claim.outcome is Outcome.EXECUTE:
-        assert claim.lease is not None
-        detail = f"This message was dead-lettered: {reason}"
-        response = ProblemDetails.of(Problem.OUTCOME_UNKNOWN, detail).stored()
-        yield DoFinish(claim.lease, response, error=reason)
+    detail = f"This message was dead-lettered: {reason}"
+    response = ProblemDetails.of(Problem.OUTCOME_UNKNOWN, detail).stored()
+    claim = yield from finish_errored(request, response, reason)
     return claim.outcome
 
 

@@ -40,7 +40,7 @@ from .._concurrency import Lock
 from ..errors import StoreUnavailable
 from ..observability import Instrumentation
 from ..stores.sql import Blocks, Dialect, Op, Query, Row, Store, Transaction, run
-from ._sqlalchemy_base import (
+from ._sqlalchemy_shared import (
     JOIN_MODE,
     Connection,
     Engine,

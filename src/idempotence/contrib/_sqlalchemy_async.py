@@ -38,7 +38,7 @@ from .._concurrency import AsyncLock
 from ..errors import StoreUnavailable
 from ..observability import Instrumentation
 from ..stores.sql import AsyncStore, AsyncTransaction, Blocks, Dialect, Op, Query, Row, run_async
-from ._sqlalchemy_base import (
+from ._sqlalchemy_shared import (
     JOIN_MODE,
     AsyncConnection,
     AsyncEngine,

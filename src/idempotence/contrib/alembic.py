@@ -35,7 +35,7 @@ from ..errors import ConfigurationError
 from ..stores.sql import Query, run
 from ..stores.sql import migrate as migrate_op
 from ._sqlalchemy import _SqlConnection
-from ._sqlalchemy_base import dialect_for
+from ._sqlalchemy_shared import dialect_for
 
 __all__ = ["drop", "include_name", "migrate", "tables"]
 

@@ -28,7 +28,7 @@ from ..errors import ConfigurationError
 from ..http._context import current_async_transaction, current_transaction
 from ._sqlalchemy import SQLAlchemyStore, SQLAlchemyTransaction
 from ._sqlalchemy_async import AsyncSQLAlchemyStore, AsyncSQLAlchemyTransaction
-from ._sqlalchemy_base import AsyncSession, Session
+from ._sqlalchemy_shared import AsyncSession, Session
 
 __all__ = [
     "AsyncSQLAlchemyStore",

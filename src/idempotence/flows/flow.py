@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +27,13 @@ from .contexts import Observer, PhaseContext
 from .effects import (
     DoCall,
     DoCheckpoint,
+    DoClaim,
     DoFinish,
     DoForget,
     DoInTransaction,
     DoPhase,
     DoRelease,
+    Effect,
     Engine,
 )
 from .handler import claimed, in_transaction, run_handler, run_handler_in_transaction
@@ -301,6 +303,31 @@ class Flow:
             return self._in_one_transaction(request, step, wait)
         return self._phases(request, wait)
 
+    def handover(self, request: ClaimRequest) -> Engine:
+        """Claim the key and hand it over unfinished, for a run in the background
+        (asynchronous acceptance): the result is PAUSED, the key claimed (P1) and
+        released at its recovery point, so the background run of the flow takes it over
+        (P5), or the completer does if that run never starts (B2). A key this claim did
+        not win gives the claim's result (P2, P3, P4), as any run does.
+
+        Args:
+            request: the request whose key is claimed.
+
+        Returns:
+            An engine (a generator of effects, run by a driver) whose result is PAUSED
+            when the key was claimed and released, else REPLAYED, MISMATCH or
+            IN_PROGRESS.
+
+        Raises:
+            StoreError: the claim or the release failed; nothing was handed over.
+        """
+        claim = yield from claimed(request, None)
+        if claim.outcome is not Outcome.EXECUTE:
+            return from_claim(claim)
+        assert claim.lease is not None
+        yield DoRelease(claim.lease)
+        return FlowResult(ResultKind.PAUSED, claim, PAUSED_RESPONSE)
+
     def _in_one_transaction(
         self, request: ClaimRequest, step: AtomicStep, wait: timedelta | None
     ) -> Engine:
@@ -426,6 +453,36 @@ class Flow:
         except LockLost as lost:
             return FlowResult(ResultKind.LOST, claim, error=lost)
         return FlowResult(ResultKind.ERRORED, claim, response, stored=True, error=exc)
+
+
+def finish_errored(
+    request: ClaimRequest, response: StoredResponse, reason: str
+) -> Generator[Effect, Any, Claim]:
+    """Claim the key and finish it errored (R6), for a run that was given up (a
+    dead-lettered message, a key the completer stopped resuming): it is listed for a
+    human (``idempotence keys list --state errored``) and every later request with it
+    is answered ``response``. The claim is the fence (F1): a key that another run holds
+    or has finished is left as it is, and the claim that says so is returned; a finish
+    refused because the key was taken over meanwhile raises
+    [`LockLost`][idempotence.maintenance.completer_async.LockLost].
+
+    Args:
+        request: the request whose key is given up.
+        response: what every later request with the key is answered.
+        reason: why it was given up, stored as the key's error.
+
+    Returns:
+        A generator of the engine's effects (run it with a driver) whose result is the
+        claim: EXECUTE when this finished the key errored.
+
+    Raises:
+        LockLost: the key was taken over between the claim and the finish.
+    """
+    claim: Claim = yield DoClaim(request)
+    if claim.outcome is Outcome.EXECUTE:
+        assert claim.lease is not None
+        yield DoFinish(claim.lease, response, error=reason)
+    return claim
 
 
 # -- the registry -----------------------------------------------------------------------

@@ -21,10 +21,9 @@ from __future__ import annotations
 import json
 
 from ..errors import InvalidKey, StoreError
-from ..flows import Flow
-from ..flows.effects import DoClaim, DoRelease
+from ..flows import Flow, ResultKind
 from ..keys import validate_key
-from ..states import Claim, ClaimRequest, KeyRecord, Outcome, StoredResponse
+from ..states import Claim, ClaimRequest, KeyRecord, Outcome, StoredResponse, settled
 from ._config import Idempotency, Policy
 from ._effects import Detach, Lifecycle, ReadKey, Reply, ReplyKind, ResolveScope
 from ._problems import Problem
@@ -39,15 +38,15 @@ def accept(config: Idempotency, policy: Policy, flow: Flow, request: ClaimReques
     try:
         record = yield ReadKey(request.scope, request.key)
         if record is None:
-            claim: Claim = yield DoClaim(request)
-            if claim.outcome is Outcome.EXECUTE:
-                assert claim.lease is not None
-                # Released before the 202, so the key is the completer's if the
-                # background run never starts (the server dies now): nothing is lost.
-                yield DoRelease(claim.lease)
+            # The engine's own handover: claimed, and released before the 202, so the
+            # key is the completer's if the background run never starts (the server
+            # dies now): nothing is lost.
+            result = yield from flow.handover(request)
+            if result.kind is ResultKind.PAUSED:
                 yield Detach(flow, request)
                 return accepted(config, policy, request.key)
-            record = claim.record
+            assert result.claim is not None
+            return _answer(config, policy, result.claim)
     except StoreError as exc:
         return store_down(policy, config.profile, exc, rolled_back=False)
     return _known(config, policy, record, request.fingerprint)
@@ -80,12 +79,21 @@ def status(config: Idempotency, policy: Policy, request: RequestInfo) -> Lifecyc
 def _known(
     config: Idempotency, policy: Policy, record: KeyRecord, fingerprint: str | None
 ) -> Reply:
-    """The answer for a key that exists: 422, its stored response, or 202."""
-    if fingerprint is not None and record.fingerprint != fingerprint:
-        return answer(Claim(Outcome.MISMATCH, record), policy, config.profile)
-    if record.finished:
-        return answer(Claim(Outcome.REPLAY, record), policy, config.profile)
-    return accepted(config, policy, record.key)
+    """The answer for a key read, not claimed: what its row decides whatever its lock
+    says (`settled`: 422, its stored response), else 202.
+    A status URL's GET has no request to compare (``fingerprint`` None)."""
+    outcome = settled(record, record.fingerprint if fingerprint is None else fingerprint)
+    if outcome is None:
+        return accepted(config, policy, record.key)
+    return _answer(config, policy, Claim(outcome, record))
+
+
+def _answer(config: Idempotency, policy: Policy, claim: Claim) -> Reply:
+    """A claim this request did not win: 422, the stored response, or 202 while the
+    key is held (by the background run, or waiting for the completer)."""
+    if claim.outcome is Outcome.IN_PROGRESS:
+        return accepted(config, policy, claim.record.key)
+    return answer(claim, policy, config.profile)
 
 
 def accepted(config: Idempotency, policy: Policy, key: str) -> Reply:

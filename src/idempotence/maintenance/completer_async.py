@@ -38,6 +38,8 @@ from .._concurrency import AsyncEvent
 from ..errors import ConfigurationError, LockLost
 from ..flows import Flow, FlowRegistry, FlowResult
 from ..flows import flows as default_flows
+from ..flows._driver_async import drive_async
+from ..flows.flow import finish_errored
 from ..metrics import Metrics
 from ..states import KeyRecord, Outcome
 from ..stores import AsyncStore
@@ -150,14 +152,14 @@ class AsyncCompleter(AsyncService[CompleterConfig, CompleteResult]):
         reason = give_up_reason(attempts, error)
         # Finish through a claim, so the write is fenced like any other (F1): a client
         # retry that took the key meanwhile wins, and this gives up nothing.
-        claim = await self.store.claim(flow.resume_request(record))
-        if claim.outcome is not Outcome.EXECUTE or claim.lease is None:
-            return self._report(record, CompletionOutcome.SKIPPED, attempts, error)
+        errored = finish_errored(flow.resume_request(record), GAVE_UP_RESPONSE, reason)
         try:
-            await self.store.finish(claim.lease, GAVE_UP_RESPONSE, error=reason)
+            claim = await drive_async(errored, self.store)
         except LockLost:
             self.metrics.fence_rejected()
             return self._report(record, CompletionOutcome.LOST, attempts, error)
+        if claim.outcome is not Outcome.EXECUTE:
+            return self._report(record, CompletionOutcome.SKIPPED, attempts, error)
         return self._report(record, CompletionOutcome.GAVE_UP, attempts, reason)
 
     def _report(

@@ -2,8 +2,8 @@
 
 A key-value store (the Redis store is one) shares no transaction with the application,
 so it serves plain handler endpoints and consumers, not flows or request-as-transaction.
-It implements [`KeyStore`][idempotence.stores.redis.KeyStore] (or
-[`AsyncKeyStore`][idempotence.stores.redis.AsyncKeyStore]): claim a key atomically, then
+It implements [`KeyStore`][idempotence.stores.KeyStore] (or
+[`AsyncKeyStore`][idempotence.stores.AsyncKeyStore]): claim a key atomically, then
 finish, release, forget or heartbeat the lease, each fenced by the lease's token, read a
 record, and wait for a twin. Everything else (the HTTP middleware, the consumers, the
 client) is written against these protocols.

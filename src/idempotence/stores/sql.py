@@ -8,9 +8,11 @@ name starts with an underscore may change without notice.
 
 What a SQL dialect supplies:
 
-* **Its queries file**: ``idempotence/sql/<name>/queries.sql``, every statement the
-  store runs, each under a ``-- name --`` header, with ``schema.sql`` and
-  ``migrations/NNNN_*.sql`` beside it. ``:name`` placeholders throughout.
+* **Its queries file**: ``queries.sql``, every statement the store runs, each under a
+  ``-- name --`` header, with ``schema.sql`` and ``migrations/NNNN_*.sql`` beside it;
+  ``:name`` placeholders throughout. A built-in dialect's are in
+  ``idempotence/sql/<name>/``; a dialect outside the package names its own folder
+  (``Dialect.sql_folder``).
 * **A** [`Dialect`][idempotence.stores.sql.Dialect] **subclass**: its ``name`` (the
   folder above), whether its claim is one atomic statement (``claim_is_one_statement``;
   the claim is then
@@ -36,8 +38,8 @@ What a SQL dialect supplies:
   [`translator`][idempotence.stores.sql.translator].
   [`KeyHeld`][idempotence.stores.sql.KeyHeld] is what a claim whose lock wait ran out
   raises.
-* **The store classes**: a subclass of [`Store`][idempotence.testing.harness.Store] (or
-  [`AsyncStore`][idempotence.testing.harness.AsyncStore]) that builds its dialect and
+* **The store classes**: a subclass of [`Store`][idempotence.stores.Store] (or
+  [`AsyncStore`][idempotence.stores.AsyncStore]) that builds its dialect and
   source; the operations are inherited.
 
 What it can and cannot do is said by the dialect's class attributes and by the
@@ -46,10 +48,13 @@ one without a batched statement (``claim_batch``) claims one key per statement.
 
 Example:
     ```python
-    from idempotence.stores.sql import Dialect, Query, claim_in_transaction
+    from importlib.resources import files
+
+    from idempotence.stores.sql import Dialect, claim_in_transaction
 
     class MyDialect(Dialect):
-        name = "mydb"                   # idempotence/sql/mydb/queries.sql
+        name = "mydb"
+        sql_folder = files("mypackage") / "sql"   # queries.sql, schema.sql, migrations/
         claim_is_one_statement = False  # claims under a write lock
 
         def claim(self, request, finished=None):
@@ -60,7 +65,6 @@ Example:
 
 from __future__ import annotations
 
-from ._retry import Blocks, KeyHeld, translator
 from ._sql.connection import Connection, Fetcher, Source, body, run
 from ._sql.connection_async import AsyncConnection, AsyncFetcher, AsyncSource, body_async, run_async
 from ._sql.ops import (
@@ -75,6 +79,7 @@ from ._sql.ops import (
     pending_migrations,
 )
 from ._sql.placeholders import to_pyformat
+from ._sql.retry import Blocks, KeyHeld, translator
 from ._sql.store import Store, Transaction
 from ._sql.store_async import AsyncStore, AsyncTransaction
 

@@ -37,9 +37,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .._retry import own_copy
 from . import batch_plan as _batch
 from .ops import Op, Query, Row
+from .retry import own_copy
 
 T = TypeVar("T")
 

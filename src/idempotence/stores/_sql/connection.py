@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol, TypeVar
 
-from .._retry import Blocks
 from .ops import Op, Query, Row
+from .retry import Blocks
 
 T = TypeVar("T")
 

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
-from .._retry import Blocks
 from .ops import Op, Query, Row
+from .retry import Blocks
 
 T = TypeVar("T")
 

@@ -16,6 +16,7 @@ import json
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from importlib.resources.abc import Traversable
 from typing import Any, ClassVar, TypeVar
 
 from ... import _queries
@@ -32,6 +33,7 @@ from ...states import (
     arbitrate,
     claim_from,
 )
+from .._fenced import lost as _lost
 from . import batch_plan as _batch
 
 T = TypeVar("T")
@@ -72,9 +74,25 @@ class Dialect(abc.ABC):
     previews_claims: ClassVar[bool] = False
     """True when a claim should first be tried as a plain read (claim_preview), so
     that replays and conflicts never take the write lock (SQLite)."""
+    reads_before_insert: ClassVar[bool] = False
+    """True when the claim in a transaction (claim_in_transaction) reads the key with a
+    locking read first and inserts only a key it did not find (MariaDB: an INSERT that
+    looked for the key itself would hold InnoDB's table-wide AUTO_INCREMENT lock while
+    it waited for a row lock). The unique constraint still decides a race; the loser's
+    transaction fails and runs again."""
+    sql_folder: ClassVar[Traversable | None] = None
+    """Where the dialect's SQL files are (``queries.sql``, ``schema.sql`` and
+    ``migrations/``). None: the package's own ``idempotence/sql/<name>/``, as for the
+    built-in dialects; a dialect outside the package names a folder of its own, such
+    as ``importlib.resources.files("mypackage") / "sql"``."""
 
     def __init__(self) -> None:
-        self.queries = _queries.load(self.name)
+        self.queries = _queries.load(self.folder())
+
+    def folder(self) -> Traversable:
+        """The folder of this dialect's SQL files (see
+        [`sql_folder`][idempotence.stores.sql.Dialect.sql_folder])."""
+        return _queries.folder(self.name if self.sql_folder is None else self.sql_folder)
 
     def query(self, name: str, /, **params: Any) -> Query:
         return Query(name, self.queries[name], params)
@@ -192,17 +210,6 @@ class Dialect(abc.ABC):
 def _fenced(lease: Lease) -> dict[str, Any]:
     # The key as well as the id: see SESSION_PLANNING in stores/postgres/_store_shared.py.
     return {"scope": lease.scope, "key": lease.key, "id": lease.id, "token": lease.token}
-
-
-def _lost(lease: Lease, action: str) -> LockLost:
-    return LockLost(
-        f"cannot {action} key {lease.key!r} in scope {lease.scope!r}: lock token "
-        f"{lease.token} is no longer current (another worker took the key over, or it "
-        "is finished); this transaction must roll back",
-        scope=lease.scope,
-        key=lease.key,
-        token=lease.token,
-    )
 
 
 def refuse_after_finished_claim(
@@ -340,7 +347,7 @@ def migrate(d: Dialect, *, upto: str | None = None) -> Op[list[str]]:
     yield d.query("migrations_prepare")
     applied = {row["version"] for row in (yield d.query("migrations_applied"))}
     done = []
-    for version, script in _queries.migrations(d.name):
+    for version, script in _queries.migrations(d.folder()):
         if version in applied or (upto is not None and version > upto):
             continue
         for statement in d.script_statements(script):
@@ -354,7 +361,7 @@ def pending_migrations(d: Dialect) -> Op[list[str]]:
     """The versions of the dialect's migrations not applied yet, read only (a schema
     never migrated fails with the driver's missing-table error: ``SchemaMissing``)."""
     applied = {row["version"] for row in (yield d.query("migrations_applied"))}
-    return [version for version, _ in _queries.migrations(d.name) if version not in applied]
+    return [version for version, _ in _queries.migrations(d.folder()) if version not in applied]
 
 
 def forget(d: Dialect, lease: Lease) -> Op[None]:
@@ -517,16 +524,20 @@ def claim_in_transaction(
     new key is inserted at once; the insert of a key that exists does nothing, and the
     key is read and decided (``arbitrate``), then taken over if it may be.
     """
-    params = d.claim_params(request)
-    if finished is None:
-        rows = yield d.query("claim_insert", **params)
-    else:
-        rows = yield d.query("claim_insert_finished", **params, **_response_params(finished))
-    if rows:
-        return claim_from(
-            d.record(rows[0]), request.fingerprint, d.timestamp(rows[0]["db_now"]), claimed=True
-        )
-    rows = yield d.query("claim_read", scope=request.scope, key=request.key)
+    rows = []
+    if d.reads_before_insert:
+        rows = yield d.query("claim_read", scope=request.scope, key=request.key)
+    if not rows:
+        params = d.claim_params(request)
+        if finished is None:
+            rows = yield d.query("claim_insert", **params)
+        else:
+            rows = yield d.query("claim_insert_finished", **params, **_response_params(finished))
+        if rows:
+            return claim_from(
+                d.record(rows[0]), request.fingerprint, d.timestamp(rows[0]["db_now"]), claimed=True
+            )
+        rows = yield d.query("claim_read", scope=request.scope, key=request.key)
     record, now = d.record(rows[0]), d.timestamp(rows[0]["db_now"])
     if arbitrate(record, request.fingerprint, now) is not Outcome.EXECUTE:
         return claim_from(record, request.fingerprint, now, claimed=False)

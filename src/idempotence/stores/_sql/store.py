@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 from ..._concurrency import sleep
 from ...observability import Instrumentation, combine, fenced, watched_claim
 from ...states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredResponse
-from .._retry import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 from . import ops as _ops
 from .batcher import Batcher
 from .connection import Connection, Source
 from .gate import ENDED, Gate, refuse_ended
 from .ops import Dialect, Op, Query, Row
+from .retry import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 
 T = TypeVar("T")
 

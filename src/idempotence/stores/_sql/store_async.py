@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 from ..._concurrency import sleep_async
 from ...observability import Instrumentation, combine, fenced, watched_claim
 from ...states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredResponse
-from .._retry import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 from . import ops as _ops
 from .batcher import AsyncBatcher
 from .connection_async import AsyncConnection, AsyncSource
 from .gate import ENDED, Gate, refuse_ended
 from .ops import Dialect, Op, Query, Row
+from .retry import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 
 T = TypeVar("T")
 

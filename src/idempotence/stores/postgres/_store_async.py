@@ -29,9 +29,9 @@ from ...errors import StoreUnavailable
 from ...observability import Instrumentation
 from .._listener_async import AsyncListener
 from .._listener_shared import mark_waiter
-from .._retry import Blocks
 from .._sql.connection_async import body_async, run_async
 from .._sql.ops import APPLICATION, Op, Query, Row
+from .._sql.retry import Blocks
 from .._sql.store_async import AsyncStore
 from ._breaker import Breaker, closed_by_server
 from ._replication import REPLICATION_SQL, ReplicationState, describe, report
@@ -74,6 +74,16 @@ T = TypeVar("T")
 
 
 class AsyncPostgresConnection:
+    """A [`AsyncConnection`][idempotence.stores.sql.AsyncConnection] on one psycopg connection:
+    the store's statements on it, its transactions, and the statements deferred to
+    their commit, pipelined with the BEGIN and the COMMIT where it can.
+
+    Args:
+        raw: the psycopg connection (the application's, or one of the store's pool).
+        own: whether the connection is the store's own (then a transaction it opens
+            restores the application's planning settings).
+    """
+
     def __init__(self, raw: psycopg.AsyncConnection[Any], *, own: bool = False) -> None:
         self.raw = raw
         #: The statements that open a transaction: on the store's own connections the
@@ -223,7 +233,11 @@ class AsyncPostgresConnection:
 
 class AsyncBoundedClaim:
     """The claim's connection for its further statements (a claim may run again, see
-    ``claim_in_one_statement``): each waits for a lock no longer than the first."""
+    ``claim_in_one_statement``): each waits for a lock no longer than the first (F8).
+
+    Args:
+        conn: the connection the claim runs on.
+    """
 
     def __init__(self, conn: AsyncPostgresConnection) -> None:
         self._conn = conn

@@ -20,9 +20,9 @@ from ...errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavai
 from ...states import ClaimRequest, StoredResponse
 from .._listener import Listener
 from .._listener_async import AsyncListener
-from .._retry import KeyHeld, TransientError, translator
 from .._sql.ops import APPLICATION, Dialect, Op, Query, Row, claim_in_one_statement
 from .._sql.placeholders import to_pyformat
+from .._sql.retry import KeyHeld, TransientError, translator
 from ._breaker import connect_errors
 
 DEFAULT_CONNECT_TIMEOUT = 5.0

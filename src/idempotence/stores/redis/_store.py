@@ -20,10 +20,10 @@ from ..._concurrency import Background, Wakeup
 from ...errors import ConfigurationError, StoreError, StoreUnavailable
 from ...observability import Instrumentation, combine
 from ...states import Claim, ClaimRequest, KeyRecord, Lease, StoredResponse
+from .._fenced import lost as _lost
 from .._listener import Listener
 from .._listener_shared import STOP_CHECK
 from .._redis_url import sentinel_url
-from .._sql.ops import _lost
 from .._waiters import Waiters
 from ._lane import Lane
 from ._store_shared import (

@@ -36,9 +36,9 @@ from typing import Any, TypeVar
 
 from ...errors import StoreUnavailable
 from ...observability import Instrumentation
-from .._retry import TransientError
 from .._sql.connection_async import run_async
 from .._sql.ops import Op, Query, Row
+from .._sql.retry import TransientError
 from .._sql.store import Store
 from .._sql.store_async import AsyncStore
 from ._group import Groups

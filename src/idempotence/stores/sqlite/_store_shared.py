@@ -18,9 +18,9 @@ from typing import Any, Generic, TypeVar
 
 from ...errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
 from ...states import ClaimRequest, StoredResponse
-from .._retry import Blocks, TransientError, own_copy, translator
 from .._sql.connection import body, run
 from .._sql.ops import Dialect, Op, Query, Row, claim_in_transaction
+from .._sql.retry import Blocks, TransientError, own_copy, translator
 from ._group import Groups
 
 DEFAULT_BUSY_TIMEOUT = 5.0
@@ -96,6 +96,17 @@ _translated = translator(sqlite3.Error, translate)
 
 
 class SqliteConnection:
+    """A [`Connection`][idempotence.stores.sql.Connection] on one sqlite3 connection
+    (opened by `connect`): the store's statements, its transactions as
+    ``BEGIN IMMEDIATE`` or a savepoint, and the statements deferred to their commit.
+
+    Args:
+        raw: the sqlite3 connection, in autocommit (``isolation_level=None``).
+        writer: held around every write transaction, so a store's threads queue for
+            SQLite's one writer instead of polling its busy handler.
+        groups: the group commit of a file's connections, if any.
+    """
+
     _savepoints = itertools.count()
 
     def __init__(

@@ -1,9 +1,9 @@
-"""What every store's I/O shares, sync or async: the retry policy for transient
+"""What every SQL store's I/O shares, sync or async: the retry policy for transient
 errors ([`TransientError`][idempotence.stores.TransientError]), and the bookkeeping of
 operations deferred to a commit ([`Blocks`][idempotence.stores.sql.Blocks]).
 
 The connections themselves (the protocols, and the runners that feed an operation's
-queries to one) are in `_sql.connection_async`, from which `_sql.connection` is
+queries to one) are in `connection_async`, from which `connection` is
 generated.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
-from ..errors import TransientError
+from ...errors import TransientError
 
 __all__ = [
     "TRANSIENT_ATTEMPTS",
@@ -27,7 +27,7 @@ __all__ = [
     "own_copy",
     "translator",
 ]
-from ._sql.ops import APPLICATION, Op
+from .ops import APPLICATION, Op
 
 TRANSIENT_ATTEMPTS = 5
 """How often an operation whose transaction the store owns is retried after a
@@ -143,8 +143,8 @@ def translator(
     translate: Callable[..., BaseException],
 ) -> Translated:
     """A store's ``translated(statement)``: the block for the statement named
-    ``statement``, where `APPLICATION` (the application's statement, whose
-    errors are its own) translates with ``own=False``."""
+    ``statement``, where [`APPLICATION`][idempotence.stores.sql.APPLICATION] (the
+    application's statement, whose errors are its own) translates with ``own=False``."""
     own = Translating(errors, translate, own=True)
     application = Translating(errors, translate, own=False)
 
