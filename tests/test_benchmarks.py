@@ -219,3 +219,19 @@ def test_profile_request_quick_on_redis():
     for name, row in rows.items():
         assert row["cpu us"] > 0, name
     assert rows["redis-floor"]["baseline"] == "redis-trivial"
+
+
+def test_the_functions_benchmark_measures_every_guard():
+    done = subprocess.run(
+        [sys.executable, str(HERE / "functions.py"), "--seconds", "0.2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    measured = {(r["flavour"], r["guard"], r["row"]) for r in results if r["calls"] > 0}
+    sync = {"bare", "ours", "hand", "powertools", "idemkit"}
+    for row in ("execute", "replay"):
+        assert {("sync", guard, row) for guard in sync} <= measured
+        assert {("async", guard, row) for guard in sync - {"powertools"}} <= measured

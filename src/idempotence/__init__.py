@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from .database import DatabaseUrl, open_async_store, open_store
 from .errors import (
+    ArgumentsMismatch,
     BodyTooLarge,
+    CallInProgress,
     ConfigurationError,
     IdempotenceError,
     Indeterminate,
@@ -31,6 +33,7 @@ from .errors import (
     MixedPlaceholders,
     Reject,
     RequestError,
+    ResultNotStorable,
     SchemaMissing,
     StoreError,
     StoreInTransaction,
@@ -39,6 +42,7 @@ from .errors import (
     TransactionEnded,
 )
 from .flows import Advance, Finish, Flow, FlowRegistry, FlowResult, NoOp, ResultKind
+from .functions import current_call, idempotent
 from .observability import Instrumentation
 from .states import (
     FINISHED,
@@ -72,6 +76,11 @@ if TYPE_CHECKING:
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "ArgumentsMismatch",
+    "CallInProgress",
+    "ResultNotStorable",
+    "current_call",
+    "idempotent",
     "ResultKind",
     "Reject",
     "NoOp",

@@ -341,7 +341,11 @@ class _Ticker:
                 self._thread = threading.Thread(target=self._run, name="idempotence-ticker")
                 self._thread.daemon = True
                 self._thread.start()
-            self._wake.notify()
+            # Wake the ticker only when this tick is due before every other: otherwise
+            # it already sleeps until an earlier one, and will see this one then. A
+            # wake per guarded call was a context switch per call (~60 us of CPU).
+            if self._due[0][2] is periodic:
+                self._wake.notify()
 
     def _run(self) -> None:
         while True:

@@ -130,6 +130,30 @@ class TransactionEnded(ConfigurationError):
     """
 
 
+# -- a guarded function's errors (idempotence.idempotent, DESIGN 12) -------------------
+
+
+class ArgumentsMismatch(IdempotenceError):
+    """This key was already used for a call with different arguments (P2), so the
+    function did not run: use a new key for each new operation, and call again with
+    the same arguments to get the first call's result."""
+
+
+class CallInProgress(IdempotenceError):
+    """A call with this key is running elsewhere right now (P4), so the function did
+    not run: call again after ``retry_after`` seconds to get its result, or guard the
+    function with ``wait=`` to wait for it."""
+
+    retry_after: float
+    """Seconds until the running call's lock expires, if it dies (a live one beats)."""
+
+
+class ResultNotStorable(ConfigurationError):
+    """The function ran, but what it returned (or the exception it raised) cannot be
+    stored for replay: declare a return type the decorator can store (JSON values,
+    dataclasses, pydantic models) or give it ``serializer=(dump, load)``."""
+
+
 # -- the client's errors: an idempotent request got no final answer (DESIGN 10) --------
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from idempotence.errors import InvalidBody
 
-__all__ = ["canonical_body", "fingerprint", "media_type"]
+__all__ = ["canonical_body", "digest", "fingerprint", "media_type"]
 
 # Bump the version if the canonical form ever changes: stored fingerprints made with the
 # old form would otherwise all turn into MISMATCH on the next retry, silently.
@@ -61,10 +61,19 @@ def fingerprint(
     # (True, 64)
     ```
 
-    Raises [`InvalidBody`][idempotence.fingerprint.InvalidBody] when a JSON body is not valid JSON.
+    Raises [`InvalidBody`][idempotence.errors.InvalidBody] when a JSON body is not valid JSON.
     """
     excluded = _names(exclude)
     kind = media_type(content_type)
+    return digest(method, path, kind, _canonical(body, kind, excluded))
+
+
+def digest(method: str, path: str, kind: str, canonical: bytes) -> str:
+    """The fingerprint of a request whose body is already in canonical form
+    (``canonical``, of media type ``kind``): what
+    [`fingerprint`][idempotence.fingerprint.fingerprint] hashes once it has
+    canonicalised the body. A caller that makes the canonical form itself (a guarded
+    function's arguments, written as sorted JSON) skips the parse."""
     # Each part is length-prefixed, so no choice of method, path or body can shift bytes
     # from one part into another ("POST" + "/x" never equals "POS" + "T/x").
     # The media type is hashed too: the same bytes sent as another type are another
@@ -74,7 +83,6 @@ def fingerprint(
     verb = method.upper().encode("utf-8", "surrogatepass")
     target = path.encode("utf-8", "surrogatepass")
     media = kind.encode("utf-8", "surrogatepass")
-    canonical = _canonical(body, kind, excluded)
     # One update with the parts joined hashes the same bytes as an update per piece.
     framed = b"".join(
         (
@@ -109,7 +117,7 @@ def canonical_body(
     body: bytes, content_type: str | None = None, exclude: Iterable[str] = ()
 ) -> bytes:
     """Return the body in the canonical form that
-    [`fingerprint`][idempotence.testing.example.fingerprint] hashes.
+    [`fingerprint`][idempotence.fingerprint.fingerprint] hashes.
 
     Useful to see why two requests fingerprint differently.
 

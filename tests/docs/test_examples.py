@@ -67,6 +67,9 @@ NOT_RUN = {
     ("docs/tutorials/getting-started.md", "runs until Ctrl-C"),
     ("docs/contributing/testing.md", "installs the benchmarks' dependencies and wrk"),
     ("docs/contributing/testing.md", "the next example runs the same suite, with age_lock"),
+    ("docs/how-to/celery.md", "needs a RabbitMQ broker and a Celery worker"),
+    ("docs/how-to/staged-jobs.md", "needs a RabbitMQ broker or a Celery app"),
+    ("docs/how-to/staged-jobs.md", "needs a RabbitMQ broker"),
 }
 
 

@@ -75,6 +75,7 @@ from ._shared import (
     open_cli_store,
     require_schema,
 )
+from ._sinks import NO_RUNNER, SinkType
 
 
 @click.group(cls=LazyGroup)
@@ -339,6 +340,13 @@ def run_jobs(database: DatabaseUrl, jobs: Any, batch_size: int | None, as_json: 
     default=None,
     help="Serve Prometheus metrics on this port (needs idempotence[metrics]).",
 )
+@click.option(
+    "--sink",
+    type=SinkType(),
+    default=None,
+    help="Send staged jobs to RabbitMQ (amqp://...) or to a Celery app "
+    "(myapp.celery:app) instead of the built-in job table.",
+)
 @async_option
 def worker(
     database: DatabaseUrl,
@@ -347,6 +355,7 @@ def worker(
     interval: float | None,
     grace: float | None,
     metrics_port: int | None,
+    sink: Any,
     use_async: bool,
 ) -> None:
     """Run the sweeper, completer, reaper and enqueuer (and the job runner, with
@@ -390,12 +399,20 @@ def worker(
         prometheus_client.start_http_server(metrics_port)
         # The completer's claims count on the hot-path metrics too.
         instrumentation = PrometheusInstrumentation()
+    # Said once the store is open and migrated: a worker that cannot start says only why.
+    warn = (
+        (lambda: click.echo(NO_RUNNER, err=True)) if sink is None and runner_jobs is None else None
+    )
     if _runs_async(registry, use_async):
+        if sink is not None:
+            raise click.UsageError("--sink runs on the sync worker: leave out --async")
 
         async def work() -> None:
             stop = asyncio.Event()
             async with open_cli_async_store(database, instrumentation=instrumentation) as store:
                 require_schema(await store._perform(pending_migrations, write=False))
+                if warn is not None:
+                    warn()
                 with stop_on_signals(stop):
                     await AsyncWorker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
 
@@ -404,8 +421,10 @@ def worker(
     stop = threading.Event()
     with open_cli_store(database, instrumentation=instrumentation) as store:
         require_schema(store._perform(pending_migrations, write=False))
+        if warn is not None:
+            warn()
         with stop_on_signals(stop):
-            Worker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
+            Worker(store, flows=registry, jobs=runner_jobs, sink=sink, **configs).run(stop)
 
 
 # -- the operator's commands (F5, B5) -------------------------------------------------------

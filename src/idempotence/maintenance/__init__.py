@@ -50,6 +50,7 @@ from .jobs_async import AsyncJobRunner
 from .reaper import Reaper, ReaperConfig, ReapResult, Retention
 from .reaper_async import AsyncReaper
 from .reconcile import Reconciler, ReconcilerRegistry, Reconciliation, reconcile, reconcilers
+from .sinks import BrokerUnavailable, CelerySink, RabbitMQSink
 from .sweeper import Sweeper, SweeperConfig, SweepResult
 from .sweeper_async import AsyncSweeper
 from .worker import Worker
@@ -62,6 +63,9 @@ __all__ = [
     "AsyncEnqueuer",
     "AsyncJobRunner",
     "AsyncJobSink",
+    "BrokerUnavailable",
+    "CelerySink",
+    "RabbitMQSink",
     "AsyncReaper",
     "AsyncRunnerSink",
     "AsyncSweeper",

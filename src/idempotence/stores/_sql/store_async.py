@@ -128,9 +128,9 @@ class AsyncStore:
     """What [`transaction`][idempotence.stores.sql.AsyncStore.transaction] yields (a
     store on an ORM's connections adds its session)."""
 
-    #: What the store can do beyond the key-store operations: a SQL store shares its
-    #: transactions with the application (R2, F3).
     capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.TRANSACTIONS})
+    """What the store can do beyond the key-store operations: a SQL store shares its
+    transactions with the application (R2, F3)."""
 
     def __init__(
         self,

@@ -142,9 +142,9 @@ class AsyncRedisStore:
     ```
     """
 
-    #: Nothing beyond the key-store operations: every operation is one script, and
-    #: no transaction is shared with the application (no F3, no atomic phases).
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    """Nothing beyond the key-store operations: every operation is one script, and
+    no transaction is shared with the application (no F3, no atomic phases)."""
 
     def __init__(
         self,

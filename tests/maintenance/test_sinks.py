@@ -1,0 +1,267 @@
+"""Staged jobs delivered to RabbitMQ and to Celery by the enqueuer (B4, R7, DESIGN 12):
+a job leaves the outbox only once the broker confirmed it; a broker that is down or
+restarted loses none (they stay staged and go at a later pass); the job key is the
+message's id, so a guarded consumer absorbs a repeat. Real brokers: the machine's
+RabbitMQ, and a node of the test's own for the restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from celery import Celery
+
+from idempotence.consumers import Consumer, Message, MessageContext, process
+from idempotence.maintenance import Enqueuer, EnqueuerConfig
+from idempotence.maintenance.sinks import BrokerUnavailable, CelerySink, RabbitMQSink
+from tests.consumers.broker import OwnNode, broker_url
+from tests.maintenance.support import Backend, new_scope
+from tests.maintenance.test_enqueuer import stage
+
+FAST = EnqueuerConfig(batch_pause=0.0)
+
+
+@pytest.fixture
+def queue() -> Iterator[str]:
+    """A queue name of the test's own, deleted after."""
+    name = f"idem-sink-{uuid.uuid4().hex[:10]}"
+    yield name
+    connection = pika.BlockingConnection(pika.URLParameters(broker_url()))
+    try:
+        connection.channel().queue_delete(name)
+    finally:
+        connection.close()
+
+
+def drain(url: str, queue: str) -> list[tuple[Any, bytes]]:
+    """Every message in ``queue``: (properties, body), acknowledged."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        messages = []
+        while True:
+            method, properties, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                return messages
+            messages.append((properties, body))
+    finally:
+        connection.close()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    return f"amqp://guest:guest@127.0.0.1:{port}/%2F"
+
+
+def test_rabbitmq_sink_publishes_each_job_persistent_with_its_key_as_message_id(
+    db: Backend, queue: str
+) -> None:
+    keys = stage(db.store, 3)
+    sink = RabbitMQSink(broker_url(), routes={"receipt": queue})
+    try:
+        result = Enqueuer(db.store, FAST, sink=sink).run_once()
+    finally:
+        sink.close()
+    assert result.delivered == tuple(keys)
+    assert db.count("idempotence_staged_jobs") == 0
+    messages = drain(broker_url(), queue)
+    assert [p.message_id for p, _ in messages] == keys
+    assert all(p.delivery_mode == 2 and p.type == "receipt" for p, _ in messages)
+    assert [json.loads(body) for _, body in messages] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def test_a_broker_that_is_down_leaves_every_job_staged(db: Backend, queue: str) -> None:
+    keys = stage(db.store, 3)
+    with pytest.raises(BrokerUnavailable, match="stay staged"):
+        Enqueuer(db.store, FAST, sink=RabbitMQSink(closed_port_url(), timeout=2)).run_once()
+    assert db.count("idempotence_staged_jobs") == 3
+    sink = RabbitMQSink(broker_url(), routes={"receipt": queue})
+    try:
+        assert Enqueuer(db.store, FAST, sink=sink).run_once().delivered == tuple(keys)
+    finally:
+        sink.close()
+    assert [p.message_id for p, _ in drain(broker_url(), queue)] == keys
+
+
+def test_a_message_nobody_can_receive_is_refused_not_dropped(db: Backend) -> None:
+    stage(db.store, 1)
+    # An exchange with no queue bound: the broker returns the message (mandatory).
+    connection = pika.BlockingConnection(pika.URLParameters(broker_url()))
+    exchange = f"idem-sink-x-{uuid.uuid4().hex[:8]}"
+    connection.channel().exchange_declare(exchange, "direct", auto_delete=False)
+    sink = RabbitMQSink(broker_url(), exchange=exchange)
+    try:
+        with pytest.raises(BrokerUnavailable):
+            Enqueuer(db.store, FAST, sink=sink).run_once()
+        assert db.count("idempotence_staged_jobs") == 1
+    finally:
+        sink.close()
+        connection.channel().exchange_delete(exchange)
+        connection.close()
+
+
+def test_a_duplicate_from_a_lost_confirm_is_absorbed_by_a_guarded_consumer(
+    db: Backend, queue: str
+) -> None:
+    """A lost confirm delivers a job twice: the same message id twice. A consumer keyed
+    by the message id runs its handler once."""
+    keys = stage(db.store, 2)
+    sink = RabbitMQSink(broker_url(), routes={"receipt": queue})
+    try:
+        Enqueuer(db.store, FAST, sink=sink).run_once()
+        # The second delivery of the same jobs, as after a confirm lost in transit.
+        lease = db.store.claim(_request(new_scope())).lease
+        assert lease is not None
+        with db.store.transaction() as tx:
+            db.store.stage_jobs(tx, lease, [(key, "receipt", {"again": True}) for key in keys])
+        Enqueuer(db.store, FAST, sink=sink).run_once()
+    finally:
+        sink.close()
+    handled: list[str] = []
+
+    def handler(ctx: MessageContext) -> None:
+        handled.append(ctx.key)
+
+    consumer = Consumer(name=f"receipts-{uuid.uuid4().hex[:6]}", handler=handler)
+    messages = drain(broker_url(), queue)
+    assert [p.message_id for p, _ in messages] == keys + keys
+    for properties, body in messages:
+        process(consumer, db.store, Message(body, message_id=properties.message_id))
+    assert handled == keys
+
+
+def _request(scope: str) -> Any:
+    from idempotence import ClaimRequest
+
+    return ClaimRequest(scope=scope, key=f"again-{uuid.uuid4().hex[:6]}", fingerprint="f")
+
+
+@pytest.mark.slow
+def test_a_broker_restart_loses_no_job(db: Backend) -> None:
+    node = OwnNode()
+    node.start()
+    queue = "receipts"
+    sink = RabbitMQSink(node.url, routes={"receipt": queue}, timeout=3)
+    try:
+        first = stage(db.store, 2)
+        assert Enqueuer(db.store, FAST, sink=sink).run_once().delivered == tuple(first)
+        node.stop()
+        second = stage(db.store, 2)
+        with pytest.raises(BrokerUnavailable):
+            Enqueuer(db.store, FAST, sink=sink).run_once()
+        assert db.count("idempotence_staged_jobs") == 2  # nothing left the outbox
+        node.start()
+        assert Enqueuer(db.store, FAST, sink=sink).run_once().delivered == tuple(second)
+        # Persistent messages in a durable queue: the first two survived the restart.
+        assert [p.message_id for p, _ in drain(node.url, queue)] == first + second
+    finally:
+        sink.close()
+        node.remove()
+
+
+def _celery(url: str, confirm: bool = True) -> Celery:
+    app = Celery("sink-test", broker=url.replace("/%2F", "//"))
+    if confirm:
+        app.conf.broker_transport_options = {"confirm_publish": True}
+    return app
+
+
+def test_celery_sink_sends_each_job_as_a_task_whose_id_is_the_job_key(
+    db: Backend, queue: str
+) -> None:
+    keys = stage(db.store, 2)
+    app = _celery(broker_url())
+    try:
+        sink = CelerySink(app, tasks={"receipt": "shop.send_receipt"}, queue=queue)
+        assert Enqueuer(db.store, FAST, sink=sink).run_once().delivered == tuple(keys)
+    finally:
+        app.close()
+    messages = drain(broker_url(), queue)
+    assert [p.headers["id"] for p, _ in messages] == keys
+    assert {p.headers["task"] for p, _ in messages} == {"shop.send_receipt"}
+    assert [json.loads(body)[1] for _, body in messages] == [{"n": 0}, {"n": 1}]  # kwargs
+
+
+def test_celery_sink_needs_confirms_and_keeps_jobs_staged_while_the_broker_is_down(
+    db: Backend,
+) -> None:
+    with pytest.raises(Exception, match="confirm_publish"):
+        CelerySink(_celery(broker_url(), confirm=False))
+    stage(db.store, 2)
+    app = _celery(closed_port_url())
+    try:
+        with pytest.raises(BrokerUnavailable):
+            Enqueuer(db.store, FAST, sink=CelerySink(app)).run_once()
+    finally:
+        app.close()
+    assert db.count("idempotence_staged_jobs") == 2
+
+
+# -- idempotence worker --sink ----------------------------------------------------------------
+
+
+def _worker(db: Backend, *extra: str) -> subprocess.Popen[str]:
+    cli = Path(sys.executable).parent / "idempotence"
+    env = {k: v for k, v in os.environ.items() if k != "IDEMPOTENCE_DATABASE_URL"}
+    return subprocess.Popen(
+        [str(cli), "worker", "--database", db.url, "--interval", "0.1", *extra],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_the_worker_sends_staged_jobs_to_the_sink_it_is_given(db: Backend, queue: str) -> None:
+    keys = stage(db.store, 2, name=queue)  # the job's name routes it: to the test's queue
+    url = broker_url().replace("/%2F", "//")
+    proc = _worker(db, "--sink", url)
+    try:
+        deadline = time.monotonic() + 30
+        while db.count("idempotence_staged_jobs") > 0:
+            assert proc.poll() is None, proc.communicate()
+            if time.monotonic() > deadline:
+                proc.send_signal(signal.SIGTERM)
+                raise AssertionError(f"the worker delivered nothing:\n{proc.communicate()[1]}")
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "runs no jobs" not in err  # it has a sink
+    assert [p.message_id for p, _ in drain(broker_url(), queue)] == keys
+    assert db.count("idempotence_jobs") == 0  # not the built-in table
+
+
+def test_a_worker_without_runner_or_sink_says_so_once(db: Backend) -> None:
+    proc = _worker(db)
+    assert proc.stderr is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")))
+    reader.start()
+    deadline = time.monotonic() + 30
+    while not any("enqueuer started" in line for line in list(lines)):
+        assert time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.05)
+    time.sleep(0.5)  # five passes of every service: still one warning
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    reader.join(timeout=30)
+    err = "".join(lines)
+    assert err.count("runs no jobs (no --jobs) and has no --sink") == 1, err
