@@ -97,7 +97,9 @@ class ChaosServer:
 def crash_server_effects(backend: str, target: str, key: str) -> list[str]:
     marker = "%(key)s" if backend == "postgres" else ":key"
     with sync_store(backend, target) as store, store.transaction() as tx:
-        rows = tx.execute(f"SELECT what FROM crash_effects WHERE key = {marker}", {"key": key})
+        rows = tx.execute(
+            f"SELECT what FROM crash_effects WHERE request_key = {marker}", {"key": key}
+        )
     return [row["what"] for row in rows]
 
 
