@@ -12,6 +12,9 @@ meaning where its content type has one:
   Duplicate object keys keep the last value, as `json.loads` does for the app.
 * ``application/x-www-form-urlencoded``: parsed into pairs, sorted by (name, value),
   re-encoded. Percent-decoding works on bytes, so no two different values collide.
+* ``multipart/form-data``: its parts (name, file name, content type, bytes), sorted
+  and length-prefixed, so a browser's new random boundary on a second submit of the
+  same form is the same request.
 * anything else: the raw bytes.
 
 Fields can be excluded (a timestamp the client regenerates on each retry, say): for JSON
@@ -29,6 +32,7 @@ from collections.abc import Callable, Iterable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from idempotence._multipart import FORM_DATA, canonical_multipart
 from idempotence.errors import InvalidBody
 
 __all__ = ["canonical_body", "digest", "fingerprint", "media_type"]
@@ -65,7 +69,7 @@ def fingerprint(
     """
     excluded = _names(exclude)
     kind = media_type(content_type)
-    return digest(method, path, kind, _canonical(body, kind, excluded))
+    return digest(method, path, kind, _canonical(body, kind, excluded, content_type))
 
 
 def digest(method: str, path: str, kind: str, canonical: bytes) -> str:
@@ -128,16 +132,20 @@ def canonical_body(
     # b'a=1&b=2'
     ```
     """
-    return _canonical(body, media_type(content_type), _names(exclude))
+    return _canonical(body, media_type(content_type), _names(exclude), content_type)
 
 
-def _canonical(body: bytes, kind: str, exclude: tuple[str, ...]) -> bytes:
+def _canonical(
+    body: bytes, kind: str, exclude: tuple[str, ...], content_type: str | None = None
+) -> bytes:
     if not body:
         return b""
     if kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json")):
         return _canonical_json(body, exclude)
     if kind == _FORM:
         return _canonical_form(body, exclude)
+    if kind == FORM_DATA:  # the boundary is a parameter: the full Content-Type is needed
+        return canonical_multipart(body, content_type, frozenset(exclude))
     return bytes(body)
 
 

@@ -207,6 +207,11 @@ class Policy:
     accepted)."""
     exclude_fields: tuple[str, ...] = ()
     """Body fields left out of the fingerprint: JSON names or dotted paths, form names."""
+    key_field: str | None = None
+    """A form field that carries the key when the request has no Idempotency-Key
+    header (an HTML form cannot send headers): read from form-encoded and
+    ``multipart/form-data`` bodies, and always left out of the fingerprint. A header,
+    when sent, wins over the field."""
     lock_timeout: timedelta = DEFAULT_HANDLER_LOCK_TIMEOUT
     """How long a silent worker keeps the key before a retry may take it over (P4, P5).
     A running handler's lock is extended every ``heartbeat`` (F2), so this bounds
@@ -260,6 +265,10 @@ class Policy:
         if isinstance(self.exclude_fields, str):
             raise _invalid(owner, "exclude_fields", self.exclude_fields, "must be a tuple of names")
         set_(self, "exclude_fields", tuple(self.exclude_fields))
+        if self.key_field is not None and (
+            not isinstance(self.key_field, str) or not self.key_field
+        ):
+            raise _invalid(owner, "key_field", self.key_field, "must be a form field name, or None")
         if self.scope is not None and not callable(self.scope):
             raise _invalid(owner, "scope", self.scope, "must be a callable: request -> tenant id")
         set_(self, "key_scope", _key_scope(owner, self.key_scope))

@@ -56,6 +56,7 @@ from ._request import (
     declared_length,
     endpoint_scope,
     flow_params,
+    form_key,
     read_key,
     request_fingerprint,
 )
@@ -84,15 +85,15 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
     profile = config.profile
     if policy.asynchronous and request.method == "GET":
         return (yield from status(config, policy, request))  # an operation's status URL
+    field = policy.key_field
     try:
-        key = read_key(request.header_values(KEY_HEADER), required=policy.key_required)
-    except RepeatedKey as exc:
-        return problem_reply(profile, Problem.KEY_REPEATED, exc.message)
-    except MissingKey as exc:
-        return problem_reply(profile, Problem.KEY_MISSING, exc.message)
-    except InvalidKey as exc:
-        return problem_reply(profile, Problem.KEY_INVALID, exc.message)
-    if key is None:
+        # With a key field, a missing header is decided once the body is read.
+        key = read_key(
+            request.header_values(KEY_HEADER), required=policy.key_required and field is None
+        )
+    except (InvalidKey, MissingKey) as exc:
+        return _key_problem(profile, exc)
+    if key is None and field is None:
         return PASS  # P7: an optional key, not sent: the request is not guarded
     tenant = yield ResolveScope(config.scope_for(policy), request)
     if tenant is None or tenant == "":
@@ -109,8 +110,23 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
         body = yield ReadBody(limit)
     except BodyTooLarge:
         return _too_large(profile, limit)
+    exclude = policy.exclude_fields
+    if field is not None:
+        # The field is left out even when a header carries the key, so a form sent with
+        # and without the header is the same request.
+        exclude = (*exclude, field)
+    if key is None:  # no header, and a key field (else we passed above)
+        assert field is not None
+        try:
+            key = form_key(request, body, field, required=policy.key_required)
+        except (InvalidKey, MissingKey) as exc:
+            return _key_problem(profile, exc)
+        except InvalidBody as exc:
+            return problem_reply(profile, Problem.BODY_INVALID, exc.message)
+        if key is None:
+            return PASS  # P7, as above: an optional key, in neither place
     try:
-        fingerprint = request_fingerprint(request, body, policy.exclude_fields)
+        fingerprint = request_fingerprint(request, body, exclude)
         params = _params(policy, request, body) if policy.flow is not None else {}
     except UnsupportedBody as exc:
         return problem_reply(profile, Problem.BODY_UNSUPPORTED, exc.message)
@@ -134,6 +150,14 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
     )
     result = yield from engine.engine(claim, wait=policy.wait, app=app)
     return _reply(policy, profile, result)
+
+
+def _key_problem(profile: Profile, exc: InvalidKey | MissingKey) -> Reply:
+    if isinstance(exc, RepeatedKey):
+        return problem_reply(profile, Problem.KEY_REPEATED, exc.message)
+    if isinstance(exc, MissingKey):
+        return problem_reply(profile, Problem.KEY_MISSING, exc.message)
+    return problem_reply(profile, Problem.KEY_INVALID, exc.message)
 
 
 def _too_large(profile: Profile, limit: int) -> Reply:

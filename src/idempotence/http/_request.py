@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._frozen import quick_init
-from ..errors import InvalidBody, InvalidKey
+from .._multipart import FORM_DATA, parse_multipart
+from ..errors import InvalidBody, InvalidKey, MissingKey
 from ..fingerprint import fingerprint, media_type
-from ..keys import parse_idempotency_key_header
+from ..keys import parse_idempotency_key_header, validate_key
 
 __all__ = ["RequestInfo"]
 
@@ -112,6 +113,52 @@ def read_key(values: list[str], *, required: bool) -> str | None:
 
 class RepeatedKey(InvalidKey):
     """The request carries more than one Idempotency-Key."""
+
+
+def form_key(request: RequestInfo, body: bytes, field: str, *, required: bool) -> str | None:
+    """The idempotency key from form field ``field`` of a form-encoded or
+    ``multipart/form-data`` body (``Policy.key_field``), for an HTML form, which
+    cannot send headers. The value is the key as is (no header quoting).
+
+    ```python
+    info = RequestInfo(
+        "POST", "/orders", headers=(("content-type", "application/x-www-form-urlencoded"),)
+    )
+    form_key(info, b"item=tea&idempotency_key=k-1", "idempotency_key", required=True)
+    # 'k-1'
+    ```
+    """
+    content_type = request.header("content-type")
+    kind = media_type(content_type)
+    values: list[str] = []
+    if kind == "application/x-www-form-urlencoded":
+        try:
+            pairs = urllib.parse.parse_qsl(
+                body.decode("latin-1"), keep_blank_values=True, encoding="utf-8", errors="strict"
+            )
+        except UnicodeDecodeError as exc:
+            raise InvalidKey(f"The {field} form field is not valid UTF-8.") from exc
+        values = [value for name, value in pairs if name == field]
+    elif kind == FORM_DATA and body:
+        for part in parse_multipart(body, content_type):
+            if part.name == field:
+                try:
+                    values.append(part.data.decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    raise InvalidKey(f"The {field} form field is not valid UTF-8.") from exc
+    if len(values) > 1:
+        raise RepeatedKey(f"The form has {len(values)} {field} fields: send exactly one.")
+    if not values:
+        if required:
+            raise MissingKey(
+                f"The request has no Idempotency-Key header and no {field} form field:"
+                " send one of them."
+            )
+        return None
+    try:
+        return validate_key(values[0])
+    except InvalidKey as exc:
+        raise InvalidKey(f"The {field} form field is not a valid key: {exc.message}") from exc
 
 
 def declared_length(request: RequestInfo) -> int | None:
