@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import hmac
 import json
 import urllib.parse
 from collections.abc import Callable, Iterable
@@ -33,9 +34,16 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from idempotence._multipart import FORM_DATA, canonical_multipart
-from idempotence.errors import InvalidBody
+from idempotence.errors import ConfigurationError, InvalidBody
 
-__all__ = ["canonical_body", "digest", "fingerprint", "media_type"]
+__all__ = [
+    "canonical_body",
+    "digest",
+    "fingerprint",
+    "fingerprint_secret",
+    "media_type",
+    "secret_pair",
+]
 
 # Bump the version if the canonical form ever changes: stored fingerprints made with the
 # old form would otherwise all turn into MISMATCH on the next retry, silently.
@@ -52,8 +60,13 @@ def fingerprint(
     content_type: str | None = None,
     *,
     exclude: Iterable[str] = (),
+    secret: bytes | None = None,
 ) -> str:
     """Return the hex SHA-256 fingerprint of a request (DESIGN 2).
+
+    With ``secret`` (see [`fingerprint_secret`][idempotence.fingerprint.fingerprint_secret])
+    the fingerprint is an HMAC-SHA-256 keyed by it: whoever reads the key store cannot
+    test a guess of a request's body (a card number, an amount) against it.
 
     The method is upper-cased, the path used as given (include the query string in it
     if it selects what the request does), the body canonicalised by its content type.
@@ -69,10 +82,53 @@ def fingerprint(
     """
     excluded = _names(exclude)
     kind = media_type(content_type)
-    return digest(method, path, kind, _canonical(body, kind, excluded, content_type))
+    return digest(method, path, kind, _canonical(body, kind, excluded, content_type), secret=secret)
 
 
-def digest(method: str, path: str, kind: str, canonical: bytes) -> str:
+def fingerprint_secret(value: str | bytes | None, owner: str) -> bytes | None:
+    """A fingerprint secret as bytes (a str is taken as UTF-8), or None for none.
+
+    Raises [`ConfigurationError`][idempotence.errors.ConfigurationError] (naming
+    ``owner``, the option) for an empty secret or one of another type.
+
+    ```python
+    fingerprint_secret("s3cret", "Idempotency.fingerprint_secret")
+    # b's3cret'
+    ```
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    if not isinstance(value, bytes) or not value:
+        raise ConfigurationError(
+            f"{owner} must be a non-empty str or bytes (or None for plain SHA-256), not {value!r}"
+        )
+    return value
+
+
+def secret_pair(
+    current: str | bytes | None, previous: str | bytes | None, owner: str
+) -> tuple[bytes | None, bytes | None]:
+    """The current and previous fingerprint secrets of ``owner``'s options
+    ``fingerprint_secret`` and ``previous_fingerprint_secret``, as bytes.
+
+    Raises [`ConfigurationError`][idempotence.errors.ConfigurationError] for an invalid
+    secret, or a previous secret without a current one.
+    """
+    now = fingerprint_secret(current, f"{owner}.fingerprint_secret")
+    before = fingerprint_secret(previous, f"{owner}.previous_fingerprint_secret")
+    if before is not None and now is None:
+        raise ConfigurationError(
+            f"{owner}.previous_fingerprint_secret needs fingerprint_secret: the previous "
+            "secret is only compared against, new keys use the current one"
+        )
+    return now, before
+
+
+def digest(
+    method: str, path: str, kind: str, canonical: bytes, *, secret: bytes | None = None
+) -> str:
     """The fingerprint of a request whose body is already in canonical form
     (``canonical``, of media type ``kind``): what
     [`fingerprint`][idempotence.fingerprint.fingerprint] hashes once it has
@@ -101,6 +157,8 @@ def digest(method: str, path: str, kind: str, canonical: bytes) -> str:
             canonical,
         )
     )
+    if secret is not None:
+        return hmac.new(secret, framed, hashlib.sha256).hexdigest()
     return hashlib.sha256(framed).hexdigest()
 
 

@@ -148,6 +148,10 @@ class ClaimRequest:
     lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT
     retention: timedelta | None = DEFAULT_RETENTION
     """How long a key is kept; ``None`` keeps it forever (ledgers)."""
+    previous_fingerprint: str | None = None
+    """The request's fingerprint under the previous fingerprint secret, while secrets
+    rotate: a key stored under it is this request too (the engine claims it again with
+    this fingerprint), so a retry across the rotation replays instead of 422."""
 
 
 @quick_init

@@ -201,8 +201,10 @@ class Flow:
         params: Any = None,
         method: str = "POST",
         path: str = "/",
+        previous_fingerprint: str | None = None,
     ) -> ClaimRequest:
-        """The claim request for running this flow."""
+        """The claim request for running this flow (``previous_fingerprint``: the
+        request's fingerprint under the previous secret, while secrets rotate)."""
         return ClaimRequest(
             scope=scope,
             key=key,
@@ -213,6 +215,7 @@ class Flow:
             params=params if params is not None else {},
             lock_timeout=self.lock_timeout,
             retention=self.retention,
+            previous_fingerprint=previous_fingerprint,
         )
 
     def resume_request(self, record: KeyRecord) -> ClaimRequest:

@@ -34,6 +34,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Generator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -91,10 +92,25 @@ class Waiter:
         return pause
 
 
+def rotated(request: ClaimRequest, claim: Claim) -> bool:
+    """True when ``claim`` is a MISMATCH only because the key was stored under the
+    previous fingerprint secret: the same request, to be claimed again with the
+    fingerprint the key has."""
+    previous = request.previous_fingerprint
+    return (
+        previous is not None
+        and claim.outcome is Outcome.MISMATCH
+        and claim.record.fingerprint == previous
+    )
+
+
 def claimed(request: ClaimRequest, wait: timedelta | None) -> Generator[Effect, Any, Claim]:
     """Claim the key; with ``wait``, a key in progress elsewhere is waited for (outside
     any transaction, F8) and claimed again until it settles or the wait is over."""
     claim: Claim = yield DoClaim(request)
+    if rotated(request, claim):
+        request = replace(request, fingerprint=claim.record.fingerprint)
+        claim = yield DoClaim(request)
     if claim.outcome is not Outcome.IN_PROGRESS or wait is None:
         return claim
     waiter = Waiter(wait)
@@ -114,6 +130,10 @@ def in_transaction(
     waiter: Waiter | None = None
     while True:
         claim, outcome = yield effect
+        if rotated(effect.request, claim):  # the transaction claimed nothing: again
+            request = replace(effect.request, fingerprint=claim.record.fingerprint)
+            effect = replace(effect, request=request)
+            claim, outcome = yield effect
         if claim.outcome is not Outcome.IN_PROGRESS or wait is None:
             return claim, outcome
         waiter = waiter or Waiter(wait)

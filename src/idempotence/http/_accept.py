@@ -49,7 +49,10 @@ def accept(config: Idempotency, policy: Policy, flow: Flow, request: ClaimReques
             return _answer(config, policy, result.claim)
     except StoreError as exc:
         return store_down(policy, config.profile, exc, rolled_back=False)
-    return _known(config, policy, record, request.fingerprint)
+    fingerprint = request.fingerprint
+    if record.fingerprint == request.previous_fingerprint:
+        fingerprint = record.fingerprint  # stored under the previous secret: this request
+    return _known(config, policy, record, fingerprint)
 
 
 def status(config: Idempotency, policy: Policy, request: RequestInfo) -> Lifecycle:

@@ -29,6 +29,7 @@ from datetime import timedelta
 from typing import Any, TypeAlias
 
 from ..errors import ConfigurationError
+from ..fingerprint import secret_pair
 from ..flows.flow import Flow
 from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, DEFAULT_RETENTION
 from ..stores import AsyncKeyStore, AsyncStore, KeyStore, Store
@@ -208,10 +209,8 @@ class Policy:
     exclude_fields: tuple[str, ...] = ()
     """Body fields left out of the fingerprint: JSON names or dotted paths, form names."""
     key_field: str | None = None
-    """A form field that carries the key when the request has no Idempotency-Key
-    header (an HTML form cannot send headers): read from form-encoded and
-    ``multipart/form-data`` bodies, and always left out of the fingerprint. A header,
-    when sent, wins over the field."""
+    """The form field holding the key when no Idempotency-Key header is sent (HTML forms),
+    always left out of the fingerprint; a header sent too wins over it."""
     lock_timeout: timedelta = DEFAULT_HANDLER_LOCK_TIMEOUT
     """How long a silent worker keeps the key before a retry may take it over (P4, P5).
     A running handler's lock is extended every ``heartbeat`` (F2), so this bounds
@@ -265,9 +264,7 @@ class Policy:
         if isinstance(self.exclude_fields, str):
             raise _invalid(owner, "exclude_fields", self.exclude_fields, "must be a tuple of names")
         set_(self, "exclude_fields", tuple(self.exclude_fields))
-        if self.key_field is not None and (
-            not isinstance(self.key_field, str) or not self.key_field
-        ):
+        if self.key_field == "" or not isinstance(self.key_field, str | None):
             raise _invalid(owner, "key_field", self.key_field, "must be a form field name, or None")
         if self.scope is not None and not callable(self.scope):
             raise _invalid(owner, "scope", self.scope, "must be a callable: request -> tenant id")
@@ -498,6 +495,11 @@ class Idempotency:
     """Where the status of an asynchronous operation is read: ``GET
     <status_path>/<key>`` (percent-encoded), served by the middleware when an
     endpoint has ``Policy(asynchronous=True)``."""
+    fingerprint_secret: str | bytes | None = field(default=None, repr=False)
+    """Fingerprints are HMAC-SHA-256 keyed by this secret, not a plain SHA-256."""
+    previous_fingerprint_secret: str | bytes | None = field(default=None, repr=False)
+    """During a rotation, the secret replaced: keys stored under it still match."""
+    secrets: tuple[bytes | None, bytes | None] = field(init=False, repr=False, compare=False)
     status_policy: Policy | None = field(init=False, repr=False, compare=False)
     """The asynchronous policy that serves status reads, and the flows it may show."""
     status_flows: frozenset[str] = field(init=False, repr=False, compare=False)
@@ -520,6 +522,8 @@ class Idempotency:
             if not isinstance(endpoint, Endpoint):
                 raise _invalid("Idempotency", "endpoints", endpoint, "must be Endpoint objects")
         object.__setattr__(self, "profile", Profile(self.profile))
+        pair = secret_pair(self.fingerprint_secret, self.previous_fingerprint_secret, "Idempotency")
+        object.__setattr__(self, "secrets", pair)
         if not self.status_path.startswith("/") or self.status_path.endswith("/"):
             raise _invalid(
                 "Idempotency", "status_path", self.status_path, "must start and not end with '/'"

@@ -126,7 +126,7 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
         if key is None:
             return PASS  # P7, as above: an optional key, in neither place
     try:
-        fingerprint = request_fingerprint(request, body, exclude)
+        fingerprint, previous = _fingerprints(config, request, body, exclude)
         params = _params(policy, request, body) if policy.flow is not None else {}
     except UnsupportedBody as exc:
         return problem_reply(profile, Problem.BODY_UNSUPPORTED, exc.message)
@@ -141,15 +141,33 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
             params=params,
             method=request.method,
             path=request.target,
+            previous_fingerprint=previous,
         )
         return (yield from _run_flow(config, policy, flow, claim))
     engine = policy.engine
     assert engine is not None
     claim = engine.request(
-        scope=tenant, key=key, fingerprint=fingerprint, method=request.method, path=request.target
+        scope=tenant,
+        key=key,
+        fingerprint=fingerprint,
+        method=request.method,
+        path=request.target,
+        previous_fingerprint=previous,
     )
     result = yield from engine.engine(claim, wait=policy.wait, app=app)
     return _reply(policy, profile, result)
+
+
+def _fingerprints(
+    config: Idempotency, request: RequestInfo, body: bytes, exclude: tuple[str, ...]
+) -> tuple[str, str | None]:
+    """The request's fingerprint, and while secrets rotate its fingerprint under the
+    previous secret (a key stored under that one is this request too)."""
+    secret, previous_secret = config.secrets
+    fingerprint = request_fingerprint(request, body, exclude, secret=secret)
+    if previous_secret is None:
+        return fingerprint, None
+    return fingerprint, request_fingerprint(request, body, exclude, secret=previous_secret)
 
 
 def _key_problem(profile: Profile, exc: InvalidKey | MissingKey) -> Reply:

@@ -170,9 +170,12 @@ def declared_length(request: RequestInfo) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def request_fingerprint(request: RequestInfo, body: bytes, exclude: Iterable[str] = ()) -> str:
+def request_fingerprint(
+    request: RequestInfo, body: bytes, exclude: Iterable[str] = (), *, secret: bytes | None = None
+) -> str:
     """The fingerprint of ``request`` with ``body`` (DESIGN 2), as the middleware
-    computes it: method, path with query string, media type, canonical body.
+    computes it: method, path with query string, media type, canonical body; keyed by
+    ``secret`` (HMAC-SHA-256) when given.
 
     ```python
     info = RequestInfo("POST", "/x", headers=(("content-type", "application/json"),))
@@ -182,7 +185,9 @@ def request_fingerprint(request: RequestInfo, body: bytes, exclude: Iterable[str
     ```
     """
     content_type = request.header("content-type")
-    return fingerprint(request.method, request.target, body, content_type, exclude=exclude)
+    return fingerprint(
+        request.method, request.target, body, content_type, exclude=exclude, secret=secret
+    )
 
 
 def flow_params(request: RequestInfo, body: bytes) -> Any:
