@@ -118,10 +118,15 @@ class Picker:
 class Fingerprinter:
     """The fingerprint of a call: its name and its bound arguments, minus the excluded."""
 
-    __slots__ = ("_dropped", "_exclude", "_name")
+    __slots__ = ("_dropped", "_exclude", "_name", "_secrets")
 
     def __init__(
-        self, name: str, signature: inspect.Signature, exclude: Iterable[str], owner: str
+        self,
+        name: str,
+        signature: inspect.Signature,
+        exclude: Iterable[str],
+        owner: str,
+        secrets: tuple[bytes | None, bytes | None] = (None, None),
     ) -> None:
         if isinstance(exclude, str):
             raise ConfigurationError(
@@ -131,12 +136,25 @@ class Fingerprinter:
         for path in paths:
             _parameter(signature, path, "fingerprint_exclude", owner)
         self._name = name
+        self._secrets = secrets
         # Whole arguments are dropped before they are converted (a session or a
         # logger has no JSON form); dotted paths are cut from the JSON.
         self._dropped = frozenset(p for p in paths if "." not in p) | _IMPLICIT
         self._exclude = tuple(p for p in paths if "." in p)
 
-    def of(self, arguments: Mapping[str, Any]) -> str:
+    def of(self, arguments: Mapping[str, Any]) -> tuple[str, str | None]:
+        """The call's fingerprint, and while secrets rotate its fingerprint under the
+        previous secret (None otherwise)."""
+        canonical = self._canonical(arguments)
+        current, previous = self._secrets
+        fingerprint = digest("CALL", self._name, "application/json", canonical, secret=current)
+        if previous is None:
+            return fingerprint, None
+        return fingerprint, digest(
+            "CALL", self._name, "application/json", canonical, secret=previous
+        )
+
+    def _canonical(self, arguments: Mapping[str, Any]) -> bytes:
         data: dict[str, Any] = {}
         for name, value in arguments.items():
             if name in self._dropped:
@@ -153,10 +171,9 @@ class Fingerprinter:
             _cut(data, path.split("."))
         # The canonical form is written here, from Python values (sorted keys, no
         # whitespace), and framed as every fingerprint is: no JSON text to parse back.
-        canonical = json.dumps(
+        return json.dumps(
             data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         ).encode("utf-8", "surrogatepass")
-        return digest("CALL", self._name, "application/json", canonical)
 
 
 def _cut(value: Any, path: list[str]) -> None:

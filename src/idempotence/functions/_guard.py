@@ -39,6 +39,7 @@ from ..errors import (
     ResultNotStorable,
     StoreError,
 )
+from ..fingerprint import secret_pair
 from ..flows import Flow, FlowResult, ResultKind
 from ..flows.results import Captured
 from ..states import (
@@ -130,6 +131,8 @@ class Guard:
         heartbeat: timedelta | None = None,
         retention: timedelta | None = DEFAULT_RETENTION,
         transactional: bool = False,
+        fingerprint_secret: str | bytes | None = None,
+        previous_fingerprint_secret: str | bytes | None = None,
     ) -> None:
         qualified = f"{fn.__module__}.{fn.__qualname__}"
         owner = f"@idempotent on {qualified}"
@@ -139,7 +142,10 @@ class Guard:
         self.signature = inspect.signature(fn)
         self.key = Picker(key, self.signature, "key", owner)
         self.scope = None if scope is None else Picker(scope, self.signature, "scope", owner)
-        self.fingerprint = Fingerprinter(self.name, self.signature, fingerprint_exclude, owner)
+        secrets = secret_pair(fingerprint_secret, previous_fingerprint_secret, owner)
+        self.fingerprint = Fingerprinter(
+            self.name, self.signature, fingerprint_exclude, owner, secrets
+        )
         try:
             hints = inspect.get_annotations(fn, eval_str=True)
         except Exception as exc:
@@ -213,12 +219,14 @@ class Guard:
         arguments = bound.arguments
         key = self.key.pick(arguments, args, kwargs)
         scope = self.name if self.scope is None else self.scope.pick(arguments, args, kwargs)
+        fingerprint, previous = self.fingerprint.of(arguments)
         request = self.engine.request(
             scope=scope,
             key=key,
-            fingerprint=self.fingerprint.of(arguments),
+            fingerprint=fingerprint,
             method="CALL",
             path=self.name,
+            previous_fingerprint=previous,
         )
         return request, arguments
 
