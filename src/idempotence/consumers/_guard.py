@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import enum
 import hashlib
+import hmac
 import json
 import logging
 from collections.abc import Callable, Generator, Mapping
@@ -35,6 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidKey, StoreError
+from ..fingerprint import secret_pair
 from ..flows import Flow, FlowResult, ResultKind
 from ..flows.effects import Effect
 from ..flows.flow import finish_errored
@@ -176,6 +178,13 @@ class Consumer:
     retry_delay: timedelta = timedelta(seconds=1)
     """The first delay of a failed attempt's requeue, doubled per attempt up to max_delay."""
     max_delay: timedelta = timedelta(minutes=1)
+    fingerprint_secret: str | bytes | None = field(default=None, repr=False)
+    """Fingerprint bodies with HMAC-SHA-256 keyed by this secret, not a plain SHA-256
+    that a reader of the store could recompute from a guessed body."""
+    previous_fingerprint_secret: str | bytes | None = field(default=None, repr=False)
+    """While ``fingerprint_secret`` rotates, the secret it replaces: a redelivery of a
+    message stored under it still matches; new keys use the new one."""
+    secrets: tuple[bytes | None, bytes | None] = field(init=False, repr=False, compare=False)
     engine: Flow = field(init=False, repr=False, compare=False)
     """The engine run of a handler consumer (F6), built once; a flow consumer's is its flow."""
 
@@ -204,6 +213,9 @@ class Consumer:
             raise ConfigurationError("Consumer: 0 < retry_delay <= max_delay")
         if self.heartbeat is not None and self.transactional:
             raise ConfigurationError("Consumer.heartbeat needs handler mode: nothing beats in F3")
+        owner = f"Consumer {self.name!r}"
+        pair = secret_pair(self.fingerprint_secret, self.previous_fingerprint_secret, owner)
+        object.__setattr__(self, "secrets", pair)
         object.__setattr__(self, "engine", self.flow or self._engine())
 
     def _engine(self) -> Flow:
@@ -282,19 +294,27 @@ class Consumer:
         params: Any = {}
         if self.flow is not None:
             params = _params(payload)
+        current, previous = self.secrets
         return self.engine.request(
             scope=self.key_scope,
             key=key,
-            fingerprint=hashlib.sha256(message.body).hexdigest(),
+            fingerprint=_digest(message.body, current),
             params=params,
             method="CONSUME",
             path=self.name,
+            previous_fingerprint=None if previous is None else _digest(message.body, previous),
         )
 
     def backoff(self, attempt: int) -> float:
         """Seconds before failed attempt ``attempt`` is tried again."""
         delay = self.retry_delay * (2 ** min(attempt - 1, 30))
         return float(min(delay, self.max_delay).total_seconds())
+
+
+def _digest(body: bytes, secret: bytes | None) -> str:
+    if secret is None:
+        return hashlib.sha256(body).hexdigest()
+    return hmac.new(secret, body, hashlib.sha256).hexdigest()
 
 
 def _params(payload: Any) -> Any:
