@@ -53,3 +53,36 @@ def test_the_checker_finds_a_number_and_leaves_other_words() -> None:
         "P4",
         "F1",
     ]
+
+
+def curl_commands_without_json(text: str) -> list[str]:
+    """The curl commands in ``text`` that send a JSON body without saying it is JSON:
+    curl's ``-d`` labels it a form, which a JSON endpoint answers with 422 before any
+    idempotency happens, so a reader pasting the command sees the example fail. (A
+    form body, as the demo's API also takes, is left alone.)"""
+    joined = text.replace("\\\n", " ")
+    commands = [line.strip().removeprefix("$ ") for line in joined.splitlines()]
+    return [
+        command
+        for command in commands
+        if command.startswith("curl ")
+        and re.search(r"\s(-d|--data)\s+'[{\[]", command)
+        and not re.search(r"content-type:\s*application/json|\s--json\s", command, re.I)
+    ]
+
+
+def test_every_curl_with_a_body_sends_it_as_json() -> None:
+    found = {
+        str(page.relative_to(ROOT)): curl_commands_without_json(page.read_text(encoding="utf-8"))
+        for page in USER_FACING
+    }
+    assert {page: commands for page, commands in found.items() if commands} == {}
+
+
+def test_the_curl_checker_tells_a_form_from_json() -> None:
+    form = "$ curl -i localhost:8000/charges -H 'Idempotency-Key: k' -d '{\"amount\": 1}'"
+    json_body = "curl -si x -H 'k: 1' \\\n  -H 'Content-Type: application/json' -d '{}'"
+    assert curl_commands_without_json(form) == [form.removeprefix("$ ")]
+    assert curl_commands_without_json(json_body) == []
+    assert curl_commands_without_json("curl -s x -H 'k: 1'") == []
+    assert curl_commands_without_json("curl -s x -d 'a=1&b=2'") == []
