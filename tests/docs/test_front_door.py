@@ -8,6 +8,7 @@ cite them.
 
 from __future__ import annotations
 
+import ast
 import re
 
 from tests.docs.blocks import ROOT
@@ -86,3 +87,57 @@ def test_the_curl_checker_tells_a_form_from_json() -> None:
     assert curl_commands_without_json(json_body) == []
     assert curl_commands_without_json("curl -s x -H 'k: 1'") == []
     assert curl_commands_without_json("curl -s x -d 'a=1&b=2'") == []
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the string nodes that are docstrings (of a module, class or function,
+    or an attribute's, the string after an assignment): the reference renders them, and
+    they may cite the contract; every other string is a message, a log line or a help
+    text that a user reads."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for before, after in zip([None, *body], body, strict=False):
+            if not (isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)):
+                continue
+            if before is None or isinstance(before, ast.Assign | ast.AnnAssign):
+                found.add(id(after.value))
+    return found
+
+
+def numbers_in_messages(source: str) -> list[str]:
+    """The requirement numbers in ``source``'s strings other than its docstrings."""
+    tree = ast.parse(source)
+    docstrings = _docstrings(tree)
+    return [
+        number
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+        for number in numbers_in(node.value)
+    ]
+
+
+def test_error_messages_logs_and_help_texts_cite_no_requirement_numbers() -> None:
+    modules = sorted((ROOT / "src").rglob("*.py"))
+    assert len(modules) > 100
+    found = {
+        str(module.relative_to(ROOT)): numbers_in_messages(module.read_text(encoding="utf-8"))
+        for module in modules
+    }
+    assert {module: numbers for module, numbers in found.items() if numbers} == {}
+
+
+def test_the_message_checker_reads_messages_and_leaves_docstrings_and_comments() -> None:
+    source = (
+        '"""Module (P1)."""\n'
+        "LIMIT = 3\n"
+        '"""An attribute (P2)."""\n'
+        "def f():\n"
+        '    """A function (F3)."""\n'
+        "    # a comment (R4)\n"
+        '    raise ValueError("fenced (F1)")\n'
+    )
+    assert numbers_in_messages(source) == ["F1"]
