@@ -51,6 +51,10 @@ def test_a_return_type_that_cannot_be_stored_is_refused_at_decoration(
             raise AssertionError("never called")
 
     assert "socket" in str(caught.value)
+    # Which function: an application decorates many, and the return type alone may not
+    # say which one to fix.
+    assert "@idempotent on tests.functions.test_decoration" in str(caught.value)
+    assert ".connect:" in str(caught.value)
 
     @idempotent(store, key="order_id", serializer=(lambda s: None, lambda j: None))
     def with_a_serializer(order_id: str) -> socket.socket:
