@@ -108,8 +108,13 @@ def test_keys_by_path_and_callable_and_scopes(store: SqliteStore) -> None:
     assert seen[1].scope.endswith("test_keys_by_path_and_callable_and_scopes.<locals>.by_callable")
     with pytest.raises(MissingKey, match="its key= gave None"):
         by_path({"ref": None, "account": "a"})
-    with pytest.raises(InvalidKey, match="malformed"):
+    with pytest.raises(InvalidKey, match="this call's key is too long: 300 characters") as bad:
         by_path({"ref": "x" * 300, "account": "a"})
+    # A function has arguments, not headers: the message speaks of its key.
+    assert "Idempotency-Key" not in str(bad.value)
+    with pytest.raises(InvalidKey, match="this call's key is empty") as bad:
+        by_path({"ref": "", "account": "a"})
+    assert "Idempotency-Key" not in str(bad.value)
     with pytest.raises(LookupError, match="only available inside a guarded function"):
         current_call()
 
