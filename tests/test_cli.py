@@ -175,6 +175,8 @@ def test_an_invalid_port_is_a_usage_error(port: str) -> None:
         (["keys", "list", "--database", "redis://127.0.0.1:6379/0"], "redis"),
         (["stats", "--database", "redis://127.0.0.1:6379/0"], "redis"),
         (["demo", "--database", "postgresql://postgres@127.0.0.1:5432/x"], "postgres"),
+        (["stats", "--database", "mariadb://root@127.0.0.1:3306/x"], "mariadb"),
+        (["migrate", "--database", "mysql://root@127.0.0.1:3306/x"], "mariadb"),
     ],
 )
 def test_a_url_whose_extra_is_not_installed_names_it_in_one_line(
@@ -183,7 +185,7 @@ def test_a_url_whose_extra_is_not_installed_names_it_in_one_line(
     # The drivers made unimportable, as on an install without the extra.
     (tmp_path / "sitecustomize.py").write_text(
         "import sys\n"
-        "for name in ('psycopg', 'psycopg_pool', 'redis'):\n"
+        "for name in ('psycopg', 'psycopg_pool', 'redis', 'pymysql', 'aiomysql'):\n"
         "    sys.modules[name] = None\n"
     )
     env = {name: value for name, value in os.environ.items() if name != ENV_VAR}
@@ -247,6 +249,8 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
         ("postgresql://postgres@127.0.0.1:5432/x", "postgres", "open_async_store"),
         ("redis://127.0.0.1:6379/0", "redis", "open_store"),
         ("redis://127.0.0.1:6379/0", "redis", "open_async_store"),
+        ("mariadb://root@127.0.0.1:3306/x", "mariadb", "open_store"),
+        ("mysql://root@127.0.0.1:3306/x", "mariadb", "open_async_store"),
     ],
 )
 def test_the_python_api_names_the_extra_of_a_missing_driver(
@@ -256,7 +260,7 @@ def test_the_python_api_names_the_extra_of_a_missing_driver(
     extra, not a ModuleNotFoundError from deep inside the store."""
     program = (
         "import sys\n"
-        "for name in ('psycopg', 'psycopg_pool', 'redis'):\n"
+        "for name in ('psycopg', 'psycopg_pool', 'redis', 'pymysql', 'aiomysql'):\n"
         "    sys.modules[name] = None\n"
         "import idempotence\n"
         "try:\n"

@@ -28,11 +28,23 @@ MAX_KEY_LENGTH = 255
 _OWS = " \t"
 
 
-def validate_key(key: str) -> str:
+def validate_key(key: str, *, subject: str = "The Idempotency-Key") -> str:
     """Return ``key`` if it is a well-formed idempotency key, else raise
     [`InvalidKey`][idempotence.keys.InvalidKey].
 
     A key is 1 to 255 characters, each printable ASCII (0x20-0x7E), spaces included (P7).
+
+    Args:
+        key: The key to check.
+        subject: What the error message calls the key, for a key that is not an
+            HTTP header (as a function argument's, "this call's key").
+
+    Returns:
+        ``key``, unchanged.
+
+    Raises:
+        InvalidKey: ``key`` is empty, longer than 255 characters, or has a character
+            outside printable ASCII; the message says which.
 
     ```python
     validate_key("8e03978e-40d5-43e8-bc93-6894a57f9324")
@@ -43,11 +55,9 @@ def validate_key(key: str) -> str:
     ```
     """
     if not key:
-        raise InvalidKey("The Idempotency-Key is empty: send 1 to 255 printable ASCII characters.")
+        raise InvalidKey(f"{subject} is empty: send 1 to 255 printable ASCII characters.")
     if len(key) > MAX_KEY_LENGTH:
-        raise InvalidKey(
-            f"The Idempotency-Key is too long: {len(key)} characters, max {MAX_KEY_LENGTH}."
-        )
+        raise InvalidKey(f"{subject} is too long: {len(key)} characters, max {MAX_KEY_LENGTH}.")
     if key.isascii() and key.isprintable():
         return key  # printable ASCII is exactly 0x20-0x7E: the loop below, in C
     for position, char in enumerate(key):
@@ -57,7 +67,7 @@ def validate_key(key: str) -> str:
             # knows its key by bytes, not by the characters latin-1 makes of them.
             byte = f" (byte 0x{code:02X} in a header)" if code > 0x7F and code <= 0xFF else ""
             raise InvalidKey(
-                f"The Idempotency-Key character at position {position} (0-based) is "
+                f"{subject} character at position {position} (0-based) is "
                 f"U+{code:04X}{byte}, which is not printable ASCII: use only characters "
                 "0x20 to 0x7E."
             )

@@ -109,7 +109,7 @@ class Metrics:
             "idempotence_claim_seconds", "Claim latency", buckets=CLAIM_BUCKETS, **kw
         )
         self._takeovers = counter(
-            "idempotence_lock_takeovers", "Claims that took an existing key over (P5)", **kw
+            "idempotence_lock_takeovers", "Claims that took over a key whose lock had expired", **kw
         )
         lock_lost = counter(
             "idempotence_lock_lost", "Fenced writes refused, by operation", ["operation"], **kw

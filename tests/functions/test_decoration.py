@@ -51,6 +51,10 @@ def test_a_return_type_that_cannot_be_stored_is_refused_at_decoration(
             raise AssertionError("never called")
 
     assert "socket" in str(caught.value)
+    # Which function: an application decorates many, and the return type alone may not
+    # say which one to fix.
+    assert "@idempotent on tests.functions.test_decoration" in str(caught.value)
+    assert ".connect:" in str(caught.value)
 
     @idempotent(store, key="order_id", serializer=(lambda s: None, lambda j: None))
     def with_a_serializer(order_id: str) -> socket.socket:
@@ -104,8 +108,13 @@ def test_keys_by_path_and_callable_and_scopes(store: SqliteStore) -> None:
     assert seen[1].scope.endswith("test_keys_by_path_and_callable_and_scopes.<locals>.by_callable")
     with pytest.raises(MissingKey, match="its key= gave None"):
         by_path({"ref": None, "account": "a"})
-    with pytest.raises(InvalidKey, match="malformed"):
+    with pytest.raises(InvalidKey, match="this call's key is too long: 300 characters") as bad:
         by_path({"ref": "x" * 300, "account": "a"})
+    # A function has arguments, not headers: the message speaks of its key.
+    assert "Idempotency-Key" not in str(bad.value)
+    with pytest.raises(InvalidKey, match="this call's key is empty") as bad:
+        by_path({"ref": "", "account": "a"})
+    assert "Idempotency-Key" not in str(bad.value)
     with pytest.raises(LookupError, match="only available inside a guarded function"):
         current_call()
 

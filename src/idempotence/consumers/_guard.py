@@ -212,7 +212,10 @@ class Consumer:
         if self.retry_delay <= timedelta(0) or self.max_delay < self.retry_delay:
             raise ConfigurationError("Consumer: 0 < retry_delay <= max_delay")
         if self.heartbeat is not None and self.transactional:
-            raise ConfigurationError("Consumer.heartbeat needs handler mode: nothing beats in F3")
+            raise ConfigurationError(
+                "Consumer.heartbeat needs handler mode: a transactional consumer holds "
+                "its transaction open instead of beating"
+            )
         owner = f"Consumer {self.name!r}"
         pair = secret_pair(self.fingerprint_secret, self.previous_fingerprint_secret, owner)
         object.__setattr__(self, "secrets", pair)
@@ -360,12 +363,12 @@ def _decide(
     if kind is ResultKind.REPLAYED:
         return Disposition(Action.ACK, "duplicate", key=key)
     if kind is ResultKind.MISMATCH:
-        reason = "another message with this id and a different body was processed (P2)"
+        reason = "another message with this id and a different body was processed"
         return _dead_letter(consumer, key, reason)
     if kind is ResultKind.REJECTED:
         return _dead_letter(consumer, key, "the flow rejected the message")
     if kind is ResultKind.ERRORED:
-        return _dead_letter(consumer, key, f"the key is errored (R6): {result.error!r}")
+        return _dead_letter(consumer, key, f"the key is errored: {result.error!r}")
     error = result.error
     if kind is ResultKind.FAILED and error is not None and not isinstance(error, StoreError):
         return (yield from _failed(consumer, message, request, error))

@@ -83,6 +83,4 @@ def after_call(observer: Observer | None, effect: DoCall) -> None:
 
 def require_finish(result: Any) -> None:
     if not isinstance(result, Finish):
-        raise ConfigurationError(
-            "the phase of a request-as-transaction flow must return Finish (F3)"
-        )
+        raise ConfigurationError("the phase of a request-as-transaction flow must return Finish")

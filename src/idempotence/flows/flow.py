@@ -176,7 +176,7 @@ class Flow:
             raise ConfigurationError(f"flow {self.name!r} already has a step at {point!r}")
         if self.request_as_transaction and (point != STARTED or isinstance(step, ForeignStep)):
             raise ConfigurationError(
-                "a request-as-transaction flow has one atomic phase, at 'started' (F3)"
+                "a request-as-transaction flow has one atomic phase, at 'started'"
             )
         if self.steps and (isinstance(step, HandlerStep) or self._handler() is not None):
             raise ConfigurationError(
@@ -282,7 +282,7 @@ class Flow:
             raise ConfigurationError(
                 f"flow {self.name!r} needs a SQL store ({kind.__name__}: PostgreSQL or "
                 f"SQLite, or a cached store in front of one), not {type(store).__name__}: "
-                "each phase commits in the store's transaction (R2)"
+                "each phase commits in the store's transaction"
             )
 
     def engine(

@@ -109,10 +109,7 @@ class Picker:
                 f"this call's {what} is a {type(value).__name__}: give a str (or an int "
                 "or UUID), 1 to 255 printable ASCII characters"
             )
-        try:
-            return validate_key(value)
-        except InvalidKey as exc:
-            raise InvalidKey(f"this call's {what} is malformed: {exc.message}") from None
+        return validate_key(value, subject=f"this call's {what}")
 
 
 class Fingerprinter:

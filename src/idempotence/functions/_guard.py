@@ -150,7 +150,10 @@ class Guard:
             hints = inspect.get_annotations(fn, eval_str=True)
         except Exception as exc:
             raise ConfigurationError(f"{owner}: its annotations cannot be read: {exc}") from None
-        self.codec: Codec = codec_for(hints.get("return", inspect.Signature.empty), serializer)
+        try:
+            self.codec: Codec = codec_for(hints.get("return", inspect.Signature.empty), serializer)
+        except ConfigurationError as exc:  # named, as the other refusals: which function
+            raise ConfigurationError(f"{owner}: {exc}") from None
         self.final = _final(final_exceptions, owner)
         if wait is not None and not timedelta(0) < wait <= timedelta(minutes=5):
             raise ConfigurationError(

@@ -73,11 +73,9 @@ def idempotent(
         retention: How long a finished key replays; None keeps it forever.
         transactional: Run the function inside the claim's transaction (SQL stores):
             its writes through ``current_call().tx`` commit with the stored result.
-        fingerprint_secret: Key the fingerprint of the arguments with this secret
-            (HMAC-SHA-256), so that a reader of the store cannot confirm a guess of
-            them; default: a plain SHA-256.
-        previous_fingerprint_secret: While ``fingerprint_secret`` rotates, the secret
-            it replaces: a call stored under it still replays; new keys use the new one.
+        fingerprint_secret: Fingerprint the arguments with HMAC-SHA-256 keyed by it.
+        previous_fingerprint_secret: During a rotation, the secret replaced: calls
+            stored under it still replay.
 
     Returns:
         The decorator; the guarded function keeps the original's signature.
@@ -85,8 +83,7 @@ def idempotent(
     Raises:
         ConfigurationError: At decoration, for what cannot work: a ``key`` naming no
             parameter, a return type that cannot be stored, a store of the other
-            flavour, ``transactional=True`` on a store without transactions, an empty
-            fingerprint secret, or a previous secret without a current one.
+            flavour, ``transactional=True`` on a store without transactions, a bad secret.
 
     Example:
         ```python

@@ -176,7 +176,7 @@ def _methods(owner: str, methods: Iterable[str]) -> frozenset[str]:
             owner,
             "methods",
             sorted(upper),
-            f"includes {', '.join(safe)}: safe methods are idempotent already (P9); "
+            f"includes {', '.join(safe)}: safe methods are idempotent already; "
             "guard POST, PATCH (or PUT, DELETE)",
         )
     return upper
@@ -367,7 +367,7 @@ class Policy:
         elif self.scope is not None:
             why = "reads its status URL with Idempotency.scope: do not override scope"
         elif self.wait is not None:
-            why = "answers 202 at once: it cannot wait (P10)"
+            why = "answers 202 at once: it cannot wait"
         if why is not None:
             raise _invalid(owner, "asynchronous", True, why)
 

@@ -81,14 +81,14 @@ class ListenerBase:
         logger.log(
             level,
             "the %s listener connection failed (%s): duplicates waiting for their "
-            "twin poll until the next wait reconnects it (P10)",
+            "twin poll until the next wait reconnects it",
             self.backend,
             exc,
         )
 
     def _connected(self) -> None:
         if not self._healthy:
-            logger.info("the %s listener connection is back (P10)", self.backend)
+            logger.info("the %s listener connection is back", self.backend)
         self._healthy = True
 
 

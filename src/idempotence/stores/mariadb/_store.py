@@ -19,8 +19,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from typing import Any, TypeVar
 
-import pymysql
-
 from ...errors import StoreUnavailable, TransientError
 from ...observability import Instrumentation
 from ..sql import APPLICATION, Blocks, KeyHeld, Op, Query, Row, Store, migrate, run
@@ -28,6 +26,7 @@ from . import _steps
 from ._store_shared import (
     DEFAULT_CONNECT_TIMEOUT,
     MIGRATION_LOCK_WAIT,
+    DriverError,
     MariaDBDialect,
     Settings,
     Slots,
@@ -78,7 +77,7 @@ class _Connection:
                         rows = result
                         if rows and "id" in rows[0]:
                             ids = _steps.selected(rows)
-            except pymysql.err.Error as exc:
+            except DriverError as exc:
                 if bound and held(exc):
                     raise KeyHeld(str(exc)) from exc
                 if racing(query, exc):
@@ -127,7 +126,7 @@ class _Connection:
             except BaseException:
                 # A connection too broken to roll back is the pool's to discard; the
                 # error that got us here is the one to report.
-                with suppress(pymysql.err.Error):
+                with suppress(DriverError):
                     if nested or in_transaction(self.raw):
                         self._execute(rollback, None)
                 raise
@@ -234,7 +233,7 @@ class _Checkout:
                     raw.commit()
                 else:
                     raw.rollback()
-        except pymysql.err.Error:
+        except DriverError:
             healthy = False
         finally:
             self._source.checkin(raw, healthy)

@@ -17,8 +17,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, nullcontext, suppress
 from typing import Any, TypeVar
 
-import pymysql
-
 from ...errors import StoreUnavailable, TransientError
 from ...observability import Instrumentation
 from ..sql import APPLICATION, AsyncStore, Blocks, KeyHeld, Op, Query, Row, migrate, run_async
@@ -27,6 +25,7 @@ from ._store_shared import (
     DEFAULT_CONNECT_TIMEOUT,
     MIGRATION_LOCK_WAIT,
     AsyncSlots,
+    DriverError,
     MariaDBDialect,
     Settings,
     acquire_slot_async,
@@ -76,7 +75,7 @@ class _AsyncConnection:
                         rows = result
                         if rows and "id" in rows[0]:
                             ids = _steps.selected(rows)
-            except pymysql.err.Error as exc:
+            except DriverError as exc:
                 if bound and held(exc):
                     raise KeyHeld(str(exc)) from exc
                 if racing(query, exc):
@@ -125,7 +124,7 @@ class _AsyncConnection:
             except BaseException:
                 # A connection too broken to roll back is the pool's to discard; the
                 # error that got us here is the one to report.
-                with suppress(pymysql.err.Error):
+                with suppress(DriverError):
                     if nested or in_transaction(self.raw):
                         await self._execute(rollback, None)
                 raise
@@ -232,7 +231,7 @@ class _AsyncCheckout:
                     await raw.commit()
                 else:
                     await raw.rollback()
-        except pymysql.err.Error:
+        except DriverError:
             healthy = False
         finally:
             self._source.checkin(raw, healthy)

@@ -46,6 +46,11 @@ from ...states import ClaimRequest, StoredResponse
 from ..sql import APPLICATION, Dialect, Op, Query, claim_in_transaction, to_pyformat, translator
 from ._steps import plan
 
+# The driver's base error, for the store modules: they import no driver themselves, so
+# that a missing extra always surfaces as the ImportError above, naming the extra, and
+# never as a bare "No module named 'pymysql'" from whichever module loads first.
+DriverError = pymysql.err.Error
+
 SCHEMES = ("mariadb", "mysql")
 """The URL schemes of the MariaDB store (a MySQL server is untested: see the docs)."""
 

@@ -38,7 +38,7 @@ key)`` ``by`` older, as if ``by`` had passed (on a SQL table, ``locked_at = lock
 - by``); ``store`` is the store as the suite drives it (an async store behind the
 sync face, whose ``transaction()`` is a plain ``with``).
 
-The suite needs pytest (the ``test`` extra).
+The suite needs pytest (the ``testing`` extra: ``pip install -e ".[testing]"``).
 """
 
 from __future__ import annotations
