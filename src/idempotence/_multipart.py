@@ -19,7 +19,7 @@ __all__ = ["FORM_DATA", "Part", "boundary_of", "parse_multipart"]
 FORM_DATA = "multipart/form-data"
 
 
-@dataclass(frozen=True, slots=True, order=True)
+@dataclass(frozen=True, slots=True)
 class Part:
     """One field of a ``multipart/form-data`` body."""
 
@@ -106,7 +106,19 @@ def canonical_multipart(body: bytes, content_type: str | None, exclude: frozense
     """The form's parts, minus the excluded names, sorted and length-prefixed: the
     same bytes whatever boundary or part order the client chose."""
     framed = bytearray()
-    for part in sorted(p for p in parse_multipart(body, content_type) if p.name not in exclude):
+    kept = [p for p in parse_multipart(body, content_type) if p.name not in exclude]
+    # None never meets a str in the comparison: a file part and a plain field may share
+    # a name.
+    kept.sort(
+        key=lambda p: (
+            p.name,
+            p.filename or "",
+            p.filename is not None,
+            p.content_type or "",
+            p.data,
+        )
+    )
+    for part in kept:
         for piece in (
             part.name.encode("utf-8", "surrogateescape"),
             # A file part and a plain field of the same bytes are different fields.

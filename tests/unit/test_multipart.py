@@ -38,6 +38,12 @@ def test_a_changed_value_file_name_or_field_kind_is_another_request() -> None:
     assert base != fingerprint("POST", "/o", *form("x", ("item", None, b"tea"), ("n", None, b"")))
 
 
+def test_a_file_and_a_field_of_one_name_compare_without_error() -> None:
+    one = form("x", ("a", None, b"1"), ("a", "f.txt", b"1"))
+    two = form("y", ("a", "f.txt", b"1"), ("a", None, b"1"))
+    assert canonical_body(*one) == canonical_body(*two)
+
+
 def test_excluded_fields_are_left_out() -> None:
     with_key = form("x", ("item", None, b"tea"), ("idempotency_key", None, b"k-1"))
     without = form("y", ("item", None, b"tea"))
