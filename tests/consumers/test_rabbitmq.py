@@ -288,8 +288,8 @@ def test_hostile_messages_are_dead_lettered_and_the_consumer_keeps_running(
         reasons = [p.headers[REASON_HEADER] for p, _ in broker.drain(queue + ".dead")]
     assert reasons == [
         "hostile message: it has no message id",
-        "hostile message: its message id (10000 characters) is no valid key: The "
-        "Idempotency-Key is too long: 10000 characters, max 255.",
+        "hostile message: its message id (10000 characters) is no valid key: The message "
+        "id is too long: 10000 characters, max 255.",
         "hostile message: its id could not be derived: "
         "UnicodeDecodeError('utf-8', b'{\"id\": \"\\xff\\xfe\"}', 8, 9, 'invalid start byte')",
     ]

@@ -53,10 +53,14 @@ def test_a_skewed_app_host_takes_over_neither_early_nor_late(target: tuple[str, 
     outcome, claimed = claim(+SKEW, url, prefix, key)
     assert outcome == "execute"
     # Early: another host, behind or ahead, finds the lock live however its clock reads.
+    checked = 0
     for shift in (-SKEW, +SKEW, 0.0):
         outcome, at = claim(shift, url, prefix, key)
         if at - claimed < LOCK * 0.8:  # the claim must still be within the lock
             assert outcome == "in_progress", f"taken over early by a host {shift:+g} s off"
+            checked += 1
+    # A machine too slow to claim within the lock checked nothing: say so, never pass.
+    assert checked, f"no skewed claim landed within {LOCK * 0.8:g} s of the first"
     # Late: once the lock lapses on the store's clock, a host 10 minutes behind takes
     # over within a bounded poll, not 10 minutes later.
     deadline = claimed + LOCK + 10.0

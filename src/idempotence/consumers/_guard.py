@@ -273,7 +273,7 @@ class Consumer:
         if not isinstance(raw, str):
             raise HostileMessage(f"its message id is a {type(raw).__name__}, not text")
         try:
-            return validate_key(raw)
+            return validate_key(raw, subject="The message id")
         except InvalidKey as exc:
             shown = f"{len(raw)} characters" if len(raw) > 80 else repr(raw)
             raise HostileMessage(f"its message id ({shown}) is no valid key: {exc}") from None
