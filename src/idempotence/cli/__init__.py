@@ -400,8 +400,11 @@ def worker(
         # The completer's claims count on the hot-path metrics too.
         instrumentation = PrometheusInstrumentation()
     # Said once the store is open and migrated: a worker that cannot start says only why.
+    # Through the worker's logger, so that with --log-json it is a JSON line like the rest.
     warn = (
-        (lambda: click.echo(NO_RUNNER, err=True)) if sink is None and runner_jobs is None else None
+        (lambda: logging.getLogger("idempotence.maintenance.worker").warning(NO_RUNNER))
+        if sink is None and runner_jobs is None
+        else None
     )
     if _runs_async(registry, use_async):
         if sink is not None:

@@ -9,7 +9,7 @@ import click
 from ._shared import ImportType
 
 NO_RUNNER = (
-    "warning: this worker runs no jobs (no --jobs) and has no --sink, so the jobs your "
+    "this worker runs no jobs (no --jobs) and has no --sink, so the jobs your "
     "flows stage are moved to the built-in job table and wait there. Run the jobs here "
     "with --jobs myapp.jobs:registry, elsewhere with `idempotence run-jobs`, or send "
     "them to your queue with --sink amqp://... or --sink myapp.celery:app."
