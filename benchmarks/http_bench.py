@@ -271,7 +271,11 @@ class PgHand:
             url,
             max_size=20,
             kwargs={"autocommit": True},
-            configure=_postgres_async._configure_async,  # the store's session settings
+            # The store's session settings, with its default statement bound.
+            configure=_postgres_async._configure_async(
+                _postgres_base.session_settings(_postgres_base.DEFAULT_STATEMENT_TIMEOUT),
+                require_synchronous_standby=False,
+            ),
             open=False,
         )
         self.queries = load("postgres")
