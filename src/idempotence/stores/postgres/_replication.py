@@ -99,6 +99,8 @@ def report(state: ReplicationState, *, required: bool) -> str | None:
             "PostgreSQL has no synchronous standby and the store was opened with "
             f"require_synchronous_standby=True ({state.detail})"
         )
-    log = logger.info if state.replication is Replication.NONE else logger.warning
+    # A server with no standby is the common case and loses nothing to a failover it
+    # cannot have: said at debug, so it does not precede every CLI command's output.
+    log = logger.debug if state.replication is Replication.NONE else logger.warning
     log("PostgreSQL replication: %s: %s", state.replication.value, state.detail)
     return None
