@@ -328,56 +328,22 @@ RETURNING status;
 
 -- list_keys --
 -- cross-scope: the operator lists keys of every scope unless given one (F5).
--- The CASE is states.key_state, as in the PostgreSQL twin.
-SELECT *
-FROM (
-    SELECT UTC_TIMESTAMP(6) AS db_now,
-        CASE
-            WHEN k.finished_at IS NOT NULL THEN
-                CASE
-                    WHEN k.error IS NOT NULL THEN 'errored'
-                    WHEN k.expires_at <= UTC_TIMESTAMP(6) THEN 'expired'
-                    WHEN coalesce(k.response_status, 500) < 400 THEN 'complete'
-                    ELSE 'failed'
-                END
-            WHEN k.locked_at + INTERVAL k.lock_timeout MICROSECOND > UTC_TIMESTAMP(6)
-                THEN 'processing'
-            WHEN k.expires_at <= UTC_TIMESTAMP(6) THEN 'expired'
-            ELSE 'pending'
-        END AS state,
-        k.*
-    FROM idempotency_keys AS k
-    WHERE (%(scope)s IS NULL OR k.scope = %(scope)s)
-      AND (%(key)s IS NULL OR k.`key` = %(key)s)
-) AS keyed
-WHERE %(state)s IS NULL OR keyed.state = %(state)s
+-- The state is the view's (schema.sql: idempotency_key_states). Newest first.
+SELECT UTC_TIMESTAMP(6) AS db_now, keyed.*
+FROM idempotency_key_states AS keyed
+WHERE (%(scope)s IS NULL OR keyed.scope = %(scope)s)
+  AND (%(key)s IS NULL OR keyed.`key` = %(key)s)
+  AND (%(state)s IS NULL OR keyed.state = %(state)s)
 ORDER BY keyed.created_at DESC, keyed.id DESC
 LIMIT %(limit)s;
 
 -- key_stats --
 -- cross-scope: the operator's counts cover every scope unless given one (F5).
+-- Keys per state (the view's, as in list_keys), the oldest of each, and the takeovers.
 SELECT UTC_TIMESTAMP(6) AS db_now, state, count(*) AS `keys`, min(created_at) AS oldest,
     sum(lock_token - 1) AS takeovers
-FROM (
-    SELECT
-        CASE
-            WHEN k.finished_at IS NOT NULL THEN
-                CASE
-                    WHEN k.error IS NOT NULL THEN 'errored'
-                    WHEN k.expires_at <= UTC_TIMESTAMP(6) THEN 'expired'
-                    WHEN coalesce(k.response_status, 500) < 400 THEN 'complete'
-                    ELSE 'failed'
-                END
-            WHEN k.locked_at + INTERVAL k.lock_timeout MICROSECOND > UTC_TIMESTAMP(6)
-                THEN 'processing'
-            WHEN k.expires_at <= UTC_TIMESTAMP(6) THEN 'expired'
-            ELSE 'pending'
-        END AS state,
-        k.created_at,
-        k.lock_token
-    FROM idempotency_keys AS k
-    WHERE %(scope)s IS NULL OR k.scope = %(scope)s
-) AS keyed
+FROM idempotency_key_states
+WHERE %(scope)s IS NULL OR scope = %(scope)s
 GROUP BY state;
 
 -- job_stats --

@@ -48,6 +48,30 @@ CREATE TABLE idempotency_keys (
     INDEX idempotency_keys_expires_idx (expires_at)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_nopad_bin;
 
+-- Every key with its observable state, computed exactly as states.key_state does
+-- (a test holds the two together), so that the operator's listing filters by state
+-- before its LIMIT and its counts group by it; written once here for both. MERGE: a
+-- query's WHERE on the key's columns reaches the table's indexes. The view's k.* is
+-- the key table's columns when the view is made: a migration that adds one makes the
+-- view again (CREATE OR REPLACE VIEW).
+CREATE ALGORITHM = MERGE VIEW idempotency_key_states AS
+SELECT
+    CASE
+        WHEN k.finished_at IS NOT NULL THEN
+            CASE
+                WHEN k.error IS NOT NULL THEN 'errored'
+                WHEN k.expires_at <= UTC_TIMESTAMP(6) THEN 'expired'
+                WHEN coalesce(k.response_status, 500) < 400 THEN 'complete'
+                ELSE 'failed'
+            END
+        WHEN k.locked_at + INTERVAL k.lock_timeout MICROSECOND > UTC_TIMESTAMP(6)
+            THEN 'processing'
+        WHEN k.expires_at <= UTC_TIMESTAMP(6) THEN 'expired'
+        ELSE 'pending'
+    END AS state,
+    k.*
+FROM idempotency_keys AS k;
+
 -- Jobs staged by a phase, committed with it (R7).
 CREATE TABLE idempotence_staged_jobs (
     id          BIGINT        NOT NULL AUTO_INCREMENT PRIMARY KEY,
