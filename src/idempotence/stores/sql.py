@@ -29,7 +29,11 @@ What a SQL dialect supplies:
   [`AsyncSource`][idempotence.stores.sql.AsyncSource]) hands connections out.
   [`run`][idempotence.stores.sql.run] and [`body`][idempotence.stores.sql.body] (and
   their ``_async`` twins) do the rest; [`Blocks`][idempotence.stores.sql.Blocks] keeps
-  the operations deferred to a commit.
+  the operations deferred to a commit. A connection whose statements commit themselves
+  outside a transaction subclasses
+  [`AutocommitConnection`][idempotence.stores.sql.AutocommitConnection] (or
+  [`AsyncAutocommitConnection`][idempotence.stores.sql.AsyncAutocommitConnection]) and
+  writes only ``fetch``, ``atomic`` and ``defer``.
 * **Error translation**: a function from the driver's exception to the library's
   ([`StoreUnavailable`][idempotence.errors.StoreUnavailable] when the database cannot be
   reached, [`TransientError`][idempotence.stores.TransientError] when the statement may
@@ -65,8 +69,15 @@ Example:
 
 from __future__ import annotations
 
-from ._sql.connection import Connection, Fetcher, Source, body, run
-from ._sql.connection_async import AsyncConnection, AsyncFetcher, AsyncSource, body_async, run_async
+from ._sql.connection import AutocommitConnection, Connection, Fetcher, Source, body, run
+from ._sql.connection_async import (
+    AsyncAutocommitConnection,
+    AsyncConnection,
+    AsyncFetcher,
+    AsyncSource,
+    body_async,
+    run_async,
+)
 from ._sql.ops import (
     APPLICATION,
     Dialect,
@@ -85,11 +96,13 @@ from ._sql.store_async import AsyncStore, AsyncTransaction
 
 __all__ = [
     "APPLICATION",
+    "AsyncAutocommitConnection",
     "AsyncConnection",
     "AsyncFetcher",
     "AsyncSource",
     "AsyncStore",
     "AsyncTransaction",
+    "AutocommitConnection",
     "Blocks",
     "Connection",
     "Dialect",

@@ -17,12 +17,22 @@ store's own SQL, unchanged; Django's debug query log does not list them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 from ...errors import ConfigurationError, StoreError, StoreUnavailable
 from ...observability import Instrumentation
-from ...stores.sql import Blocks, Dialect, Fetcher, Op, Query, Row, Store, run
+from ...stores.sql import (
+    AutocommitConnection,
+    Blocks,
+    Dialect,
+    Fetcher,
+    Op,
+    Query,
+    Row,
+    Store,
+    run,
+)
 
 __all__ = ["DjangoStore"]
 
@@ -82,9 +92,9 @@ def _sqlite_translate(exc: BaseException) -> StoreError:
     return StoreError(f"SQLite error: {exc}")
 
 
-class _DjangoConnection:
+class _DjangoConnection(AutocommitConnection):
     """The store's connection: Django's connection in this thread, its transactions
-    Django's ``atomic()`` blocks."""
+    Django's ``atomic()`` blocks (outside one, Django's connection autocommits)."""
 
     def __init__(self, alias: str, vendor: _Vendor, wrapper: Any) -> None:
         self._alias = alias
@@ -125,15 +135,6 @@ class _DjangoConnection:
 
     def defer(self, op: Op[Any]) -> None:
         self._blocks.defer(op)
-
-    def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
-        # Outside an atomic() block Django's connection autocommits: a statement
-        # commits itself. Inside one (the application's), it joins that transaction.
-        with self.atomic() if atomic else nullcontext():
-            return run(op, self)
-
-    def run_in_transaction(self, op: Op[T]) -> T:
-        return run(op, self)
 
 
 @contextmanager

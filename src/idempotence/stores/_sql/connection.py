@@ -12,8 +12,9 @@ the library's ([`StoreError`][idempotence.errors.StoreError] and friends, always
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol, TypeVar
 
 from .ops import Op, Query, Row
@@ -61,6 +62,34 @@ class Source(Protocol):
     def connection(self) -> AbstractContextManager[Connection]: ...
 
     def close(self) -> None: ...
+
+
+class AutocommitConnection(abc.ABC):
+    """The base of an [`Connection`][idempotence.stores.sql.Connection] whose
+    statements commit themselves outside a transaction (the driver's autocommit, or
+    Django's outside an ``atomic()`` block): it supplies ``perform`` and
+    ``run_in_transaction``; the subclass supplies ``fetch``, ``atomic`` and ``defer``.
+    Inside a transaction the application opened, a statement joins it.
+    """
+
+    @abc.abstractmethod
+    def fetch(self, query: Query) -> list[Row]:
+        """Run one statement; return its rows (empty for none)."""
+
+    @abc.abstractmethod
+    def atomic(self, first: Op[T] | None = None) -> AbstractContextManager[T | None]:
+        """A write transaction, or a savepoint when one is open (see
+        [`Connection.atomic`][idempotence.stores.sql.Connection.atomic])."""
+
+    def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
+        """Run ``op`` in a transaction of its own (``atomic``), or statement by
+        statement, each committing itself."""
+        with self.atomic() if atomic else nullcontext():
+            return run(op, self)
+
+    def run_in_transaction(self, op: Op[T]) -> T:
+        """Run ``op`` inside the transaction open on this connection."""
+        return run(op, self)
 
 
 class Fetcher(Protocol):

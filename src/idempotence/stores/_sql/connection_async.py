@@ -10,8 +10,9 @@ the library's ([`StoreError`][idempotence.errors.StoreError] and friends, always
 
 from __future__ import annotations
 
+import abc
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any, Protocol, TypeVar
 
 from .ops import Op, Query, Row
@@ -59,6 +60,34 @@ class AsyncSource(Protocol):
     def connection(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
 
     async def close(self) -> None: ...
+
+
+class AsyncAutocommitConnection(abc.ABC):
+    """The base of an [`AsyncConnection`][idempotence.stores.sql.AsyncConnection] whose
+    statements commit themselves outside a transaction (the driver's autocommit, or
+    Django's outside an ``atomic()`` block): it supplies ``perform`` and
+    ``run_in_transaction``; the subclass supplies ``fetch``, ``atomic`` and ``defer``.
+    Inside a transaction the application opened, a statement joins it.
+    """
+
+    @abc.abstractmethod
+    async def fetch(self, query: Query) -> list[Row]:
+        """Run one statement; return its rows (empty for none)."""
+
+    @abc.abstractmethod
+    def atomic(self, first: Op[T] | None = None) -> AbstractAsyncContextManager[T | None]:
+        """A write transaction, or a savepoint when one is open (see
+        [`AsyncConnection.atomic`][idempotence.stores.sql.AsyncConnection.atomic])."""
+
+    async def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
+        """Run ``op`` in a transaction of its own (``atomic``), or statement by
+        statement, each committing itself."""
+        async with self.atomic() if atomic else nullcontext():
+            return await run_async(op, self)
+
+    async def run_in_transaction(self, op: Op[T]) -> T:
+        """Run ``op`` inside the transaction open on this connection."""
+        return await run_async(op, self)
 
 
 class AsyncFetcher(Protocol):

@@ -16,12 +16,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 from ...errors import StoreUnavailable, TransientError
 from ...observability import Instrumentation
-from ..sql import APPLICATION, Blocks, KeyHeld, Op, Query, Row, Store, migrate, run
+from ..sql import (
+    APPLICATION,
+    AutocommitConnection,
+    Blocks,
+    KeyHeld,
+    Op,
+    Query,
+    Row,
+    Store,
+    migrate,
+    run,
+)
 from . import _steps
 from ._store_shared import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -45,7 +56,7 @@ from ._store_shared import (
 T = TypeVar("T")
 
 
-class _Connection:
+class _Connection(AutocommitConnection):
     def __init__(self, raw: Any) -> None:
         self.raw = raw
         self._blocks = Blocks()
@@ -135,13 +146,6 @@ class _Connection:
 
     def defer(self, op: Op[Any]) -> None:
         self._blocks.defer(op)
-
-    def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
-        with self.atomic() if atomic else nullcontext():
-            return run(op, self)
-
-    def run_in_transaction(self, op: Op[T]) -> T:
-        return run(op, self)
 
 
 class _Bounded:

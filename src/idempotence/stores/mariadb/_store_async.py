@@ -14,12 +14,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, nullcontext, suppress
+from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
 from ...errors import StoreUnavailable, TransientError
 from ...observability import Instrumentation
-from ..sql import APPLICATION, AsyncStore, Blocks, KeyHeld, Op, Query, Row, migrate, run_async
+from ..sql import (
+    APPLICATION,
+    AsyncAutocommitConnection,
+    AsyncStore,
+    Blocks,
+    KeyHeld,
+    Op,
+    Query,
+    Row,
+    migrate,
+    run_async,
+)
 from . import _steps
 from ._store_shared import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -43,7 +54,7 @@ from ._store_shared import (
 T = TypeVar("T")
 
 
-class _AsyncConnection:
+class _AsyncConnection(AsyncAutocommitConnection):
     def __init__(self, raw: Any) -> None:
         self.raw = raw
         self._blocks = Blocks()
@@ -133,13 +144,6 @@ class _AsyncConnection:
 
     def defer(self, op: Op[Any]) -> None:
         self._blocks.defer(op)
-
-    async def perform(self, op: Op[T], *, atomic: bool, write: bool) -> T:
-        async with self.atomic() if atomic else nullcontext():
-            return await run_async(op, self)
-
-    async def run_in_transaction(self, op: Op[T]) -> T:
-        return await run_async(op, self)
 
 
 class _Bounded:
