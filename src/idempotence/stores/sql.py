@@ -26,7 +26,10 @@ What a SQL dialect supplies:
   [`AsyncConnection`][idempotence.stores.sql.AsyncConnection]) runs one
   [`Query`][idempotence.stores.sql.Query] on the driver's connection and opens
   transactions; a [`Source`][idempotence.stores.sql.Source] (or
-  [`AsyncSource`][idempotence.stores.sql.AsyncSource]) hands connections out.
+  [`AsyncSource`][idempotence.stores.sql.AsyncSource]) hands connections out;
+  [`SingleSource`][idempotence.stores.sql.SingleSource] (or
+  [`AsyncSingleSource`][idempotence.stores.sql.AsyncSingleSource]) is the source of
+  one connection the application owns.
   [`run`][idempotence.stores.sql.run] and [`body`][idempotence.stores.sql.body] (and
   their ``_async`` twins) do the rest; [`Blocks`][idempotence.stores.sql.Blocks] keeps
   the operations deferred to a commit. A connection whose statements commit themselves
@@ -69,11 +72,20 @@ Example:
 
 from __future__ import annotations
 
-from ._sql.connection import AutocommitConnection, Connection, Fetcher, Source, body, run
+from ._sql.connection import (
+    AutocommitConnection,
+    Connection,
+    Fetcher,
+    SingleSource,
+    Source,
+    body,
+    run,
+)
 from ._sql.connection_async import (
     AsyncAutocommitConnection,
     AsyncConnection,
     AsyncFetcher,
+    AsyncSingleSource,
     AsyncSource,
     body_async,
     run_async,
@@ -99,6 +111,7 @@ __all__ = [
     "AsyncAutocommitConnection",
     "AsyncConnection",
     "AsyncFetcher",
+    "AsyncSingleSource",
     "AsyncSource",
     "AsyncStore",
     "AsyncTransaction",
@@ -111,6 +124,7 @@ __all__ = [
     "Op",
     "Query",
     "Row",
+    "SingleSource",
     "Source",
     "Store",
     "Transaction",

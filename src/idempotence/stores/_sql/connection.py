@@ -15,8 +15,9 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
+from ..._concurrency import Lock
 from .ops import Op, Query, Row
 from .retry import Blocks
 
@@ -62,6 +63,35 @@ class Source(Protocol):
     def connection(self) -> AbstractContextManager[Connection]: ...
 
     def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Connection)
+
+
+class SingleSource(Generic[C]):
+    """An [`Source`][idempotence.stores.sql.Source] of one connection, the
+    application's: the store's operations take turns on it (one at a time, so a
+    transaction of the store's is never interleaved with another operation's
+    statements), and closing the store leaves it open.
+
+    Args:
+        conn: the store's connection on the application's driver connection.
+    """
+
+    def __init__(self, conn: C) -> None:
+        self.conn = conn
+        # Not re-entrant: an operation inside the store's transaction never asks for
+        # the connection again (the store's gate refuses that: StoreInTransaction),
+        # and a plain lock is cheaper.
+        self._turn = Lock()
+
+    @contextmanager
+    def connection(self) -> Iterator[C]:
+        with self._turn:
+            yield self.conn
+
+    def close(self) -> None:
+        pass  # the application owns it
 
 
 class AutocommitConnection(abc.ABC):

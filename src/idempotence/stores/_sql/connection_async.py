@@ -13,8 +13,9 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
+from ..._concurrency import AsyncLock
 from .ops import Op, Query, Row
 from .retry import Blocks
 
@@ -60,6 +61,35 @@ class AsyncSource(Protocol):
     def connection(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
 
     async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=AsyncConnection)
+
+
+class AsyncSingleSource(Generic[C]):
+    """An [`AsyncSource`][idempotence.stores.sql.AsyncSource] of one connection, the
+    application's: the store's operations take turns on it (one at a time, so a
+    transaction of the store's is never interleaved with another operation's
+    statements), and closing the store leaves it open.
+
+    Args:
+        conn: the store's connection on the application's driver connection.
+    """
+
+    def __init__(self, conn: C) -> None:
+        self.conn = conn
+        # Not re-entrant: an operation inside the store's transaction never asks for
+        # the connection again (the store's gate refuses that: StoreInTransaction),
+        # and a plain lock is cheaper.
+        self._turn = AsyncLock()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[C]:
+        async with self._turn:
+            yield self.conn
+
+    async def close(self) -> None:
+        pass  # the application owns it
 
 
 class AsyncAutocommitConnection(abc.ABC):

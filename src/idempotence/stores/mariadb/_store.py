@@ -29,6 +29,7 @@ from ..sql import (
     Op,
     Query,
     Row,
+    SingleSource,
     Store,
     migrate,
     run,
@@ -243,22 +244,6 @@ class _Checkout:
             self._source.checkin(raw, healthy)
 
 
-class _SingleSource:
-    """The application's one connection; operations take turns on it."""
-
-    def __init__(self, raw: Any) -> None:
-        self._conn = _Connection(raw)
-        self._turn = Slots(1)
-
-    @contextmanager
-    def connection(self) -> Iterator[_Connection]:
-        with self._turn:
-            yield self._conn
-
-    def close(self) -> None:
-        pass  # the application owns it
-
-
 class MariaDBStore(Store):
     """The MariaDB key store (MariaDB 10.6 or later).
 
@@ -292,11 +277,11 @@ class MariaDBStore(Store):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         instrumentation: Instrumentation | None = None,
     ) -> None:
-        source: _PoolSource | _SingleSource
+        source: _PoolSource | SingleSource[_Connection]
         if isinstance(target, str):
             source = _PoolSource(Settings.from_url(target, connect_timeout), max_size)
         else:
-            source = _SingleSource(target)
+            source = SingleSource(_Connection(target))
         super().__init__(source, MariaDBDialect(), instrumentation=instrumentation)
 
     def migrate(self) -> list[str]:

@@ -22,6 +22,7 @@ from ...observability import Instrumentation
 from ..sql import (
     APPLICATION,
     AsyncAutocommitConnection,
+    AsyncSingleSource,
     AsyncStore,
     Blocks,
     KeyHeld,
@@ -241,22 +242,6 @@ class _AsyncCheckout:
             self._source.checkin(raw, healthy)
 
 
-class _AsyncSingleSource:
-    """The application's one connection; operations take turns on it."""
-
-    def __init__(self, raw: Any) -> None:
-        self._conn = _AsyncConnection(raw)
-        self._turn = AsyncSlots(1)
-
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[_AsyncConnection]:
-        async with self._turn:
-            yield self._conn
-
-    async def close(self) -> None:
-        pass  # the application owns it
-
-
 class AsyncMariaDBStore(AsyncStore):
     """The MariaDB key store (MariaDB 10.6 or later).
 
@@ -290,11 +275,11 @@ class AsyncMariaDBStore(AsyncStore):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         instrumentation: Instrumentation | None = None,
     ) -> None:
-        source: _AsyncPoolSource | _AsyncSingleSource
+        source: _AsyncPoolSource | AsyncSingleSource[_AsyncConnection]
         if isinstance(target, str):
             source = _AsyncPoolSource(Settings.from_url(target, connect_timeout), max_size)
         else:
-            source = _AsyncSingleSource(target)
+            source = AsyncSingleSource(_AsyncConnection(target))
         super().__init__(source, MariaDBDialect(), instrumentation=instrumentation)
 
     async def migrate(self) -> list[str]:

@@ -31,7 +31,7 @@ from ...errors import StoreUnavailable
 from ...observability import Instrumentation
 from .._listener import Listener
 from .._listener_shared import mark_waiter
-from .._sql.connection import body, run
+from .._sql.connection import SingleSource, body, run
 from .._sql.ops import APPLICATION, Op, Query, Row
 from .._sql.retry import Blocks
 from .._sql.store import Store
@@ -430,22 +430,6 @@ class _Checkout:
             self._source.pool.putconn(raw)
 
 
-class _SingleSource:
-    """The application's one connection; operations take turns on it."""
-
-    def __init__(self, raw: psycopg.Connection[Any]) -> None:
-        self._conn = PostgresConnection(raw)
-        self._lock = Lock()
-
-    @contextmanager
-    def connection(self) -> Iterator[PostgresConnection]:
-        with self._lock:
-            yield self._conn
-
-    def close(self) -> None:
-        pass  # the application owns it
-
-
 class PostgresStore(Store):
     """The PostgreSQL key store.
 
@@ -481,7 +465,7 @@ class PostgresStore(Store):
         require_synchronous_standby: bool = False,
         instrumentation: Instrumentation | None = None,
     ) -> None:
-        source: _PoolSource | _SingleSource
+        source: _PoolSource | SingleSource[PostgresConnection]
         statement_timeout = check_statement_timeout(statement_timeout)
         if isinstance(target, str):
             name = pool_name()
@@ -509,7 +493,7 @@ class PostgresStore(Store):
         elif isinstance(target, psycopg_pool.ConnectionPool):
             source = _PoolSource(target, owned=False)
         else:
-            source = _SingleSource(target)
+            source = SingleSource(PostgresConnection(target))
         super().__init__(
             source,
             PostgresDialect(),

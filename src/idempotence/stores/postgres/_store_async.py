@@ -29,7 +29,7 @@ from ...errors import StoreUnavailable
 from ...observability import Instrumentation
 from .._listener_async import AsyncListener
 from .._listener_shared import mark_waiter
-from .._sql.connection_async import body_async, run_async
+from .._sql.connection_async import AsyncSingleSource, body_async, run_async
 from .._sql.ops import APPLICATION, Op, Query, Row
 from .._sql.retry import Blocks
 from .._sql.store_async import AsyncStore
@@ -431,22 +431,6 @@ class _AsyncCheckout:
             await self._source.pool.putconn(raw)
 
 
-class _AsyncSingleSource:
-    """The application's one connection; operations take turns on it."""
-
-    def __init__(self, raw: psycopg.AsyncConnection[Any]) -> None:
-        self._conn = AsyncPostgresConnection(raw)
-        self._lock = AsyncLock()
-
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[AsyncPostgresConnection]:
-        async with self._lock:
-            yield self._conn
-
-    async def close(self) -> None:
-        pass  # the application owns it
-
-
 class AsyncPostgresStore(AsyncStore):
     """The PostgreSQL key store.
 
@@ -482,7 +466,7 @@ class AsyncPostgresStore(AsyncStore):
         require_synchronous_standby: bool = False,
         instrumentation: Instrumentation | None = None,
     ) -> None:
-        source: _AsyncPoolSource | _AsyncSingleSource
+        source: _AsyncPoolSource | AsyncSingleSource[AsyncPostgresConnection]
         statement_timeout = check_statement_timeout(statement_timeout)
         if isinstance(target, str):
             name = pool_name()
@@ -510,7 +494,7 @@ class AsyncPostgresStore(AsyncStore):
         elif isinstance(target, psycopg_pool.AsyncConnectionPool):
             source = _AsyncPoolSource(target, owned=False)
         else:
-            source = _AsyncSingleSource(target)
+            source = AsyncSingleSource(AsyncPostgresConnection(target))
         super().__init__(
             source,
             PostgresDialect(),

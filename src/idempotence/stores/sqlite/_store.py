@@ -25,17 +25,17 @@ import contextvars
 import functools
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import (
     AbstractContextManager,
     asynccontextmanager,
-    contextmanager,
 )
 from typing import Any, TypeVar
 
 from ...errors import StoreUnavailable
 from ...observability import Instrumentation
+from .._sql.connection import SingleSource
 from .._sql.connection_async import run_async
 from .._sql.ops import Op, Query, Row
 from .._sql.retry import TransientError
@@ -123,25 +123,17 @@ class _FileCheckout:
         self._source.checkin(self._conn)
 
 
-class _SingleSource:
-    """One connection (the application's, or an in-memory database); turns are taken."""
+class _SingleSource(SingleSource[SqliteConnection]):
+    """One connection (the application's, or an in-memory database of the store's
+    own, which it closes); turns are taken."""
 
     def __init__(self, raw: sqlite3.Connection, *, owned: bool) -> None:
-        self._conn = SqliteConnection(raw)
-        # Not re-entrant, like the PostgreSQL single source: a thread inside
-        # store.transaction() never asks for it again, the store's gate refuses that
-        # (StoreInTransaction, see _sql/gate.py), and a plain lock is cheaper.
-        self._lock = threading.Lock()
+        super().__init__(SqliteConnection(raw))
         self._owned = owned
-
-    @contextmanager
-    def connection(self) -> Iterator[SqliteConnection]:
-        with self._lock:
-            yield self._conn
 
     def close(self) -> None:
         if self._owned:
-            self._conn.raw.close()
+            self.conn.raw.close()
 
 
 def _source(
