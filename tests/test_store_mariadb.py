@@ -32,7 +32,10 @@ from idempotence import (
 from idempotence.database import DatabaseUrl, open_async_store, open_store
 from idempotence.stores.mariadb import AsyncMariaDBStore, MariaDBStore, Settings
 from idempotence.stores.mariadb._steps import plan, with_selected
-from tests.support.mariadb import mariadb_url  # noqa: F401 - the fixture
+from tests.support.mariadb import (
+    connect,
+    mariadb_url,  # noqa: F401 - the fixture
+)
 
 FP = "a" * 64
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,20 +91,8 @@ def test_p6_a_race_lost_to_a_duplicate_key_runs_the_claim_again(
     # Under READ COMMITTED (an application's connection may run at it) the claim's
     # NOT EXISTS reads no lock, so both racers insert, and the loser's INSERT fails
     # with a duplicate key once the winner commits: that claim runs again.
-    import pymysql
-    from pymysql.constants import CLIENT
-
     def connection() -> Any:
-        parts = Settings.from_url(mariadb_url)
-        raw = pymysql.connect(
-            host=parts.host,
-            port=parts.port,
-            user=parts.user,
-            database=parts.database,
-            autocommit=True,
-            client_flag=CLIENT.FOUND_ROWS,
-            cursorclass=pymysql.cursors.DictCursor,
-        )
+        raw = connect(mariadb_url)
         with raw.cursor() as cur:
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         return raw
@@ -442,17 +433,13 @@ def test_schema_sql_is_the_sum_of_the_migrations() -> None:
     """A database built from schema.sql and one built by the migrations are the same
     to the catalog: tables, columns (types, defaults, collations), indexes, checks,
     views."""
-    import pymysql
-
     from idempotence import _queries
     from idempotence.stores.mariadb import MariaDBDialect
     from tests.support.mariadb import database
 
     def snapshot(url: str) -> dict[str, Any]:
         where = Settings.from_url(url)
-        conn = pymysql.connect(
-            host=where.host, port=where.port, user=where.user, database=where.database
-        )
+        conn = connect(url)
         queries = {
             "tables": "SELECT table_name, engine, table_collation FROM information_schema.tables"
             " WHERE table_schema = %s AND table_name <> 'idempotence_migrations'",
@@ -465,7 +452,7 @@ def test_schema_sql_is_the_sum_of_the_migrations() -> None:
             "checks": "SELECT table_name, constraint_name, check_clause"
             " FROM information_schema.check_constraints WHERE constraint_schema = %s",
             # A view's text names its database: left out, so that the two compare.
-            "views": "SELECT table_name, replace(view_definition, table_schema, ''),"
+            "views": "SELECT table_name, replace(view_definition, table_schema, '') AS definition,"
             " algorithm FROM information_schema.views WHERE table_schema = %s",
         }
         try:
@@ -482,10 +469,7 @@ def test_schema_sql_is_the_sum_of_the_migrations() -> None:
         database(prefix="idempotence_schema") as migrated,
         database(prefix="idempotence_schema", migrate=False) as built,
     ):
-        where = Settings.from_url(built)
-        conn = pymysql.connect(
-            host=where.host, port=where.port, user=where.user, database=where.database
-        )
+        conn = connect(built)
         try:
             with conn.cursor() as cur:
                 for statement in MariaDBDialect().script_statements(_queries.schema("mariadb")):

@@ -121,20 +121,9 @@ class Backend:
 
 
 def _mariadb_execute(url: str, sql: str, params: dict[str, Any] | None) -> list[dict[str, Any]]:
-    import pymysql
+    from tests.support.mariadb import connect
 
-    from idempotence.stores.mariadb import Settings
-
-    where = Settings.from_url(url)
-    conn = pymysql.connect(
-        host=where.host,
-        port=where.port,
-        user=where.user,
-        password=where.password,
-        database=where.database,
-        autocommit=True,
-        cursorclass=pymysql.cursors.DictCursor,
-    )
+    conn = connect(url)
     try:
         with conn.cursor() as cur:
             cur.execute(sql, params or None)

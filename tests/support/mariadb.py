@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pymysql
@@ -153,6 +154,30 @@ def _throwaway() -> str:
             raise MariaDBUnavailable(f"mariadbd did not start ({problem}):\n{log}")
         time.sleep(0.1)
     return url
+
+
+def connect(url: str, **options: Any) -> pymysql.Connection:  # type: ignore[type-arg]
+    """A PyMySQL connection to the database of ``url`` (a ``mariadb://`` URL naming one),
+    opened the way the store takes an application's: autocommit, found rows, rows as
+    dicts; ``options`` change any of it."""
+    from pymysql.constants import CLIENT
+
+    from idempotence.stores.mariadb import Settings
+
+    where = Settings.from_url(url)
+    given: dict[str, Any] = {
+        "autocommit": True,
+        "client_flag": CLIENT.FOUND_ROWS,
+        "cursorclass": pymysql.cursors.DictCursor,
+    }
+    return pymysql.connect(
+        host=where.host,
+        port=where.port,
+        user=where.user,
+        password=where.password,
+        database=where.database,
+        **(given | options),
+    )
 
 
 @contextmanager
