@@ -21,7 +21,9 @@ What a SQL dialect supplies:
   lock), its value conversions (``timestamp``, ``duration_in``, ``duration_out``) and
   the placeholders of the application's own statements (``application``; see
   [`to_pyformat`][idempotence.stores.sql.to_pyformat] for a driver that takes
-  ``%(name)s``).
+  ``%(name)s``), and for a connection that sends its own ``BEGIN`` and ``COMMIT``,
+  the statements of a transaction and of a savepoint
+  ([`transaction_statements`][idempotence.stores.sql.Dialect.transaction_statements]).
 * **A connection and a source**: a [`Connection`][idempotence.stores.sql.Connection] (or
   [`AsyncConnection`][idempotence.stores.sql.AsyncConnection]) runs one
   [`Query`][idempotence.stores.sql.Query] on the driver's connection and opens
@@ -96,6 +98,7 @@ from ._sql.ops import (
     Op,
     Query,
     Row,
+    TransactionStatements,
     claim_in_one_statement,
     claim_in_transaction,
     migrate,
@@ -128,6 +131,7 @@ __all__ = [
     "Source",
     "Store",
     "Transaction",
+    "TransactionStatements",
     "body",
     "body_async",
     "claim_in_one_statement",

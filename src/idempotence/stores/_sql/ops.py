@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import itertools
 import json
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, replace
@@ -63,6 +64,23 @@ Op = Generator[Query, list[Row], T]
 """An operation: yields queries, is sent each query's rows, returns its result."""
 
 
+@dataclass(frozen=True, slots=True)
+class TransactionStatements:
+    """The statements that open, commit and roll back one transaction or savepoint,
+    for a connection that sends them itself (see
+    [`Dialect.transaction_statements`][idempotence.stores.sql.Dialect.transaction_statements])."""
+
+    begin: str
+    commit: str
+    rollback: tuple[str, ...]
+    """Run in order."""
+
+
+# Savepoint names need only differ from those of the transactions around them: one
+# count for every connection does that.
+_savepoints = itertools.count(1)
+
+
 class Dialect(abc.ABC):
     """What one database needs that the others do not."""
 
@@ -86,8 +104,29 @@ class Dialect(abc.ABC):
     built-in dialects; a dialect outside the package names a folder of its own, such
     as ``importlib.resources.files("mypackage") / "sql"``."""
 
+    begin_statement: ClassVar[str] = "BEGIN"
+    """The statement that opens a write transaction of the store's own (SQLite's
+    ``BEGIN IMMEDIATE`` takes the write lock at once)."""
+
     def __init__(self) -> None:
         self.queries = _queries.load(self.folder())
+
+    @classmethod
+    def transaction_statements(cls, nested: bool) -> TransactionStatements:
+        """The statements of a transaction for a connection that sends its own: a
+        write transaction, or a savepoint of a new name when one is open
+        (``nested``)."""
+        if not nested:
+            return TransactionStatements(cls.begin_statement, "COMMIT", ("ROLLBACK",))
+        return cls.savepoint_statements(f"idempotence_{next(_savepoints)}")
+
+    @classmethod
+    def savepoint_statements(cls, name: str) -> TransactionStatements:
+        """The statements of savepoint ``name`` (SQL's own, unless the database's
+        differ)."""
+        return TransactionStatements(
+            f"SAVEPOINT {name}", f"RELEASE SAVEPOINT {name}", (f"ROLLBACK TO SAVEPOINT {name}",)
+        )
 
     def folder(self) -> Traversable:
         """The folder of this dialect's SQL files (see

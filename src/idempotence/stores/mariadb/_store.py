@@ -61,7 +61,6 @@ class _Connection(AutocommitConnection):
     def __init__(self, raw: Any) -> None:
         self.raw = raw
         self._blocks = Blocks()
-        self._savepoints = 0
 
     def fetch(self, query: Query) -> list[Row]:
         if query.name == APPLICATION or query.name.startswith("migration "):
@@ -112,18 +111,9 @@ class _Connection(AutocommitConnection):
     @contextmanager
     def atomic(self, first: Op[T] | None = None) -> Iterator[T | None]:
         nested = in_transaction(self.raw)
-        if nested:
-            self._savepoints += 1
-            name = f"idempotence_{self._savepoints}"
-            begin, commit, rollback = (
-                f"SAVEPOINT {name}",
-                f"RELEASE SAVEPOINT {name}",
-                f"ROLLBACK TO SAVEPOINT {name}",
-            )
-        else:
-            begin, commit, rollback = "BEGIN", "COMMIT", "ROLLBACK"
+        statements = MariaDBDialect.transaction_statements(nested)
         with translated():
-            self._execute(begin, None)
+            self._execute(statements.begin, None)
         with self._blocks.block() as deferred:
             try:
                 result = None
@@ -140,10 +130,11 @@ class _Connection(AutocommitConnection):
                 # error that got us here is the one to report.
                 with suppress(DriverError):
                     if nested or in_transaction(self.raw):
-                        self._execute(rollback, None)
+                        for statement in statements.rollback:
+                            self._execute(statement, None)
                 raise
         with translated():
-            self._execute(commit, None)
+            self._execute(statements.commit, None)
 
     def defer(self, op: Op[Any]) -> None:
         self._blocks.defer(op)

@@ -59,7 +59,6 @@ class _AsyncConnection(AsyncAutocommitConnection):
     def __init__(self, raw: Any) -> None:
         self.raw = raw
         self._blocks = Blocks()
-        self._savepoints = 0
 
     async def fetch(self, query: Query) -> list[Row]:
         if query.name == APPLICATION or query.name.startswith("migration "):
@@ -110,18 +109,9 @@ class _AsyncConnection(AsyncAutocommitConnection):
     @asynccontextmanager
     async def atomic(self, first: Op[T] | None = None) -> AsyncIterator[T | None]:
         nested = in_transaction(self.raw)
-        if nested:
-            self._savepoints += 1
-            name = f"idempotence_{self._savepoints}"
-            begin, commit, rollback = (
-                f"SAVEPOINT {name}",
-                f"RELEASE SAVEPOINT {name}",
-                f"ROLLBACK TO SAVEPOINT {name}",
-            )
-        else:
-            begin, commit, rollback = "BEGIN", "COMMIT", "ROLLBACK"
+        statements = MariaDBDialect.transaction_statements(nested)
         with translated():
-            await self._execute(begin, None)
+            await self._execute(statements.begin, None)
         with self._blocks.block() as deferred:
             try:
                 result = None
@@ -138,10 +128,11 @@ class _AsyncConnection(AsyncAutocommitConnection):
                 # error that got us here is the one to report.
                 with suppress(DriverError):
                     if nested or in_transaction(self.raw):
-                        await self._execute(rollback, None)
+                        for statement in statements.rollback:
+                            await self._execute(statement, None)
                 raise
         with translated():
-            await self._execute(commit, None)
+            await self._execute(statements.commit, None)
 
     def defer(self, op: Op[Any]) -> None:
         self._blocks.defer(op)

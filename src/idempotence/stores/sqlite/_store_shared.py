@@ -4,7 +4,6 @@ translation, a connection and its group commit (see `sqlite`)."""
 from __future__ import annotations
 
 import contextvars
-import itertools
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -13,13 +12,14 @@ from contextlib import (
     contextmanager,
     nullcontext,
 )
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from ...errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
 from ...states import ClaimRequest, StoredResponse
 from .._sql.connection import body, run
-from .._sql.ops import Dialect, Op, Query, Row, claim_in_transaction
+from .._sql.ops import Dialect, Op, Query, Row, TransactionStatements, claim_in_transaction
 from .._sql.retry import Blocks, TransientError, own_copy, translator
 from ._group import Groups
 
@@ -43,6 +43,15 @@ class SqliteDialect(Dialect):
     name = "sqlite"
     claim_is_one_statement = False
     previews_claims = True
+    # IMMEDIATE takes the write lock now, so the claim's read and write are one
+    # serializable unit (P6), and a phase never deadlocks upgrading a read lock.
+    begin_statement = "BEGIN IMMEDIATE"
+
+    @classmethod
+    def savepoint_statements(cls, name: str) -> TransactionStatements:
+        # SQLite's ROLLBACK TO leaves the savepoint open: it is released as well.
+        plain = super().savepoint_statements(name)
+        return replace(plain, rollback=(*plain.rollback, plain.commit))
 
     def timestamp(self, value: Any) -> datetime:
         return datetime.fromtimestamp(float(value), UTC)
@@ -107,8 +116,6 @@ class SqliteConnection:
         groups: the group commit of a file's connections, if any.
     """
 
-    _savepoints = itertools.count()
-
     def __init__(
         self,
         raw: sqlite3.Connection,
@@ -138,31 +145,20 @@ class SqliteConnection:
 
     @contextmanager
     def atomic(self, first: Op[T] | None = None) -> Iterator[T | None]:
-        if self.raw.in_transaction:
-            name = f"idempotence_{next(self._savepoints)}"
-            begin, commit, rollback = (
-                f"SAVEPOINT {name}",
-                f"RELEASE {name}",
-                f"ROLLBACK TO {name}; RELEASE {name}",
-            )
-        else:
-            # IMMEDIATE takes the write lock now, so the claim's read and write are
-            # one serializable unit (P6), and a phase never deadlocks upgrading a
-            # read lock.
-            begin, commit, rollback = "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK"
+        statements = SqliteDialect.transaction_statements(nested=self.raw.in_transaction)
         with self._writer if not self.raw.in_transaction else nullcontext():
             with _translated():
-                self.raw.execute(begin)
+                self.raw.execute(statements.begin)
             try:
                 with body(self._blocks, self, first) as result:
                     yield result
             except BaseException:
                 with _translated():
-                    for statement in rollback.split("; "):
+                    for statement in statements.rollback:
                         self.raw.execute(statement)
                 raise
             with _translated():
-                self.raw.execute(commit)
+                self.raw.execute(statements.commit)
 
     def defer(self, op: Op[Any]) -> None:
         self._blocks.defer(op)
