@@ -8,46 +8,28 @@ is served from Redis. The locks are the primary's rows, aged there.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from idempotence import AsyncSqliteStore, SqliteStore
 from idempotence.stores.cached import AsyncCachedStore, CachedStore
-from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from idempotence.testing.conformance import suite
 from tests.support.clock import age_lock
+from tests.support.stores import opener
+
+
+def cached(store_type: type[Any], primary: str) -> type[Any]:
+    """The suite on ``store_type`` in front of the primary store ``primary`` (an id of
+    tests/support/stores.py's ``STORES``, opened on its fixtures)."""
+
+    def open_store(request: pytest.FixtureRequest, redis_url: str, redis_prefix: str) -> Any:
+        return store_type(opener(primary, request)(), redis_url, prefix=redis_prefix)
+
+    return suite(store_type, open_store, age_lock=age_lock)
+
 
 # The fast tier runs one pass (the sync store over SQLite); the others are slow.
-TestCachedPostgres = pytest.mark.slow(
-    suite(
-        CachedStore,
-        lambda pg_url, redis_url, redis_prefix: CachedStore(
-            PostgresStore(pg_url), redis_url, prefix=redis_prefix
-        ),
-        age_lock=age_lock,
-    )
-)
-TestAsyncCachedPostgres = pytest.mark.slow(
-    suite(
-        AsyncCachedStore,
-        lambda pg_url, redis_url, redis_prefix: AsyncCachedStore(
-            AsyncPostgresStore(pg_url), redis_url, prefix=redis_prefix
-        ),
-        age_lock=age_lock,
-    )
-)
-TestCachedSqlite = suite(
-    CachedStore,
-    lambda sqlite_path, redis_url, redis_prefix: CachedStore(
-        SqliteStore(sqlite_path), redis_url, prefix=redis_prefix
-    ),
-    age_lock=age_lock,
-)
-TestAsyncCachedSqlite = pytest.mark.slow(
-    suite(
-        AsyncCachedStore,
-        lambda sqlite_path, redis_url, redis_prefix: AsyncCachedStore(
-            AsyncSqliteStore(sqlite_path), redis_url, prefix=redis_prefix
-        ),
-        age_lock=age_lock,
-    )
-)
+TestCachedPostgres = pytest.mark.slow(cached(CachedStore, "postgres-sync"))
+TestAsyncCachedPostgres = pytest.mark.slow(cached(AsyncCachedStore, "postgres-async"))
+TestCachedSqlite = cached(CachedStore, "sqlite-sync")
+TestAsyncCachedSqlite = pytest.mark.slow(cached(AsyncCachedStore, "sqlite-async"))
