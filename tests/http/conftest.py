@@ -21,6 +21,18 @@ def pg_http_url(pg_url: str) -> str:
     return pg_url
 
 
+@pytest.fixture(scope="session")
+def mariadb_http_url() -> Iterator[str]:
+    """A MariaDB database of the run's own, with the request-as-transaction test table
+    (for the modules that collect the HTTP suites again on MariaDB)."""
+    from tests.support.mariadb import database
+
+    with database(prefix="idempotence_http") as url:
+        with sync_store("mariadb", url) as store, store.transaction() as tx:
+            tx.execute(apps.TABLE)
+        yield url
+
+
 @pytest.fixture
 def sqlite_http_path(sqlite_path: str) -> str:
     with sync_store("sqlite", sqlite_path) as store, store.transaction() as tx:
@@ -41,9 +53,9 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def target(backend: str, request: pytest.FixtureRequest) -> str:
-    """The database of ``backend``: a SQLite path or a PostgreSQL URL."""
-    if backend == "postgres":
-        return str(request.getfixturevalue("pg_http_url"))
+    """The database of ``backend``: a SQLite path, or a PostgreSQL or MariaDB URL."""
+    if backend in ("postgres", "mariadb"):
+        return str(request.getfixturevalue(f"{backend}_http_url"))
     return str(request.getfixturevalue("sqlite_http_path"))
 
 

@@ -8,30 +8,11 @@ of tests/http/test_http_crash.py, collected here again with ``backend`` set to M
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tests.http import crash_server
-from tests.http.clients import sync_store
 from tests.http.test_http_crash import *  # noqa: F403 - the same tests, collected here
-from tests.support.mariadb import database
-
-
-@pytest.fixture(scope="module")
-def mariadb_crash_url() -> Iterator[str]:
-    """A migrated database of this module's own, with the crash server's table."""
-    with database(prefix="idempotence_crash") as url:
-        with sync_store("mariadb", url) as store, store.transaction() as tx:
-            tx.execute(crash_server.TABLE)
-        yield url
 
 
 @pytest.fixture(params=["mariadb"])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-def target(mariadb_crash_url: str) -> str:
-    return mariadb_crash_url
