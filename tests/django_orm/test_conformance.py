@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from psycopg.conninfo import conninfo_to_dict
+
+from tests.support.postgres import settings_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = Path(__file__).with_name("conformance.py")
@@ -24,14 +25,7 @@ def test_django_store_passes_the_conformance_suite(
 ) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     if engine == "postgresql":
-        info = conninfo_to_dict(request.getfixturevalue("empty_pg_url"))
-        env |= {
-            "CONFORMANCE_DB_HOST": str(info.get("host") or "127.0.0.1"),
-            "CONFORMANCE_DB_PORT": str(info.get("port") or 5432),
-            "CONFORMANCE_DB_NAME": str(info["dbname"]),
-            "CONFORMANCE_DB_USER": str(info.get("user") or "postgres"),
-            "CONFORMANCE_DB_PASSWORD": str(info.get("password") or ""),
-        }
+        env |= settings_env("CONFORMANCE", request.getfixturevalue("empty_pg_url"))
     else:
         env["CONFORMANCE_DB_NAME"] = str(tmp_path / "keys.sqlite3")
     env["CONFORMANCE_DB_ENGINE"] = engine

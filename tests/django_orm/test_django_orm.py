@@ -26,11 +26,11 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
 from idempotence import SqliteStore
 from idempotence.stores._sql.ops import pending_migrations
 from idempotence.stores.postgres import PostgresStore
+from tests.support.postgres import settings_env
 
 #: The slow tier: the example shop in processes of its own.
 pytestmark = pytest.mark.slow
@@ -89,14 +89,7 @@ def shop(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Shop]:
     }
     if request.param == "postgresql":
         url = request.getfixturevalue("empty_pg_url")
-        info = conninfo_to_dict(url)
-        env |= {
-            "SHOP_DB_HOST": str(info.get("host") or "127.0.0.1"),
-            "SHOP_DB_PORT": str(info.get("port") or 5432),
-            "SHOP_DB_NAME": str(info["dbname"]),
-            "SHOP_DB_USER": str(info.get("user") or "postgres"),
-            "SHOP_DB_PASSWORD": str(info.get("password") or ""),
-        }
+        env |= settings_env("SHOP", url)
         yield Shop("postgresql", env, url)
     else:
         path = str(tmp_path / "shop.sqlite3")

@@ -622,6 +622,20 @@ def drop_database(server_url: str, db_url: str) -> None:
         conn.execute(drop)
 
 
+def settings_env(prefix: str, db_url: str) -> dict[str, str]:
+    """The database of ``db_url`` as the environment a subprocess's Django settings
+    read it from: ``{prefix}_DB_HOST``, ``_PORT``, ``_NAME``, ``_USER`` and
+    ``_PASSWORD``."""
+    info = conninfo_to_dict(db_url)
+    return {
+        f"{prefix}_DB_HOST": str(info.get("host") or "127.0.0.1"),
+        f"{prefix}_DB_PORT": str(info.get("port") or 5432),
+        f"{prefix}_DB_NAME": str(info["dbname"]),
+        f"{prefix}_DB_USER": str(info.get("user") or "postgres"),
+        f"{prefix}_DB_PASSWORD": str(info.get("password") or ""),
+    }
+
+
 def _with_dbname(url: str, dbname: str) -> str:
     """``url`` pointing at database ``dbname``, keeping its form (URL or key=value)."""
     if url.startswith(("postgresql://", "postgres://")):
