@@ -158,26 +158,16 @@ def _throwaway() -> str:
 
 def connect(url: str, **options: Any) -> pymysql.Connection:  # type: ignore[type-arg]
     """A PyMySQL connection to the database of ``url`` (a ``mariadb://`` URL naming one),
-    opened the way the store takes an application's: autocommit, found rows, rows as
-    dicts; ``options`` change any of it."""
-    from pymysql.constants import CLIENT
-
+    opened as the store opens its own (autocommit, found rows, strict), rows as dicts;
+    ``options`` change any of it."""
     from idempotence.stores.mariadb import Settings
 
     where = Settings.from_url(url)
-    given: dict[str, Any] = {
-        "autocommit": True,
-        "client_flag": CLIENT.FOUND_ROWS,
+    given = where.connect_kwargs() | {
+        "database": where.database,
         "cursorclass": pymysql.cursors.DictCursor,
     }
-    return pymysql.connect(
-        host=where.host,
-        port=where.port,
-        user=where.user,
-        password=where.password,
-        database=where.database,
-        **(given | options),
-    )
+    return pymysql.connect(**(given | options))
 
 
 @contextmanager
