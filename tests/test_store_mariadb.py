@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,13 @@ CLI = Path(sys.executable).parent / "idempotence"
 
 def request(scope: str, key: str = "k", **kw: Any) -> ClaimRequest:
     return ClaimRequest(scope=scope, key=key, fingerprint=FP, **kw)
+
+
+@pytest.fixture
+def store(mariadb_url: str) -> Iterator[MariaDBStore]:  # noqa: F811
+    """A store on this module's database (here, not the conftest's store of any kind)."""
+    with MariaDBStore(mariadb_url) as opened:
+        yield opened
 
 
 # -- the claim's race (P1, P6) ------------------------------------------------------------
@@ -249,49 +257,44 @@ def test_f1_a_frozen_worker_resumed_after_a_takeover_cannot_commit(
 
 
 def test_f1_a_fenced_write_that_changes_nothing_still_proves_the_lease(
-    mariadb_url: str,  # noqa: F811
-    scope: str,
+    store: MariaDBStore, scope: str
 ) -> None:
     # The second release sets locked_at to the NULL it holds: the server changes no
     # row, but the row matched the lease, so it is no LockLost (found rows, not
     # changed rows), as on PostgreSQL.
-    with MariaDBStore(mariadb_url) as store:
-        lease = store.claim(request(scope)).lease
-        assert lease is not None
-        store.release(lease)
-        store.release(lease)
-        assert store.get(scope, "k").locked_at is None  # type: ignore[union-attr]
+    lease = store.claim(request(scope)).lease
+    assert lease is not None
+    store.release(lease)
+    store.release(lease)
+    assert store.get(scope, "k").locked_at is None  # type: ignore[union-attr]
 
 
 # -- P10: a duplicate waits by polling --------------------------------------------------------
 
 
 def test_p10_wait_for_settle_polls_and_returns_within_its_bound(
-    mariadb_url: str,  # noqa: F811
-    scope: str,
+    store: MariaDBStore, scope: str
 ) -> None:
-    with MariaDBStore(mariadb_url) as store:
-        lease = store.claim(request(scope)).lease
-        assert lease is not None
-        began = time.monotonic()
-        store.wait_for_settle(scope, "k", 0.2)
-        assert 0.15 < time.monotonic() - began < 2
-        store.finish(lease, StoredResponse.of(200, {}, "x"))
-        assert store.claim(request(scope)).outcome is Outcome.REPLAY
+    lease = store.claim(request(scope)).lease
+    assert lease is not None
+    began = time.monotonic()
+    store.wait_for_settle(scope, "k", 0.2)
+    assert 0.15 < time.monotonic() - began < 2
+    store.finish(lease, StoredResponse.of(200, {}, "x"))
+    assert store.claim(request(scope)).outcome is Outcome.REPLAY
 
 
 # -- keys and scopes compare byte for byte ------------------------------------------------------
 
 
-def test_keys_are_case_and_trailing_space_sensitive(mariadb_url: str, scope: str) -> None:  # noqa: F811
-    with MariaDBStore(mariadb_url) as store:
-        ids = {store.claim(request(scope, key)).lease.id for key in ("k", "K", "k ", "é")}  # type: ignore[union-attr]
-        assert len(ids) == 4
+def test_keys_are_case_and_trailing_space_sensitive(store: MariaDBStore, scope: str) -> None:
+    ids = {store.claim(request(scope, key)).lease.id for key in ("k", "K", "k ", "é")}  # type: ignore[union-attr]
+    assert len(ids) == 4
 
 
-def test_a_scope_too_long_for_its_column_is_refused_not_cut(mariadb_url: str) -> None:  # noqa: F811
+def test_a_scope_too_long_for_its_column_is_refused_not_cut(store: MariaDBStore) -> None:
     # Cut to 255 characters, two scopes would share keys: strict mode refuses instead.
-    with MariaDBStore(mariadb_url) as store, pytest.raises(Exception, match="too long"):
+    with pytest.raises(Exception, match="too long"):
         store.claim(request("s" * 300))
 
 
@@ -306,14 +309,13 @@ def test_p11_an_unreachable_server_is_unavailable_fast() -> None:
         assert time.monotonic() - began < 5
 
 
-def test_a_zombie_lease_is_refused_by_every_fenced_write(mariadb_url: str, scope: str) -> None:  # noqa: F811
-    with MariaDBStore(mariadb_url) as store:
-        lease = store.claim(request(scope, lock_timeout=timedelta(milliseconds=1))).lease
-        time.sleep(0.01)
-        assert store.claim(request(scope)).lease.token == 2  # type: ignore[union-attr]
-        for fenced in (store.release, store.heartbeat, store.forget):
-            with pytest.raises(LockLost):
-                fenced(lease)
+def test_a_zombie_lease_is_refused_by_every_fenced_write(store: MariaDBStore, scope: str) -> None:
+    lease = store.claim(request(scope, lock_timeout=timedelta(milliseconds=1))).lease
+    time.sleep(0.01)
+    assert store.claim(request(scope)).lease.token == 2  # type: ignore[union-attr]
+    for fenced in (store.release, store.heartbeat, store.forget):
+        with pytest.raises(LockLost):
+            fenced(lease)
 
 
 @pytest.mark.parametrize(
