@@ -87,21 +87,8 @@ def server(url: str) -> dict[str, Any]:
 
 def connect_sync(driver: str, where: dict[str, Any], database: str) -> Any:
     module = importlib.import_module(MODULES[driver])
-    if driver == "mysqlclient":
-        return module.connect(
-            host=where["host"],
-            port=where["port"],
-            user=where["user"],
-            password=where["password"],
-            database=database,
-        )
-    return module.connect(
-        host=where["host"],
-        port=where["port"],
-        user=where["user"],
-        password=where["password"],
-        database=database,
-    )
+    # PyMySQL, mysqlclient and the MariaDB connector all take these names.
+    return module.connect(**where, database=database)
 
 
 async def connect_async(driver: str, where: dict[str, Any], database: str) -> Any:
