@@ -8,6 +8,9 @@
   persistence (``--save '' --appendonly no``): the one a test may stop and restart.
 * :func:`redis_cluster` starts three such servers in cluster mode and joins them with
   ``redis-cli --cluster create``; all three are stopped and deleted at the end.
+* :func:`replicated` starts a master and a replica of it, in sync; :func:`sentinel_group`
+  adds a sentinel watching them (quorum 1), to promote the replica when the master
+  dies. Everything is stopped and deleted at the end.
 """
 
 from __future__ import annotations
@@ -175,3 +178,134 @@ def redis_cluster(size: int = 3) -> Iterator[list[RedisServer]]:
     finally:
         for server in servers:
             server.close()
+
+
+@contextlib.contextmanager
+def replicated() -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A master and its replica, yielded once the replica is in sync (its link up
+    and its offset the master's). The master starts a replica's sync at once (no
+    diskless delay), which a test that restarts the replica relies on too."""
+    master = RedisServer(None, "--repl-diskless-sync-delay", "0")
+    replica: RedisServer | None = None
+    try:
+        master.start()
+        replica = RedisServer(None, "--replicaof", "127.0.0.1", str(master.port)).start()
+        caught_up(master, replica)
+        yield master, replica
+    finally:
+        if replica is not None:
+            replica.close()
+        master.close()
+
+
+def caught_up(master: RedisServer, replica: RedisServer, within: float = 15.0) -> None:
+    """Wait until ``replica`` has everything ``master`` wrote (a loud failure after
+    ``within`` seconds)."""
+    deadline = time.monotonic() + within
+    with (
+        redis.Redis(port=master.port, socket_timeout=1) as primary,
+        redis.Redis(port=replica.port, socket_timeout=1) as copy,
+    ):
+        while True:
+            info = copy.info("replication")
+            if (
+                info.get("master_link_status") == "up"
+                and info.get("slave_repl_offset")
+                == primary.info("replication")["master_repl_offset"]
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replica never caught up: {info}")
+            time.sleep(0.02)
+
+
+SENTINEL_SERVICE = "idemsvc"
+
+
+class SentinelGroup:
+    """A master, its replica and one sentinel (quorum 1, down after ``down_after_ms``)."""
+
+    def __init__(self, master: RedisServer, replica: RedisServer, down_after_ms: int) -> None:
+        self.master = master
+        self.replica = replica
+        self.port = free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="idemtest-sentinel-"))
+        self.down_after_ms = down_after_ms
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The ``redis+sentinel://`` URL of the group's master, database 0."""
+        return f"redis+sentinel://127.0.0.1:{self.port}/{SENTINEL_SERVICE}/0"
+
+    def start(self) -> SentinelGroup:
+        config = self.directory / "sentinel.conf"
+        config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.directory}\n"
+            f"sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {self.master.port} 1\n"
+            f"sentinel down-after-milliseconds {SENTINEL_SERVICE} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {SENTINEL_SERVICE} 5000\n"
+        )
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("the tests need redis-server on PATH")
+        self.process = subprocess.Popen(
+            [binary, str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 15
+        while True:  # the sentinel knows the master and its replica
+            try:
+                with redis.Redis(port=self.port, socket_timeout=1) as client:
+                    if client.sentinel_slaves(SENTINEL_SERVICE):
+                        return self
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the sentinel never saw the replica")
+            time.sleep(0.1)
+
+    def master_port(self) -> int | None:
+        """The port of the master the sentinel names now (None if it cannot say)."""
+        try:
+            with redis.Redis(port=self.port, socket_timeout=1) as client:
+                address = client.sentinel_get_master_addr_by_name(SENTINEL_SERVICE)
+        except redis.RedisError:
+            return None
+        return None if not address else int(address[1])
+
+    def wait_promoted(self, within: float = 30.0) -> float:
+        """Wait until the sentinel names the replica as the master and the replica
+        says so too; the seconds it took."""
+        started = time.monotonic()
+        while True:
+            if self.master_port() == self.replica.port:
+                with (
+                    contextlib.suppress(redis.RedisError),
+                    redis.Redis(port=self.replica.port, socket_timeout=1) as client,
+                ):
+                    if client.info("replication")["role"] == "master":
+                        return time.monotonic() - started
+            if time.monotonic() - started > within:
+                raise RuntimeError(f"the replica was not promoted within {within} s")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            self.process = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def sentinel_group(down_after_ms: int = 1000) -> Iterator[SentinelGroup]:
+    """A master, a replica in sync and a sentinel watching them; all stopped and
+    deleted at the end."""
+    with replicated() as (master, replica):
+        group = SentinelGroup(master, replica, down_after_ms)
+        try:
+            yield group.start()
+        finally:
+            group.close()
