@@ -81,9 +81,10 @@ class ReplicaWait:
         """The error for an ``operation`` that fewer than ``replicas`` replicas
         acknowledged in time."""
         return StoreUnavailable(
-            f"the Redis key store's {operation} reached {acked} of the {self.replicas} replica(s) it "
-            f"waits for within {self.timeout_ms / 1000:g} s: a failover could lose it, so "
-            "it is not reported done (retry; a replica lagging or down is the cause)"
+            f"the Redis key store's {operation} reached {acked} of the {self.replicas} "
+            f"replica(s) it waits for within {self.timeout_ms / 1000:g} s: a failover could "
+            "lose it, so it is not reported done (retry; a replica lagging or down is the "
+            "cause)"
         )
 
 
