@@ -20,12 +20,12 @@ from datetime import timedelta
 
 import pytest
 
-from idempotence.errors import StoreError
-from idempotence.states import ClaimRequest, Outcome, StoredResponse
 from idempotence.stores.cached import CachedStore
 from idempotence.stores.postgres import PostgresStore
 from idempotence.testing import History
 from tests.support.redis import SentinelGroup, sentinel_group
+
+from .guarded import request, run_key
 
 KEYS = 60
 LOCK = timedelta(seconds=2)
@@ -35,28 +35,6 @@ LOCK = timedelta(seconds=2)
 def group() -> Iterator[SentinelGroup]:
     with sentinel_group() as servers:
         yield servers
-
-
-def run_key(store: CachedStore, history: History, scope: str, key: str) -> tuple[int, bytes]:
-    """A handler-mode request by hand: claim; execute (the effect) and finish, or replay."""
-    request = ClaimRequest(scope=scope, key=key, fingerprint="f" * 64, lock_timeout=LOCK)
-    try:
-        claim = store.claim(request)
-    except StoreError:
-        return 503, b""
-    if claim.outcome is Outcome.REPLAY:
-        assert claim.record.response is not None
-        return claim.record.response.status, claim.record.response.body
-    if claim.outcome is not Outcome.EXECUTE:
-        return 409, b""
-    assert claim.lease is not None
-    effect = uuid.uuid4().hex
-    history.effect(key, effect)
-    try:
-        store.finish(claim.lease, StoredResponse.of(201, body=effect.encode()))
-    except StoreError:
-        return 503, b""
-    return 201, effect.encode()
 
 
 def test_the_cache_follows_a_failover_and_the_primary_decides(
@@ -78,7 +56,7 @@ def test_the_cache_follows_a_failover_and_the_primary_decides(
                 return
             key = f"k{rng.randrange(KEYS)}" if n >= KEYS // 4 else f"k{n}"
             with history.operation(key) as op:
-                op.answer(*run_key(store, history, scope, key))
+                op.answer(*run_key(store, history, request(scope, key, LOCK)))
             hits.append((time.monotonic(), store.cache_stats.hits))
             time.sleep(0.005)
 

@@ -124,6 +124,16 @@ class RedisServer:
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The server SIGSTOPped for the block, resumed after it (even on failure)."""
+        self.freeze()
+        try:
+            yield
+        finally:
+            if self.process is not None and self.process.poll() is None:
+                self.freeze(False)
+
     def stop(self) -> None:
         """Kill the server (SIGKILL: a crash, nothing saved) and wait for it."""
         if self.process is not None and self.process.poll() is None:
@@ -183,18 +193,34 @@ def redis_cluster(size: int = 3) -> Iterator[list[RedisServer]]:
 @contextlib.contextmanager
 def replicated() -> Iterator[tuple[RedisServer, RedisServer]]:
     """A master and its replica, yielded once the replica is in sync (its link up
-    and its offset the master's). The master starts a replica's sync at once (no
-    diskless delay), which a test that restarts the replica relies on too."""
-    master = RedisServer(None, "--repl-diskless-sync-delay", "0")
-    replica: RedisServer | None = None
+    and its offset the master's)."""
+    with replicas(1) as (master, copies):
+        yield master, copies[0]
+
+
+#: A master starts a replica's sync at once (no diskless delay of 5 s): a replica
+#: restarted, or re-pointed at a promoted master, is in sync within a second.
+_NO_SYNC_DELAY = ("--repl-diskless-sync-delay", "0")
+
+
+@contextlib.contextmanager
+def replicas(count: int) -> Iterator[tuple[RedisServer, list[RedisServer]]]:
+    """A master and ``count`` replicas of it, yielded once all are in sync."""
+    master = RedisServer(None, *_NO_SYNC_DELAY)
+    copies: list[RedisServer] = []
     try:
         master.start()
-        replica = RedisServer(None, "--replicaof", "127.0.0.1", str(master.port)).start()
-        caught_up(master, replica)
-        yield master, replica
+        for _ in range(count):
+            copies.append(
+                RedisServer(None, *_NO_SYNC_DELAY, "--replicaof", "127.0.0.1", str(master.port))
+            )
+            copies[-1].start()
+        for copy in copies:
+            caught_up(master, copy)
+        yield master, copies
     finally:
-        if replica is not None:
-            replica.close()
+        for copy in copies:
+            copy.close()
         master.close()
 
 
@@ -223,15 +249,37 @@ SENTINEL_SERVICE = "idemsvc"
 
 
 class SentinelGroup:
-    """A master, its replica and one sentinel (quorum 1, down after ``down_after_ms``)."""
+    """A master, its replicas and one sentinel (quorum 1, down after
+    ``down_after_ms``)."""
 
-    def __init__(self, master: RedisServer, replica: RedisServer, down_after_ms: int) -> None:
+    def __init__(
+        self, master: RedisServer, replicas: list[RedisServer], down_after_ms: int
+    ) -> None:
         self.master = master
-        self.replica = replica
+        self.replicas = replicas
         self.port = free_port()
         self.directory = Path(tempfile.mkdtemp(prefix="idemtest-sentinel-"))
         self.down_after_ms = down_after_ms
         self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def replica(self) -> RedisServer:
+        """The first replica (the one of a group of one)."""
+        return self.replicas[0]
+
+    @contextlib.contextmanager
+    def lagging(self) -> Iterator[None]:
+        """Every replica behind for the block: SIGSTOPped, and its link cut by the
+        master (``CLIENT KILL TYPE replica``), so none of the master's writes of the
+        block reach it, even after it resumes if the master is gone by then. (SIGSTOP
+        alone is no lag: the kernel takes the stream into the stopped replica's socket,
+        and it reads it all once resumed, even from a dead master.)"""
+        with contextlib.ExitStack() as stack:
+            for each in self.replicas:
+                stack.enter_context(each.frozen())
+            with redis.Redis(port=self.master.port, socket_timeout=5) as client:
+                client.client_kill_filter(_type="replica")
+            yield
 
     @property
     def url(self) -> str:
@@ -255,15 +303,15 @@ class SentinelGroup:
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 15
-        while True:  # the sentinel knows the master and its replica
+        while True:  # the sentinel knows the master and its replicas
             try:
                 with redis.Redis(port=self.port, socket_timeout=1) as client:
-                    if client.sentinel_slaves(SENTINEL_SERVICE):
+                    if len(client.sentinel_slaves(SENTINEL_SERVICE)) >= len(self.replicas):
                         return self
             except redis.RedisError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("the sentinel never saw the replica")
+                raise RuntimeError("the sentinel never saw the replicas")
             time.sleep(0.1)
 
     def master_port(self) -> int | None:
@@ -276,19 +324,21 @@ class SentinelGroup:
         return None if not address else int(address[1])
 
     def wait_promoted(self, within: float = 30.0) -> float:
-        """Wait until the sentinel names the replica as the master and the replica
+        """Wait until the sentinel names a replica as the master and that replica
         says so too; the seconds it took."""
         started = time.monotonic()
+        ports = {replica.port for replica in self.replicas}
         while True:
-            if self.master_port() == self.replica.port:
+            port = self.master_port()
+            if port in ports:
                 with (
                     contextlib.suppress(redis.RedisError),
-                    redis.Redis(port=self.replica.port, socket_timeout=1) as client,
+                    redis.Redis(port=port, socket_timeout=1) as client,
                 ):
                     if client.info("replication")["role"] == "master":
                         return time.monotonic() - started
             if time.monotonic() - started > within:
-                raise RuntimeError(f"the replica was not promoted within {within} s")
+                raise RuntimeError(f"no replica was promoted within {within} s")
             time.sleep(0.05)
 
     def close(self) -> None:
@@ -300,11 +350,11 @@ class SentinelGroup:
 
 
 @contextlib.contextmanager
-def sentinel_group(down_after_ms: int = 1000) -> Iterator[SentinelGroup]:
-    """A master, a replica in sync and a sentinel watching them; all stopped and
-    deleted at the end."""
-    with replicated() as (master, replica):
-        group = SentinelGroup(master, replica, down_after_ms)
+def sentinel_group(down_after_ms: int = 1000, replica_count: int = 1) -> Iterator[SentinelGroup]:
+    """A master, ``replica_count`` replicas in sync and a sentinel watching them; all
+    stopped and deleted at the end."""
+    with replicas(replica_count) as (master, copies):
+        group = SentinelGroup(master, copies, down_after_ms)
         try:
             yield group.start()
         finally:
