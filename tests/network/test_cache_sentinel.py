@@ -25,7 +25,7 @@ from idempotence.stores.postgres import PostgresStore
 from idempotence.testing import History
 from tests.support.redis import SentinelGroup, sentinel_group
 
-from .guarded import request, run_key
+from .guarded import Provider, request, run_key
 
 KEYS = 60
 LOCK = timedelta(seconds=2)
@@ -41,6 +41,7 @@ def test_the_cache_follows_a_failover_and_the_primary_decides(
     group: SentinelGroup, fresh_pg_url: str
 ) -> None:
     history = History()
+    provider = Provider(history)
     scope = f"cache-{uuid.uuid4().hex[:8]}"
     store = CachedStore(
         PostgresStore(fresh_pg_url), group.url, prefix=f"idemtest-{scope}", pause=0.2
@@ -56,7 +57,7 @@ def test_the_cache_follows_a_failover_and_the_primary_decides(
                 return
             key = f"k{rng.randrange(KEYS)}" if n >= KEYS // 4 else f"k{n}"
             with history.operation(key) as op:
-                op.answer(*run_key(store, history, request(scope, key, LOCK)))
+                op.answer(*run_key(store, provider, request(scope, key, LOCK)))
             hits.append((time.monotonic(), store.cache_stats.hits))
             time.sleep(0.005)
 
