@@ -146,7 +146,7 @@ def failover(
     with _setup(kind) as setup:
         deadline = time.monotonic() + 180
         loader = threading.Thread(
-            target=_load, args=(setup.open_store, provider, scope, names, clients, deadline)
+            target=load, args=(setup.open_store, provider, scope, names, clients, deadline)
         )
         loader.start()
         while len({op.key for op in history.operations if op.status == 201}) < keys // 3:
@@ -175,7 +175,7 @@ def failover(
     )
 
 
-def _load(
+def load(
     open_store: Callable[[], Any],
     provider: Provider,
     scope: str,
