@@ -171,13 +171,13 @@ class RedisStore:
         self._prefix_bytes = encode(prefix)
         self._client: Client
         if isinstance(target, str):
+            # No retry of a failed command (see no_retry); a cluster client still
+            # follows MOVED and ASK redirections, which are not failures.
+            options = client_options(timeout) | {"retry": no_retry()}
             target, ours = url_options(target)
             replicas, replica_timeout = from_url(ours, replicas, replica_timeout)
             self._wait = ReplicaWait.of(replicas, replica_timeout, timeout)
             cluster = cluster_url(target)
-            # No retry of a failed command (see no_retry); a cluster client still
-            # follows MOVED and ASK redirections, which are not failures.
-            options = client_options(timeout) | {"retry": no_retry()}
             self._lane: Lane | None = None
             sentinel = sentinel_url(target)
             if cluster is not None:

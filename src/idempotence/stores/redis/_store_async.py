@@ -171,13 +171,13 @@ class AsyncRedisStore:
         self._prefix_bytes = encode(prefix)
         self._client: AsyncClient
         if isinstance(target, str):
+            # No retry of a failed command (see no_retry_async); a cluster client still
+            # follows MOVED and ASK redirections, which are not failures.
+            options = client_options(timeout) | {"retry": no_retry_async()}
             target, ours = url_options(target)
             replicas, replica_timeout = from_url(ours, replicas, replica_timeout)
             self._wait = ReplicaWait.of(replicas, replica_timeout, timeout)
             cluster = cluster_url(target)
-            # No retry of a failed command (see no_retry_async); a cluster client still
-            # follows MOVED and ASK redirections, which are not failures.
-            options = client_options(timeout) | {"retry": no_retry_async()}
             self._lane: AsyncLane | None = None
             sentinel = sentinel_url(target)
             if cluster is not None:
