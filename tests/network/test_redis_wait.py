@@ -7,20 +7,28 @@ holds: the finish, a new claim and a replay of a finish the replica lacks all fa
 closed (StoreUnavailable) within the replica timeout, and a claim's lock that the
 replica never saw is freed, so the retry after the thaw takes the key at once. The
 store without the option shows what the wait guards against: the same replay
-answered from the master alone.
+answered from the master alone. Through the HTTP middleware, a claim the replica
+cannot confirm is a 503 with Retry-After, and the handler does not run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
+import httpx
 import pytest
 import redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from idempotence.errors import StoreUnavailable
+from idempotence.http import Endpoint, Idempotency, IdempotencyMiddleware, single_tenant
 from idempotence.states import ClaimRequest, Outcome, StoredResponse
 from idempotence.stores.redis import AsyncRedisStore, RedisStore
 from idempotence.stores.redis._store_shared import record_key
@@ -112,3 +120,42 @@ def test_without_a_replica_every_write_fails_closed_at_once(
             store.claim(request("k"))
         assert store.get("s", "k") is not None  # the master's record, unlocked
         assert store.get("s", "k").locked_at is None  # type: ignore[union-attr]
+
+
+def test_p11_a_claim_no_replica_confirms_answers_503_and_runs_nothing(
+    pair: tuple[RedisServer, RedisServer],
+) -> None:
+    master, replica = pair
+    ran: list[int] = []
+
+    async def endpoint(request: Request) -> JSONResponse:
+        ran.append(1)
+        return JSONResponse({"ok": True}, status_code=201)
+
+    async def main() -> list[httpx.Response]:
+        store = AsyncRedisStore(
+            f"{master.url}?replicas=1&replica_timeout={REPLICA_TIMEOUT}",
+            prefix=f"idemtest{uuid.uuid4().hex[:8]}",
+        )
+        config = Idempotency(store=store, scope=single_tenant(), endpoints=[Endpoint("POST /x")])
+        app = IdempotencyMiddleware(
+            Starlette(routes=[Route("/x", endpoint, methods=["POST"])]), config
+        )
+        transport = httpx.ASGITransport(app=app)
+        answers = []
+        key = {"idempotency-key": "k"}
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                with replica.frozen():
+                    answers.append(await client.post("/x", json={}, headers=key))
+                caught_up(master, replica)
+                answers.append(await client.post("/x", json={}, headers=key))
+                answers.append(await client.post("/x", json={}, headers=key))
+        finally:
+            await store.close()
+        return answers
+
+    refused, executed, replayed = asyncio.run(main())
+    assert refused.status_code == 503 and "retry-after" in refused.headers, refused.text
+    assert executed.status_code == 201 and replayed.headers.get("idempotent-replayed") == "true"
+    assert ran == [1]  # not while the replica could not confirm the claim
