@@ -63,6 +63,7 @@ NOT_RUN = {
     ("docs/how-to/django-orm.md", "an excerpt of examples/django_shop/orders/views.py"),
     ("docs/how-to/django.md", "an excerpt of examples/django_shop/shop/settings.py"),
     ("docs/how-to/fault-testing.md", "needs your app, its database and a fault to inject"),
+    ("docs/how-to/redis.md", "needs a Redis master with replicas and Sentinel"),
     ("docs/how-to/sqlalchemy.md", "an Alembic revision file"),
     ("docs/tutorials/demo.md", "installs from the network"),
     ("docs/tutorials/getting-started.md", "installs from the network"),

@@ -44,6 +44,8 @@ AsyncSentinel = redis.asyncio.sentinel.Sentinel
 
 RedisError = redis.exceptions.RedisError
 """Any error of redis-py's."""
+NoScriptError = redis.exceptions.NoScriptError
+"""The server does not hold a script (restarted, or ``SCRIPT FLUSH``): load it again."""
 
 DEFAULT_TIMEOUT = 1.0
 """Connect and read timeouts of a store that opens its own client, in seconds: a Redis
@@ -143,7 +145,9 @@ def channel(prefix: str) -> bytes:
     return encode(prefix) + b":settled"
 
 
-def claim_args(request: ClaimRequest) -> list[Any]:
+def claim_args(request: ClaimRequest, replicated: bool = False) -> list[Any]:
+    """The claim script's ARGV; ``replicated`` when the store waits for replicas (a
+    replay then writes, so that its WAIT covers the finish it read: `_replicas`)."""
     retention = request.retention
     return [
         request.scope.encode("utf-8", _TEXT),
@@ -157,6 +161,7 @@ def claim_args(request: ClaimRequest) -> list[Any]:
         "" if retention is None else _us(retention),
         # The record's id: random, so a lease names one incarnation of the key (F1).
         secrets.randbits(62) + 1,
+        "1" if replicated else "0",
     ]
 
 
