@@ -9,62 +9,25 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
-from celery import Celery
 
-from idempotence.consumers import Consumer, Message, MessageContext, process
 from idempotence.maintenance import Enqueuer, EnqueuerConfig
 from idempotence.maintenance.sinks import BrokerUnavailable, CelerySink, RabbitMQSink
 from tests.consumers.broker import OwnNode, broker_url
+from tests.maintenance.brokers import celery_app, closed_port_url, consume, drain
 from tests.maintenance.support import Backend, new_scope
 from tests.maintenance.test_enqueuer import stage
 
 FAST = EnqueuerConfig(batch_pause=0.0)
-
-
-@pytest.fixture
-def queue() -> Iterator[str]:
-    """A queue name of the test's own, deleted after."""
-    name = f"idem-sink-{uuid.uuid4().hex[:10]}"
-    yield name
-    connection = pika.BlockingConnection(pika.URLParameters(broker_url()))
-    try:
-        connection.channel().queue_delete(name)
-    finally:
-        connection.close()
-
-
-def drain(url: str, queue: str) -> list[tuple[Any, bytes]]:
-    """Every message in ``queue``: (properties, body), acknowledged."""
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        channel = connection.channel()
-        messages = []
-        while True:
-            method, properties, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return messages
-            messages.append((properties, body))
-    finally:
-        connection.close()
-
-
-def closed_port_url() -> str:
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    return f"amqp://guest:guest@127.0.0.1:{port}/%2F"
 
 
 def test_rabbitmq_sink_publishes_each_job_persistent_with_its_key_as_message_id(
@@ -131,17 +94,9 @@ def test_a_duplicate_from_a_lost_confirm_is_absorbed_by_a_guarded_consumer(
         Enqueuer(db.store, FAST, sink=sink).run_once()
     finally:
         sink.close()
-    handled: list[str] = []
-
-    def handler(ctx: MessageContext) -> None:
-        handled.append(ctx.key)
-
-    consumer = Consumer(name=f"receipts-{uuid.uuid4().hex[:6]}", handler=handler)
     messages = drain(broker_url(), queue)
     assert [p.message_id for p, _ in messages] == keys + keys
-    for properties, body in messages:
-        process(consumer, db.store, Message(body, message_id=properties.message_id))
-    assert handled == keys
+    assert consume(db.store, messages) == keys
 
 
 def _request(scope: str) -> Any:
@@ -173,18 +128,11 @@ def test_a_broker_restart_loses_no_job(db: Backend) -> None:
         node.remove()
 
 
-def _celery(url: str, confirm: bool = True) -> Celery:
-    app = Celery("sink-test", broker=url.replace("/%2F", "//"))
-    if confirm:
-        app.conf.broker_transport_options = {"confirm_publish": True}
-    return app
-
-
 def test_celery_sink_sends_each_job_as_a_task_whose_id_is_the_job_key(
     db: Backend, queue: str
 ) -> None:
     keys = stage(db.store, 2)
-    app = _celery(broker_url())
+    app = celery_app(broker_url())
     try:
         sink = CelerySink(app, tasks={"receipt": "shop.send_receipt"}, queue=queue)
         assert Enqueuer(db.store, FAST, sink=sink).run_once().delivered == tuple(keys)
@@ -200,9 +148,9 @@ def test_celery_sink_needs_confirms_and_keeps_jobs_staged_while_the_broker_is_do
     db: Backend,
 ) -> None:
     with pytest.raises(Exception, match="confirm_publish"):
-        CelerySink(_celery(broker_url(), confirm=False))
+        CelerySink(celery_app(broker_url(), confirm=False))
     stage(db.store, 2)
-    app = _celery(closed_port_url())
+    app = celery_app(closed_port_url())
     try:
         with pytest.raises(BrokerUnavailable):
             Enqueuer(db.store, FAST, sink=CelerySink(app)).run_once()
