@@ -5,10 +5,10 @@ more than a keyword, so, as in `_concurrency`, both are written here side by sid
 the sink itself is written once (`sinks_async`, and the `sinks` generated from it).
 
 Each keeps one connection with one channel in publisher-confirm mode, opened at the
-first call and again after [`close`][idempotence.maintenance._amqp.Publisher.close]
-(the sink closes it when a publish failed, so a broker that restarted is reconnected
-to). ``publish`` returns only once the broker confirmed the message; a refusal (nack)
-or a message the broker could not route (mandatory) raises one of ``errors``.
+first call and again after ``close`` (the sink closes it when a publish failed, so a
+broker that restarted is reconnected to). ``publish`` returns only once the broker
+confirmed the message; a refusal (nack) or a message the broker could not route
+(mandatory) raises one of ``errors``.
 """
 
 from __future__ import annotations
