@@ -3,16 +3,20 @@ is, a Celery app on the test broker, and a guarded consumer of what the sinks se
 
 from __future__ import annotations
 
+import inspect
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pika
 from celery import Celery
 
+from idempotence import maintenance
 from idempotence.consumers import Consumer, Message, MessageContext, process
 from idempotence.stores import Store
+from tests.maintenance.support import Flavour
 
 
 def drain(url: str, queue: str) -> list[tuple[Any, bytes]]:
@@ -56,3 +60,18 @@ def consume(store: Store, messages: Sequence[tuple[Any, bytes]]) -> list[str]:
     for properties, body in messages:
         process(consumer, store, Message(body, message_id=properties.message_id))
     return handled
+
+
+@contextmanager
+def sink_of(flavour: Flavour, cls: type[Any], *args: Any, **kw: Any) -> Iterator[Any]:
+    """``cls(*args, **kw)``, a sync sink, or on the async flavour its ``Async`` twin (the
+    source it is generated from); closed after, on the flavour's event loop."""
+    if flavour.name == "async":
+        cls = getattr(maintenance, "Async" + cls.__name__)
+    sink = cls(*args, **kw)
+    try:
+        yield sink
+    finally:
+        closed = sink.close() if hasattr(sink, "close") else None
+        if inspect.isawaitable(closed):
+            flavour.db.loop.run(closed)
