@@ -40,16 +40,18 @@ FAST = EnqueuerConfig(batch_pause=0.0)
 def test_rabbitmq_sink_publishes_each_job_persistent_with_its_key_as_message_id(
     db: Backend, flavour: Flavour, queue: str
 ) -> None:
-    keys = stage(db.store, 3)
+    # Two batches: the async sink sends a batch's messages without waiting for each
+    # confirm in turn, and they must still reach the queue in order.
+    keys = stage(db.store, 130)
     with sink_of(flavour, RabbitMQSink, broker_url(), routes={"receipt": queue}) as sink:
         result = flavour(Enqueuer, FAST, sink=sink).run_once()
-    assert result.delivered == tuple(keys)
+    assert (result.delivered, result.batches) == (tuple(keys), 2)
     assert db.count("idempotence_staged_jobs") == 0
     messages = drain(broker_url(), queue)
     assert [p.message_id for p, _ in messages] == keys
     assert all(p.delivery_mode == 2 and p.type == "receipt" for p, _ in messages)
     assert all(p.content_type == "application/json" for p, _ in messages)
-    assert [json.loads(body) for _, body in messages] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert [json.loads(body) for _, body in messages] == [{"n": n} for n in range(130)]
 
 
 def test_the_default_virtual_host_may_be_written_as_celery_writes_it(

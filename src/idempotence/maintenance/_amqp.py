@@ -6,14 +6,16 @@ the sink itself is written once (`sinks_async`, and the `sinks` generated from i
 
 Each keeps one connection with one channel in publisher-confirm mode, opened at the
 first call and again after ``close`` (the sink closes it when a publish failed, so a
-broker that restarted is reconnected to). ``publish`` returns only once the broker
-confirmed the message; a refusal (nack) or a message the broker could not route
+broker that restarted is reconnected to). ``publish_all`` returns only once the broker
+confirmed every message; a refusal (nack) or a message the broker could not route
 (mandatory) raises one of ``errors``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from ._sinks_shared import Outgoing
@@ -62,9 +64,22 @@ class AsyncPublisher:
             await channel.declare_queue(queue, durable=True, timeout=self._timeout)
             self._declared.add(queue)
 
-    async def publish(self, exchange: str, message: Outgoing) -> None:
-        """Publish ``message`` persistent to ``exchange`` ("" for the default one) and
-        wait for the broker's confirm."""
+    async def publish_all(self, exchange: str, messages: Sequence[Outgoing]) -> None:
+        """Publish ``messages`` in order and wait until the broker confirmed every one.
+
+        They are sent without waiting for each confirm in turn: the broker writes
+        persistent messages to disk in groups and confirms each group at once, so a
+        batch costs about one disk write, not one per message (measured: several times
+        the jobs per second of one publish at a time)."""
+        await self._open()
+        sent = await asyncio.gather(
+            *(self._publish(exchange, message) for message in messages), return_exceptions=True
+        )
+        for outcome in sent:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def _publish(self, exchange: str, message: Outgoing) -> None:
         aio_pika = self._aio_pika
         channel = await self._open()
         target = (
@@ -130,21 +145,22 @@ class Publisher:
             channel.queue_declare(queue, durable=True)
             self._declared.add(queue)
 
-    def publish(self, exchange: str, message: Outgoing) -> None:
-        """Publish ``message`` persistent to ``exchange`` ("" for the default one) and
-        wait for the broker's confirm."""
+    def publish_all(self, exchange: str, messages: Sequence[Outgoing]) -> None:
+        """Publish ``messages`` in order, each once the broker confirmed the one before
+        (pika's blocking connection waits for each confirm in turn)."""
         pika = self._pika
-        properties = pika.BasicProperties(
-            message_id=message.message_id,
-            delivery_mode=pika.DeliveryMode.Persistent,
-            content_type="application/json",
-            type=message.type,
-            headers=dict(message.headers),
-        )
-        # In confirm mode this returns once the broker confirmed the message, and
-        # raises if it refused it (nack) or could not route it (mandatory).
         channel = self._open()
-        channel.basic_publish(exchange, message.route, message.body, properties, mandatory=True)
+        for message in messages:
+            properties = pika.BasicProperties(
+                message_id=message.message_id,
+                delivery_mode=pika.DeliveryMode.Persistent,
+                content_type="application/json",
+                type=message.type,
+                headers=dict(message.headers),
+            )
+            # In confirm mode this returns once the broker confirmed the message, and
+            # raises if it refused it (nack) or could not route it (mandatory).
+            channel.basic_publish(exchange, message.route, message.body, properties, mandatory=True)
 
     def close(self) -> None:
         """Close the connection (the next call opens another)."""

@@ -79,7 +79,10 @@ class AsyncRunnerSink:
 
 class AsyncEnqueuer(AsyncService[EnqueuerConfig, EnqueueResult]):
     """Moves staged jobs to ``sink`` (default: the built-in runner); see the module
-    docstring."""
+    docstring. ``sleep(seconds, stop)``, when given, is how it waits between passes and
+    batches (returning early once ``stop`` is set): a test hands in one that records
+    the pauses and moves a clock of its own, to read the backoff's schedule without
+    waiting for it."""
 
     name = "enqueuer"
 

@@ -89,12 +89,12 @@ class RabbitMQSink:
         [`BrokerUnavailable`][idempotence.maintenance.BrokerUnavailable] when it did
         not: the enqueuer's transaction rolls back and the jobs stay staged."""
         publisher = self._publisher
+        messages = [outgoing(job, self.routes) for job in jobs]
         try:
-            for job in jobs:
-                message = outgoing(job, self.routes)
-                if self.declare:
-                    publisher.declare(message.route)
-                publisher.publish(self.exchange, message)
+            if self.declare:
+                for route in dict.fromkeys(message.route for message in messages):
+                    publisher.declare(route)
+            publisher.publish_all(self.exchange, messages)
         except publisher.errors as exc:
             # The connection may be half dead: the next delivery opens another.
             self.close()
