@@ -495,6 +495,13 @@ class Idempotency:
     """Where the status of an asynchronous operation is read: ``GET
     <status_path>/<key>`` (percent-encoded), served by the middleware when an
     endpoint has ``Policy(asynchronous=True)``."""
+    key_status_path: str | None = None
+    """Where a key's status is read, when set (None, the default: nowhere). ``GET
+    <key_status_path>/<key>`` (the key percent-encoded) answers 200 with the key's
+    state as JSON, 404 for a key the tenant never sent or one already deleted, and 410
+    once its retention has passed. The tenant is the scope callable's; a key sent to
+    an endpoint whose policy has its own ``scope`` or ``key_scope=KeyScope.ENDPOINT``
+    is named with its endpoint: ``?method=POST&path=/v1/orders``."""
     fingerprint_secret: str | bytes | None = field(default=None, repr=False)
     """Fingerprints are HMAC-SHA-256 keyed by this secret, not a plain SHA-256."""
     previous_fingerprint_secret: str | bytes | None = field(default=None, repr=False)
@@ -503,6 +510,10 @@ class Idempotency:
     status_policy: Policy | None = field(init=False, repr=False, compare=False)
     """The asynchronous policy that serves status reads, and the flows it may show."""
     status_flows: frozenset[str] = field(init=False, repr=False, compare=False)
+    key_status_policy: Policy | None = field(init=False, repr=False, compare=False)
+    """The policy that [`resolve`][idempotence.http.Idempotency.resolve] gives a GET of
+    a key's status URL (only that request gets this object), or None when the route
+    is off."""
     _resolved: dict[tuple[str, str], Any] = field(init=False, repr=False, compare=False)
     """What [`resolve`][idempotence.http.Idempotency.resolve] found for a method and
     path, so that a path is matched against the patterns once (bounded: a path with
@@ -524,10 +535,19 @@ class Idempotency:
         object.__setattr__(self, "profile", Profile(self.profile))
         pair = secret_pair(self.fingerprint_secret, self.previous_fingerprint_secret, "Idempotency")
         object.__setattr__(self, "secrets", pair)
-        if not self.status_path.startswith("/") or self.status_path.endswith("/"):
+        for name in ("status_path", "key_status_path"):
+            path = getattr(self, name)
+            if path is not None and (not path.startswith("/") or path.endswith("/")):
+                raise _invalid("Idempotency", name, path, "must start and not end with '/'")
+        if self.key_status_path == self.status_path:
             raise _invalid(
-                "Idempotency", "status_path", self.status_path, "must start and not end with '/'"
+                "Idempotency",
+                "key_status_path",
+                self.key_status_path,
+                "is status_path too: give a key's status a path of its own",
             )
+        key_status = None if self.key_status_path is None else Policy()
+        object.__setattr__(self, "key_status_policy", key_status)
         policies = [e.policy for e in self.endpoints] + [self.default]
         accepting = [p for p in policies if p is not None and p.asynchronous]
         object.__setattr__(self, "status_policy", accepting[0] if accepting else None)
@@ -555,13 +575,22 @@ class Idempotency:
     def resolve(self, method: str, path: str) -> tuple[Policy, Mapping[str, str]] | None:
         """The policy for ``method`` on ``path`` and the pattern's parameters, or None
         when the request passes through unguarded (P9). A GET of an operation's status
-        URL resolves to the asynchronous policy, with the key as parameter ``key``.
+        URL resolves to the asynchronous policy, and one of a key's status URL to
+        [`key_status_policy`][idempotence.http.Idempotency.key_status_policy], each
+        with the key as parameter ``key``.
 
         ```python
         config.resolve("GET", "/v1/charges") is None
         # True
         ```
         """
+        key_status = self.key_status_policy
+        if key_status is not None and method == "GET":
+            prefix = self.key_status_path
+            assert prefix is not None
+            if path.startswith(prefix) and path[len(prefix) : len(prefix) + 1] == "/":
+                # Not remembered: every key is another path.
+                return key_status, {"key": path[len(prefix) + 1 :]}
         found = self._resolved.get((method, path), _UNRESOLVED)
         if found is _UNRESOLVED:
             found = self._resolve(method, path)
@@ -595,6 +624,19 @@ class Idempotency:
         ```
         """
         return f"{self.status_path}/{urllib.parse.quote(key, safe='')}"
+
+    def key_status_url(self, key: str) -> str:
+        """Where the status of ``key`` is read (``key_status_path`` must be set).
+
+        ```python
+        config = Idempotency(store=store, scope=single_tenant(), key_status_path="/keys")
+        config.key_status_url("a/b")
+        # '/keys/a%2Fb'
+        ```
+        """
+        if self.key_status_path is None:
+            raise ConfigurationError("key_status_url() needs Idempotency(key_status_path=...)")
+        return f"{self.key_status_path}/{urllib.parse.quote(key, safe='')}"
 
     def scope_for(self, policy: Policy) -> ScopeFn:
         return policy.scope if policy.scope is not None else self.scope
