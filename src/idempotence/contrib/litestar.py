@@ -62,7 +62,7 @@ def status_routes(config: Idempotency) -> list[HTTPRouteHandler]:
 
 
 def _answered_by_the_middleware(prefix: str) -> HTTPRouteHandler:
-    async def handler(key: str) -> None:
+    async def handler() -> None:
         # Reached only when the idempotency middleware is not installed on this app.
         raise NotFoundException(f"{prefix} is answered by the idempotency middleware")
 

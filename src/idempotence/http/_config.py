@@ -588,8 +588,12 @@ class Idempotency:
         if key_status is not None and method == "GET":
             prefix = self.key_status_path
             assert prefix is not None
-            if path.startswith(prefix) and path[len(prefix) : len(prefix) + 1] == "/":
-                # Not remembered: every key is another path.
+            # The prefix alone too (a key left out, or a trailing slash the framework
+            # removed): an empty key, refused as such. Not remembered: every key is
+            # another path.
+            if path == prefix:
+                return key_status, {"key": ""}
+            if path.startswith(prefix) and path[len(prefix)] == "/":
                 return key_status, {"key": path[len(prefix) + 1 :]}
         found = self._resolved.get((method, path), _UNRESOLVED)
         if found is _UNRESOLVED:
