@@ -47,8 +47,8 @@ from idempotence.flows import Flow
 from idempotence.http import Endpoint, Idempotency, Policy, single_tenant
 from idempotence.stores.redis import AsyncRedisStore, RedisStore, record_key
 from idempotence.stores.redis import _store_shared as _redis_base
-from tests.support.redis import SHARED_URL, delete_prefix, redis_cluster, redis_server, require
 from tests.support.polling import eventually
+from tests.support.redis import SHARED_URL, delete_prefix, redis_cluster, redis_server, require
 from tests.support.stores import Blocking, EventLoopThread
 
 FP = "f" * 64

@@ -19,6 +19,7 @@ from tests.http.clients import Resp
 from tests.support.clock import age_key
 
 STATUS = "/idempotence/keys"
+QUERY = "idempotency_status_query_invalid"
 PAST_RETENTION = timedelta(hours=25)  # the default retention is 24 hours
 
 
@@ -129,14 +130,14 @@ def test_a_key_of_an_endpoint_that_keeps_its_own_keys_is_named_with_it(make_harn
         (f"{STATUS}/%00", "idempotency_key_invalid", "U+0000"),
         (f"{STATUS}/%C3%A9t%C3%A9", "idempotency_key_invalid", "not printable ASCII"),
         (f"{STATUS}/", "idempotency_key_invalid", "empty"),
-        (f"{STATUS}/k?method=POST", "idempotency_status_query_invalid", "both method= and path="),
-        (f"{STATUS}/k?method=GET&path=/x", "idempotency_status_query_invalid", "never guarded"),
-        (f"{STATUS}/k?method=P%20ST&path=/x", "idempotency_status_query_invalid", "not an HTTP"),
-        (f"{STATUS}/k?method=POST&path=x", "idempotency_status_query_invalid", "starting with"),
-        (f"{STATUS}/k?method=POST&path=/exempt", "idempotency_status_query_invalid", "not guarded"),
-        (f"{STATUS}/k?method=POST&method=PATCH&path=/x", "idempotency_status_query_invalid", "twice"),
-        (f"{STATUS}/k?method=POST&path=%FF", "idempotency_status_query_invalid", "UTF-8"),
-        (f"{STATUS}/k?" + "&".join(f"f{n}=1" for n in range(50)), "idempotency_status_query_invalid", "at most"),
+        (f"{STATUS}/k?method=POST", QUERY, "both method= and path="),
+        (f"{STATUS}/k?method=GET&path=/x", QUERY, "never guarded"),
+        (f"{STATUS}/k?method=P%20ST&path=/x", QUERY, "not an HTTP"),
+        (f"{STATUS}/k?method=POST&path=x", QUERY, "starting with"),
+        (f"{STATUS}/k?method=POST&path=/exempt", QUERY, "not guarded"),
+        (f"{STATUS}/k?method=POST&method=PATCH&path=/x", QUERY, "twice"),
+        (f"{STATUS}/k?method=POST&path=%FF", QUERY, "UTF-8"),
+        (f"{STATUS}/k?" + "&".join(f"f{n}=1" for n in range(50)), QUERY, "at most"),
     ],
 )  # fmt: skip
 def test_hostile_status_urls_answer_400_saying_what_to_fix(make_harness, url, code, says):
