@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import re
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeAlias
@@ -35,6 +35,7 @@ from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, DEFAULT_RETENTION
 from ..stores import AsyncKeyStore, AsyncStore, KeyStore, Store
 from ._problems import Profile
 from ._request import RequestInfo
+from ._scopes import ScopeFn, header_scope, single_tenant
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -50,9 +51,6 @@ __all__ = [
     "single_tenant",
 ]
 
-ScopeFn: TypeAlias = Callable[[RequestInfo], "str | Awaitable[str | None] | None"]
-"""A request to its tenant id; None when the request has none (answered 401). In an
-ASGI app it may be a coroutine function."""
 ParamsFn: TypeAlias = Callable[[RequestInfo, Any], Any]
 """A flow's parameters from the request and its parsed body."""
 
@@ -103,54 +101,6 @@ class KeyScope(enum.Enum):
 
     TENANT = "tenant"
     ENDPOINT = "endpoint"
-
-
-class _SingleTenant:
-    """A scope that puts every request in one tenant: the explicit opt-in."""
-
-    def __init__(self, tenant: str) -> None:
-        self.tenant = tenant
-
-    def __call__(self, request: RequestInfo) -> str:
-        return self.tenant
-
-    def __repr__(self) -> str:
-        return f"single_tenant({self.tenant!r})"
-
-
-def single_tenant(tenant: str = "default") -> ScopeFn:
-    """Declare that the app has one tenant, so keys are unique across all clients.
-
-    There is no implicit global scope: an app that serves several accounts must
-    pass a callable that finds the account, or one client could replay another's
-    response by guessing its key.
-
-    ```python
-    single_tenant("shop")(RequestInfo("POST", "/orders"))
-    # 'shop'
-    ```
-    """
-    if not tenant:
-        raise ConfigurationError("single_tenant() needs a non-empty tenant name")
-    return _SingleTenant(tenant)
-
-
-def header_scope(name: str) -> ScopeFn:
-    """A scope read from request header ``name``.
-
-    Only behind a gateway that authenticates the caller and sets the header itself:
-    a header the client controls is no tenant boundary.
-
-    ```python
-    header_scope("x-account-id")(RequestInfo("POST", "/", headers=(("x-account-id", "a1"),)))
-    # 'a1'
-    ```
-    """
-
-    def scope(request: RequestInfo) -> str | None:
-        return request.header(name) or None
-
-    return scope
 
 
 def _invalid(owner: str, name: str, value: object, why: str) -> ConfigurationError:
