@@ -47,6 +47,7 @@ from idempotence.flows import Flow
 from idempotence.http import Endpoint, Idempotency, Policy, single_tenant
 from idempotence.stores.redis import AsyncRedisStore, RedisStore, record_key
 from idempotence.stores.redis import _store_shared as _redis_base
+from tests.support.clock import app_clock_ahead
 from tests.support.polling import eventually
 from tests.support.redis import SHARED_URL, delete_prefix, redis_cluster, redis_server, require
 from tests.support.stores import Blocking, EventLoopThread
@@ -273,12 +274,7 @@ def test_a_key_status_follows_the_ttl_on_the_servers_clock(
 ) -> None:
     # The client's clock two hours ahead: a key with an hour of retention is still
     # complete by the server's clock, which names its status.
-    class Ahead(datetime):
-        @classmethod
-        def now(cls, tz: Any = None) -> Any:
-            return datetime.now(tz) + timedelta(hours=2)
-
-    monkeypatch.setattr(_redis_base, "datetime", Ahead)
+    app_clock_ahead(monkeypatch, timedelta(hours=2), _redis_base)
     before = raw_time()
     lease = redis_store.claim(request(scope, retention=timedelta(hours=1))).lease
     redis_store.finish(lease, response())

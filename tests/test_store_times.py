@@ -11,6 +11,7 @@ import pytest
 
 from idempotence import ClaimRequest, KeyState, StoredResponse, states
 from idempotence.stores._sql import ops as _ops
+from tests.support.clock import app_clock_ahead
 from tests.support.stores import StoreKind
 
 HOUR = timedelta(hours=1)
@@ -44,13 +45,7 @@ def test_a_key_status_is_named_on_the_database_clock(
 ) -> None:
     # The application's clock two hours ahead where a status could read it: a key
     # with an hour of retention is still complete by the database's clock.
-    class Ahead(datetime):
-        @classmethod
-        def now(cls, tz: Any = None) -> Any:
-            return datetime.now(tz) + timedelta(hours=2)
-
-    monkeypatch.setattr(_ops, "datetime", Ahead)
-    monkeypatch.setattr(states, "datetime", Ahead)
+    app_clock_ahead(monkeypatch, 2 * HOUR, _ops, states)
     request = ClaimRequest(scope=scope, key="key-1", fingerprint="a" * 64, retention=HOUR)
     store.finish(store.claim(request).lease, StoredResponse.of(201))
     status = store.key_status(scope, "key-1")

@@ -14,10 +14,12 @@ from __future__ import annotations
 import re
 import sqlite3
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from types import ModuleType
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
 from idempotence.stores.capabilities import Capability
@@ -148,3 +150,17 @@ class Rows:
         if key is None:
             raise ValueError("a Redis record is aged one key at a time")
         backdate_hash(self.url, record_key(self.prefix, scope, key), by, columns)
+
+
+def app_clock_ahead(monkeypatch: pytest.MonkeyPatch, by: timedelta, *modules: ModuleType) -> None:
+    """The application's clock ``by`` ahead, as ``datetime.now`` in each of ``modules``:
+    what a store computes from the application's clock instead of its database's
+    (or server's) shows the difference."""
+
+    class Ahead(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return datetime.now(tz) + by
+
+    for module in modules:
+        monkeypatch.setattr(module, "datetime", Ahead)

@@ -63,15 +63,7 @@ from idempotence.http._effects import (
 from idempotence.maintenance.completer import GAVE_UP_RESPONSE
 from idempotence.maintenance.reaper import EXPIRED_RESPONSE
 from idempotence.problems import NEUTRAL_TYPE, ProblemDetails
-from idempotence.states import (
-    Claim,
-    KeyRecord,
-    KeyState,
-    KeyStatus,
-    Lease,
-    Outcome,
-    StoredResponse,
-)
+from idempotence.states import Claim, KeyRecord, KeyState, KeyStatus, Lease, Outcome, StoredResponse
 
 # -- a scripted driver ----------------------------------------------------------------------
 

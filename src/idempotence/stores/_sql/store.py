@@ -16,15 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from ..._concurrency import sleep
 from ...observability import Instrumentation, combine, fenced, watched_claim
-from ...states import (
-    Claim,
-    ClaimRequest,
-    KeyRecord,
-    KeyStatus,
-    Lease,
-    StagedJob,
-    StoredResponse,
-)
+from ...states import Claim, ClaimRequest, KeyRecord, KeyStatus, Lease, StagedJob, StoredResponse
 from ..capabilities import Capability
 from . import ops as _ops
 from .batcher import Batcher
