@@ -8,15 +8,30 @@ replays until the reaper deletes the key, then the key runs as a new request."""
 from __future__ import annotations
 
 import urllib.parse
+import warnings
+from contextlib import ExitStack
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from idempotence.errors import ConfigurationError
-from idempotence.http import Endpoint, Idempotency, KeyScope, Policy, single_tenant
+from idempotence.http import (
+    Endpoint,
+    Idempotency,
+    KeyScope,
+    Policy,
+    header_scope,
+    single_tenant,
+)
 from idempotence.maintenance import Reaper, ReaperConfig
+from tests.http import apps
 from tests.http.clients import Resp
 from tests.support.clock import age_key
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # Starlette's notice about httpx vs httpx2
+    from starlette.testclient import TestClient
 
 STATUS = "/idempotence/keys"
 QUERY = "idempotency_status_query_invalid"
@@ -227,3 +242,44 @@ def _stored(status_code: int):
     from idempotence import StoredResponse
 
     return StoredResponse.of(status_code, {"content-type": "text/plain"}, b"?")
+
+
+@pytest.mark.parametrize("framework", ["fastapi", "flask"])
+def test_the_status_url_on_a_redis_key_store(framework, redis_url, redis_prefix, scope):
+    # A key store without SQL answers through the same route: 200, 404, and 410 for a
+    # record past its expiry that Redis has not dropped yet (aged, its TTL untouched).
+    from idempotence.stores.redis import AsyncRedisStore, RedisStore
+    from tests.http.clients import FlaskClient, HttpxClient
+
+    asgi = framework == "fastapi"
+    store = (AsyncRedisStore if asgi else RedisStore)(redis_url, prefix=redis_prefix)
+    config = Idempotency(
+        store=store,
+        scope=header_scope(apps.TENANT_HEADER),
+        key_status_path=STATUS,
+        endpoints=[],
+    )
+    effects = apps.Effects("redis")
+    inspect = RedisStore(redis_url, prefix=redis_prefix)
+    with ExitStack() as stack:
+        stack.callback(inspect.close)
+        if asgi:
+            raw = stack.enter_context(TestClient(apps.fastapi_app(effects, config)))
+            stack.callback(lambda: raw.portal.call(store.close))
+            client: Any = HttpxClient(raw)
+        else:
+            stack.callback(store.close)
+            client = FlaskClient(apps.flask_app(effects, config).test_client())
+        tenant = (apps.TENANT_HEADER, scope)
+        key = ("idempotency-key", "k-redis")
+        first = client.request("POST", "/charges", b"{}", [tenant, key])
+        assert first.status == 201
+        found = client.request("GET", f"{STATUS}/k-redis", b"", [tenant])
+        assert found.status == 200 and found.json()["state"] == "complete"
+        assert client.request("GET", f"{STATUS}/nope", b"", [tenant]).status == 404
+        age_key(inspect, scope, "k-redis", PAST_RETENTION)
+        gone = client.request("GET", f"{STATUS}/k-redis", b"", [tenant])
+        assert gone.status == 410 and problem_code(gone) == "idempotency_key_expired"
+        again = client.request("POST", "/charges", b"{}", [tenant, key])
+        assert again.body == first.body and again.header("idempotent-replayed") == "true"
+        assert effects.counts["/charges"] == 1
