@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from ..._concurrency import AsyncBackground, AsyncWakeup
 from ...errors import ConfigurationError, StoreError, StoreUnavailable
 from ...observability import Instrumentation, combine
-from ...states import Claim, ClaimRequest, KeyRecord, Lease, StoredResponse
+from ...states import Claim, ClaimRequest, KeyRecord, KeyStatus, Lease, StoredResponse
 from .._fenced import lost as _lost
 from .._listener_async import AsyncListener
 from .._listener_shared import STOP_CHECK
@@ -51,6 +51,7 @@ from ._store_shared import (
     open_sentinel,
     record,
     record_pattern,
+    status_result,
     timestamp,
     translated,
 )
@@ -341,6 +342,13 @@ class AsyncRedisStore:
         with translated():
             fields = await self._client.hgetall(self.record_key(scope, key))
         return record(fields) if fields else None
+
+    async def key_status(self, scope: str, key: str) -> KeyStatus | None:
+        """The key's state on the server's clock, with its times and its stored status
+        code (never its body); None for a key the store does not hold. A finished key
+        expires with its retention (its TTL), so past it the store holds nothing and
+        this is None: on Redis the expiry itself is the reaper."""
+        return status_result(await self._run("status", [self.record_key(scope, key)], []))
 
     async def evict(self, scope: str, key: str, *, force: bool = False) -> bool | None:
         """Delete a key's record unless a live lock holds it (``force`` deletes it

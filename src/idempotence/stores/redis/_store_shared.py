@@ -30,7 +30,15 @@ import redis.sentinel
 
 from ... import _queries
 from ...errors import ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
-from ...states import STARTED, Claim, ClaimRequest, KeyRecord, StoredResponse, claim_from
+from ...states import (
+    STARTED,
+    Claim,
+    ClaimRequest,
+    KeyRecord,
+    KeyStatus,
+    StoredResponse,
+    claim_from,
+)
 from .._redis_url import SentinelTarget, check_redis_url
 
 AsyncRedis = redis.asyncio.Redis
@@ -327,6 +335,15 @@ def claim_result(request: ClaimRequest, args: Sequence[Any], reply: Sequence[Any
     return claim_from(
         record(unpack(packed)), request.fingerprint, timestamp(now), claimed=bool(claimed)
     )
+
+
+def status_result(reply: Sequence[Any]) -> KeyStatus | None:
+    """The ``status`` script's reply as a [`KeyStatus`][idempotence.states.KeyStatus]
+    (None: no such record), its state named on the server's clock."""
+    if len(reply) == 1:
+        return None
+    now, packed = reply
+    return KeyStatus.of(record(unpack(packed)), timestamp(now))
 
 
 def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> KeyRecord:

@@ -269,3 +269,14 @@ if not cur[4] and live(cur[2], cur[3], now_us()) and ARGV[1] ~= '1' then
 end
 redis.call('DEL', k)
 return 1
+
+-- status --
+-- A key's status (key_status): its record and the server's clock, read in one atomic
+-- step, so the state is named on the clock that wrote the record, as a claim's is.
+-- Returns {now} for no such key, else {now, the record's values (read)}.
+local k = KEYS[1]
+local now = now_us()
+if redis.call('EXISTS', k) == 0 then
+  return {int(now)}
+end
+return {int(now), read(k)}
