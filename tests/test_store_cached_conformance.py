@@ -14,7 +14,7 @@ import pytest
 
 from idempotence.stores.cached import AsyncCachedStore, CachedStore
 from idempotence.testing.conformance import suite
-from tests.support.clock import age_lock
+from tests.support.clock import age_key, age_lock
 from tests.support.stores import opener
 
 
@@ -25,7 +25,7 @@ def cached(store_type: type[Any], primary: str) -> type[Any]:
     def open_store(request: pytest.FixtureRequest, redis_url: str, redis_prefix: str) -> Any:
         return store_type(opener(primary, request)(), redis_url, prefix=redis_prefix)
 
-    return suite(store_type, open_store, age_lock=age_lock)
+    return suite(store_type, open_store, age_lock=age_lock, age_key=age_key)
 
 
 # The fast tier runs one pass (the sync store over SQLite); the others are slow.

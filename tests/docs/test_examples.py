@@ -10,8 +10,9 @@ about schemas, the whole series runs twice, so an example that cannot run a seco
 on the same database (a table another example made differently, a ``CREATE TABLE``
 without ``IF NOT EXISTS``, a count that assumes an empty table) fails here; SQLite runs
 it once (what a second round catches, an example that assumes an empty database, fails
-on either backend alike, and the round cost a quarter of this module's minutes). A block that is not run says why in its marker, and is listed in
-``NOT_RUN`` below, so none is left out silently: a new one fails here until it is listed.
+on either backend alike, and the round cost a quarter of this module's minutes).
+A block that is not run says why in its marker, and is listed in ``NOT_RUN`` below, so
+none is left out silently: a new one fails here until it is listed.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ NOT_RUN = {
     ("docs/how-to/django-orm.md", "an excerpt of examples/django_shop/orders/views.py"),
     ("docs/how-to/django.md", "an excerpt of examples/django_shop/shop/settings.py"),
     ("docs/how-to/fault-testing.md", "needs your app, its database and a fault to inject"),
+    ("docs/how-to/redis.md", "needs a Redis master with replicas and Sentinel"),
     ("docs/how-to/sqlalchemy.md", "an Alembic revision file"),
     ("docs/tutorials/demo.md", "installs from the network"),
     ("docs/tutorials/getting-started.md", "installs from the network"),
