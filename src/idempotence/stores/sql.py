@@ -98,7 +98,6 @@ from ._sql.ops import (
     Op,
     Query,
     Row,
-    TransactionStatements,
     claim_in_one_statement,
     claim_in_transaction,
     migrate,
@@ -108,6 +107,7 @@ from ._sql.placeholders import to_pyformat
 from ._sql.retry import Blocks, KeyHeld, translator
 from ._sql.store import Store, Transaction
 from ._sql.store_async import AsyncStore, AsyncTransaction
+from ._sql.transactions import TransactionStatements
 
 __all__ = [
     "APPLICATION",

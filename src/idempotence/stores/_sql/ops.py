@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import abc
 import functools
-import itertools
 import json
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, replace
@@ -37,6 +36,7 @@ from ...states import (
 )
 from .._fenced import lost as _lost
 from . import batch_plan as _batch
+from .transactions import TransactionStatements, savepoint_name
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -63,23 +63,6 @@ the application's (a missing table is not the key store's schema)."""
 
 Op = Generator[Query, list[Row], T]
 """An operation: yields queries, is sent each query's rows, returns its result."""
-
-
-@dataclass(frozen=True, slots=True)
-class TransactionStatements:
-    """The statements that open, commit and roll back one transaction or savepoint,
-    for a connection that sends them itself (see
-    [`Dialect.transaction_statements`][idempotence.stores.sql.Dialect.transaction_statements])."""
-
-    begin: str
-    commit: str
-    rollback: tuple[str, ...]
-    """Run in order."""
-
-
-# Savepoint names need only differ from those of the transactions around them: one
-# count for every connection does that.
-_savepoints = itertools.count(1)
 
 
 class Dialect(abc.ABC):
@@ -119,7 +102,7 @@ class Dialect(abc.ABC):
         (``nested``)."""
         if not nested:
             return TransactionStatements(cls.begin_statement, "COMMIT", ("ROLLBACK",))
-        return cls.savepoint_statements(f"idempotence_{next(_savepoints)}")
+        return cls.savepoint_statements(savepoint_name())
 
     @classmethod
     def savepoint_statements(cls, name: str) -> TransactionStatements:

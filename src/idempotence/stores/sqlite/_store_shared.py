@@ -19,8 +19,9 @@ from typing import Any, Generic, TypeVar
 from ...errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
 from ...states import ClaimRequest, StoredResponse
 from .._sql.connection import body, run
-from .._sql.ops import Dialect, Op, Query, Row, TransactionStatements, claim_in_transaction
+from .._sql.ops import Dialect, Op, Query, Row, claim_in_transaction
 from .._sql.retry import Blocks, TransientError, own_copy, translator
+from .._sql.transactions import TransactionStatements
 from ._group import Groups
 
 DEFAULT_BUSY_TIMEOUT = 5.0
