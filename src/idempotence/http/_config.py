@@ -32,7 +32,8 @@ from ..errors import ConfigurationError
 from ..fingerprint import secret_pair
 from ..flows.flow import Flow
 from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, DEFAULT_RETENTION
-from ..stores import AsyncKeyStore, AsyncStore, KeyStore, Store
+from ..stores import AsyncKeyStore, KeyStore
+from ..stores.capabilities import Capability, capabilities_of
 from ._problems import Profile
 from ._request import RequestInfo
 
@@ -534,7 +535,7 @@ class Idempotency:
         flows = frozenset(p.flow.name for p in accepting if p.flow is not None)
         object.__setattr__(self, "status_flows", flows)
         object.__setattr__(self, "_resolved", {})
-        if not isinstance(self.store, Store | AsyncStore):
+        if Capability.TRANSACTIONS not in capabilities_of(self.store):
             self._refuse_shared_transactions()
 
     def _refuse_shared_transactions(self) -> None:

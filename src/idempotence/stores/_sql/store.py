@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from ..._concurrency import sleep
 from ...observability import Instrumentation, combine, fenced, watched_claim
@@ -130,9 +130,15 @@ class Store:
     """What [`transaction`][idempotence.stores.sql.Store.transaction] yields (a
     store on an ORM's connections adds its session)."""
 
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.TRANSACTIONS})
-    """What the store can do beyond the key-store operations: a SQL store shares its
-    transactions with the application (R2, F3)."""
+    capabilities: frozenset[Capability] = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
+    """What the store can do beyond the key-store operations
+    ([`capabilities_of`][idempotence.stores.capabilities.capabilities_of]): a SQL store
+    shares its transactions with the application (R2, F3), and holds a duplicate
+    waiting for its twin by polling (P10: the
+    [`wait_for_settle`][idempotence.stores.sql.Store.wait_for_settle] below).
+    A store woken by its database adds
+    [`LISTENING`][idempotence.stores.capabilities.Capability.LISTENING]. A class
+    attribute, but an instance may say otherwise in its own."""
 
     def __init__(
         self,
