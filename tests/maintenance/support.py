@@ -120,21 +120,26 @@ class Backend:
         return int(self.execute(f"SELECT count(*) AS n FROM {table} WHERE {where}")[0]["n"])
 
 
-def _mariadb_execute(url: str, sql: str, params: dict[str, Any] | None) -> list[dict[str, Any]]:
+def mariadb_connection(url: str, *, autocommit: bool = True) -> Any:
+    """A PyMySQL connection of the test's own to the database at ``url`` (rows as dicts)."""
     import pymysql
 
     from idempotence.stores.mariadb import Settings
 
     where = Settings.from_url(url)
-    conn = pymysql.connect(
+    return pymysql.connect(
         host=where.host,
         port=where.port,
         user=where.user,
         password=where.password,
         database=where.database,
-        autocommit=True,
+        autocommit=autocommit,
         cursorclass=pymysql.cursors.DictCursor,
     )
+
+
+def _mariadb_execute(url: str, sql: str, params: dict[str, Any] | None) -> list[dict[str, Any]]:
+    conn = mariadb_connection(url)
     try:
         with conn.cursor() as cur:
             cur.execute(sql, params or None)

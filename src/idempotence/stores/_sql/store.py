@@ -28,6 +28,23 @@ from .retry import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 T = TypeVar("T")
 
 
+def retried(attempt: Callable[[], T]) -> T:
+    """``attempt()``, run again after a transient abort (a deadlock, a serialization
+    failure, a busy database: [`TransientError`][idempotence.stores.TransientError]),
+    at most `TRANSIENT_ATTEMPTS` times, with a jittered backoff between; the last
+    attempt's error is raised. Only for work the library owns from its start to its
+    commit, each attempt in a transaction of its own: the store's own operations, the
+    enqueuer's batch."""
+    for tried in range(TRANSIENT_ATTEMPTS):
+        try:
+            return attempt()
+        except TransientError:
+            if tried == TRANSIENT_ATTEMPTS - 1:
+                raise
+            sleep(backoff(tried))
+    raise AssertionError("unreachable")
+
+
 class Transaction:
     """An open write transaction on the store's database (R2).
 
@@ -429,12 +446,9 @@ class Store:
     def _own(self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True) -> T:
         """Run an operation in a transaction of its own, retrying transient aborts."""
         self._gate.check()
-        for attempt in range(TRANSIENT_ATTEMPTS):
-            try:
-                with self._source.connection() as conn:
-                    return conn.perform(make_op(), atomic=atomic, write=write)
-            except TransientError:
-                if attempt == TRANSIENT_ATTEMPTS - 1:
-                    raise
-                sleep(backoff(attempt))
-        raise AssertionError("unreachable")
+
+        def attempt() -> T:
+            with self._source.connection() as conn:
+                return conn.perform(make_op(), atomic=atomic, write=write)
+
+        return retried(attempt)

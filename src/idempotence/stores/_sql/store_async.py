@@ -7,7 +7,7 @@ The store only chooses a connection and a transaction and hands the operation fr
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, TypeVar
@@ -24,6 +24,23 @@ from .ops import Dialect, Op, Query, Row
 from .retry import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 
 T = TypeVar("T")
+
+
+async def retried_async(attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt()``, run again after a transient abort (a deadlock, a serialization
+    failure, a busy database: [`TransientError`][idempotence.stores.TransientError]),
+    at most `TRANSIENT_ATTEMPTS` times, with a jittered backoff between; the last
+    attempt's error is raised. Only for work the library owns from its start to its
+    commit, each attempt in a transaction of its own: the store's own operations, the
+    enqueuer's batch."""
+    for tried in range(TRANSIENT_ATTEMPTS):
+        try:
+            return await attempt()
+        except TransientError:
+            if tried == TRANSIENT_ATTEMPTS - 1:
+                raise
+            await sleep_async(backoff(tried))
+    raise AssertionError("unreachable")
 
 
 class AsyncTransaction:
@@ -437,12 +454,9 @@ class AsyncStore:
     ) -> T:
         """Run an operation in a transaction of its own, retrying transient aborts."""
         self._gate.check()
-        for attempt in range(TRANSIENT_ATTEMPTS):
-            try:
-                async with self._source.connection() as conn:
-                    return await conn.perform(make_op(), atomic=atomic, write=write)
-            except TransientError:
-                if attempt == TRANSIENT_ATTEMPTS - 1:
-                    raise
-                await sleep_async(backoff(attempt))
-        raise AssertionError("unreachable")
+
+        async def attempt() -> T:
+            async with self._source.connection() as conn:
+                return await conn.perform(make_op(), atomic=atomic, write=write)
+
+        return await retried_async(attempt)
