@@ -15,7 +15,7 @@ from idempotence.errors import TransientError
 from idempotence.maintenance import Enqueuer, EnqueuerConfig, RunnerSink
 from idempotence.states import StagedJob
 from idempotence.stores import Store, Transaction
-from tests.maintenance.support import Backend, mariadb_connection
+from tests.maintenance.support import Backend
 from tests.maintenance.test_admin import *  # noqa: F403 - the same tests, collected here
 from tests.maintenance.test_completer import *  # noqa: F403
 from tests.maintenance.test_enqueuer import *  # noqa: F403
@@ -24,6 +24,7 @@ from tests.maintenance.test_reaper import *  # noqa: F403
 from tests.maintenance.test_sweeper import *  # noqa: F403
 from tests.support.mariadb import database
 from tests.support.polling import eventually
+from tests.support.sql_dialects import mariadb_connection
 
 #: The slow tier: the services on MariaDB (the fast tier runs them on SQLite).
 pytestmark = pytest.mark.slow

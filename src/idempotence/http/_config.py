@@ -542,8 +542,7 @@ class Idempotency:
         """A store without transactions shared with the application (not SQL) serves
         plain handler endpoints only: refuse the others now, not on their first request."""
         guarded = [(f"Endpoint({e.route!r})", e.policy) for e in self.endpoints]
-        guarded.append(("Idempotency.default", self.default))
-        for owner, policy in guarded:
+        for owner, policy in [*guarded, ("Idempotency.default", self.default)]:
             if policy is not None and policy.mode is not Mode.HANDLER:
                 raise ConfigurationError(
                     f"{owner} is in {policy.mode.value} mode, which "
