@@ -35,7 +35,8 @@ class DatabaseUrl:
     """A parsed database URL: which backend, and what to hand its store."""
 
     backend: str
-    """The backend's name: ``postgres``, ``sqlite``, ``mariadb`` or ``redis``."""
+    """The backend's name in the table of backends (``postgres``, ``sqlite``,
+    ``mariadb``, ``redis``)."""
     target: str
     """A libpq conninfo URL, a SQLite file path (or ``:memory:``), or the server's URL
     (MariaDB, Redis)."""
