@@ -15,7 +15,7 @@ from idempotence import AsyncSqliteStore, SqliteStore
 from idempotence.stores.cached import AsyncCachedStore, CachedStore
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from idempotence.testing.conformance import suite
-from tests.support.clock import age_lock
+from tests.support.clock import age_key, age_lock
 
 # The fast tier runs one pass (the sync store over SQLite); the others are slow.
 TestCachedPostgres = pytest.mark.slow(
@@ -25,6 +25,7 @@ TestCachedPostgres = pytest.mark.slow(
             PostgresStore(pg_url), redis_url, prefix=redis_prefix
         ),
         age_lock=age_lock,
+        age_key=age_key,
         capabilities=PostgresStore.capabilities,  # its primary's: it listens
     )
 )
@@ -35,6 +36,7 @@ TestAsyncCachedPostgres = pytest.mark.slow(
             AsyncPostgresStore(pg_url), redis_url, prefix=redis_prefix
         ),
         age_lock=age_lock,
+        age_key=age_key,
         capabilities=AsyncPostgresStore.capabilities,
     )
 )
@@ -44,6 +46,7 @@ TestCachedSqlite = suite(
         SqliteStore(sqlite_path), redis_url, prefix=redis_prefix
     ),
     age_lock=age_lock,
+    age_key=age_key,
 )
 TestAsyncCachedSqlite = pytest.mark.slow(
     suite(
@@ -52,5 +55,6 @@ TestAsyncCachedSqlite = pytest.mark.slow(
             AsyncSqliteStore(sqlite_path), redis_url, prefix=redis_prefix
         ),
         age_lock=age_lock,
+        age_key=age_key,
     )
 )

@@ -12,13 +12,14 @@ import pytest
 
 from ...stores.capabilities import Capability, capabilities_of
 from .._blocking import Blocking, EventLoopThread
-from ._support import AgeLock, Clock
+from ._support import AgeKey, AgeLock, Clock
 
 
 def fixtures_for(
     store_type: type[Any],
     open_store: Callable[..., Any],
     age_lock: AgeLock | None,
+    age_key: AgeKey | None,
     capabilities: frozenset[Capability],
 ) -> dict[str, Any]:
     """The fixtures, by name, for the class of ``store_type``'s suite, which tests
@@ -66,8 +67,8 @@ def fixtures_for(
         return f"conformance-{uuid4().hex[:12]}"
 
     def clock(self: Any, store: Any) -> Clock:
-        """Ages the test's locks (``age_lock``), or waits."""
-        return Clock(store, age_lock)
+        """Ages the test's locks and keys (``age_lock``, ``age_key``), or waits."""
+        return Clock(store, age_lock, age_key)
 
     def declared(self: Any, store: Any) -> frozenset[Capability]:
         """What the store under test declares it can do."""
