@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from ...errors import StoreUnavailable, TransientError
 from ...observability import Instrumentation
+from ..capabilities import Capability
 from ..sql import (
     APPLICATION,
     AutocommitConnection,
@@ -259,6 +260,9 @@ class MariaDBStore(Store):
         claim = store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
         ```
     """
+
+    capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
+    """A SQL store; MariaDB has no LISTEN, so a waiting twin polls (P10)."""
 
     def __init__(
         self,
