@@ -108,6 +108,9 @@ class Relay:
     """A TCP relay on ``(host, port)`` to ``target``, one thread pair per connection.
 
     ``delay`` (seconds) holds each chunk before forwarding it: latency both ways.
+    :meth:`cut` closes every connection and refuses new ones until :meth:`heal`: on
+    loopback, with no namespace, a store whose server went away under it (its
+    statements fail at once, where a partition makes them wait for the bound).
     """
 
     def __init__(self, host: str, target: tuple[str, int]) -> None:
@@ -117,6 +120,7 @@ class Relay:
         self._server.settimeout(0.2)
         self.address: tuple[str, int] = self._server.getsockname()[:2]
         self._closing = threading.Event()
+        self._refusing = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, name="relay", daemon=True)
@@ -130,6 +134,9 @@ class Relay:
                 continue
             except OSError:
                 return
+            if self._refusing.is_set():
+                client.close()
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
             except OSError:
@@ -157,6 +164,29 @@ class Relay:
         finally:
             with contextlib.suppress(OSError):
                 sink.shutdown(socket.SHUT_WR)
+
+    def cut(self) -> None:
+        """Close every relayed connection, and refuse new ones until :meth:`heal`."""
+        self._refusing.set()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def heal(self) -> None:
+        self._refusing.clear()
+
+    @contextlib.contextmanager
+    def cut_off(self) -> Iterator[None]:
+        """Cut inside the block, healed after it, even on error."""
+        self.cut()
+        try:
+            yield
+        finally:
+            self.heal()
 
     def close(self) -> None:
         self._closing.set()
