@@ -11,7 +11,8 @@ Configured by the environment:
 Endpoints (scope ``default``):
 
 * ``POST /charges``: handler mode. It charges the provider with a key derived from the
-  Idempotency-Key, then works for ``x-work`` seconds; the body names the charge;
+  Idempotency-Key (and counts the run), then works for ``x-work`` seconds; the body
+  names the charge;
 * ``POST /transfers``: request-as-transaction mode (F3). It inserts a transfer row in
   the request's transaction; the body names the row;
 * ``POST /rides``: a flow (R1) of two atomic phases: the first inserts a ride row and
@@ -60,9 +61,12 @@ FLOW_WORK = float(os.environ.get("NET_FLOW_WORK", "0.3"))
 
 
 def charge_once(key: str) -> str:
-    """The provider: one charge per derived key, its id the same on every repeat."""
+    """The provider: one charge per derived key, its id the same on every repeat. Each
+    call is counted too (``runs``): how often the handler ran for the key."""
     with sqlite3.connect(PROVIDER, timeout=10) as db:
         db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, id TEXT)")
+        db.execute("CREATE TABLE IF NOT EXISTS runs (key TEXT NOT NULL)")
+        db.execute("INSERT INTO runs VALUES (?)", (key,))
         db.execute(
             "INSERT OR IGNORE INTO charges VALUES (?, ?)", (f"net-{key}-charge", uuid.uuid4().hex)
         )

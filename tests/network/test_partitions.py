@@ -78,6 +78,13 @@ class Served:
             for key, transfer_id in conn.execute("SELECT key, id FROM net_transfers"):
                 history.effect(key, transfer_id)
 
+    def runs(self, key: str) -> int:
+        """How many times the handler of ``/charges`` ran for ``key``."""
+        with sqlite3.connect(self.provider) as db:
+            db.execute("CREATE TABLE IF NOT EXISTS runs (key TEXT NOT NULL)")
+            (count,) = db.execute("SELECT count(*) FROM runs WHERE key = ?", (key,)).fetchone()
+        return int(count)
+
     def charged(self, key: str) -> bool:
         with sqlite3.connect(self.provider) as db:
             db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, id TEXT)")
@@ -95,6 +102,12 @@ class Served:
 
 @pytest.fixture
 def served(app_host: AppHost, fresh_pg_url: str, tmp_path: Path) -> Served:
+    return serve(app_host, fresh_pg_url, tmp_path, LOCK)
+
+
+def serve(app_host: AppHost, fresh_pg_url: str, tmp_path: Path, lock: float) -> Served:
+    """The app (app.py) in ``app_host``, on ``fresh_pg_url`` through a relay on the
+    back link, with a lock timeout of ``lock`` seconds."""
     with psycopg.connect(fresh_pg_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE net_transfers (key TEXT NOT NULL, id TEXT NOT NULL)")
     parts = urlsplit(fresh_pg_url)
@@ -108,7 +121,7 @@ def served(app_host: AppHost, fresh_pg_url: str, tmp_path: Path) -> Served:
         {
             "NET_DATABASE_URL": over_link,
             "NET_PROVIDER": str(provider),
-            "NET_LOCK_TIMEOUT": str(LOCK),
+            "NET_LOCK_TIMEOUT": str(lock),
             "NET_STATEMENT_TIMEOUT": os.environ.get("NET_TEST_UNBOUNDED", str(BOUND)),
         },
     )
@@ -249,3 +262,57 @@ def test_a_partition_at_each_boundary_keeps_every_promise(
         and not any(end <= op.started <= end + LOCK + 1.0 for end in lost)
     ]
     assert not late, f"told 409 at {late[0].started - cut:+.2f} s, long after any lost attempt"
+
+
+#: A lock the partition below does not outlast (beats every 4 s: a lock taken or
+#: extended before the cut lives at least 8 s past it), so the finish can land after
+#: the heal with the key still this attempt's.
+LONG_LOCK = 12.0
+
+
+@pytest.mark.parametrize(
+    "landed",
+    [
+        pytest.param(False, id="finish-cut"),
+        pytest.param(True, id="finish-reply-lost", marks=pytest.mark.slow),
+    ],
+)
+def test_handler_mode_never_acknowledges_an_answer_it_could_not_store(
+    app_host: AppHost, fresh_pg_url: str, tmp_path: Path, landed: bool
+) -> None:
+    """The link is cut just before the handler's finish (``finish-cut``: the finish
+    never reaches the database), or while the finish sits in the relay (``landed``:
+    it commits, its reply is lost). Either way the app cannot know the answer is
+    stored, so it answers 503, never the handler's 201; the finish is tried again in
+    the background, lands (or finds it landed) after the heal, and the retry gets the
+    handler's one answer replayed: the handler ran once."""
+    served = serve(app_host, fresh_pg_url, tmp_path, LONG_LOCK)
+    history, key, work = History(), f"unstored-{'landed' if landed else 'cut'}", 1.0
+    with httpx.Client(base_url=served.url, timeout=FAIL_WITHIN + 5) as client:
+        assert attempt(history, client, "/charges", f"{key}-warm") == 201
+        if landed:
+            served.relay.delay = RELAY_DELAY
+        first = threading.Thread(target=attempt, args=(history, client, "/charges", key, work))
+        first.start()
+        wait_until(lambda: served.charged(key), 10, "the charge")
+        # Landed: the finish left the app and sits in the relay's delay, on the
+        # machine's side of the cut. Cut: the handler still works, and its finish
+        # meets the cut.
+        time.sleep(work + RELAY_DELAY / 2 if landed else work / 2)
+        with served.host.back.partitioned():
+            cut = history.now()
+            first.join(timeout=FAIL_WITHIN + 5)
+            during = attempt(history, client, "/charges", key)
+        healed_at = history.now()
+        served.relay.delay = 0.0
+        assert not first.is_alive(), "the first attempt never got an answer"
+        retry_to_final(history, client, "/charges", key, SETTLE + 10)
+    ops = [op for op in history.operations if op.key == key]
+    for op in ops:
+        print(f"  {op.attempt}: {op.status} {op.started - cut:+.2f}..{op.ended - cut:+.2f} s")
+    assert ops[0].status == 503, f"the cut-off attempt was answered {ops[0].status}"
+    assert during in (503, 409), f"answered {during} during the partition"
+    finals = {(op.status, op.body) for op in ops if op.status == 201}
+    assert len(finals) == 1, "the key never got its 201 after the heal, or got two"
+    assert served.runs(key) == 1, "the handler ran again: the answer was not stored"
+    served.check(history, [key, f"{key}-warm"], healed_at).assert_ok()
