@@ -24,6 +24,7 @@ Endpoints (scope ``default``):
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sqlite3
 import uuid
@@ -48,6 +49,8 @@ from idempotence.http import (
 from idempotence.states import StoredResponse
 from idempotence.stores.postgres import AsyncPostgresStore
 
+if os.environ.get("NET_LOG_TIMES"):
+    logging.basicConfig(format="%(asctime)s %(name)s %(message)s", level=logging.INFO)
 LOCK = timedelta(seconds=float(os.environ.get("NET_LOCK_TIMEOUT", "2")))
 #: "none": the store without a bound, to show what the bound is for.
 BOUND_ENV = os.environ.get("NET_STATEMENT_TIMEOUT", "1")

@@ -35,6 +35,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -243,18 +244,48 @@ class AppHost:
         front, back = links
         return cls(name, front, back)
 
+    def exec_prefix(self) -> list[str]:
+        """The command prefix that runs a command in the namespace."""
+        return ["ip", "netns", "exec", self.name]
+
     def relay(self, target: tuple[str, int]) -> Relay:
         """A relay on the back link's machine end to ``target`` (on this machine)."""
         relay = Relay(self.back.host_ip, target)
         self.relays.append(relay)
         return relay
 
+    @contextlib.contextmanager
+    def database(self) -> Iterator[tuple[str, str]]:
+        """A throwaway PostgreSQL cluster listening on the back link's machine end
+        (and on 127.0.0.1), trusting the namespace's address: the app reaches it with
+        no relay in between, so the server's own side of each connection meets the
+        partition as across a real network (its keepalives go unanswered, its
+        unacknowledged data times out). Yields the URL the app uses over the back
+        link and the URL of the same database on 127.0.0.1 (for the test itself)."""
+        from tests.support.postgres import BASE_DIR_PREFIX, _Cluster, _server_user, find_bindir
+
+        cluster = _Cluster(
+            Path(tempfile.mkdtemp(prefix=BASE_DIR_PREFIX)), find_bindir(), _server_user()
+        )
+        try:
+            cluster.prepare(allow_copy=False)
+            cluster.init({"fsync": "off", "listen_addresses": f"127.0.0.1,{self.back.host_ip}"})
+            with (cluster.data / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.back.ns_ip}/32 trust\n")
+            port = cluster.start()
+            local = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+            cluster.wait_until_ready(local)
+            yield f"postgresql://postgres@{self.back.host_ip}:{port}/postgres", local
+        finally:
+            cluster.stop()
+            shutil.rmtree(cluster.base, ignore_errors=True)
+
     def serve(
         self, app: str, env: Mapping[str, str], port: int = 8000, timeout: float = 20.0
     ) -> str:
         """Run ``uvicorn app`` in the namespace on the front link; its base URL."""
         command = [
-            "ip", "netns", "exec", self.name,
+            *self.exec_prefix(),
             sys.executable, "-m", "uvicorn", app,
             "--host", self.front.ns_ip, "--port", str(port),
             "--log-level", "warning", "--no-access-log",
