@@ -4,7 +4,8 @@
 
 The app server (uvicorn, the PostgreSQL store, a handler-mode, a
 request-as-transaction and a flow endpoint: tests/network/app.py) runs in a network namespace of
-its own and reaches PostgreSQL over a veth link (tests/network/hosts.py). Client
+its own and reaches PostgreSQL (a throwaway cluster of the run's own, listening on the
+link) over a veth link (tests/network/hosts.py). Client
 threads send each key until it gets a final answer, while a fault thread takes the
 link down at random moments for random spells (so the cut lands on a claim, a handler,
 a finish or a COMMIT as chance has it) and heals it. Then the history checker
@@ -15,13 +16,14 @@ lock timeout plus a heartbeat interval (plus the statement bound) of the last he
 probe thread sends a new key (each endpoint in turn) every 50 ms from the heal until
 one is answered 2xx. The link stays up at least 2 s after each heal, so that every
 heal can be measured against the 2 s the issue asks for. Needs root (network
-namespaces) and PostgreSQL at IDEMPOTENCE_TEST_POSTGRES or 127.0.0.1:5432. Bounded:
-the run stops at --seconds.
+namespaces) and PostgreSQL's binaries (initdb, pg_ctl: tests/support/postgres.py finds
+them). Bounded: the run stops at --seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -31,7 +33,6 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000, help="keys to send (default 1000)")
     parser.add_argument("--partitions", type=int, default=20, help="link cuts (default 20)")
-    parser.add_argument("--clients", type=int, default=8, help="client threads (default 8)")
+    parser.add_argument("--clients", type=int, default=4, help="client threads (default 4)")
     parser.add_argument("--lock", type=float, default=2.0, help="lock timeout, seconds")
     parser.add_argument("--bound", type=float, default=1.0, help="store statement bound, seconds")
     parser.add_argument("--seconds", type=float, default=600.0, help="stop the run after this")
@@ -64,30 +65,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from idempotence.testing import History, Property
     from tests.network.hosts import AppHost
     from tests.network.test_partitions import Served
-    from tests.support.postgres import create_database, drop_database, provide_server
 
     rng = random.Random(args.seed)
     history = History()
     heals: list[float] = []
     probes: list[str] = []  # the probe's keys
     back: dict[int, float] = {}  # heal number: seconds to the probe's first 2xx
-    with provide_server() as server_url:
-        database = create_database(server_url, prefix="idempotence_faults")
+    provider = Path(os.environ.get("TMPDIR", "/tmp")) / f"faults-provider-{os.getpid()}.sqlite3"
+    with contextlib.ExitStack() as stack:
         host = AppHost.create()
+        stack.callback(host.close)
+        # A cluster of the run's own on the back link, no relay in between: the
+        # server's side of each connection meets the partition as across a network.
+        over_link, database = stack.enter_context(host.database())
         try:
             with PostgresStore(database) as store:
                 store.migrate()
             with psycopg.connect(database, autocommit=True) as conn:
                 conn.execute("CREATE TABLE net_transfers (key TEXT NOT NULL, id TEXT NOT NULL)")
-            parts = urlsplit(database)
-            relay = host.relay((parts.hostname or "127.0.0.1", parts.port or 5432))
-            user = f"{parts.username}@" if parts.username else ""
-            over_link = urlunsplit(
-                parts._replace(netloc=f"{user}{relay.address[0]}:{relay.address[1]}")
-            )
-            provider = (
-                Path(os.environ.get("TMPDIR", "/tmp")) / f"faults-provider-{os.getpid()}.sqlite3"
-            )
             url = host.serve(
                 "tests.network.app:app",
                 {
@@ -97,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "NET_STATEMENT_TIMEOUT": str(args.bound),
                 },
             )
-            served = Served(host, relay, url, database, provider)
+            served = Served(host, None, url, database, provider)
             stop_at = time.monotonic() + args.seconds
             keys = [f"k{n}" for n in range(args.requests)]
             paths = {key: rng.choice(["/charges", "/transfers", "/rides"]) for key in keys}
@@ -190,8 +185,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 records=records, healed_at=heals[-1] if heals else None, settle_within=settle
             )
         finally:
-            host.close()
-            drop_database(server_url, database)
             provider.unlink(missing_ok=True)
     finals = sorted(
         op.ended for op in history.operations if op.status is not None and 200 <= op.status < 300

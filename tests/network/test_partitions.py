@@ -63,7 +63,7 @@ def app_host() -> Iterator[AppHost]:
 @dataclass
 class Served:
     host: AppHost
-    relay: Relay
+    relay: Relay | None  # None: the app reaches its database directly (AppHost.database)
     url: str
     database: str
     provider: Path
