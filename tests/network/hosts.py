@@ -206,23 +206,25 @@ class AppHost:
     name: str
     front: Link
     back: Link
+    cache: Link | None = None
+    """A third link, for a cache reached apart from the database (``create(cache=True)``)."""
     relays: list[Relay] = field(default_factory=list)
     servers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @classmethod
-    def create(cls) -> AppHost:
+    def create(cls, *, cache: bool = False) -> AppHost:
         require_namespaces()
         n = next(_counter)
         tag = f"{os.getpid() % 100000}x{n}"  # interface names: 15 characters at most
         name = f"idem-{tag}"
         # A /30 per link in 10.x.y.z, spread by process id and counter so that
         # parallel runs pick different subnets (and we check the subnet is free).
-        base = (os.getpid() * 7 + n * 2) % 16000
+        base = (os.getpid() * 7 + n * 3) % 16000
         links: list[Link] = []
         ip("netns", "add", name)
         try:
             ip("link", "set", "lo", "up", netns=name)
-            for i, role in enumerate(("f", "b")):
+            for i, role in enumerate(("f", "b", "c") if cache else ("f", "b")):
                 block = base + i
                 # A /30: .1 on this machine's end, .2 in the namespace.
                 net = f"10.{200 + block // 4000}.{(block % 4000) // 64}"
@@ -241,16 +243,17 @@ class AppHost:
                 ip("link", "del", link.host_if, check=False)
             ip("netns", "del", name, check=False)
             raise
-        front, back = links
-        return cls(name, front, back)
+        front, back, *rest = links
+        return cls(name, front, back, rest[0] if rest else None)
 
     def exec_prefix(self) -> list[str]:
         """The command prefix that runs a command in the namespace."""
         return ["ip", "netns", "exec", self.name]
 
-    def relay(self, target: tuple[str, int]) -> Relay:
-        """A relay on the back link's machine end to ``target`` (on this machine)."""
-        relay = Relay(self.back.host_ip, target)
+    def relay(self, target: tuple[str, int], link: Link | None = None) -> Relay:
+        """A relay on ``link``'s machine end (the back link's by default) to ``target``
+        (on this machine)."""
+        relay = Relay((link or self.back).host_ip, target)
         self.relays.append(relay)
         return relay
 
@@ -321,7 +324,9 @@ class AppHost:
                     server.wait(timeout=5)
         for relay in self.relays:
             relay.close()
-        for link in (self.front, self.back):
+        for link in (self.front, self.back, self.cache):
+            if link is None:
+                continue
             # Deleting one end of a veth deletes both.
             ip("link", "del", link.host_if, check=False)
         ip("netns", "del", self.name, check=False)

@@ -23,12 +23,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import psycopg
-import pytest
 
-from .hosts import ROOT, AppHost, NetworkUnavailable, require_namespaces
+from .hosts import ROOT, AppHost
 
 BOUND = 1.0
 #: The server notices within its keepalive idle time plus its user timeout (about
@@ -53,19 +51,6 @@ while pg.flush():
 print("sent", flush=True)  # and no Sync: the batch is cut off here
 time.sleep(120)
 """
-
-
-@pytest.fixture
-def app_host() -> Iterator[AppHost]:
-    try:
-        require_namespaces()
-        host = AppHost.create()
-    except NetworkUnavailable as exc:
-        pytest.fail(f"network fault tests cannot run here: {exc}")
-    try:
-        yield host
-    finally:
-        host.close()
 
 
 def row_locked(url: str) -> bool:

@@ -19,19 +19,22 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import psycopg
 import pytest
 
+from idempotence.states import KeyRecord
 from idempotence.stores.postgres import PostgresStore
+from idempotence.stores.redis import RedisStore
 from idempotence.testing import History, HistoryReport
 
-from .hosts import AppHost, NetworkUnavailable, Relay, require_namespaces
+from .hosts import AppHost, Link, Relay
 
 #: The app's lock timeout and statement bound (seconds), short so a test is quick.
 LOCK = 2.0
@@ -47,26 +50,22 @@ SETTLE = LOCK + LOCK / 3 + FAIL_WITHIN + 1.0
 RELAY_DELAY = 0.6
 
 
-@pytest.fixture
-def app_host() -> Iterator[AppHost]:
-    try:
-        require_namespaces()
-        host = AppHost.create()
-    except NetworkUnavailable as exc:
-        pytest.fail(f"network fault tests cannot run here: {exc}")
-    try:
-        yield host
-    finally:
-        host.close()
-
-
 @dataclass
 class Served:
     host: AppHost
-    relay: Relay | None  # None: the app reaches its database directly (AppHost.database)
+    relay: Relay | None
+    """The relay on the store's link (to PostgreSQL, or to Redis for the Redis store);
+    None: the app reaches its database directly (AppHost.database)."""
     url: str
-    database: str
+    database: str | None
+    """PostgreSQL on this machine (None for the Redis store)."""
     provider: Path
+    kind: str = "postgres"
+    """The app's store: ``postgres``, ``redis`` or ``cached`` (app.py's NET_STORE)."""
+    redis: tuple[str, str] | None = None
+    """The Redis of the Redis store or of the cache, on this machine, and its prefix."""
+    cache_relay: Relay | None = None
+    """The cached store's relay to its Redis, on the cache link."""
 
     def effects(self, history: History) -> None:
         """Record the effects that landed: the provider's charges, the transfer rows."""
@@ -74,9 +73,23 @@ class Served:
             db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, id TEXT)")
             for key, charge_id in db.execute("SELECT key, id FROM charges"):
                 history.effect(key.removeprefix("net-").removesuffix("-charge"), charge_id)
-        with psycopg.connect(self.database) as conn:
-            for key, transfer_id in conn.execute("SELECT key, id FROM net_transfers"):
-                history.effect(key, transfer_id)
+        if self.database is not None:
+            with psycopg.connect(self.database) as conn:
+                for key, transfer_id in conn.execute("SELECT key, id FROM net_transfers"):
+                    history.effect(key, transfer_id)
+
+    def records(self, keys: list[str]) -> dict[str, KeyRecord | None]:
+        """The store's record of each key: the Redis store's, or PostgreSQL's (the
+        cached store's primary is the truth)."""
+        store: Any
+        if self.kind == "redis":
+            assert self.redis is not None
+            store = RedisStore(self.redis[0], prefix=self.redis[1])
+        else:
+            assert self.database is not None
+            store = PostgresStore(self.database)
+        with store:
+            return {key: store.get("default", key) for key in keys}
 
     def runs(self, key: str) -> int:
         """How many times the handler of ``/charges`` ran for ``key``."""
@@ -95,8 +108,7 @@ class Served:
 
     def check(self, history: History, keys: list[str], healed_at: float) -> HistoryReport:
         self.effects(history)
-        with PostgresStore(self.database) as store:
-            records = {key: store.get("default", key) for key in keys}
+        records = self.records(keys)
         return history.check(records=records, healed_at=healed_at, settle_within=SETTLE)
 
 
@@ -105,27 +117,56 @@ def served(app_host: AppHost, fresh_pg_url: str, tmp_path: Path) -> Served:
     return serve(app_host, fresh_pg_url, tmp_path, LOCK)
 
 
-def serve(app_host: AppHost, fresh_pg_url: str, tmp_path: Path, lock: float) -> Served:
-    """The app (app.py) in ``app_host``, on ``fresh_pg_url`` through a relay on the
-    back link, with a lock timeout of ``lock`` seconds."""
-    with psycopg.connect(fresh_pg_url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE net_transfers (key TEXT NOT NULL, id TEXT NOT NULL)")
-    parts = urlsplit(fresh_pg_url)
-    relay = app_host.relay((parts.hostname or "127.0.0.1", parts.port or 5432))
-    host, port = relay.address
+def over(relay: Relay, url: str) -> str:
+    """``url`` with the relay's address in place of its host and port."""
+    parts = urlsplit(url)
     user = f"{parts.username}@" if parts.username else ""
-    over_link = urlunsplit(parts._replace(netloc=f"{user}{host}:{port}"))
+    host, port = relay.address
+    return urlunsplit(parts._replace(netloc=f"{user}{host}:{port}"))
+
+
+def relayed(app_host: AppHost, url: str, default_port: int, link: Link | None = None) -> Relay:
+    parts = urlsplit(url)
+    return app_host.relay((parts.hostname or "127.0.0.1", parts.port or default_port), link)
+
+
+def serve(
+    app_host: AppHost,
+    database: str | None,
+    tmp_path: Path,
+    lock: float,
+    *,
+    kind: str = "postgres",
+    redis: tuple[str, str] | None = None,
+) -> Served:
+    """The app (app.py) in ``app_host`` with a lock timeout of ``lock`` seconds, on
+    the ``kind`` store: PostgreSQL (``database``) through a relay on the back link, or
+    the Redis store (``redis``: its URL and key prefix) through one, or PostgreSQL
+    with the Redis cache through a relay on the cache link."""
+    env = {
+        "NET_STORE": kind,
+        "NET_LOCK_TIMEOUT": str(lock),
+        "NET_STATEMENT_TIMEOUT": os.environ.get("NET_TEST_UNBOUNDED", str(BOUND)),
+    }
+    relay = cache_relay = None
+    if database is not None:
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute("CREATE TABLE net_transfers (key TEXT NOT NULL, id TEXT NOT NULL)")
+        relay = relayed(app_host, database, 5432)
+        env["NET_DATABASE_URL"] = over(relay, database)
+    if redis is not None:
+        if kind == "redis":
+            relay = relayed(app_host, redis[0], 6379)
+            env["NET_REDIS_URL"] = over(relay, redis[0])
+        else:
+            assert app_host.cache is not None, "a cached store needs AppHost.create(cache=True)"
+            cache_relay = relayed(app_host, redis[0], 6379, app_host.cache)
+            env["NET_REDIS_URL"] = over(cache_relay, redis[0])
+        env["NET_REDIS_PREFIX"] = redis[1]
     provider = tmp_path / "provider.sqlite3"
-    url = app_host.serve(
-        "tests.network.app:app",
-        {
-            "NET_DATABASE_URL": over_link,
-            "NET_PROVIDER": str(provider),
-            "NET_LOCK_TIMEOUT": str(lock),
-            "NET_STATEMENT_TIMEOUT": os.environ.get("NET_TEST_UNBOUNDED", str(BOUND)),
-        },
-    )
-    return Served(app_host, relay, url, fresh_pg_url, provider)
+    env["NET_PROVIDER"] = str(provider)
+    url = app_host.serve("tests.network.app:app", env)
+    return Served(app_host, relay, url, database, provider, kind, redis, cache_relay)
 
 
 def attempt(
@@ -225,6 +266,11 @@ BOUNDARIES = [
 def test_a_partition_at_each_boundary_keeps_every_promise(
     served: Served, path: str, boundary: str
 ) -> None:
+    keeps_every_promise(served, path, boundary)
+
+
+def keeps_every_promise(served: Served, path: str, boundary: str) -> None:
+    """The body of the test above, on any store the app can run (``served``)."""
     key = f"part-{boundary}"
     history, during, cut, healed_at = partition_at(served, path, key, boundary=boundary)
     report = served.check(history, [key, f"{key}-warm"], healed_at)
@@ -286,7 +332,12 @@ def test_handler_mode_never_acknowledges_an_answer_it_could_not_store(
     stored, so it answers 503, never the handler's 201; the finish is tried again in
     the background, lands (or finds it landed) after the heal, and the retry gets the
     handler's one answer replayed: the handler ran once."""
-    served = serve(app_host, fresh_pg_url, tmp_path, LONG_LOCK)
+    never_acknowledges_unstored(serve(app_host, fresh_pg_url, tmp_path, LONG_LOCK), landed)
+
+
+def never_acknowledges_unstored(served: Served, landed: bool) -> None:
+    """The body of the test above, on any store the app can run (``served``)."""
+    assert served.relay is not None
     history, key, work = History(), f"unstored-{'landed' if landed else 'cut'}", 1.0
     with httpx.Client(base_url=served.url, timeout=FAIL_WITHIN + 5) as client:
         assert attempt(history, client, "/charges", f"{key}-warm") == 201
