@@ -1,6 +1,7 @@
-"""Guarded requests through random network partitions, judged by the history checker.
+"""Guarded requests through random network partitions and failovers, judged by the
+history checker.
 
-    sudo python benchmarks/faults.py [--requests 1000] [--partitions 20] [--json]
+    sudo python benchmarks/faults.py [--requests 1000] [--partitions 20] [--failovers 3] [--json]
 
 The app server (uvicorn, the PostgreSQL store, a handler-mode, a
 request-as-transaction and a flow endpoint: tests/network/app.py) runs in a network namespace of
@@ -18,6 +19,18 @@ one is answered 2xx. The link stays up at least 2 s after each heal, so that eve
 heal can be measured against the 2 s the issue asks for. Needs root (network
 namespaces) and PostgreSQL's binaries (initdb, pg_ctl: tests/support/postgres.py finds
 them). Bounded: the run stops at --seconds.
+
+With ``--failovers N``, N failovers of each kind follow (tests/network/failovers.py),
+each on servers of its own with --failover-keys keys from 4 clients, the primary
+killed a third of the way, every other one with its replicas lagging: a PostgreSQL
+primary with a synchronous standby, promoted (the store on a multi-host URL), and a
+Redis master with two replicas and a sentinel, which promotes one (the store on the
+``redis+sentinel://`` URL with ``replicas=1``). Each reports the history checker's
+violations (duplicate charges, answers replayed differently, lost acknowledged
+answers, keys not finished within the lock timeout plus 10 s of the promotion),
+handlers run twice, and how soon a request got a 2xx after the kill and after the
+promotion (the issue asks for 10 s). ``--requests 0`` runs the failovers alone (no
+root needed).
 """
 
 from __future__ import annotations
@@ -46,15 +59,56 @@ def main() -> None:
     parser.add_argument("--lock", type=float, default=2.0, help="lock timeout, seconds")
     parser.add_argument("--bound", type=float, default=1.0, help="store statement bound, seconds")
     parser.add_argument("--seconds", type=float, default=600.0, help="stop the run after this")
+    parser.add_argument(
+        "--failovers", type=int, default=0, help="failovers of each kind after the partitions"
+    )
+    parser.add_argument(
+        "--failover-keys", type=int, default=100, help="keys sent through each failover"
+    )
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="60 requests, 3 partitions")
+    parser.add_argument(
+        "--quick", action="store_true", help="60 requests, 3 partitions (1 failover each kind)"
+    )
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     args = parser.parse_args()
     if args.quick:
         args.requests, args.partitions = 60, 3
-    numbers = run(args)
+        args.failovers = min(args.failovers, 1)
+        args.failover_keys = min(args.failover_keys, 40)
+    numbers: dict[str, Any] = run(args) if args.requests else {}
+    if args.failovers:
+        numbers["failovers"] = failovers(args)
     if args.json:
         print(json.dumps(numbers))
+
+
+def failovers(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.network.failovers import KINDS, failover
+
+    runs = []
+    for n in range(args.failovers):
+        for kind in KINDS:
+            seed = (args.seed or 0) + n
+            trial = failover(kind, args.failover_keys, lagging=n % 2 == 1, seed=seed)
+            if not args.json:
+                print(trial)
+            runs.append(trial.numbers())
+    totals = {
+        "runs": len(runs),
+        "keys": sum(run["keys"] for run in runs),
+        "violations": sum(sum(run["violations"].values()) for run in runs),
+        "handlers_run_twice": sum(run["handlers_run_twice"] for run in runs),
+        "back_after_promotion_max_s": max(run["back_after_promotion_s"] for run in runs),
+        "back_after_kill_max_s": max(run["back_after_kill_s"] for run in runs),
+    }
+    if not args.json:
+        print(
+            f"{totals['runs']} failovers, {totals['keys']} keys: {totals['violations']} "
+            f"violations, {totals['handlers_run_twice']} handlers run twice; a 2xx at most "
+            f"{totals['back_after_promotion_max_s']} s after a promotion "
+            f"({totals['back_after_kill_max_s']} s after a kill)"
+        )
+    return {"totals": totals, "runs": runs}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -396,3 +396,25 @@ def test_help_speaks_plain_words(command: list[str]) -> None:
     assert result.returncode == 0, result.stderr
     numbers = re.findall(r"\b[BFPRM]\d{1,2}\b", result.stdout)
     assert not numbers, result.stdout
+
+
+@pytest.mark.parametrize(
+    ("sink", "said"),
+    [
+        ("json:dumps", "is neither an amqp:// URL, a Celery app nor a sink"),
+        ("json:nothing_here", "nothing_here"),
+    ],
+)
+def test_a_sink_that_cannot_work_is_a_usage_error_saying_why(
+    tmp_path: Path, sink: str, said: str
+) -> None:
+    result = idempotence("worker", "--database", f"sqlite:///{tmp_path}/w.db", "--sink", sink)
+    assert result.returncode == 2, result.stderr
+    assert said in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_worker_help_says_sinks_work_on_the_async_worker_too() -> None:
+    said = " ".join(idempotence("worker", "--help").stdout.split())
+    assert "async def on an async worker" in said
+    assert "tried again with a growing pause" in said

@@ -14,7 +14,7 @@ from idempotence import AsyncSqliteStore, SqliteStore
 from idempotence.stores.cached import AsyncCachedStore, CachedStore
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from idempotence.testing.conformance import suite
-from tests.support.clock import age_lock
+from tests.support.clock import age_key, age_lock
 
 # The fast tier runs one pass (the sync store over SQLite); the others are slow.
 TestCachedPostgres = pytest.mark.slow(
@@ -24,6 +24,7 @@ TestCachedPostgres = pytest.mark.slow(
             PostgresStore(pg_url), redis_url, prefix=redis_prefix
         ),
         age_lock=age_lock,
+        age_key=age_key,
     )
 )
 TestAsyncCachedPostgres = pytest.mark.slow(
@@ -33,6 +34,7 @@ TestAsyncCachedPostgres = pytest.mark.slow(
             AsyncPostgresStore(pg_url), redis_url, prefix=redis_prefix
         ),
         age_lock=age_lock,
+        age_key=age_key,
     )
 )
 TestCachedSqlite = suite(
@@ -41,6 +43,7 @@ TestCachedSqlite = suite(
         SqliteStore(sqlite_path), redis_url, prefix=redis_prefix
     ),
     age_lock=age_lock,
+    age_key=age_key,
 )
 TestAsyncCachedSqlite = pytest.mark.slow(
     suite(
@@ -49,5 +52,6 @@ TestAsyncCachedSqlite = pytest.mark.slow(
             AsyncSqliteStore(sqlite_path), redis_url, prefix=redis_prefix
         ),
         age_lock=age_lock,
+        age_key=age_key,
     )
 )

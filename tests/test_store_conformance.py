@@ -14,13 +14,15 @@ from __future__ import annotations
 import pytest
 
 from idempotence.testing.conformance import suite
-from tests.support.clock import age_lock
+from tests.support.clock import age_key, age_lock
 from tests.support.stores import STORES
 
 # The fast tier runs one pass per backend; the other flavour is the slow tier's.
-TestPostgres = suite(*STORES["postgres-sync"], age_lock=age_lock)
-TestAsyncPostgres = pytest.mark.slow(suite(*STORES["postgres-async"], age_lock=age_lock))
-TestSqlite = pytest.mark.slow(suite(*STORES["sqlite-sync"], age_lock=age_lock))
-TestAsyncSqlite = suite(*STORES["sqlite-async"], age_lock=age_lock)
-TestRedis = suite(*STORES["redis-sync"], age_lock=age_lock)
-TestAsyncRedis = pytest.mark.slow(suite(*STORES["redis-async"], age_lock=age_lock))
+TestPostgres = suite(*STORES["postgres-sync"], age_lock=age_lock, age_key=age_key)
+TestAsyncPostgres = pytest.mark.slow(
+    suite(*STORES["postgres-async"], age_lock=age_lock, age_key=age_key)
+)
+TestSqlite = pytest.mark.slow(suite(*STORES["sqlite-sync"], age_lock=age_lock, age_key=age_key))
+TestAsyncSqlite = suite(*STORES["sqlite-async"], age_lock=age_lock, age_key=age_key)
+TestRedis = suite(*STORES["redis-sync"], age_lock=age_lock, age_key=age_key)
+TestAsyncRedis = pytest.mark.slow(suite(*STORES["redis-async"], age_lock=age_lock, age_key=age_key))

@@ -14,7 +14,7 @@ import pytest
 from idempotence import ClaimRequest
 from idempotence.stores.mariadb import AsyncMariaDBStore, MariaDBStore
 from idempotence.testing.conformance import suite
-from tests.support.clock import age_lock
+from tests.support.clock import age_key, age_lock
 from tests.support.mariadb import mariadb_url  # noqa: F401 - the fixture
 
 
@@ -26,8 +26,10 @@ def open_async(mariadb_url: str) -> AsyncMariaDBStore:  # noqa: F811 - the fixtu
     return AsyncMariaDBStore(mariadb_url)
 
 
-TestMariaDB = suite(MariaDBStore, open_sync, age_lock=age_lock)
-TestAsyncMariaDB = pytest.mark.slow(suite(AsyncMariaDBStore, open_async, age_lock=age_lock))
+TestMariaDB = suite(MariaDBStore, open_sync, age_lock=age_lock, age_key=age_key)
+TestAsyncMariaDB = pytest.mark.slow(
+    suite(AsyncMariaDBStore, open_async, age_lock=age_lock, age_key=age_key)
+)
 
 
 def test_times_are_the_database_clock(mariadb_url: str, scope: str) -> None:  # noqa: F811

@@ -33,6 +33,7 @@ from idempotence import (
     ClaimRequest,
     ConfigurationError,
     DatabaseUrl,
+    KeyState,
     LockLost,
     Outcome,
     StoredResponse,
@@ -46,6 +47,8 @@ from idempotence.flows import Flow
 from idempotence.http import Endpoint, Idempotency, Policy, single_tenant
 from idempotence.stores.redis import AsyncRedisStore, RedisStore, record_key
 from idempotence.stores.redis import _store_shared as _redis_base
+from tests.support.clock import app_clock_ahead
+from tests.support.polling import eventually
 from tests.support.redis import SHARED_URL, delete_prefix, redis_cluster, redis_server, require
 from tests.support.stores import Blocking, EventLoopThread
 
@@ -264,6 +267,27 @@ def test_a_finished_key_expires_with_its_retention(redis_store: Any, scope: str)
     # Expired: the key is new again (the SQL stores' reaper deletes it likewise).
     claim = redis_store.claim(request(scope))
     assert (claim.outcome, claim.lease.token) == (Outcome.EXECUTE, 1)
+
+
+def test_a_key_status_follows_the_ttl_on_the_servers_clock(
+    redis_store: Any, scope: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The client's clock two hours ahead: a key with an hour of retention is still
+    # complete by the server's clock, which names its status.
+    app_clock_ahead(monkeypatch, timedelta(hours=2), _redis_base)
+    before = raw_time()
+    lease = redis_store.claim(request(scope, retention=timedelta(hours=1))).lease
+    redis_store.finish(lease, response())
+    status = redis_store.key_status(scope, "k1")
+    assert (status.state, status.response_status) == (KeyState.COMPLETE, 201)
+    assert before <= status.now <= raw_time()
+    # A key whose retention ends is gone with its TTL: unknown, and new again. Redis's
+    # expiry is the reaper here, so the status never lingers at EXPIRED.
+    lease = redis_store.claim(request(scope, "k2", retention=timedelta(milliseconds=300))).lease
+    redis_store.finish(lease, response())
+    assert redis_store.key_status(scope, "k2").state is KeyState.COMPLETE
+    eventually(lambda: redis_store.key_status(scope, "k2") is None, "the record expired")
+    assert redis_store.claim(request(scope, "k2")).outcome is Outcome.EXECUTE
 
 
 def test_a_locked_key_never_expires_while_its_lock_is_live(redis_store: Any, scope: str) -> None:

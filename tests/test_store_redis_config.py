@@ -371,3 +371,63 @@ def test_the_cli_reads_a_redis_store_under_its_own_prefix(redis_prefix: str, tmp
     sqlite = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
     refused = cli("keys", "list", "--database", sqlite, "--redis-prefix", redis_prefix)
     assert refused.returncode == 2 and "for a redis:// database" in refused.stderr
+
+
+# -- writes that wait for replicas -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"replicas": -1}, "replicas is the number of Redis replicas"),
+        ({"replicas": 1.5}, "replicas is the number of Redis replicas"),
+        ({"replicas": True}, "replicas is the number of Redis replicas"),
+        ({"replicas": 1, "replica_timeout": 0}, "replica_timeout is a positive number"),
+        ({"replicas": 1, "replica_timeout": float("nan")}, "replica_timeout is a positive"),
+        ({"replicas": 1, "replica_timeout": float("inf")}, "replica_timeout is a positive"),
+        ({"replicas": 1, "replica_timeout": 1.0}, r"must be shorter than the store's timeout"),
+    ],
+)
+def test_a_replica_wait_that_makes_no_sense_is_refused(options: dict[str, Any], says: str) -> None:
+    url = require(SHARED_URL)
+    for make in (RedisStore, AsyncRedisStore):
+        with pytest.raises(ConfigurationError, match=says):
+            make(url, timeout=1.0, **options)
+
+
+def test_a_replica_wait_is_read_from_the_url_and_kept_from_redis_py() -> None:
+    url = require(SHARED_URL)
+    with RedisStore(f"{url}?replicas=1&replica_timeout=0.2&socket_keepalive=true") as store:
+        assert (store._wait.replicas, store._wait.timeout_ms) == (1, 200)
+        kwargs = store.client.connection_pool.connection_kwargs
+        assert "replicas" not in kwargs and kwargs["socket_keepalive"] is True
+    with RedisStore(url, replicas=2) as store:  # half the timeout by default
+        assert (store._wait.replicas, store._wait.timeout_ms) == (2, 500)
+    with RedisStore(url) as store:
+        assert store._wait.replicas == 0
+    parsed = DatabaseUrl.parse(f"{url}?replicas=1")
+    assert parsed.target.endswith("?replicas=1")
+
+
+@pytest.mark.parametrize(
+    ("query", "options", "says"),
+    [
+        ("?replicas=one", {}, "as in \\?replicas=1, not 'one'"),
+        ("?replica_timeout=soon", {}, "as in \\?replica_timeout=0.5, not 'soon'"),
+        ("?replicas=1", {"replicas": 1}, "both in the Redis URL and as an argument"),
+        ("?replica_timeout=0.1", {"replica_timeout": 0.1}, "both in the Redis URL"),
+    ],
+)
+def test_a_replica_wait_in_the_url_says_what_to_write(
+    query: str, options: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=says):
+        RedisStore(require(SHARED_URL) + query, **options)
+
+
+def test_a_cluster_refuses_a_replica_wait() -> None:
+    # Refused before the sync client discovers the cluster: no server needed.
+    with pytest.raises(ConfigurationError, match="not supported on a Redis Cluster"):
+        RedisStore("redis+cluster://127.0.0.1:1", replicas=1)
+    with pytest.raises(ConfigurationError, match="not supported on a Redis Cluster"):
+        AsyncRedisStore(redis.asyncio.RedisCluster(host="127.0.0.1", port=1), replicas=1)

@@ -1,14 +1,20 @@
 """Times are the database's clock (DESIGN 3) on the SQL stores, sync and async: read
 with each database's own SQL, which the exported conformance suite cannot write for
-every store."""
+every store; a key's status is named on that clock too."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from idempotence import ClaimRequest
+import pytest
+
+from idempotence import ClaimRequest, KeyState, StoredResponse, states
+from idempotence.stores._sql import ops as _ops
+from tests.support.clock import app_clock_ahead
 from tests.support.stores import StoreKind
+
+HOUR = timedelta(hours=1)
 
 
 def test_times_are_the_database_clock(store: Any, store_kind: StoreKind, scope: str) -> None:
@@ -32,3 +38,16 @@ def test_times_are_the_database_clock(store: Any, store_kind: StoreKind, scope: 
     assert before - slack <= record.created_at <= after + slack
     assert before - slack <= record.locked_at <= after + slack
     assert record.expires_at - record.created_at == timedelta(hours=24)
+
+
+def test_a_key_status_is_named_on_the_database_clock(
+    store: Any, scope: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The application's clock two hours ahead where a status could read it: a key
+    # with an hour of retention is still complete by the database's clock.
+    app_clock_ahead(monkeypatch, 2 * HOUR, _ops, states)
+    request = ClaimRequest(scope=scope, key="key-1", fingerprint="a" * 64, retention=HOUR)
+    store.finish(store.claim(request).lease, StoredResponse.of(201))
+    status = store.key_status(scope, "key-1")
+    assert status.state is KeyState.COMPLETE
+    assert status.finished_at <= status.now < status.finished_at + timedelta(minutes=1)

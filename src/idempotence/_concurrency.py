@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "AsyncBackground",
@@ -32,6 +32,8 @@ __all__ = [
     "Wakeup",
     "acquire",
     "acquire_async",
+    "call_blocking",
+    "call_blocking_async",
     "run_until_stopped",
     "run_until_stopped_async",
     "sleep",
@@ -48,6 +50,8 @@ AsyncEvent = asyncio.Event
 """A flag that tasks (async) or threads (sync) wait on: a background service's stop."""
 Event = threading.Event
 
+T = TypeVar("T")
+
 
 async def sleep_async(seconds: float) -> None:
     """Pause the task for ``seconds``."""
@@ -57,6 +61,17 @@ async def sleep_async(seconds: float) -> None:
 def sleep(seconds: float) -> None:
     """Pause the thread for ``seconds``."""
     time.sleep(seconds)
+
+
+async def call_blocking_async(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` for a library with no asyncio API (its I/O blocks), on a worker
+    thread so that the event loop runs on meanwhile."""
+    return await asyncio.to_thread(fn, *args)
+
+
+def call_blocking(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, on the calling thread (a sync caller may block)."""
+    return fn(*args)
 
 
 _SPAWNED: set[asyncio.Task[Any]] = set()

@@ -28,7 +28,10 @@ MAX_KEY_LENGTH = 255
 _OWS = " \t"
 
 
-def validate_key(key: str, *, subject: str = "The Idempotency-Key") -> str:
+_HEADER_SUBJECT = "The Idempotency-Key"
+
+
+def validate_key(key: str, *, subject: str = _HEADER_SUBJECT) -> str:
     """Return ``key`` if it is a well-formed idempotency key, else raise
     [`InvalidKey`][idempotence.keys.InvalidKey].
 
@@ -64,8 +67,10 @@ def validate_key(key: str, *, subject: str = "The Idempotency-Key") -> str:
         if not " " <= char <= "~":
             code = ord(char)
             # An HTTP header's bytes arrive decoded as latin-1: a client that sent UTF-8
-            # knows its key by bytes, not by the characters latin-1 makes of them.
-            byte = f" (byte 0x{code:02X} in a header)" if code > 0x7F and code <= 0xFF else ""
+            # knows its key by bytes, not by the characters latin-1 makes of them. A key
+            # from elsewhere (a URL, an argument) is characters: no bytes to name.
+            in_header = subject == _HEADER_SUBJECT and 0x7F < code <= 0xFF
+            byte = f" (byte 0x{code:02X} in a header)" if in_header else ""
             raise InvalidKey(
                 f"{subject} character at position {position} (0-based) is "
                 f"U+{code:04X}{byte}, which is not printable ASCII: use only characters "

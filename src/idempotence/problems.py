@@ -60,6 +60,12 @@ class Problem(enum.Enum):
     """Another worker took the key over while this one ran (F1): retry to get its answer."""
     OPERATION_UNKNOWN = ("idempotency_operation_unknown", 404, "invalid_request_error")
     """The status URL of an asynchronous operation names no operation of this tenant."""
+    KEY_UNKNOWN = ("idempotency_key_unknown", 404, "invalid_request_error")
+    """A key's status URL names a key this tenant never sent, or one already deleted."""
+    KEY_EXPIRED = ("idempotency_key_expired", 410, "idempotency_error")
+    """A key's status URL names a key past its retention, not yet deleted."""
+    STATUS_QUERY_INVALID = ("idempotency_status_query_invalid", 400, "invalid_request_error")
+    """A key's status URL names its endpoint wrongly (``?method=...&path=...``)."""
     TENANT_UNKNOWN = ("idempotency_tenant_unknown", 401, "invalid_request_error")
     """The scope callable found no tenant for the request."""
     BODY_TOO_LARGE = ("request_body_too_large", 413, "invalid_request_error")

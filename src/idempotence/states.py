@@ -318,3 +318,49 @@ def key_state(record: KeyRecord, now: datetime) -> KeyState:
     if record.expires_at is not None and record.expires_at <= now:
         return KeyState.EXPIRED
     return KeyState.PENDING
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
+class KeyStatus:
+    """What a key's status read tells (``store.key_status(scope, key)``): its state
+    at ``now``, its times and, once finished, the status code of its stored response.
+
+    Never the stored body or headers: a status is safe to show to whoever may ask
+    after the key, and small.
+
+    ```python
+    status = KeyStatus.of(record, now)
+    status.state, status.response_status
+    # (<KeyState.COMPLETE: 'complete'>, 201)
+    ```
+    """
+
+    scope: str
+    key: str
+    state: KeyState
+    """The key's state at ``now`` ([`key_state`][idempotence.states.key_state]):
+    EXPIRED once its retention has passed, even before the reaper deleted it."""
+    now: datetime
+    """The store's clock when the key was read (the database's, or Redis's)."""
+    created_at: datetime
+    finished_at: datetime | None
+    expires_at: datetime | None
+    """When the retention ends (None: kept forever)."""
+    response_status: int | None
+    """The stored response's status code once finished, else None."""
+
+    @classmethod
+    def of(cls, record: KeyRecord, now: datetime) -> KeyStatus:
+        """The status of ``record`` at ``now``, a time of the clock that wrote it."""
+        response = record.response
+        return cls(
+            scope=record.scope,
+            key=record.key,
+            state=key_state(record, now),
+            now=now,
+            created_at=record.created_at,
+            finished_at=record.finished_at,
+            expires_at=record.expires_at,
+            response_status=None if response is None or not record.finished else response.status,
+        )

@@ -5,21 +5,25 @@ the broker at ``IDEMPOTENCE_TEST_AMQP`` (default 127.0.0.1:5672, guest/guest) do
 answer (``.ci/run`` starts it). Queues get unique names and are deleted after the test;
 the shared broker is never stopped. :class:`OwnNode` starts a RabbitMQ node of the
 test's own (its own ports, data and log directories, no plugins), which a test may stop
-and start again.
+and start again; :class:`Gate` puts a relay that a test shuts and opens in front of the
+shared broker, for an outage of a few seconds without a restart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pika
 import pika.exceptions
@@ -186,3 +190,68 @@ class OwnNode:
     def remove(self) -> None:
         self.stop()
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+class Gate:
+    """A TCP relay in front of a broker, which a test shuts and opens: shut, nothing
+    listens on its port, so a client's connection is refused as by a broker that is
+    down; open, it relays every connection to the broker; shut again, it cuts the
+    connections it relays, as a broker restart does. The broker behind stays real."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self._target = (parts.hostname or "127.0.0.1", parts.port or 5672)
+        self.port = free_port()
+        self.url = parts._replace(
+            netloc=f"{parts.username}:{parts.password}@127.0.0.1:{self.port}"
+        ).geturl()
+        self._server: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    @property
+    def is_open(self) -> bool:
+        return self._server is not None
+
+    def open(self) -> None:
+        server = socket.create_server(("127.0.0.1", self.port))
+        self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def shut(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        with self._lock:
+            cut, self._sockets = self._sockets, []
+        for sock in cut:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return  # shut
+            try:
+                upstream = socket.create_connection(self._target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pump, args=(source, sink), daemon=True).start()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    """Copy ``source`` to ``sink`` until either closes."""
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    for sock in (source, sink):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)

@@ -162,6 +162,9 @@ class OnlyKeyStore:
     def get(self, scope: str, key: str) -> Any:
         return self._store.get(scope, key)
 
+    def key_status(self, scope: str, key: str) -> Any:
+        return self._store.key_status(scope, key)
+
     def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
         self._store.wait_for_settle(scope, key, seconds)
 

@@ -13,7 +13,7 @@ from django.conf import settings
 
 from idempotence.contrib.django_app import DjangoStore
 from idempotence.testing.conformance import suite
-from tests.support.clock import age_lock
+from tests.support.clock import age_key, age_lock
 
 if os.environ["CONFORMANCE_DB_ENGINE"] == "postgresql":
     DATABASE = {
@@ -52,4 +52,4 @@ def open_store(migrated: None) -> DjangoStore:
     return DjangoStore()
 
 
-TestDjango = suite(DjangoStore, open_store, age_lock=age_lock)
+TestDjango = suite(DjangoStore, open_store, age_lock=age_lock, age_key=age_key)

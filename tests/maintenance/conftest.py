@@ -3,14 +3,17 @@ PostgreSQL (a copy of a migrated template, so it is quick) and on SQLite."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import pika
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from idempotence import AsyncSqliteStore, SqliteStore
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
+from tests.consumers.broker import broker_url
 from tests.maintenance.support import Backend, Flavour
 from tests.support.postgres import ProvidedServer, create_database, drop_database
 
@@ -87,3 +90,15 @@ def flavour(request: pytest.FixtureRequest, db: Backend) -> Flavour:
     """Makes the service under test sync, or async on an async store (F7): each async
     service must do what its generated sync twin does."""
     return Flavour(request.param, db)
+
+
+@pytest.fixture
+def queue() -> Iterator[str]:
+    """A queue name of the test's own, deleted after."""
+    name = f"idem-sink-{uuid.uuid4().hex[:10]}"
+    yield name
+    connection = pika.BlockingConnection(pika.URLParameters(broker_url()))
+    try:
+        connection.channel().queue_delete(name)
+    finally:
+        connection.close()

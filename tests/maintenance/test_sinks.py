@@ -2,146 +2,120 @@
 a job leaves the outbox only once the broker confirmed it; a broker that is down or
 restarted loses none (they stay staged and go at a later pass); the job key is the
 message's id, so a guarded consumer absorbs a repeat. Real brokers: the machine's
-RabbitMQ, and a node of the test's own for the restart."""
+RabbitMQ, and a node of the test's own for the restart.
+
+Each test that takes ``flavour`` runs the sync sinks on the sync enqueuer and the async
+sinks (aio-pika; Celery on a worker thread) on the async enqueuer they are generated
+from (F7). The backoff while a broker is away is in test_sink_backoff.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
-from celery import Celery
 
-from idempotence.consumers import Consumer, Message, MessageContext, process
+from idempotence import ConfigurationError
 from idempotence.maintenance import Enqueuer, EnqueuerConfig
 from idempotence.maintenance.sinks import BrokerUnavailable, CelerySink, RabbitMQSink
+from idempotence.states import StagedJob
 from tests.consumers.broker import OwnNode, broker_url
-from tests.maintenance.support import Backend, new_scope
+from tests.maintenance.brokers import celery_app, closed_port_url, consume, drain, sink_of
+from tests.maintenance.support import Backend, Flavour, new_scope
 from tests.maintenance.test_enqueuer import stage
 
 FAST = EnqueuerConfig(batch_pause=0.0)
 
 
-@pytest.fixture
-def queue() -> Iterator[str]:
-    """A queue name of the test's own, deleted after."""
-    name = f"idem-sink-{uuid.uuid4().hex[:10]}"
-    yield name
-    connection = pika.BlockingConnection(pika.URLParameters(broker_url()))
-    try:
-        connection.channel().queue_delete(name)
-    finally:
-        connection.close()
-
-
-def drain(url: str, queue: str) -> list[tuple[Any, bytes]]:
-    """Every message in ``queue``: (properties, body), acknowledged."""
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        channel = connection.channel()
-        messages = []
-        while True:
-            method, properties, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return messages
-            messages.append((properties, body))
-    finally:
-        connection.close()
-
-
-def closed_port_url() -> str:
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    return f"amqp://guest:guest@127.0.0.1:{port}/%2F"
-
-
 def test_rabbitmq_sink_publishes_each_job_persistent_with_its_key_as_message_id(
-    db: Backend, queue: str
+    db: Backend, flavour: Flavour, queue: str
 ) -> None:
-    keys = stage(db.store, 3)
-    sink = RabbitMQSink(broker_url(), routes={"receipt": queue})
-    try:
-        result = Enqueuer(db.store, FAST, sink=sink).run_once()
-    finally:
-        sink.close()
-    assert result.delivered == tuple(keys)
+    # Two batches: the async sink sends a batch's messages without waiting for each
+    # confirm in turn, and they must still reach the queue in order.
+    keys = stage(db.store, 130)
+    with sink_of(flavour, RabbitMQSink, broker_url(), routes={"receipt": queue}) as sink:
+        result = flavour(Enqueuer, FAST, sink=sink).run_once()
+    assert (result.delivered, result.batches) == (tuple(keys), 2)
     assert db.count("idempotence_staged_jobs") == 0
     messages = drain(broker_url(), queue)
     assert [p.message_id for p, _ in messages] == keys
     assert all(p.delivery_mode == 2 and p.type == "receipt" for p, _ in messages)
-    assert [json.loads(body) for _, body in messages] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert all(p.content_type == "application/json" for p, _ in messages)
+    assert [json.loads(body) for _, body in messages] == [{"n": n} for n in range(130)]
 
 
-def test_a_broker_that_is_down_leaves_every_job_staged(db: Backend, queue: str) -> None:
-    keys = stage(db.store, 3)
-    with pytest.raises(BrokerUnavailable, match="stay staged"):
-        Enqueuer(db.store, FAST, sink=RabbitMQSink(closed_port_url(), timeout=2)).run_once()
-    assert db.count("idempotence_staged_jobs") == 3
-    sink = RabbitMQSink(broker_url(), routes={"receipt": queue})
-    try:
-        assert Enqueuer(db.store, FAST, sink=sink).run_once().delivered == tuple(keys)
-    finally:
-        sink.close()
+def test_the_default_virtual_host_may_be_written_as_celery_writes_it(
+    db: Backend, flavour: Flavour, queue: str
+) -> None:
+    keys = stage(db.store, 1)
+    url = broker_url().replace("/%2F", "//")
+    with sink_of(flavour, RabbitMQSink, url, routes={"receipt": queue}) as sink:
+        assert flavour(Enqueuer, FAST, sink=sink).run_once().delivered == tuple(keys)
     assert [p.message_id for p, _ in drain(broker_url(), queue)] == keys
 
 
-def test_a_message_nobody_can_receive_is_refused_not_dropped(db: Backend) -> None:
+def test_a_broker_that_is_down_leaves_every_job_staged(
+    db: Backend, flavour: Flavour, queue: str
+) -> None:
+    keys = stage(db.store, 3)
+    with (
+        sink_of(flavour, RabbitMQSink, closed_port_url(), timeout=2) as down,
+        pytest.raises(BrokerUnavailable, match="stay staged"),
+    ):
+        flavour(Enqueuer, FAST, sink=down).run_once()
+    assert db.count("idempotence_staged_jobs") == 3
+    with sink_of(flavour, RabbitMQSink, broker_url(), routes={"receipt": queue}) as sink:
+        assert flavour(Enqueuer, FAST, sink=sink).run_once().delivered == tuple(keys)
+    assert [p.message_id for p, _ in drain(broker_url(), queue)] == keys
+
+
+def test_a_message_nobody_can_receive_is_refused_not_dropped(db: Backend, flavour: Flavour) -> None:
+    """aio-pika confirms a message the broker returned unless told otherwise: the
+    async sink must refuse it as the sync one does."""
     stage(db.store, 1)
     # An exchange with no queue bound: the broker returns the message (mandatory).
     connection = pika.BlockingConnection(pika.URLParameters(broker_url()))
     exchange = f"idem-sink-x-{uuid.uuid4().hex[:8]}"
     connection.channel().exchange_declare(exchange, "direct", auto_delete=False)
-    sink = RabbitMQSink(broker_url(), exchange=exchange)
     try:
-        with pytest.raises(BrokerUnavailable):
-            Enqueuer(db.store, FAST, sink=sink).run_once()
+        with (
+            sink_of(flavour, RabbitMQSink, broker_url(), exchange=exchange) as sink,
+            pytest.raises(BrokerUnavailable, match="stay staged"),
+        ):
+            flavour(Enqueuer, FAST, sink=sink).run_once()
         assert db.count("idempotence_staged_jobs") == 1
     finally:
-        sink.close()
         connection.channel().exchange_delete(exchange)
         connection.close()
 
 
 def test_a_duplicate_from_a_lost_confirm_is_absorbed_by_a_guarded_consumer(
-    db: Backend, queue: str
+    db: Backend, flavour: Flavour, queue: str
 ) -> None:
     """A lost confirm delivers a job twice: the same message id twice. A consumer keyed
     by the message id runs its handler once."""
     keys = stage(db.store, 2)
-    sink = RabbitMQSink(broker_url(), routes={"receipt": queue})
-    try:
-        Enqueuer(db.store, FAST, sink=sink).run_once()
+    with sink_of(flavour, RabbitMQSink, broker_url(), routes={"receipt": queue}) as sink:
+        flavour(Enqueuer, FAST, sink=sink).run_once()
         # The second delivery of the same jobs, as after a confirm lost in transit.
         lease = db.store.claim(_request(new_scope())).lease
         assert lease is not None
         with db.store.transaction() as tx:
             db.store.stage_jobs(tx, lease, [(key, "receipt", {"again": True}) for key in keys])
-        Enqueuer(db.store, FAST, sink=sink).run_once()
-    finally:
-        sink.close()
-    handled: list[str] = []
-
-    def handler(ctx: MessageContext) -> None:
-        handled.append(ctx.key)
-
-    consumer = Consumer(name=f"receipts-{uuid.uuid4().hex[:6]}", handler=handler)
+        flavour(Enqueuer, FAST, sink=sink).run_once()
     messages = drain(broker_url(), queue)
     assert [p.message_id for p, _ in messages] == keys + keys
-    for properties, body in messages:
-        process(consumer, db.store, Message(body, message_id=properties.message_id))
-    assert handled == keys
+    assert consume(db.store, messages) == keys
 
 
 def _request(scope: str) -> Any:
@@ -173,21 +147,15 @@ def test_a_broker_restart_loses_no_job(db: Backend) -> None:
         node.remove()
 
 
-def _celery(url: str, confirm: bool = True) -> Celery:
-    app = Celery("sink-test", broker=url.replace("/%2F", "//"))
-    if confirm:
-        app.conf.broker_transport_options = {"confirm_publish": True}
-    return app
-
-
 def test_celery_sink_sends_each_job_as_a_task_whose_id_is_the_job_key(
-    db: Backend, queue: str
+    db: Backend, flavour: Flavour, queue: str
 ) -> None:
     keys = stage(db.store, 2)
-    app = _celery(broker_url())
+    app = celery_app(broker_url())
     try:
-        sink = CelerySink(app, tasks={"receipt": "shop.send_receipt"}, queue=queue)
-        assert Enqueuer(db.store, FAST, sink=sink).run_once().delivered == tuple(keys)
+        tasks = {"receipt": "shop.send_receipt"}
+        with sink_of(flavour, CelerySink, app, tasks=tasks, queue=queue) as sink:
+            assert flavour(Enqueuer, FAST, sink=sink).run_once().delivered == tuple(keys)
     finally:
         app.close()
     messages = drain(broker_url(), queue)
@@ -197,15 +165,22 @@ def test_celery_sink_sends_each_job_as_a_task_whose_id_is_the_job_key(
 
 
 def test_celery_sink_needs_confirms_and_keeps_jobs_staged_while_the_broker_is_down(
-    db: Backend,
+    db: Backend, flavour: Flavour
 ) -> None:
-    with pytest.raises(Exception, match="confirm_publish"):
-        CelerySink(_celery(broker_url(), confirm=False))
+    unconfirmed = celery_app(broker_url(), confirm=False)
+    with (
+        pytest.raises(ConfigurationError, match="confirm_publish"),
+        sink_of(flavour, CelerySink, unconfirmed),
+    ):
+        pass
     stage(db.store, 2)
-    app = _celery(closed_port_url())
+    app = celery_app(closed_port_url())
     try:
-        with pytest.raises(BrokerUnavailable):
-            Enqueuer(db.store, FAST, sink=CelerySink(app)).run_once()
+        with (
+            sink_of(flavour, CelerySink, app) as sink,
+            pytest.raises(BrokerUnavailable, match="stay staged"),
+        ):
+            flavour(Enqueuer, FAST, sink=sink).run_once()
     finally:
         app.close()
     assert db.count("idempotence_staged_jobs") == 2
@@ -227,10 +202,13 @@ def _worker(db: Backend, *extra: str) -> subprocess.Popen[str]:
     )
 
 
-def test_the_worker_sends_staged_jobs_to_the_sink_it_is_given(db: Backend, queue: str) -> None:
+@pytest.mark.parametrize("kind", [[], ["--async"]], ids=["sync", "async"])
+def test_the_worker_sends_staged_jobs_to_the_sink_it_is_given(
+    db: Backend, queue: str, kind: list[str]
+) -> None:
     keys = stage(db.store, 2, name=queue)  # the job's name routes it: to the test's queue
     url = broker_url().replace("/%2F", "//")
-    proc = _worker(db, "--sink", url)
+    proc = _worker(db, *kind, "--sink", url)
     try:
         deadline = time.monotonic() + 30
         while db.count("idempotence_staged_jobs") > 0:
@@ -265,3 +243,24 @@ def test_a_worker_without_runner_or_sink_says_so_once(db: Backend) -> None:
     reader.join(timeout=30)
     err = "".join(lines)
     assert err.count("runs no jobs (no --jobs) and has no --sink") == 1, err
+
+
+class SyncSink:
+    """A sink of the user's own, written for the sync worker."""
+
+    def deliver(self, store: Any, tx: Any, jobs: Sequence[StagedJob]) -> list[str]:
+        return [job.job_key for job in jobs]
+
+
+SYNC_SINK = SyncSink()
+
+
+def test_a_sink_of_the_other_kind_is_refused_before_the_worker_starts(db: Backend) -> None:
+    proc = _worker(db, "--async", "--sink", f"{__name__}:SYNC_SINK")
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # it started: the test fails below
+        _, err = proc.communicate()
+    assert proc.returncode == 2, err
+    assert "async def deliver(self, store, tx, jobs)" in err, err

@@ -13,7 +13,9 @@ case of an unbounded wait that ``statement_timeout`` bounds).
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -61,13 +63,47 @@ class Pair:
             ).fetchone()
         return None if row is None else str(row[0])
 
-    def fail_over(self) -> None:
+    @contextlib.contextmanager
+    def lagging(self) -> Iterator[None]:
+        """The standby behind for the block: its WAL receiver SIGSTOPped, and the
+        primary's WAL sender for it ended, so none of the WAL the primary writes in
+        the block reaches it, even after it resumes if the primary is gone by then (an
+        asynchronous primary commits on; a synchronous one's COMMITs wait). SIGSTOP
+        alone is no lag: the kernel takes the stream into the stopped receiver's
+        socket, and it reads it all once resumed."""
+        with psycopg.connect(self.standby_url(), autocommit=True) as conn:
+            row = conn.execute("SELECT pid FROM pg_stat_wal_receiver").fetchone()
+        assert row is not None, "the standby has no WAL receiver"
+        pid = int(row[0])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with psycopg.connect(self.primary_url(), autocommit=True) as conn:
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_replication")
+            yield
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    def kill_primary(self) -> None:
         self.primary.halt("immediate")  # the primary's host is gone
+
+    def promote(self) -> None:
         result = self.standby.run(
             self.standby.bindir / "pg_ctl", "-D", self.standby.data, "-w", "-t", "30", "promote"
         )
         if result.returncode != 0:
             raise PostgresUnavailable(f"pg_ctl promote failed: {_tail(result)}")
+
+    def forget_standby(self) -> None:
+        """The operator's step after promoting a synchronous pair's standby: the new
+        primary no longer waits for the standby it was."""
+        with psycopg.connect(self.standby_url(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = ''")
+            conn.execute("SELECT pg_reload_conf()")
+
+    def fail_over(self) -> None:
+        self.kill_primary()
+        self.promote()
 
 
 @contextlib.contextmanager

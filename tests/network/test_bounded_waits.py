@@ -21,8 +21,10 @@ import pytest
 from idempotence.errors import ConfigurationError, StoreError, StoreUnavailable
 from idempotence.states import ClaimRequest, StoredResponse
 from idempotence.stores.postgres import PostgresStore
+from idempotence.stores.postgres._watchdog import GRACE
 from idempotence.stores.redis import RedisStore
 from idempotence.stores.sqlite import SqliteStore
+from tests.support.postgres import throwaway_cluster
 
 BOUND = 1.0
 #: Slack on top of a bound for the machine's load (2 cores shared by many runs).
@@ -107,6 +109,27 @@ def test_postgres_without_a_bound_the_finish_waits_for_the_stuck_session(fresh_p
     thread.join(timeout=10)
     assert alive and not early, f"the finish returned without a bound: {early}"
     assert not thread.is_alive()
+
+
+def test_postgres_a_commit_no_synchronous_standby_confirms_is_never_reported_done() -> None:
+    """A server that names a synchronous standby that is not there: every COMMIT
+    waits for it. The watchdog cancels the wait past the bound; the server then keeps
+    the commit on the primary alone, without an error, and the store reports the
+    claim failed (503): a failover to a standby would lose it."""
+    with throwaway_cluster() as server:
+        with PostgresStore(server.url) as store:
+            store.migrate()
+        with psycopg.connect(server.url, autocommit=True) as admin:
+            admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'ghost'")
+            admin.execute("ALTER SYSTEM SET synchronous_commit = 'on'")  # a fast cluster's: off
+            admin.execute("SELECT pg_reload_conf()")
+        with PostgresStore(server.url, statement_timeout=BOUND) as store:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="no synchronous standby confirmed it"):
+                store.claim(request("k"))
+            assert time.monotonic() - started < BOUND + GRACE + SLACK
+        with psycopg.connect(server.url) as conn:  # it did commit, on the primary alone
+            assert conn.execute("SELECT count(*) FROM idempotency_keys").fetchone() == (1,)
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, "5", True, float("nan")])

@@ -17,21 +17,20 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import threading
 import time
 import uuid
-from datetime import timedelta
-from pathlib import Path
 
 import psycopg
 import pytest
 
-from idempotence.errors import StoreError, StoreUnavailable
-from idempotence.states import ClaimRequest, Outcome, StoredResponse
+from idempotence.errors import StoreUnavailable
+from idempotence.states import ClaimRequest, Outcome
 from idempotence.stores.postgres import PostgresStore
 from idempotence.testing import History, HistoryReport
 
+from .failovers import load
+from .guarded import Provider
 from .replication import Pair, replicated_pair
 
 pytestmark = pytest.mark.slow
@@ -44,74 +43,11 @@ OPERATOR = 12.0
 LOCK = 2.0
 
 
-def charge_once(provider: Path, key: str) -> str:
-    """The provider: one charge per derived key (R4), the same id on every repeat."""
-    with sqlite3.connect(provider, timeout=10) as db:
-        db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, id TEXT)")
-        db.execute("INSERT OR IGNORE INTO charges VALUES (?, ?)", (key, uuid.uuid4().hex))
-        (charge_id,) = db.execute("SELECT id FROM charges WHERE key = ?", (key,)).fetchone()
-    return str(charge_id)
-
-
-def guarded(store: PostgresStore, provider: Path, key: str) -> tuple[int, bytes]:
-    """A handler-mode request made by hand: claim, charge, finish."""
-    request = ClaimRequest(
-        scope="failover", key=key, fingerprint="f" * 64, lock_timeout=timedelta(seconds=LOCK)
-    )
-    try:
-        claim = store.claim(request)
-        if claim.outcome is Outcome.REPLAY:
-            assert claim.record.response is not None
-            return claim.record.response.status, claim.record.response.body
-        if claim.outcome is not Outcome.EXECUTE:
-            return 409, b"in progress"
-        assert claim.lease is not None
-        body = charge_once(provider, f"{key}-charge").encode()
-        store.finish(claim.lease, StoredResponse.of(201, body=body))
-        return 201, body
-    except StoreUnavailable:
-        return 503, b"unavailable"
-    except StoreError:
-        return 500, b"store error"
-
-
-def load(
-    pair: Pair, provider: Path, keys: list[str], history: History, deadline: float, clients: int = 4
-) -> None:
-    todo = list(keys)
-    lock = threading.Lock()
-
-    def client() -> None:
-        bound = None if UNBOUNDED else BOUND
-        with PostgresStore(pair.url, statement_timeout=bound, connect_timeout=2.0) as store:
-            while time.monotonic() < deadline:
-                with lock:
-                    if not todo:
-                        return
-                    key = todo.pop()
-                while time.monotonic() < deadline:
-                    with history.operation(key) as op:
-                        op.answer(*guarded(store, provider, key))
-                    if op.final:
-                        break
-                    time.sleep(0.1)
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=max(deadline - time.monotonic(), 0) + 30)
-
-
 def judged(
-    pair: Pair, provider: Path, history: History, keys: list[str], healed_at: float
+    pair: Pair, history: History, scope: str, keys: list[str], healed_at: float
 ) -> HistoryReport:
-    with sqlite3.connect(provider) as db:
-        db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, id TEXT)")
-        for key, charge_id in db.execute("SELECT key, id FROM charges"):
-            history.effect(key.removesuffix("-charge"), charge_id)
     with PostgresStore(pair.url) as store:
-        records = {key: store.get("failover", key) for key in keys}
+        records = {key: store.get(scope, key) for key in keys}
     return history.check(
         records=records, healed_at=healed_at, settle_within=LOCK + LOCK / 3 + BOUND + 10
     )
@@ -148,14 +84,22 @@ def test_the_store_says_its_replication_and_can_require_a_synchronous_standby(
 
 
 @pytest.mark.parametrize("synchronous", [True, False], ids=["sync", "async"])
-def test_a_failover_under_load(synchronous: bool, tmp_path: Path) -> None:
-    provider = tmp_path / "provider.sqlite3"
+def test_a_failover_under_load(synchronous: bool) -> None:
     history = History()
+    provider = Provider(history)
+    scope = f"failover-{uuid.uuid4().hex[:8]}"
     keys = [f"f{n}" for n in range(120)]
     with replicated_pair(synchronous=synchronous) as pair:
         migrate(pair)
         deadline = time.monotonic() + 120
-        loader = threading.Thread(target=load, args=(pair, provider, keys, history, deadline))
+        bound = None if UNBOUNDED else BOUND
+
+        def open_store() -> PostgresStore:
+            return PostgresStore(pair.url, statement_timeout=bound, connect_timeout=2.0)
+
+        loader = threading.Thread(
+            target=load, args=(open_store, provider, scope, keys, 4, deadline)
+        )
         loader.start()
         # Fail over once a third of the keys are done.
         while len({op.key for op in history.operations if op.status == 201}) < 40:
@@ -173,7 +117,7 @@ def test_a_failover_under_load(synchronous: bool, tmp_path: Path) -> None:
         healed_at = history.now()
         loader.join(timeout=150)
         assert not loader.is_alive()
-        report = judged(pair, provider, history, keys, healed_at)
+        report = judged(pair, history, scope, keys, healed_at)
     slow = [op.ended - op.started for op in history.operations if op.started >= failed_over]
     print(
         f"{'sync' if synchronous else 'async'} failover: {report}; "

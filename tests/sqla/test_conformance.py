@@ -18,7 +18,7 @@ from sqlalchemy.pool import NullPool
 from idempotence.contrib.sqlalchemy import AsyncSQLAlchemyStore, SQLAlchemyStore
 from idempotence.testing.conformance import suite
 from tests.sqla.conftest import Database
-from tests.support.clock import age_lock
+from tests.support.clock import age_key, age_lock
 from tests.support.postgres import ProvidedServer, create_database, drop_database
 
 
@@ -62,5 +62,7 @@ def open_async(migrated: Database) -> AsyncSQLAlchemyStore:
     return AsyncSQLAlchemyStore(async_sessionmaker(engine))
 
 
-TestSQLAlchemy = suite(SQLAlchemyStore, open_sync, age_lock=age_lock)
-TestAsyncSQLAlchemy = pytest.mark.slow(suite(AsyncSQLAlchemyStore, open_async, age_lock=age_lock))
+TestSQLAlchemy = suite(SQLAlchemyStore, open_sync, age_lock=age_lock, age_key=age_key)
+TestAsyncSQLAlchemy = pytest.mark.slow(
+    suite(AsyncSQLAlchemyStore, open_async, age_lock=age_lock, age_key=age_key)
+)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import re
 import sqlite3
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from types import ModuleType
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
 from idempotence.stores.capabilities import Capability
@@ -54,14 +56,26 @@ def age_lock(store: Any, scope: str, key: str, by: timedelta) -> None:
     of ``(scope, key)`` ``by`` older. A SQL store's row is updated in a transaction
     of the store's own (on the cached store, its primary's), a Redis record's hash
     field directly."""
+    _age(store, scope, key, by, ("locked_at",))
+
+
+def age_key(store: Any, scope: str, key: str, by: timedelta) -> None:
+    """The conformance suite's ``age_key``: every time of ``(scope, key)`` ``by``
+    older, its expiry included, as :func:`age_lock` moves its lock. A Redis record's
+    TTL is left as it is: the record is then one whose expiry Redis has not acted on
+    yet, as a SQL row past it is one the reaper has not deleted yet."""
+    _age(store, scope, key, by, tuple(REDIS_FIELDS))
+
+
+def _age(store: Any, scope: str, key: str, by: timedelta, columns: tuple[str, ...]) -> None:
     own = store.store if isinstance(store, Blocking) else store
     if Capability.TRANSACTIONS not in own.capabilities:  # Redis
-        backdate_hash(SHARED_URL, own.record_key(scope, key), by, ("locked_at",))
+        backdate_hash(SHARED_URL, own.record_key(scope, key), by, columns)
         return
     dialect = getattr(own, "primary", own)._dialect.name
     with store.transaction() as tx:
         tx.execute(
-            update(dialect, ("locked_at",), one_key=True),
+            update(dialect, columns, one_key=True),
             {
                 "s": by.total_seconds(),
                 "us": by // timedelta(microseconds=1),
@@ -136,3 +150,17 @@ class Rows:
         if key is None:
             raise ValueError("a Redis record is aged one key at a time")
         backdate_hash(self.url, record_key(self.prefix, scope, key), by, columns)
+
+
+def app_clock_ahead(monkeypatch: pytest.MonkeyPatch, by: timedelta, *modules: ModuleType) -> None:
+    """The application's clock ``by`` ahead, as ``datetime.now`` in each of ``modules``:
+    what a store computes from the application's clock instead of its database's
+    (or server's) shows the difference."""
+
+    class Ahead(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return datetime.now(tz) + by
+
+    for module in modules:
+        monkeypatch.setattr(module, "datetime", Ahead)

@@ -16,6 +16,7 @@ from idempotence import (
     Claim,
     ClaimRequest,
     KeyRecord,
+    KeyStatus,
     Lease,
     Store,
     StoredResponse,
@@ -45,6 +46,9 @@ class NoSharedTransactions:
 
     def get(self, scope: str, key: str) -> KeyRecord | None:
         return self._store.get(scope, key)
+
+    def key_status(self, scope: str, key: str) -> KeyStatus | None:
+        return self._store.key_status(scope, key)
 
     def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
         self._store.wait_for_settle(scope, key, seconds)
@@ -78,6 +82,9 @@ class AsyncNoSharedTransactions:
 
     async def get(self, scope: str, key: str) -> KeyRecord | None:
         return await self._store.get(scope, key)
+
+    async def key_status(self, scope: str, key: str) -> KeyStatus | None:
+        return await self._store.key_status(scope, key)
 
     async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
         await self._store.wait_for_settle(scope, key, seconds)

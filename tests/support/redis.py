@@ -8,6 +8,9 @@
   persistence (``--save '' --appendonly no``): the one a test may stop and restart.
 * :func:`redis_cluster` starts three such servers in cluster mode and joins them with
   ``redis-cli --cluster create``; all three are stopped and deleted at the end.
+* :func:`replicated` starts a master and a replica of it, in sync; :func:`sentinel_group`
+  adds a sentinel watching them (quorum 1), to promote the replica when the master
+  dies. Everything is stopped and deleted at the end.
 """
 
 from __future__ import annotations
@@ -121,6 +124,16 @@ class RedisServer:
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The server SIGSTOPped for the block, resumed after it (even on failure)."""
+        self.freeze()
+        try:
+            yield
+        finally:
+            if self.process is not None and self.process.poll() is None:
+                self.freeze(False)
+
     def stop(self) -> None:
         """Kill the server (SIGKILL: a crash, nothing saved) and wait for it."""
         if self.process is not None and self.process.poll() is None:
@@ -175,3 +188,174 @@ def redis_cluster(size: int = 3) -> Iterator[list[RedisServer]]:
     finally:
         for server in servers:
             server.close()
+
+
+@contextlib.contextmanager
+def replicated() -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A master and its replica, yielded once the replica is in sync (its link up
+    and its offset the master's)."""
+    with replicas(1) as (master, copies):
+        yield master, copies[0]
+
+
+#: A master starts a replica's sync at once (no diskless delay of 5 s): a replica
+#: restarted, or re-pointed at a promoted master, is in sync within a second.
+_NO_SYNC_DELAY = ("--repl-diskless-sync-delay", "0")
+
+
+@contextlib.contextmanager
+def replicas(count: int) -> Iterator[tuple[RedisServer, list[RedisServer]]]:
+    """A master and ``count`` replicas of it, yielded once all are in sync."""
+    master = RedisServer(None, *_NO_SYNC_DELAY)
+    copies: list[RedisServer] = []
+    try:
+        master.start()
+        for _ in range(count):
+            copies.append(
+                RedisServer(None, *_NO_SYNC_DELAY, "--replicaof", "127.0.0.1", str(master.port))
+            )
+            copies[-1].start()
+        for copy in copies:
+            caught_up(master, copy)
+        yield master, copies
+    finally:
+        for copy in copies:
+            copy.close()
+        master.close()
+
+
+def caught_up(master: RedisServer, replica: RedisServer, within: float = 15.0) -> None:
+    """Wait until ``replica`` has everything ``master`` wrote (a loud failure after
+    ``within`` seconds)."""
+    deadline = time.monotonic() + within
+    with (
+        redis.Redis(port=master.port, socket_timeout=1) as primary,
+        redis.Redis(port=replica.port, socket_timeout=1) as copy,
+    ):
+        while True:
+            info = copy.info("replication")
+            if (
+                info.get("master_link_status") == "up"
+                and info.get("slave_repl_offset")
+                == primary.info("replication")["master_repl_offset"]
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replica never caught up: {info}")
+            time.sleep(0.02)
+
+
+SENTINEL_SERVICE = "idemsvc"
+
+
+class SentinelGroup:
+    """A master, its replicas and one sentinel (quorum 1, down after
+    ``down_after_ms``)."""
+
+    def __init__(
+        self, master: RedisServer, replicas: list[RedisServer], down_after_ms: int
+    ) -> None:
+        self.master = master
+        self.replicas = replicas
+        self.port = free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="idemtest-sentinel-"))
+        self.down_after_ms = down_after_ms
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def replica(self) -> RedisServer:
+        """The first replica (the one of a group of one)."""
+        return self.replicas[0]
+
+    @contextlib.contextmanager
+    def lagging(self) -> Iterator[None]:
+        """Every replica behind for the block: SIGSTOPped, and its link cut by the
+        master (``CLIENT KILL TYPE replica``), so none of the master's writes of the
+        block reach it, even after it resumes if the master is gone by then. (SIGSTOP
+        alone is no lag: the kernel takes the stream into the stopped replica's socket,
+        and it reads it all once resumed, even from a dead master.)"""
+        with contextlib.ExitStack() as stack:
+            for each in self.replicas:
+                stack.enter_context(each.frozen())
+            with redis.Redis(port=self.master.port, socket_timeout=5) as client:
+                client.client_kill_filter(_type="replica")
+            yield
+
+    @property
+    def url(self) -> str:
+        """The ``redis+sentinel://`` URL of the group's master, database 0."""
+        return f"redis+sentinel://127.0.0.1:{self.port}/{SENTINEL_SERVICE}/0"
+
+    def start(self) -> SentinelGroup:
+        config = self.directory / "sentinel.conf"
+        config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.directory}\n"
+            f"sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {self.master.port} 1\n"
+            f"sentinel down-after-milliseconds {SENTINEL_SERVICE} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {SENTINEL_SERVICE} 5000\n"
+        )
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("the tests need redis-server on PATH")
+        self.process = subprocess.Popen(
+            [binary, str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 15
+        while True:  # the sentinel knows the master and its replicas
+            try:
+                with redis.Redis(port=self.port, socket_timeout=1) as client:
+                    if len(client.sentinel_slaves(SENTINEL_SERVICE)) >= len(self.replicas):
+                        return self
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the sentinel never saw the replicas")
+            time.sleep(0.1)
+
+    def master_port(self) -> int | None:
+        """The port of the master the sentinel names now (None if it cannot say)."""
+        try:
+            with redis.Redis(port=self.port, socket_timeout=1) as client:
+                address = client.sentinel_get_master_addr_by_name(SENTINEL_SERVICE)
+        except redis.RedisError:
+            return None
+        return None if not address else int(address[1])
+
+    def wait_promoted(self, within: float = 30.0) -> float:
+        """Wait until the sentinel names a replica as the master and that replica
+        says so too; the seconds it took."""
+        started = time.monotonic()
+        ports = {replica.port for replica in self.replicas}
+        while True:
+            port = self.master_port()
+            if port in ports:
+                with (
+                    contextlib.suppress(redis.RedisError),
+                    redis.Redis(port=port, socket_timeout=1) as client,
+                ):
+                    if client.info("replication")["role"] == "master":
+                        return time.monotonic() - started
+            if time.monotonic() - started > within:
+                raise RuntimeError(f"no replica was promoted within {within} s")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            self.process = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def sentinel_group(down_after_ms: int = 1000, replica_count: int = 1) -> Iterator[SentinelGroup]:
+    """A master, ``replica_count`` replicas in sync and a sentinel watching them; all
+    stopped and deleted at the end."""
+    with replicas(replica_count) as (master, copies):
+        group = SentinelGroup(master, copies, down_after_ms)
+        try:
+            yield group.start()
+        finally:
+            group.close()

@@ -51,11 +51,19 @@ from idempotence.http import (
     single_tenant,
 )
 from idempotence.http._core import lifecycle
-from idempotence.http._effects import Detach, ReadBody, ReadKey, Reply, ReplyKind, ResolveScope
+from idempotence.http._effects import (
+    Detach,
+    ReadBody,
+    ReadKey,
+    ReadStatus,
+    Reply,
+    ReplyKind,
+    ResolveScope,
+)
 from idempotence.maintenance.completer import GAVE_UP_RESPONSE
 from idempotence.maintenance.reaper import EXPIRED_RESPONSE
 from idempotence.problems import NEUTRAL_TYPE, ProblemDetails
-from idempotence.states import Claim, KeyRecord, Lease, Outcome, StoredResponse
+from idempotence.states import Claim, KeyRecord, KeyState, KeyStatus, Lease, Outcome, StoredResponse
 
 # -- a scripted driver ----------------------------------------------------------------------
 
@@ -93,6 +101,16 @@ def drive(
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 LEASE = Lease(id=7, scope="tenant", key="k", token=1, recovery_point="started")
+EXPIRED_STATUS = KeyStatus(
+    scope="tenant",
+    key="k",
+    state=KeyState.EXPIRED,
+    now=NOW + timedelta(days=2),
+    created_at=NOW,
+    finished_at=NOW,
+    expires_at=NOW + timedelta(days=1),
+    response_status=201,
+)
 
 
 def record(response: StoredResponse | None = None) -> KeyRecord:
@@ -181,6 +199,7 @@ class Row:
     headers: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
     key: tuple[str, ...] = ("k",)
     replayed: bool = False
+    query: str = ""
 
 
 #: The library's problems that are stored with a key, by code, in their neutral form.
@@ -317,11 +336,33 @@ def rows() -> list[Row]:
             404,
             [(ResolveScope, "tenant"), (ReadKey, None)],
         ),
+        # A key's status URL: a key the tenant does not hold, one past its retention
+        # (not yet deleted), and a query that names half an endpoint.
+        Row(
+            "key-status", "idempotency_key_unknown", 404, [(ResolveScope, "t"), (ReadStatus, None)]
+        ),
+        Row(
+            "key-status",
+            "idempotency_key_expired",
+            410,
+            [(ResolveScope, "tenant"), (ReadStatus, EXPIRED_STATUS)],
+        ),
+        Row("key-status", "idempotency_status_query_invalid", 400, [], query="method=POST"),
     ]
     return table
 
 
 ROWS = rows()
+
+
+def policy_for(config: Idempotency, row: Row) -> Policy:
+    """The policy ``config`` resolves the row's request to."""
+    if row.mode == "key-status":
+        assert config.key_status_policy is not None
+        return config.key_status_policy
+    return MODES[row.mode]
+
+
 WIRE = {Profile.IETF: "application/problem+json", Profile.STRIPE: "application/json"}
 
 
@@ -330,6 +371,8 @@ def row_id(row: Row) -> str:
 
 
 def request_for(row: Row) -> RequestInfo:
+    if row.mode == "key-status":
+        return RequestInfo("GET", "/keys/k", query=row.query, path_params={"key": "k"})
     if row.mode == "status":
         return RequestInfo("GET", "/idempotence/operations/k", path_params={"key": "k"})
     keys = tuple(("idempotency-key", key) for key in row.key)
@@ -339,8 +382,10 @@ def request_for(row: Row) -> RequestInfo:
 @pytest.mark.parametrize("profile", list(Profile), ids=lambda p: p.value)
 @pytest.mark.parametrize("row", ROWS, ids=row_id)
 def test_f6_every_problem_in_both_profiles(row: Row, profile: Profile) -> None:
-    config = Idempotency(store=object(), scope=single_tenant("tenant"), profile=profile)
-    reply = drive(config, MODES[row.mode], request_for(row), row.script)
+    config = Idempotency(
+        store=object(), scope=single_tenant("tenant"), profile=profile, key_status_path="/keys"
+    )
+    reply = drive(config, policy_for(config, row), request_for(row), row.script)
 
     assert reply.kind is ReplyKind.RESPOND and reply.response is not None
     response = reply.response
@@ -367,7 +412,7 @@ def test_p4_p11_refusals_that_invite_a_retry_say_when() -> None:
     config = Idempotency(store=object(), scope=single_tenant("tenant"))
     for row in ROWS:
         if row.code in ("idempotency_key_in_use", "idempotency_store_unavailable"):
-            reply = drive(config, MODES[row.mode], request_for(row), row.script)
+            reply = drive(config, policy_for(config, row), request_for(row), row.script)
             assert reply.response is not None
             assert dict(reply.response.headers)["retry-after"].isdigit(), row
 

@@ -17,6 +17,7 @@ from idempotence.states import (
     Claim,
     KeyRecord,
     KeyState,
+    KeyStatus,
     Lease,
     Outcome,
     StoredResponse,
@@ -405,6 +406,27 @@ def test_r6_errored_beats_expired() -> None:
 def test_f5_keys_kept_forever_never_expire() -> None:
     assert key_state(finished(expires_at=None), NOW + timedelta(days=3650)) is KeyState.COMPLETE
     assert key_state(record(expires_at=None), NOW + timedelta(days=3650)) is KeyState.PENDING
+
+
+def test_f5_a_key_status_is_its_state_at_the_stores_now_and_never_its_body() -> None:
+    done = finished(expires_at=NOW + timedelta(hours=1))
+    status = KeyStatus.of(done, NOW)
+    assert (status.scope, status.key, status.now) == (done.scope, done.key, NOW)
+    assert (status.state, status.response_status) == (KeyState.COMPLETE, 201)
+    assert (status.created_at, status.finished_at, status.expires_at) == (
+        done.created_at,
+        done.finished_at,
+        done.expires_at,
+    )
+    assert not {"response", "body", "headers"} & set(KeyStatus.__slots__)
+    # Past its expiry on the clock it is read with: expired, before any reaper.
+    assert KeyStatus.of(done, NOW + timedelta(hours=1)).state is KeyState.EXPIRED
+    assert KeyStatus.of(record(), NOW).response_status is None
+    # An errored key reports its stored status code too.
+    assert (
+        KeyStatus.of(finished(error="x", response=StoredResponse.of(502)), NOW).response_status
+        == 502
+    )
 
 
 def test_f5_every_key_state_is_reachable() -> None:

@@ -75,7 +75,7 @@ from ._shared import (
     open_cli_store,
     require_schema,
 )
-from ._sinks import NO_RUNNER, SinkType
+from ._sinks import NO_RUNNER, SinkChoice, SinkType
 
 
 @click.group(cls=LazyGroup)
@@ -344,8 +344,10 @@ def run_jobs(database: DatabaseUrl, jobs: Any, batch_size: int | None, as_json: 
     "--sink",
     type=SinkType(),
     default=None,
-    help="Send staged jobs to RabbitMQ (amqp://...) or to a Celery app "
-    "(myapp.celery:app) instead of the built-in job table.",
+    help="Send staged jobs to RabbitMQ (amqp://...), to a Celery app (myapp.celery:app) "
+    "or to a sink of your own (an object with deliver(store, tx, jobs); async def on an "
+    "async worker) instead of the built-in job table. While the broker is away the jobs "
+    "stay staged and are tried again with a growing pause (0.5 s up to 30 s).",
 )
 @async_option
 def worker(
@@ -355,7 +357,7 @@ def worker(
     interval: float | None,
     grace: float | None,
     metrics_port: int | None,
-    sink: Any,
+    sink: SinkChoice | None,
     use_async: bool,
 ) -> None:
     """Run the sweeper, completer, reaper and enqueuer (and the job runner, with
@@ -406,9 +408,9 @@ def worker(
         if sink is None and runner_jobs is None
         else None
     )
-    if _runs_async(registry, use_async):
-        if sink is not None:
-            raise click.UsageError("--sink runs on the sync worker: leave out --async")
+    runs_async = _runs_async(registry, use_async)
+    chosen = sink.build(runs_async) if sink is not None else None
+    if runs_async:
 
         async def work() -> None:
             stop = asyncio.Event()
@@ -417,7 +419,9 @@ def worker(
                 if warn is not None:
                     warn()
                 with stop_on_signals(stop):
-                    await AsyncWorker(store, flows=registry, jobs=runner_jobs, **configs).run(stop)
+                    await AsyncWorker(
+                        store, flows=registry, jobs=runner_jobs, sink=chosen, **configs
+                    ).run(stop)
 
         asyncio.run(work())
         return
@@ -427,7 +431,7 @@ def worker(
         if warn is not None:
             warn()
         with stop_on_signals(stop):
-            Worker(store, flows=registry, jobs=runner_jobs, sink=sink, **configs).run(stop)
+            Worker(store, flows=registry, jobs=runner_jobs, sink=chosen, **configs).run(stop)
 
 
 # -- the operator's commands (F5, B5) -------------------------------------------------------

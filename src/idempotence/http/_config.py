@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import re
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeAlias
@@ -35,6 +35,7 @@ from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, DEFAULT_RETENTION
 from ..stores import AsyncKeyStore, AsyncStore, KeyStore, Store
 from ._problems import Profile
 from ._request import RequestInfo
+from ._scopes import ScopeFn, header_scope, single_tenant
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -50,9 +51,6 @@ __all__ = [
     "single_tenant",
 ]
 
-ScopeFn: TypeAlias = Callable[[RequestInfo], "str | Awaitable[str | None] | None"]
-"""A request to its tenant id; None when the request has none (answered 401). In an
-ASGI app it may be a coroutine function."""
 ParamsFn: TypeAlias = Callable[[RequestInfo, Any], Any]
 """A flow's parameters from the request and its parsed body."""
 
@@ -103,54 +101,6 @@ class KeyScope(enum.Enum):
 
     TENANT = "tenant"
     ENDPOINT = "endpoint"
-
-
-class _SingleTenant:
-    """A scope that puts every request in one tenant: the explicit opt-in."""
-
-    def __init__(self, tenant: str) -> None:
-        self.tenant = tenant
-
-    def __call__(self, request: RequestInfo) -> str:
-        return self.tenant
-
-    def __repr__(self) -> str:
-        return f"single_tenant({self.tenant!r})"
-
-
-def single_tenant(tenant: str = "default") -> ScopeFn:
-    """Declare that the app has one tenant, so keys are unique across all clients.
-
-    There is no implicit global scope: an app that serves several accounts must
-    pass a callable that finds the account, or one client could replay another's
-    response by guessing its key.
-
-    ```python
-    single_tenant("shop")(RequestInfo("POST", "/orders"))
-    # 'shop'
-    ```
-    """
-    if not tenant:
-        raise ConfigurationError("single_tenant() needs a non-empty tenant name")
-    return _SingleTenant(tenant)
-
-
-def header_scope(name: str) -> ScopeFn:
-    """A scope read from request header ``name``.
-
-    Only behind a gateway that authenticates the caller and sets the header itself:
-    a header the client controls is no tenant boundary.
-
-    ```python
-    header_scope("x-account-id")(RequestInfo("POST", "/", headers=(("x-account-id", "a1"),)))
-    # 'a1'
-    ```
-    """
-
-    def scope(request: RequestInfo) -> str | None:
-        return request.header(name) or None
-
-    return scope
 
 
 def _invalid(owner: str, name: str, value: object, why: str) -> ConfigurationError:
@@ -495,6 +445,13 @@ class Idempotency:
     """Where the status of an asynchronous operation is read: ``GET
     <status_path>/<key>`` (percent-encoded), served by the middleware when an
     endpoint has ``Policy(asynchronous=True)``."""
+    key_status_path: str | None = None
+    """Where a key's status is read, when set (None, the default: nowhere). ``GET
+    <key_status_path>/<key>`` (the key percent-encoded) answers 200 with the key's
+    state as JSON, 404 for a key the tenant never sent or one already deleted, and 410
+    once its retention has passed. The tenant is the scope callable's; a key sent to
+    an endpoint whose policy has its own ``scope`` or ``key_scope=KeyScope.ENDPOINT``
+    is named with its endpoint: ``?method=POST&path=/v1/orders``."""
     fingerprint_secret: str | bytes | None = field(default=None, repr=False)
     """Fingerprints are HMAC-SHA-256 keyed by this secret, not a plain SHA-256."""
     previous_fingerprint_secret: str | bytes | None = field(default=None, repr=False)
@@ -503,6 +460,10 @@ class Idempotency:
     status_policy: Policy | None = field(init=False, repr=False, compare=False)
     """The asynchronous policy that serves status reads, and the flows it may show."""
     status_flows: frozenset[str] = field(init=False, repr=False, compare=False)
+    key_status_policy: Policy | None = field(init=False, repr=False, compare=False)
+    """The policy that [`resolve`][idempotence.http.Idempotency.resolve] gives a GET of
+    a key's status URL (only that request gets this object), or None when the route
+    is off."""
     _resolved: dict[tuple[str, str], Any] = field(init=False, repr=False, compare=False)
     """What [`resolve`][idempotence.http.Idempotency.resolve] found for a method and
     path, so that a path is matched against the patterns once (bounded: a path with
@@ -524,10 +485,19 @@ class Idempotency:
         object.__setattr__(self, "profile", Profile(self.profile))
         pair = secret_pair(self.fingerprint_secret, self.previous_fingerprint_secret, "Idempotency")
         object.__setattr__(self, "secrets", pair)
-        if not self.status_path.startswith("/") or self.status_path.endswith("/"):
+        for name in ("status_path", "key_status_path"):
+            path = getattr(self, name)
+            if path is not None and (not path.startswith("/") or path.endswith("/")):
+                raise _invalid("Idempotency", name, path, "must start and not end with '/'")
+        if self.key_status_path == self.status_path:
             raise _invalid(
-                "Idempotency", "status_path", self.status_path, "must start and not end with '/'"
+                "Idempotency",
+                "key_status_path",
+                self.key_status_path,
+                "is status_path too: give a key's status a path of its own",
             )
+        key_status = None if self.key_status_path is None else Policy()
+        object.__setattr__(self, "key_status_policy", key_status)
         policies = [e.policy for e in self.endpoints] + [self.default]
         accepting = [p for p in policies if p is not None and p.asynchronous]
         object.__setattr__(self, "status_policy", accepting[0] if accepting else None)
@@ -555,13 +525,26 @@ class Idempotency:
     def resolve(self, method: str, path: str) -> tuple[Policy, Mapping[str, str]] | None:
         """The policy for ``method`` on ``path`` and the pattern's parameters, or None
         when the request passes through unguarded (P9). A GET of an operation's status
-        URL resolves to the asynchronous policy, with the key as parameter ``key``.
+        URL resolves to the asynchronous policy, and one of a key's status URL to
+        [`key_status_policy`][idempotence.http.Idempotency.key_status_policy], each
+        with the key as parameter ``key``.
 
         ```python
         config.resolve("GET", "/v1/charges") is None
         # True
         ```
         """
+        key_status = self.key_status_policy
+        if key_status is not None and method == "GET":
+            prefix = self.key_status_path
+            assert prefix is not None
+            # The prefix alone too (a key left out, or a trailing slash the framework
+            # removed): an empty key, refused as such. Not remembered: every key is
+            # another path.
+            if path == prefix:
+                return key_status, {"key": ""}
+            if path.startswith(prefix) and path[len(prefix)] == "/":
+                return key_status, {"key": path[len(prefix) + 1 :]}
         found = self._resolved.get((method, path), _UNRESOLVED)
         if found is _UNRESOLVED:
             found = self._resolve(method, path)
@@ -595,6 +578,19 @@ class Idempotency:
         ```
         """
         return f"{self.status_path}/{urllib.parse.quote(key, safe='')}"
+
+    def key_status_url(self, key: str) -> str:
+        """Where the status of ``key`` is read (``key_status_path`` must be set).
+
+        ```python
+        config = Idempotency(store=store, scope=single_tenant(), key_status_path="/keys")
+        config.key_status_url("a/b")
+        # '/keys/a%2Fb'
+        ```
+        """
+        if self.key_status_path is None:
+            raise ConfigurationError("key_status_url() needs Idempotency(key_status_path=...)")
+        return f"{self.key_status_path}/{urllib.parse.quote(key, safe='')}"
 
     def scope_for(self, policy: Policy) -> ScopeFn:
         return policy.scope if policy.scope is not None else self.scope

@@ -22,6 +22,8 @@ or in the engine, once:
    or, for an asynchronous endpoint, the flow started in the background and a 202
    (`_accept`, which also answers GETs of an operation's status URL).
 
+A GET of a key's status URL, when the app turned it on, is answered by `_key_status`.
+
 A response is always buffered before it is sent, so the key is settled (stored,
 released or forgotten) before the client sees anything, and in request-as-transaction
 mode nothing is sent before the commit. A response larger than ``max_response_bytes``
@@ -47,6 +49,7 @@ from ..states import ClaimRequest
 from ._accept import accept, status
 from ._config import HTTP_FLOW, Idempotency, KeyScope, Policy
 from ._effects import PASS, SENT, Lifecycle, ReadBody, Reply, ReplyKind, ResolveScope
+from ._key_status import key_status
 from ._problems import Problem, Profile, render_stored
 from ._request import (
     KEY_HEADER,
@@ -83,6 +86,8 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
     docstring). ``app`` runs the application (the exchange of the server
     integration; see [`DoHandle`][idempotence.http.wsgi.DoHandle])."""
     profile = config.profile
+    if policy is config.key_status_policy:
+        return (yield from key_status(config, request))  # a key's status URL
     if policy.asynchronous and request.method == "GET":
         return (yield from status(config, policy, request))  # an operation's status URL
     field = policy.key_field

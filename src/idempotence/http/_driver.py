@@ -5,8 +5,8 @@
 `drive` (ASGI) is the source; `drive` (WSGI, Django) is generated
 from it. It performs the effects that are HTTP's own, reading the scope and the body
 (the body through the server integration's ``io`` object), reading a key and
-starting a flow in the background (asynchronous acceptance), and hands every
-other effect to the engine's one driver (`perform`,
+starting a flow in the background (asynchronous acceptance), reading a key's
+status, and hands every other effect to the engine's one driver (`perform`,
 F6): there is no second implementation of the claim, the settling of a key or the
 request-as-transaction here.
 """
@@ -19,10 +19,10 @@ from .._awaitables import settle
 from .._concurrency import spawn
 from ..flows._driver import perform
 from ..stores import KeyStore, Store
-from ._effects import Detach, Lifecycle, ReadBody, ReadKey, Reply, ResolveScope
+from ._effects import Detach, Lifecycle, ReadBody, ReadKey, ReadStatus, Reply, ResolveScope
 
 _SYNC_SCOPE = "the scope callable of a WSGI app must not be async"
-_OWN = (ReadBody, ResolveScope, ReadKey, Detach)
+_OWN = (ReadBody, ResolveScope, ReadKey, ReadStatus, Detach)
 """The effects performed here; every other one is the engine's."""
 
 
@@ -54,6 +54,8 @@ def drive(lifecycle: Lifecycle, store: KeyStore, io: IO) -> Reply:
                 value = settle(effect.fn(effect.request), _SYNC_SCOPE)
             elif isinstance(effect, ReadKey):
                 value = store.get(effect.scope, effect.key)
+            elif isinstance(effect, ReadStatus):
+                value = store.key_status(effect.scope, effect.key)
             else:
                 _detach(effect, cast(Store, store))
         except BaseException as exc:  # the lifecycle and the engine decide, even on cancellation

@@ -3,8 +3,8 @@
 `drive_async` (ASGI) is the source; `drive` (WSGI, Django) is generated
 from it. It performs the effects that are HTTP's own, reading the scope and the body
 (the body through the server integration's ``io`` object), reading a key and
-starting a flow in the background (asynchronous acceptance), and hands every
-other effect to the engine's one driver (`perform_async`,
+starting a flow in the background (asynchronous acceptance), reading a key's
+status, and hands every other effect to the engine's one driver (`perform_async`,
 F6): there is no second implementation of the claim, the settling of a key or the
 request-as-transaction here.
 """
@@ -17,10 +17,10 @@ from .._awaitables import settle_async
 from .._concurrency import spawn_async
 from ..flows._driver_async import perform_async
 from ..stores import AsyncKeyStore, AsyncStore
-from ._effects import Detach, Lifecycle, ReadBody, ReadKey, Reply, ResolveScope
+from ._effects import Detach, Lifecycle, ReadBody, ReadKey, ReadStatus, Reply, ResolveScope
 
 _SYNC_SCOPE = "the scope callable of a WSGI app must not be async"
-_OWN = (ReadBody, ResolveScope, ReadKey, Detach)
+_OWN = (ReadBody, ResolveScope, ReadKey, ReadStatus, Detach)
 """The effects performed here; every other one is the engine's."""
 
 
@@ -52,6 +52,8 @@ async def drive_async(lifecycle: Lifecycle, store: AsyncKeyStore, io: AsyncIO) -
                 value = await settle_async(effect.fn(effect.request), _SYNC_SCOPE)
             elif isinstance(effect, ReadKey):
                 value = await store.get(effect.scope, effect.key)
+            elif isinstance(effect, ReadStatus):
+                value = await store.key_status(effect.scope, effect.key)
             else:
                 _detach_async(effect, cast(AsyncStore, store))
         except BaseException as exc:  # the lifecycle and the engine decide, even on cancellation

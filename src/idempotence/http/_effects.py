@@ -1,8 +1,8 @@
 """The vocabulary between the lifecycle (`_core`) and its driver: the effects
 that are HTTP's own (reading the scope and the body; for asynchronous acceptance,
-reading a key and starting a flow in the background; everything else that touches
-the store is an engine effect, `idempotence.flows.effects`), the response the
-app sent, and the reply that goes back.
+reading a key and starting a flow in the background; reading a key's status;
+everything else that touches the store is an engine effect,
+`idempotence.flows.effects`), the response the app sent, and the reply that goes back.
 
 Plain data, no I/O; `Capture` is the one stateful piece, the buffer an
 exchange fills as the app sends its response.
@@ -30,6 +30,7 @@ __all__ = [
     "Detach",
     "ReadBody",
     "ReadKey",
+    "ReadStatus",
     "Reply",
     "ReplyKind",
     "ResolveScope",
@@ -66,6 +67,16 @@ class ReadKey:
 
 @quick_init
 @dataclass(frozen=True, slots=True)
+class ReadStatus:
+    """Read the key's status on the store's clock (``store.key_status``); returns a
+    KeyStatus or None."""
+
+    scope: str
+    key: str
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
 class Detach:
     """Start ``flow`` on ``request`` in the background (a task, or a thread) and
     return at once: asynchronous acceptance. The run is the engine's own, the same
@@ -75,7 +86,7 @@ class Detach:
     request: ClaimRequest
 
 
-Effect: TypeAlias = ResolveScope | ReadBody | ReadKey | Detach | EngineEffect
+Effect: TypeAlias = ResolveScope | ReadBody | ReadKey | ReadStatus | Detach | EngineEffect
 
 # -- what the app sent, and what goes back -------------------------------------------------
 

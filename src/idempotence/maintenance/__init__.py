@@ -51,6 +51,7 @@ from .reaper import Reaper, ReaperConfig, ReapResult, Retention
 from .reaper_async import AsyncReaper
 from .reconcile import Reconciler, ReconcilerRegistry, Reconciliation, reconcile, reconcilers
 from .sinks import BrokerUnavailable, CelerySink, RabbitMQSink
+from .sinks_async import AsyncCelerySink, AsyncRabbitMQSink
 from .sweeper import Sweeper, SweeperConfig, SweepResult
 from .sweeper_async import AsyncSweeper
 from .worker import Worker
@@ -59,10 +60,12 @@ from .worker_async import AsyncWorker
 # The default job registry stays idempotence.maintenance.jobs.jobs: re-exported here it
 # would hide the jobs module itself.
 __all__ = [
+    "AsyncCelerySink",
     "AsyncCompleter",
     "AsyncEnqueuer",
     "AsyncJobRunner",
     "AsyncJobSink",
+    "AsyncRabbitMQSink",
     "BrokerUnavailable",
     "CelerySink",
     "RabbitMQSink",

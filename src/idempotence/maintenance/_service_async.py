@@ -48,6 +48,7 @@ class AsyncService(abc.ABC, Generic[ConfigT, ResultT]):
         *,
         signals: Signals | None = None,
         metrics: Metrics | None = None,
+        sleep: Callable[[float, AsyncEvent], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.config = config
@@ -55,6 +56,9 @@ class AsyncService(abc.ABC, Generic[ConfigT, ResultT]):
         self.metrics = metrics if metrics is not None else default_metrics()
         self.log = logging.getLogger(f"idempotence.maintenance.{self.name}")
         self._random = random.Random()
+        # A test hands in a sleep that records the pauses and moves a clock of its own,
+        # so that it sees a schedule of minutes in no time.
+        self._sleep = sleep if sleep is not None else _sleep_until_stopped
 
     # -- the public shape ------------------------------------------------------------
 
@@ -79,17 +83,13 @@ class AsyncService(abc.ABC, Generic[ConfigT, ResultT]):
         next interval (the service outlives a database restart)."""
         self.log.info("%s started", self.name, extra={"service": self.name})
         while not stop.is_set():
+            result: ResultT | None = None
+            failure: Exception | None = None
             try:
-                await self.run_once(stop)
-            except StoreUnavailable as exc:
-                # The store logs an outage once, as it begins and as it ends: a
-                # line (or a traceback) per pass of every service would be noise.
-                self.log.debug("%s pass failed: %s", self.name, exc, extra={"service": self.name})
-            except Exception:
-                # Assume a failing database stays failing for a while: wait the full
-                # interval rather than hammering it.
-                self.log.exception("%s pass failed", self.name, extra={"service": self.name})
-            await self._sleep(self.config.interval, stop)
+                result = await self.run_once(stop)
+            except Exception as exc:
+                failure = exc
+            await self._sleep(self._after_pass(result, failure), stop)
         self.log.info("%s stopped", self.name, extra={"service": self.name})
         self._emit("stopped")
 
@@ -105,6 +105,21 @@ class AsyncService(abc.ABC, Generic[ConfigT, ResultT]):
     @abc.abstractmethod
     def _summary(self, result: ResultT) -> tuple[str, dict[str, Any]]:
         """The log line for a pass and its structured fields (``count``: items done)."""
+
+    def _after_pass(self, result: ResultT | None, failure: Exception | None) -> float:
+        """Log how a pass of ``run_forever`` ended (``result``, or the ``failure`` it
+        raised) and return the seconds until the next pass: the interval, jittered."""
+        if isinstance(failure, StoreUnavailable):
+            # The store logs an outage once, as it begins and as it ends: a
+            # line (or a traceback) per pass of every service would be noise.
+            self.log.debug("%s pass failed: %s", self.name, failure, extra={"service": self.name})
+        elif failure is not None:
+            # Assume a failing database stays failing for a while: wait the full
+            # interval rather than hammering it.
+            self.log.error(
+                "%s pass failed", self.name, exc_info=failure, extra={"service": self.name}
+            )
+        return jittered(self._random, self.config.interval, self.config.jitter)
 
     async def _drain(
         self,
@@ -128,13 +143,17 @@ class AsyncService(abc.ABC, Generic[ConfigT, ResultT]):
                 return batches  # a short page: nothing is left
             if (limit is not None and batches >= limit) or stop.is_set():
                 return batches
-            await self._sleep(self.config.batch_pause, stop)
+            await self._sleep(
+                jittered(self._random, self.config.batch_pause, self.config.jitter), stop
+            )
 
     def _emit(self, name: str, payload: Any = None) -> None:
         if self.signals is not None:
             self.signals.emit(f"{self.name}.{name}", payload)
 
-    async def _sleep(self, seconds: float, stop: AsyncEvent) -> None:
-        deadline = time.monotonic() + jittered(self._random, seconds, self.config.jitter)
-        while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
-            await wait_until_set_async(stop, min(left, MAX_NAP))
+
+async def _sleep_until_stopped(seconds: float, stop: AsyncEvent) -> None:
+    """Wait ``seconds``, or until ``stop`` is set."""
+    deadline = time.monotonic() + seconds
+    while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+        await wait_until_set_async(stop, min(left, MAX_NAP))

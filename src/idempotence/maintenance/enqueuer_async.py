@@ -7,6 +7,13 @@ which commits only after the sink accepted the batch: a crash in between leaves 
 staged, and the next pass delivers them again. A sink therefore sees a job at least
 once, and must deduplicate by ``job_key``.
 
+A sink that cannot deliver (its broker down, refusing or not confirming) raises
+[`BrokerUnavailable`][idempotence.maintenance.BrokerUnavailable]: the jobs stay
+staged, and ``run_forever`` tries again after a backoff, ``sink_backoff`` doubling up
+to ``sink_max_backoff`` ([`EnqueuerConfig`][idempotence.maintenance.EnqueuerConfig]),
+instead of every ``interval``. It says so once as the outage begins and once as it
+ends, not at every attempt.
+
 The built-in sink,
 [`AsyncRunnerSink`][idempotence.maintenance.enqueuer_async.AsyncRunnerSink], inserts
 into the built-in runner's table (`jobs`) in that same transaction, ``ON CONFLICT
@@ -21,8 +28,9 @@ await AsyncEnqueuer(store).run_once()
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from .._concurrency import AsyncEvent
@@ -30,9 +38,10 @@ from ..metrics import Metrics
 from ..states import StagedJob
 from ..stores import AsyncStore, AsyncTransaction
 from . import _ops
-from ._enqueuer_shared import EnqueuerConfig, EnqueueResult, enqueue_summary
+from ._enqueuer_shared import EnqueuerConfig, EnqueueResult, SinkBackoff, enqueue_summary
 from ._service_async import AsyncService
 from ._service_shared import Progress, Signals
+from ._sinks_shared import BrokerUnavailable
 
 __all__ = [
     "AsyncEnqueuer",
@@ -48,7 +57,9 @@ class AsyncJobSink(Protocol):
 
     ``deliver`` runs inside the transaction that took ``jobs`` out of the staging
     table; raising rolls it back, and the jobs stay staged. It returns the job keys
-    it accepted as new (a repeat of a known ``job_key`` is not new).
+    it accepted as new (a repeat of a known ``job_key`` is not new). It raises
+    [`BrokerUnavailable`][idempotence.maintenance.BrokerUnavailable] when its queue
+    did not take the batch, so that the enqueuer backs off.
     """
 
     async def deliver(
@@ -68,7 +79,10 @@ class AsyncRunnerSink:
 
 class AsyncEnqueuer(AsyncService[EnqueuerConfig, EnqueueResult]):
     """Moves staged jobs to ``sink`` (default: the built-in runner); see the module
-    docstring."""
+    docstring. ``sleep(seconds, stop)``, when given, is how it waits between passes and
+    batches (returning early once ``stop`` is set): a test hands in one that records
+    the pauses and moves a clock of its own, to read the backoff's schedule without
+    waiting for it."""
 
     name = "enqueuer"
 
@@ -80,9 +94,13 @@ class AsyncEnqueuer(AsyncService[EnqueuerConfig, EnqueueResult]):
         sink: AsyncJobSink | None = None,
         signals: Signals | None = None,
         metrics: Metrics | None = None,
+        sleep: Callable[[float, AsyncEvent], Awaitable[None]] | None = None,
     ) -> None:
-        super().__init__(store, config or EnqueuerConfig(), signals=signals, metrics=metrics)
+        super().__init__(
+            store, config or EnqueuerConfig(), signals=signals, metrics=metrics, sleep=sleep
+        )
         self.sink: AsyncJobSink = sink if sink is not None else AsyncRunnerSink()
+        self._backoff = SinkBackoff(self.config, self._random)
 
     async def _pass(self, stop: AsyncEvent, progress: Progress | None) -> EnqueueResult:
         started = time.monotonic()
@@ -116,3 +134,32 @@ class AsyncEnqueuer(AsyncService[EnqueuerConfig, EnqueueResult]):
 
     def _summary(self, result: EnqueueResult) -> tuple[str, dict[str, Any]]:
         return enqueue_summary(result)
+
+    def _after_pass(self, result: EnqueueResult | None, failure: Exception | None) -> float:
+        backoff = self._backoff
+        fields = {"service": self.name}
+        if isinstance(failure, BrokerUnavailable):
+            delay = backoff.failed()
+            # Said once as the outage begins; each later attempt only at debug.
+            level = logging.WARNING if backoff.failures == 1 else logging.DEBUG
+            self.log.log(
+                level,
+                "the sink did not take the staged jobs, which stay staged; trying again "
+                "in %.1fs, waiting longer after each failure (up to %gs): %s",
+                delay,
+                self.config.sink_max_backoff,
+                failure,
+                extra={**fields, "failures": backoff.failures, "delay": delay},
+            )
+            self._emit("backoff", delay)
+            return delay
+        # Only a batch the sink took ends an outage: a pass with nothing staged did
+        # not reach the broker.
+        took = result is not None and (result.delivered or result.duplicates)
+        if took and (failures := backoff.succeeded()):
+            self.log.info(
+                "the sink takes staged jobs again, after %d failed attempt(s)",
+                failures,
+                extra={**fields, "failures": failures},
+            )
+        return super()._after_pass(result, failure)

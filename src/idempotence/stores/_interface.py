@@ -3,9 +3,9 @@
 [`KeyStore`][idempotence.stores.redis.KeyStore] and
 [`AsyncKeyStore`][idempotence.stores.redis.AsyncKeyStore] are the operations of a key
 store that owns its own writes: claim a key atomically (P1-P6), then finish, release,
-forget or heartbeat the lease, fenced by its token (F1, F2), read a record, wait for a
-twin (P10). A backend without transactions shared with the application (Redis, whose
-claim is one Lua script) can implement them all.
+forget or heartbeat the lease, fenced by its token (F1, F2), read a record or a key's
+status, wait for a twin (P10). A backend without transactions shared with the
+application (Redis, whose claim is one Lua script) can implement them all.
 
 A transactional store adds what only a SQL database can do, because the application
 writes in the same database: [`transaction`][idempotence.stores.sql.Store.transaction],
@@ -41,7 +41,7 @@ import inspect
 from datetime import datetime
 from typing import Protocol, TypeGuard, runtime_checkable
 
-from ..states import Claim, ClaimRequest, KeyRecord, Lease, StoredResponse
+from ..states import Claim, ClaimRequest, KeyRecord, KeyStatus, Lease, StoredResponse
 
 __all__ = ["AsyncKeyStore", "KeyStore", "is_async", "is_sync"]
 
@@ -79,6 +79,11 @@ class KeyStore(Protocol):
         """The key's current record, or None."""
         ...
 
+    def key_status(self, scope: str, key: str) -> KeyStatus | None:
+        """The key's state on the store's clock, with its times and stored status
+        code; None for a key the store does not hold (never sent, or deleted)."""
+        ...
+
     def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
         """Wait up to ``seconds`` for a twin's claim to settle (P10); may return early."""
         ...
@@ -106,6 +111,8 @@ class AsyncKeyStore(Protocol):
     async def forget(self, lease: Lease) -> None: ...
 
     async def get(self, scope: str, key: str) -> KeyRecord | None: ...
+
+    async def key_status(self, scope: str, key: str) -> KeyStatus | None: ...
 
     async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None: ...
 

@@ -122,6 +122,9 @@ class Blocking:
     def get(self, scope: str, key: str) -> Any:
         return self._run(self.store.get(scope, key))
 
+    def key_status(self, scope: str, key: str) -> Any:
+        return self._run(self.store.key_status(scope, key))
+
     def forget(self, lease: Any) -> None:
         self._run(self.store.forget(lease))
 

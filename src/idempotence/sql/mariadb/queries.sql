@@ -132,6 +132,8 @@ WHERE scope = %(scope)s AND id = %(id)s AND `key` = %(key)s AND lock_token = %(t
 RETURNING locked_at;
 
 -- get --
+-- The key, and the database clock read with it: key_status names the key's state
+-- (expired past expires_at) on that clock, in the same statement.
 SELECT *, UTC_TIMESTAMP(6) AS db_now
 FROM idempotency_keys
 WHERE scope = %(scope)s AND `key` = %(key)s;

@@ -300,6 +300,8 @@ WHERE scope = %(scope)s AND id = %(id)s AND key = %(key)s AND lock_token = %(tok
 RETURNING locked_at;
 
 -- get --
+-- The key, and the database clock read with it: key_status names the key's state
+-- (expired past expires_at) on that clock, in the same statement.
 SELECT now() AS db_now, k.*
 FROM idempotency_keys AS k
 WHERE k.scope = %(scope)s AND k.key = %(key)s;

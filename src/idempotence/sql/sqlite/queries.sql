@@ -110,6 +110,8 @@ WHERE scope = :scope AND id = :id AND lock_token = :token
 RETURNING locked_at;
 
 -- get --
+-- The key, and the database clock read with it: key_status names the key's state
+-- (expired past expires_at) on that clock, in the same statement.
 SELECT (julianday('now') - 2440587.5) * 86400.0 AS db_now, k.*
 FROM idempotency_keys AS k
 WHERE k.scope = :scope AND k.key = :key;

@@ -26,6 +26,7 @@ from ...states import (
     Claim,
     ClaimRequest,
     KeyRecord,
+    KeyStatus,
     Lease,
     Outcome,
     StagedJob,
@@ -405,6 +406,16 @@ def take_staged_jobs(d: Dialect, limit: int) -> Op[list[StagedJob]]:
 def get(d: Dialect, scope: str, key: str) -> Op[KeyRecord | None]:
     rows = yield d.query("get", scope=scope, key=key)
     return d.record(rows[0]) if rows else None
+
+
+def key_status(d: Dialect, scope: str, key: str) -> Op[KeyStatus | None]:
+    """The key's status on the database clock: the ``get`` query reads the row and
+    the database's time in one statement, so the state (EXPIRED past ``expires_at``,
+    PROCESSING under a live lock) is the one a claim at that moment would see."""
+    rows = yield d.query("get", scope=scope, key=key)
+    if not rows:
+        return None
+    return KeyStatus.of(d.record(rows[0]), d.timestamp(rows[0]["db_now"]))
 
 
 # -- the two shapes of claim ------------------------------------------------------------

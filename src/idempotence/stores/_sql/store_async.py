@@ -14,7 +14,7 @@ from typing import Any, ClassVar, TypeVar
 
 from ..._concurrency import sleep_async
 from ...observability import Instrumentation, combine, fenced, watched_claim
-from ...states import Claim, ClaimRequest, KeyRecord, Lease, StagedJob, StoredResponse
+from ...states import Claim, ClaimRequest, KeyRecord, KeyStatus, Lease, StagedJob, StoredResponse
 from ..capabilities import Capability
 from . import ops as _ops
 from .batcher import AsyncBatcher
@@ -362,6 +362,21 @@ class AsyncStore:
     async def get(self, scope: str, key: str) -> KeyRecord | None:
         """The key's current record, or None."""
         return await self._own(lambda: _ops.get(self._dialect, scope, key), write=False)
+
+    async def key_status(self, scope: str, key: str) -> KeyStatus | None:
+        """The key's state on the database clock, with its times and its stored
+        status code (never its body); None for a key the store does not hold.
+
+        A finished key whose retention has passed is EXPIRED at once, before the
+        reaper deletes it; it still replays until then (B3).
+
+        ```python
+        status = await store.key_status("acct_1", "k1")
+        status.state, status.response_status
+        # (<KeyState.COMPLETE: 'complete'>, 201)
+        ```
+        """
+        return await self._perform(lambda d: _ops.key_status(d, scope, key), write=False)
 
     async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
         """Wait up to ``seconds`` for another request's claim on the key to

@@ -64,8 +64,10 @@ class CachedStore(Store):
     (``store.primary``), unchanged. Finishes inside a transaction (a flow's last
     phase, request-as-transaction) are cached by their first replay.
 
-    ``redis`` is a ``redis://host:port/db`` URL (the store opens the client, with
-    ``timeout`` seconds to connect and to answer, and closes it) or a client of the
+    ``redis`` is a ``redis://host:port/db`` URL, or
+    ``redis+sentinel://host:port[,host:port...]/service[/db]`` for the master Redis
+    Sentinel names, found again after a failover (the store opens the client, with
+    ``timeout`` seconds to connect and to answer, and closes it), or a client of the
     application's, left open (``redis.asyncio.Redis`` for the async store,
     ``redis.Redis`` for the sync one). Its keys start with ``prefix``, then the scope.
     An entry lives at most ``ttl`` and ends ``clock_skew`` before its key expires, so
@@ -104,11 +106,11 @@ class CachedStore(Store):
             pause=pause,
             instrumentation=primary.instrumentation,
         )
-        self._redis, self._owns_redis = connect_redis(redis, timeout)
+        self._redis, self._owns_redis, direct = connect_redis(redis, timeout)
         self._set = self._redis.register_script(SET_SCRIPT)
-        # A client the store opened is a plain server's: its GET and its writes go
-        # past redis-py's per-command machinery (see redis/_lane.py).
-        self._lane = Lane.of(self._redis) if self._owns_redis else None
+        # A plain server's client the store opened: its GET and its writes go past
+        # redis-py's per-command machinery (see redis/_lane.py).
+        self._lane = Lane.of(self._redis) if direct else None
 
     @property
     def cache_stats(self) -> CacheStats:

@@ -36,7 +36,16 @@ from redis.asyncio import Redis as AsyncRedis
 from ...errors import StoreError, StoreUnavailable
 from ...observability import Instrumentation
 from ...states import Claim, ClaimRequest, KeyRecord, Lease, Outcome, StoredResponse
-from ..redis._store_shared import EPOCH, MICROSECOND, check_timeout, open_client
+from .._redis_url import sentinel_url
+from ..redis._store_shared import (
+    EPOCH,
+    MICROSECOND,
+    AsyncSentinel,
+    Sentinel,
+    check_timeout,
+    open_client,
+    open_sentinel,
+)
 
 __all__ = ["AsyncRedis", "Redis"]
 
@@ -104,28 +113,38 @@ newer entry expired. An entry kept past its own expiry is a miss to its readers
 (`Cache.replay`)."""
 
 
-def connect_redis_async(target: str | AsyncRedis, timeout: float) -> tuple[AsyncRedis, bool]:
-    """The asyncio client for ``target`` (a ``redis://`` URL or a client), and whether
-    the store owns it (opened it from a URL, and so closes it)."""
+def connect_redis_async(target: str | AsyncRedis, timeout: float) -> tuple[AsyncRedis, bool, bool]:
+    """The asyncio client for ``target`` (a ``redis://`` or ``redis+sentinel://`` URL,
+    or a client); whether the store owns it (opened it from a URL, and so closes it);
+    and whether it is a plain server's that the store opened, whose commands its lane
+    may carry (a Sentinel's master is found again at each new connection, which the
+    lane's one connection would never do)."""
     if isinstance(target, str):
-        return open_client(AsyncRedis, target, _options(timeout)), True
+        return _open(AsyncRedis, AsyncSentinel, target, timeout)
     if not isinstance(target, AsyncRedis):
         raise TypeError(
             f"AsyncCachedStore needs a redis:// URL or a redis.asyncio.Redis client, "
             f"not {type(target).__name__}"
         )
-    return target, False
+    return target, False, False
 
 
-def connect_redis(target: str | Redis, timeout: float) -> tuple[Redis, bool]:
+def connect_redis(target: str | Redis, timeout: float) -> tuple[Redis, bool, bool]:
     """The sync twin of `connect_redis_async`: a ``redis.Redis``."""
     if isinstance(target, str):
-        return open_client(Redis, target, _options(timeout)), True
+        return _open(Redis, Sentinel, target, timeout)
     if not isinstance(target, Redis):
         raise TypeError(
             f"CachedStore needs a redis:// URL or a redis.Redis client, not {type(target).__name__}"
         )
-    return target, False
+    return target, False, False
+
+
+def _open(kind: Any, sentinel_kind: Any, url: str, timeout: float) -> tuple[Any, bool, bool]:
+    sentinel = sentinel_url(url)
+    if sentinel is not None:
+        return open_sentinel(sentinel_kind, sentinel, _options(timeout)), True, False
+    return open_client(kind, url, _options(timeout)), True, True
 
 
 async def close_redis_async(client: AsyncRedis) -> None:

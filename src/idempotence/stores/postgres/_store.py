@@ -58,7 +58,7 @@ from ._store_shared import (
     translate,
     translated,
 )
-from ._watchdog import Watchdog
+from ._watchdog import NOT_REPLICATED, Watchdog
 
 T = TypeVar("T")
 
@@ -420,6 +420,7 @@ class _Checkout:
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         raw = self._raw
         assert raw is not None
+        cancelled = False
         try:
             if exc is not None and raw.broken:
                 self._source.breaker.broken(exc)
@@ -431,8 +432,12 @@ class _Checkout:
                         raw.rollback()
         finally:
             if self._source.watchdog is not None:
-                self._source.watchdog.unwatch(raw)
+                cancelled = self._source.watchdog.unwatch(raw)
             self._source.pool.putconn(raw)
+        if cancelled and exc is None:
+            # It returned, so the cancel ended a COMMIT's wait for a synchronous
+            # standby: committed on the primary alone, which a failover loses.
+            raise StoreUnavailable(NOT_REPLICATED)
 
 
 class _SingleSource:

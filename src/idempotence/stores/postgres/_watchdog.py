@@ -7,8 +7,11 @@ would wait without end. The watchdog is one daemon thread per store: it looks at
 connections the store has checked out, a few times a second, and sends a cancel
 request (``Connection.cancel()``, which opens a connection of its own) for one that
 has been busy on the server for longer than the bound. A cancelled COMMIT wait ends
-with the server's warning that the transaction committed locally; any other
-cancelled statement ends in QueryCanceled (StoreUnavailable). The thread, not the
+with the server's warning that the transaction committed locally, and no error: the
+watchdog remembers the connection it cancelled, and the store reports the operation
+failed (StoreUnavailable, `unwatch`), since what committed on the primary alone is
+what a failover to the standby loses. Any other cancelled statement ends in
+QueryCanceled (StoreUnavailable) anyway. The thread, not the
 request, pays for the cancel's connection, so a partitioned server cannot hold the
 request past the bound either (the keepalives end that one).
 """
@@ -24,6 +27,13 @@ from psycopg import capabilities, generators, pq, waiting
 
 logger = logging.getLogger("idempotence.stores")
 
+NOT_REPLICATED = (
+    "PostgreSQL committed on the primary, but no synchronous standby confirmed it within "
+    "statement_timeout: not reported done, since a failover to the standby would lose it "
+    "(retry; a standby behind or gone is the cause)"
+)
+"""The error of an operation whose COMMIT the watchdog cancelled (see `Watchdog.unwatch`)."""
+
 GRACE = 0.5
 """Past the server's own timeout: the watchdog is for waits the server does not end."""
 
@@ -35,6 +45,8 @@ class Watchdog:
         self._lock = threading.Lock()
         #: Each watched connection, and since when it has been seen busy (or None).
         self._busy: dict[Any, float | None] = {}
+        #: The watched connections whose statement was cancelled while watched.
+        self._cancelled: set[Any] = set()
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -47,14 +59,20 @@ class Watchdog:
                 )
                 self._thread.start()
 
-    def unwatch(self, raw: Any) -> None:
+    def unwatch(self, raw: Any) -> bool:
+        """Stop watching ``raw``; whether a statement of it was cancelled meanwhile."""
         with self._lock:
             self._busy.pop(raw, None)
+            if raw in self._cancelled:
+                self._cancelled.discard(raw)
+                return True
+            return False
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             self._busy.clear()
+            self._cancelled.clear()
 
     def _run(self) -> None:
         while True:
@@ -73,6 +91,7 @@ class Watchdog:
                         self._busy[raw] = now
                     elif now - since >= self.bound:
                         self._busy[raw] = None
+                        self._cancelled.add(raw)
                         late.append(raw)
             for raw in late:
                 logger.warning(

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from ..._concurrency import Background, Wakeup
 from ...errors import ConfigurationError, StoreError, StoreUnavailable
 from ...observability import Instrumentation, combine
-from ...states import Claim, ClaimRequest, KeyRecord, Lease, StoredResponse
+from ...states import Claim, ClaimRequest, KeyRecord, KeyStatus, Lease, StoredResponse
 from .._fenced import lost as _lost
 from .._listener import Listener
 from .._listener_shared import STOP_CHECK
@@ -27,10 +27,12 @@ from .._redis_url import sentinel_url
 from .._waiters import Waiters
 from ..capabilities import Capability
 from ._lane import Lane
+from ._replicas import ReplicaWait, from_url, url_options
 from ._store_shared import (
     DEFAULT_PREFIX,
     DEFAULT_TIMEOUT,
     SCRIPTS,
+    NoScriptError,
     Redis,
     RedisCluster,
     RedisError,
@@ -51,6 +53,7 @@ from ._store_shared import (
     open_sentinel,
     record,
     record_pattern,
+    status_result,
     timestamp,
     translated,
 )
@@ -119,13 +122,22 @@ class RedisStore:
     [`StoreUnavailable`][idempotence.errors.StoreUnavailable] within about ``timeout``
     (the HTTP middleware answers 503 and runs nothing).
 
+    ``replicas=N`` makes every write wait until N replicas have it (Redis ``WAIT``, in
+    the same round trip), at most ``replica_timeout`` seconds (half of ``timeout`` by
+    default): a write fewer replicas acknowledged raises
+    [`StoreUnavailable`][idempotence.errors.StoreUnavailable] instead of reporting
+    success, and a replay is answered only once the finish it replays is on N replicas.
+    So a failover to a replica (Sentinel promotes the most up-to-date one) loses no
+    lock and no finish the store reported. The URL may say it instead:
+    ``?replicas=1&replica_timeout=0.5``. Not on a Redis Cluster.
+
     What it cannot do:
 
     * share a transaction with the application's writes: no request-as-transaction
       (F3), no flows with atomic phases; the HTTP configuration refuses them;
     * be more durable than the server: with ``appendonly no`` a restart loses every
-      record, with AOF ``everysec`` about a second of them, and a failover to a
-      replica can lose writes already acknowledged. A lost record is a new key: a
+      record, with AOF ``everysec`` about a second of them, and without ``replicas``
+      a failover to a replica can lose writes already acknowledged. A lost record is a new key: a
       retry then executes again. A lost lock is a free key, so its twin may execute
       while the first worker still runs (whose fenced finish is then refused);
     * store a 408 for an abandoned key: an unfinished record past its retention just
@@ -152,19 +164,25 @@ class RedisStore:
         *,
         prefix: str = DEFAULT_PREFIX,
         timeout: float = DEFAULT_TIMEOUT,
+        replicas: int = 0,
+        replica_timeout: float | None = None,
         instrumentation: Instrumentation | None = None,
     ) -> None:
         self._prefix = check_prefix(prefix)
         self._prefix_bytes = encode(prefix)
         self._client: Client
         if isinstance(target, str):
-            cluster = cluster_url(target)
             # No retry of a failed command (see no_retry); a cluster client still
             # follows MOVED and ASK redirections, which are not failures.
             options = client_options(timeout) | {"retry": no_retry()}
+            target, ours = url_options(target)
+            replicas, replica_timeout = from_url(ours, replicas, replica_timeout)
+            self._wait = ReplicaWait.of(replicas, replica_timeout, timeout)
+            cluster = cluster_url(target)
             self._lane: Lane | None = None
             sentinel = sentinel_url(target)
             if cluster is not None:
+                self._refuse_cluster()
                 self._client = open_client(RedisCluster, cluster, options)
             elif sentinel is not None:
                 # The master the sentinels name, asked again after a failover. Not
@@ -174,8 +192,10 @@ class RedisStore:
                 client: Redis = open_client(Redis, target, options)
                 self._client = client
                 # The scripts go past the client's per-command machinery (see
-                # _lane); a cluster's client routes them by slot.
-                self._lane = Lane.of(client)
+                # _lane); a cluster's client routes them by slot. Not when
+                # writes wait for replicas: a WAIT holds its connection, and the lane's
+                # one connection carries every request's commands.
+                self._lane = None if self._wait.replicas else Lane.of(client)
             self._owned = True
         else:
             if not isinstance(target, Redis | RedisCluster):
@@ -187,12 +207,22 @@ class RedisStore:
                 raise ConfigurationError(
                     "the Redis store needs a client with decode_responses=False"
                 )
+            self._wait = ReplicaWait.of(replicas, replica_timeout, None)
+            if isinstance(target, RedisCluster):
+                self._refuse_cluster()
             self._client, self._owned, self._lane = target, False, None
         self._channel = channel(prefix)
         self._scripts = {name: self._client.register_script(s) for name, s in SCRIPTS.items()}
         self._instrumentation = combine(instrumentation)
         self._listener = _RedisListener(self._client, self._channel)
         self._closed = False
+
+    def _refuse_cluster(self) -> None:
+        if self._wait.replicas:
+            raise ConfigurationError(
+                "replicas= is not supported on a Redis Cluster: its WAIT answers for one "
+                "node's connection only; use a plain server or a Sentinel master"
+            )
 
     @property
     def client(self) -> Client:
@@ -212,11 +242,44 @@ class RedisStore:
         return encoded_record_key(self._prefix_bytes, scope, key)
 
     def _run(self, name: str, keys: list[bytes], args: list[Any]) -> Any:
+        """Run script ``name``; with ``replicas``, a write that too few replicas
+        acknowledged raises StoreUnavailable (see `_replicas`)."""
+        if self._wait.replicas:
+            reply, acked = self._run_waited(name, keys, args)
+            if acked < self._wait.replicas:
+                raise self._wait.refused(name, acked)
+            return reply
+        return self._send(name, keys, args)
+
+    def _send(self, name: str, keys: list[bytes], args: list[Any]) -> Any:
+        """Run script ``name`` alone, with no wait for replicas."""
         self._check_open()
         with translated():
             if self._lane is not None:
                 return self._lane.evalsha(self._scripts[name], keys, args)
             return self._scripts[name](keys=keys, args=args)
+
+    def _run_waited(self, name: str, keys: list[bytes], args: list[Any]) -> tuple[Any, int]:
+        """Run script ``name`` and then ``WAIT``, in one round trip on one connection
+        (WAIT counts the replicas that have that connection's writes); the script's
+        reply and how many replicas acknowledged it."""
+        self._check_open()
+        script = self._scripts[name]
+        client: Any = self._client  # a plain server's (a cluster is refused)
+        with translated():
+            for _ in range(2):
+                with client.pipeline(transaction=False) as pipe:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    pipe.wait(self._wait.replicas, self._wait.timeout_ms)
+                    reply, acked = pipe.execute(raise_on_error=False)
+                if isinstance(reply, NoScriptError):  # a restarted server: load it, again
+                    client.script_load(script.script)
+                    continue
+                for answer in (reply, acked):
+                    if isinstance(answer, Exception):
+                        raise answer
+                return reply, int(acked)
+            raise StoreError(f"the Redis server did not keep the {name} script loaded")
 
     def claim(self, request: ClaimRequest) -> Claim:
         """Claim ``request``'s key in one atomic script; return its single outcome."""
@@ -227,8 +290,22 @@ class RedisStore:
 
     def _claim(self, request: ClaimRequest) -> Claim:
         key = self.record_key(request.scope, request.key)
-        args = claim_args(request)
-        return _claim_result(request, args, self._run("claim", [key], args))
+        if not self._wait.replicas:
+            args = claim_args(request)
+            return _claim_result(request, args, self._send("claim", [key], args))
+        args = claim_args(request, replicated=True)
+        reply, acked = self._run_waited("claim", [key], args)
+        claim = _claim_result(request, args, reply)
+        if acked < self._wait.replicas:
+            if claim.lease is not None:
+                # The master holds the lock, which the replicas may never see: nobody
+                # runs under it, so free it now rather than leave retries a 409 until
+                # it lapses (a release that fails leaves that).
+                with suppress(StoreError):
+                    lease = claim.lease
+                    self._send("release", [key], [lease.id, lease.token, self._channel])
+            raise self._wait.refused("claim", acked)
+        return claim
 
     def _fenced(self, operation: str, lease: Lease, args: list[Any]) -> Any:
         """Run a fenced script (F1); a refusal (a falsy reply) raises LockLost."""
@@ -263,6 +340,13 @@ class RedisStore:
         with translated():
             fields = self._client.hgetall(self.record_key(scope, key))
         return record(fields) if fields else None
+
+    def key_status(self, scope: str, key: str) -> KeyStatus | None:
+        """The key's state on the server's clock, with its times and its stored status
+        code (never its body); None for a key the store does not hold. A finished key
+        expires with its retention (its TTL), so past it the store holds nothing and
+        this is None: on Redis the expiry itself is the reaper."""
+        return status_result(self._run("status", [self.record_key(scope, key)], []))
 
     def evict(self, scope: str, key: str, *, force: bool = False) -> bool | None:
         """Delete a key's record unless a live lock holds it (``force`` deletes it
@@ -304,7 +388,8 @@ class RedisStore:
         self._listener.wait(scope, key, seconds, lambda: self._mark(scope, key))
 
     def _mark(self, scope: str, key: str) -> bool:
-        return bool(self._run("mark_waiter", [self.record_key(scope, key)], []))
+        # A hint for the twin's wake-up, not state to keep: no wait for replicas.
+        return bool(self._send("mark_waiter", [self.record_key(scope, key)], []))
 
     def server_time(self) -> datetime:
         """The server's clock (``TIME``)."""

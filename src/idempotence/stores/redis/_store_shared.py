@@ -30,7 +30,15 @@ import redis.sentinel
 
 from ... import _queries
 from ...errors import ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
-from ...states import STARTED, Claim, ClaimRequest, KeyRecord, StoredResponse, claim_from
+from ...states import (
+    STARTED,
+    Claim,
+    ClaimRequest,
+    KeyRecord,
+    KeyStatus,
+    StoredResponse,
+    claim_from,
+)
 from .._redis_url import SentinelTarget, check_redis_url
 
 AsyncRedis = redis.asyncio.Redis
@@ -44,6 +52,8 @@ AsyncSentinel = redis.asyncio.sentinel.Sentinel
 
 RedisError = redis.exceptions.RedisError
 """Any error of redis-py's."""
+NoScriptError = redis.exceptions.NoScriptError
+"""The server does not hold a script (restarted, or ``SCRIPT FLUSH``): load it again."""
 
 DEFAULT_TIMEOUT = 1.0
 """Connect and read timeouts of a store that opens its own client, in seconds: a Redis
@@ -143,7 +153,9 @@ def channel(prefix: str) -> bytes:
     return encode(prefix) + b":settled"
 
 
-def claim_args(request: ClaimRequest) -> list[Any]:
+def claim_args(request: ClaimRequest, replicated: bool = False) -> list[Any]:
+    """The claim script's ARGV; ``replicated`` when the store waits for replicas (a
+    replay then writes, so that its WAIT covers the finish it read: `_replicas`)."""
     retention = request.retention
     return [
         request.scope.encode("utf-8", _TEXT),
@@ -157,6 +169,7 @@ def claim_args(request: ClaimRequest) -> list[Any]:
         "" if retention is None else _us(retention),
         # The record's id: random, so a lease names one incarnation of the key (F1).
         secrets.randbits(62) + 1,
+        "1" if replicated else "0",
     ]
 
 
@@ -322,6 +335,15 @@ def claim_result(request: ClaimRequest, args: Sequence[Any], reply: Sequence[Any
     return claim_from(
         record(unpack(packed)), request.fingerprint, timestamp(now), claimed=bool(claimed)
     )
+
+
+def status_result(reply: Sequence[Any]) -> KeyStatus | None:
+    """The ``status`` script's reply as a [`KeyStatus`][idempotence.states.KeyStatus]
+    (None: no such record), its state named on the server's clock."""
+    if len(reply) == 1:
+        return None
+    now, packed = reply
+    return KeyStatus.of(record(unpack(packed)), timestamp(now))
 
 
 def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> KeyRecord:

@@ -108,7 +108,8 @@ end
 
 -- claim --
 -- P1-P6 in one atomic step. ARGV: scope, key, fingerprint, method, path, flow, params
--- (JSON), lock timeout (us), retention (us, or '' for forever), a new id.
+-- (JSON), lock timeout (us), retention (us, or '' for forever), a new id, '1' when the
+-- store waits for replicas (stores/redis/_replicas.py) else '0'.
 -- Returns {1 if this claim took the lock else 0, now, the record's values (read)}; the
 -- caller names the outcome with states.claim_from, which checks that this script and
 -- states.arbitrate agree. A new key returns {1, now} only: its record is the request
@@ -144,6 +145,15 @@ end
 -- P2 (another request's key) before P3 (finished) before P4 (a live lock): the key is
 -- only read, and the caller says which of the three it is.
 if cur[1] ~= ARGV[3] or cur[2] or live(cur[3], cur[4], now) then
+  if cur[2] and ARGV[11] == '1' then
+    -- A finished key read for a store that waits for replicas: its finish may not be
+    -- on any replica yet. WAIT is documented to cover the connection's own writes
+    -- (Redis 7.0 happens to count from its last command of any kind), so one write,
+    -- the finish time again, unchanged, puts this connection's WAIT after the finish
+    -- in the replication stream: the replay is answered only once the finish would
+    -- survive a failover.
+    redis.call('HSET', k, 'finished', cur[2])
+  end
   return {0, int(now), read(k)}
 end
 -- P5: unlocked, or its holder's lock expired: take over with a new token (F1).
@@ -259,3 +269,14 @@ if not cur[4] and live(cur[2], cur[3], now_us()) and ARGV[1] ~= '1' then
 end
 redis.call('DEL', k)
 return 1
+
+-- status --
+-- A key's status (key_status): its record and the server's clock, read in one atomic
+-- step, so the state is named on the clock that wrote the record, as a claim's is.
+-- Returns {now} for no such key, else {now, the record's values (read)}.
+local k = KEYS[1]
+local now = now_us()
+if redis.call('EXISTS', k) == 0 then
+  return {int(now)}
+end
+return {int(now), read(k)}

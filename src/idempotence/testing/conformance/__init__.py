@@ -14,9 +14,10 @@ TestMyStore = suite(MyStore, lambda tmp_path: MyStore(tmp_path / "keys.db"))
 
 The suite checks the claim and its outcomes in their order of precedence (mismatch,
 replay, in progress, execute and take over: P1-P6), fencing by the lock token (F1),
-heartbeats (F2), retention, errored keys, and, for a store that shares transactions
-with the application, phases in one transaction (R2) and request-as-transaction (F3),
-including transactions used past their block.
+heartbeats (F2), retention, errored keys, a key's status (its state; EXPIRED past its
+retention before it is deleted, when it still replays), and, for a store that shares
+transactions with the application, phases in one transaction (R2) and
+request-as-transaction (F3), including transactions used past their block.
 
 **The store's class** says what the store can do in its ``capabilities`` attribute
 ([`Capability`][idempotence.stores.capabilities.Capability]): the suite runs the tests of
@@ -36,7 +37,10 @@ takes up to a second of waiting each. Pass ``age_lock`` to move the lock's time 
 the past instead: ``age_lock(store, scope, key, by)`` makes the lock of ``(scope,
 key)`` ``by`` older, as if ``by`` had passed (on a SQL table, ``locked_at = locked_at
 - by``); ``store`` is the store as the suite drives it (an async store behind the
-sync face, whose ``transaction()`` is a plain ``with``).
+sync face, whose ``transaction()`` is a plain ``with``). The key-status tests need a
+finished key past its retention: pass ``age_key``, with the same signature, to move
+every time the key recorded (created, locked, last run, finished, expires) back, or
+they wait for a short retention to pass.
 
 The suite needs pytest (the ``testing`` extra: ``pip install -e ".[testing]"``).
 """
@@ -47,11 +51,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ...stores.capabilities import Capability
-from . import _keys, _transactions
+from . import _keys, _status, _transactions
 from ._fixtures import fixtures_for
-from ._support import AgeLock, required
+from ._support import AgeKey, AgeLock, required
 
-__all__ = ["AgeLock", "Capability", "suite"]
+__all__ = ["AgeKey", "AgeLock", "Capability", "suite"]
 
 
 def suite(
@@ -59,6 +63,7 @@ def suite(
     open_store: Callable[..., Any],
     *,
     age_lock: AgeLock | None = None,
+    age_key: AgeKey | None = None,
 ) -> type[Any]:
     """The conformance suite for ``store_type``, as a test class to bind to a
     ``Test...`` name in a test module.
@@ -72,6 +77,10 @@ def suite(
         age_lock: Makes a key's lock older without waiting, as
             ``age_lock(store, scope, key, by)``; without it, the tests that need a
             lock to age wait for the time to pass.
+        age_key: Makes a whole key older without waiting, as
+            ``age_key(store, scope, key, by)``: every time it recorded, its
+            expiry included; without it, the tests of a key past its retention
+            wait for a short retention to pass.
 
     Returns:
         A class of pytest tests, one per guarantee the store's capabilities cover.
@@ -103,10 +112,10 @@ def suite(
         "__doc__": f"The store conformance suite on {store_type.__qualname__}.",
         "__module__": getattr(open_store, "__module__", __name__),
     }
-    for module in (_keys, _transactions):
+    for module in (_keys, _status, _transactions):
         for name, test in vars(module).items():
             if name.startswith("test_") and required(test) <= capabilities:
                 namespace[name] = staticmethod(test)
 
-    namespace.update(fixtures_for(store_type, open_store, age_lock))
+    namespace.update(fixtures_for(store_type, open_store, age_lock, age_key))
     return type(f"Test{store_type.__name__}Conformance", (), namespace)

@@ -12,11 +12,14 @@ import pytest
 
 from ...stores.capabilities import Capability
 from .._blocking import Blocking, EventLoopThread
-from ._support import AgeLock, Clock
+from ._support import AgeKey, AgeLock, Clock
 
 
 def fixtures_for(
-    store_type: type[Any], open_store: Callable[..., Any], age_lock: AgeLock | None
+    store_type: type[Any],
+    open_store: Callable[..., Any],
+    age_lock: AgeLock | None,
+    age_key: AgeKey | None,
 ) -> dict[str, Any]:
     """The fixtures, by name, for the class of ``store_type``'s suite."""
     capabilities = frozenset(getattr(store_type, "capabilities", frozenset()))
@@ -52,8 +55,8 @@ def fixtures_for(
         return f"conformance-{uuid4().hex[:12]}"
 
     def clock(self: Any, store: Any) -> Clock:
-        """Ages the test's locks (``age_lock``), or waits."""
-        return Clock(store, age_lock)
+        """Ages the test's locks and keys (``age_lock``, ``age_key``), or waits."""
+        return Clock(store, age_lock, age_key)
 
     def declared(self: Any) -> frozenset[Capability]:
         """What the store's class declares it can do."""

@@ -24,6 +24,18 @@ lock was taken (or last extended) ``by`` into the past, as if that much time had
 passed. ``store`` is the store as the tests drive it (an async store behind a sync
 face with the same methods)."""
 
+AgeKey = Callable[[Any, str, str, timedelta], None]
+"""How a test module ages a whole key: ``(store, scope, key, by)`` moves every time
+the key recorded (created, locked, last run, finished, expires) ``by`` into the past,
+as if that much time had passed since they were written; a key past its retention
+this way is one the reaper has not deleted yet."""
+
+AGED_RETENTION = timedelta(hours=1)
+"""The retention of a key a test ages past it with ``age_key``: long, so that a store
+whose records expire on their own (a Redis TTL) still holds it when it is read ..."""
+WAITED_RETENTION = timedelta(milliseconds=300)
+"""... and of one it waits past, without ``age_key``."""
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -44,13 +56,28 @@ def required(test: Callable[..., Any]) -> frozenset[Capability]:
 
 
 class Clock:
-    """Makes a key's lock older: through the test module's `AgeLock` when it
-    has one, else by waiting for the time to pass (any store can be aged so, slowly).
+    """Makes a key's lock, or the whole key, older: through the test module's
+    `AgeLock` and `AgeKey` when it has them, else by waiting for the time to pass
+    (any store can be aged so, slowly).
     """
 
-    def __init__(self, store: Any, age_lock: AgeLock | None) -> None:
+    def __init__(self, store: Any, age_lock: AgeLock | None, age_key: AgeKey | None) -> None:
         self._store = store
         self._age_lock = age_lock
+        self._age_key = age_key
+
+    @property
+    def retention(self) -> timedelta:
+        """A retention that `pass_retention` gets past."""
+        return WAITED_RETENTION if self._age_key is None else AGED_RETENTION
+
+    def pass_retention(self, scope: str, key: str) -> None:
+        """Let the retention of ``(scope, key)`` (`retention`, counted from its
+        finish) pass, and a moment more."""
+        if self._age_key is None:
+            time.sleep((WAITED_RETENTION + timedelta(milliseconds=100)).total_seconds())
+        else:
+            self._age_key(self._store, scope, key, AGED_RETENTION + timedelta(seconds=1))
 
     def pass_lock(self, scope: str, key: str, by: timedelta) -> None:
         """Let ``by`` pass for the lock of ``(scope, key)``."""
