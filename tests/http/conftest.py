@@ -41,9 +41,12 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def target(backend: str, request: pytest.FixtureRequest) -> str:
-    """The database of ``backend``: a SQLite path or a PostgreSQL URL."""
+    """The database of ``backend``: a SQLite path, a PostgreSQL URL, or (for a module
+    whose ``backend`` names it) the shared Redis's URL."""
     if backend == "postgres":
         return str(request.getfixturevalue("pg_http_url"))
+    if backend == "redis":
+        return str(request.getfixturevalue("redis_url"))
     return str(request.getfixturevalue("sqlite_http_path"))
 
 

@@ -49,14 +49,8 @@ def through(relay: Relay, url: str) -> str:
 
 @pytest.fixture(params=["postgres", "redis"])
 def backend(request: pytest.FixtureRequest) -> str:
+    """The stores a relay can cut (``target`` is their URL: tests/http/conftest.py)."""
     return str(request.param)
-
-
-@pytest.fixture
-def target(backend: str, request: pytest.FixtureRequest) -> str:
-    if backend == "postgres":
-        return str(request.getfixturevalue("pg_http_url"))
-    return str(request.getfixturevalue("redis_url"))
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -315,13 +316,7 @@ class AppHost:
 
     def close(self) -> None:
         for server in self.servers:
-            if server.poll() is None:
-                server.terminate()
-                try:
-                    server.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    server.kill()
-                    server.wait(timeout=5)
+            stop(server)
         for relay in self.relays:
             relay.close()
         for link in (self.front, self.back, self.cache):
@@ -330,6 +325,18 @@ class AppHost:
             # Deleting one end of a veth deletes both.
             ip("link", "del", link.host_if, check=False)
         ip("netns", "del", self.name, check=False)
+
+
+def stop(process: subprocess.Popen[Any], grace: float = 5.0) -> None:
+    """SIGTERM ``process``, and SIGKILL it if it has not exited within ``grace`` s."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
 
 
 def _wait_for(condition: object, timeout: float, message: str = "timed out") -> None:

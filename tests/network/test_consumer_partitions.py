@@ -33,8 +33,8 @@ from idempotence.stores.postgres import PostgresStore
 from idempotence.testing import History
 from tests.consumers.broker import Broker, broker_url, queue_for_test
 
-from .hosts import ROOT, AppHost, Relay
-from .test_partitions import FAIL_WITHIN, RELAY_DELAY, over, relayed
+from .hosts import ROOT, AppHost, Relay, stop
+from .test_partitions import FAIL_WITHIN, RELAY_DELAY, over, relayed, wait_until
 
 #: The consumer's lock timeout (s): longer than the cut, so that a finish tried again
 #: in the background lands before it lapses.
@@ -117,20 +117,7 @@ def consuming(app_host: AppHost, database: str, tmp_path: Path, mode: str) -> It
             assert process.stdout.readline().strip() == "ready", "the consumer did not start"
             yield Running(app_host, relay, broker, queue, ledger, database, mode)
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
-
-
-def wait_until(condition: object, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {seconds:g} s")
-        time.sleep(0.02)
+            stop(process, grace=15)
 
 
 BOUNDARIES = [

@@ -85,20 +85,21 @@ FIRST_POLL, MAX_POLL = 0.005, 0.25
 
 
 class Waiter:
-    """The pauses of a bounded wait for a twin (P10)."""
+    """The pauses of a bounded wait for a twin (P10): ``first``, doubling up to ``cap``,
+    until ``wait`` is over."""
 
-    __slots__ = ("deadline", "delay")
+    __slots__ = ("cap", "deadline", "delay")
 
-    def __init__(self, wait: timedelta) -> None:
+    def __init__(self, wait: timedelta, first: float = FIRST_POLL, cap: float = MAX_POLL) -> None:
         self.deadline = time.monotonic() + wait.total_seconds()
-        self.delay = FIRST_POLL
+        self.delay, self.cap = first, cap
 
     def pause(self) -> float | None:
-        """Seconds to wait before claiming again, or None: the wait is over."""
+        """Seconds to wait before trying again, or None: the wait is over."""
         left = self.deadline - time.monotonic()
         if left <= 0:
             return None
-        pause, self.delay = min(self.delay, left), min(self.delay * 2, MAX_POLL)
+        pause, self.delay = min(self.delay, left), min(self.delay * 2, self.cap)
         return pause
 
 
@@ -241,10 +242,10 @@ FIRST_TRY, MAX_TRY_PAUSE = 0.05, 0.25
 pauses double (short: a retry should find the answer stored soon after a heal)."""
 
 
-class LateFinish:
+class LateFinish(Waiter):
     """When a finish tried again in the background
-    ([`DoFinishLater`][idempotence.flows.effects.DoFinishLater]) tries next, beats,
-    and gives up.
+    ([`DoFinishLater`][idempotence.flows.effects.DoFinishLater]) tries next (`pause`:
+    None once it gives up), beats, and gives up.
 
     It gives up once the lock has lapsed by this process's clock: the lock can last
     no longer than ``lock_timeout`` after the first finish failed (every beat before
@@ -253,22 +254,12 @@ class LateFinish:
     run the request again, so the key is the retry's.
     """
 
-    __slots__ = ("beat_at", "beat_every", "delay", "lapses_at", "lock_timeout")
+    __slots__ = ("beat_at", "beat_every", "lock_timeout")
 
     def __init__(self, lock_timeout: float, beat_every: float) -> None:
-        now = time.monotonic()
+        super().__init__(timedelta(seconds=lock_timeout), FIRST_TRY, MAX_TRY_PAUSE)
         self.lock_timeout, self.beat_every = lock_timeout, beat_every
-        self.lapses_at = now + lock_timeout
-        self.beat_at = now + beat_every
-        self.delay = FIRST_TRY
-
-    def pause(self) -> float | None:
-        """Seconds to wait before the next try, or None: the lock lapsed, give up."""
-        left = self.lapses_at - time.monotonic()
-        if left <= 0:
-            return None
-        pause, self.delay = min(self.delay, left), min(self.delay * 2, MAX_TRY_PAUSE)
-        return pause
+        self.beat_at = time.monotonic() + beat_every
 
     def beat_due(self) -> bool:
         """Whether to extend the lock now (a beat failed is tried again at once)."""
@@ -276,7 +267,7 @@ class LateFinish:
 
     def beaten(self, sent_at: float) -> None:
         """A beat sent at ``sent_at`` (monotonic) landed: the lock lasts from then."""
-        self.lapses_at = max(self.lapses_at, sent_at + self.lock_timeout)
+        self.deadline = max(self.deadline, sent_at + self.lock_timeout)
         self.beat_at = sent_at + self.beat_every
 
 
