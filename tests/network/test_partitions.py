@@ -48,6 +48,9 @@ FAIL_WITHIN = BOUND + 4.0
 #: may still take, plus the client's pause between retries.
 SETTLE = LOCK + LOCK / 3 + FAIL_WITHIN + 1.0
 RELAY_DELAY = 0.6
+#: On the Redis link: a command's round trip through the relay (twice the delay) must
+#: stay under the Redis store's timeout (the bound), or every command times out.
+REDIS_RELAY_DELAY = 0.3
 
 
 @dataclass
@@ -66,6 +69,11 @@ class Served:
     """The Redis of the Redis store or of the cache, on this machine, and its prefix."""
     cache_relay: Relay | None = None
     """The cached store's relay to its Redis, on the cache link."""
+
+    @property
+    def delay(self) -> float:
+        """The relay's latency while a test places a cut on a statement in flight."""
+        return REDIS_RELAY_DELAY if self.kind == "redis" else RELAY_DELAY
 
     def effects(self, history: History) -> None:
         """Record the effects that landed: the provider's charges, the transfer rows."""
@@ -217,22 +225,23 @@ def partition_at(
     with httpx.Client(base_url=served.url, timeout=FAIL_WITHIN + 5) as client:
         # Warm: the pool's connection is open before the latency goes on.
         assert attempt(history, client, path, f"{key}-warm") == 201
-        served.relay.delay = RELAY_DELAY
+        served.relay.delay = served.delay
         work = 2.0 if boundary == "handler" else 0.3
         first = threading.Thread(target=attempt, args=(history, client, path, key, work))
         first.start()
         if boundary == "claim":
             # The claim left the app and sits in the relay's delay.
-            time.sleep(RELAY_DELAY / 2)
+            time.sleep(served.delay / 2)
         elif path == "/charges":
             wait_until(lambda: served.charged(key), 10, "the charge")
             if boundary == "finish":
                 # The handler's work is over and its finish sits in the relay.
-                time.sleep(work + RELAY_DELAY / 2)
+                time.sleep(work + served.delay / 2)
         else:
             # A transfer's row is invisible until its COMMIT: wait for the claim and
             # the INSERT to make their way (two delayed round trips), then the work.
-            time.sleep(4 * RELAY_DELAY + (work + RELAY_DELAY / 2 if boundary == "finish" else 0.2))
+            delay = served.delay
+            time.sleep(4 * delay + (work + delay / 2 if boundary == "finish" else 0.2))
         with served.host.back.partitioned():
             cut = history.now()
             # Ask while the link is down: each answer must come within the bound.
@@ -342,14 +351,14 @@ def never_acknowledges_unstored(served: Served, landed: bool) -> None:
     with httpx.Client(base_url=served.url, timeout=FAIL_WITHIN + 5) as client:
         assert attempt(history, client, "/charges", f"{key}-warm") == 201
         if landed:
-            served.relay.delay = RELAY_DELAY
+            served.relay.delay = served.delay
         first = threading.Thread(target=attempt, args=(history, client, "/charges", key, work))
         first.start()
         wait_until(lambda: served.charged(key), 10, "the charge")
         # Landed: the finish left the app and sits in the relay's delay, on the
         # machine's side of the cut. Cut: the handler still works, and its finish
         # meets the cut.
-        time.sleep(work + RELAY_DELAY / 2 if landed else work / 2)
+        time.sleep(work + served.delay / 2 if landed else work / 2)
         with served.host.back.partitioned():
             cut = history.now()
             first.join(timeout=FAIL_WITHIN + 5)
