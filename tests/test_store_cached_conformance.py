@@ -3,7 +3,8 @@ front of PostgreSQL and of SQLite, sync and async (DESIGN 8).
 
 The cache is on the shared Redis under a key prefix of the test's own, deleted at the
 end (never FLUSHALL). Every replay in the suite after a finish made through the store
-is served from Redis. The locks are the primary's rows, aged there.
+is served from Redis. The locks are the primary's rows, aged there. The store has
+its primary's capabilities: in front of PostgreSQL it listens, and the suite is told.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ TestCachedPostgres = pytest.mark.slow(
         ),
         age_lock=age_lock,
         age_key=age_key,
+        capabilities=PostgresStore.capabilities,  # its primary's: it listens
     )
 )
 TestAsyncCachedPostgres = pytest.mark.slow(
@@ -35,6 +37,7 @@ TestAsyncCachedPostgres = pytest.mark.slow(
         ),
         age_lock=age_lock,
         age_key=age_key,
+        capabilities=AsyncPostgresStore.capabilities,
     )
 )
 TestCachedSqlite = suite(

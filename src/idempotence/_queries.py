@@ -64,8 +64,12 @@ def migrations(dialect: str | Traversable) -> list[tuple[str, str]]:
     return found
 
 
-_DIALECT_NAMES = {"postgres": "PostgreSQL", "sqlite": "SQLite"}
-"""How the migration folders name their dialects, for people."""
+def _title(dialect: str) -> str:
+    """How people name the dialect of a migration folder: its backend's title."""
+    # Imported here: the backends' table imports the stores, which read this module.
+    from ._backends import BACKENDS
+
+    return next((b.title for b in BACKENDS if b.name == dialect), dialect)
 
 
 def numbering_gaps(dialect: str, versions: list[str]) -> list[str]:
@@ -100,12 +104,12 @@ def numbering_gaps(dialect: str, versions: list[str]) -> list[str]:
         if number in numbers:
             continue
         owners = sorted(
-            (_DIALECT_NAMES.get(other, other), version)
+            (_title(other), version)
             for other, found in others.items()
             for version in found
             if int(version.split("_", 1)[0]) == number
         )
-        here = _DIALECT_NAMES.get(dialect, dialect)
+        here = _title(dialect)
         if owners:
             whose = " and ".join(name for name, _ in owners)
             names = ", ".join(version for _, version in owners)

@@ -53,7 +53,7 @@ from idempotence.http import (
     single_tenant,
 )
 from idempotence.states import StoredResponse
-from tests.http.crash_server import INSERT, effect
+from tests.http.crash_server import INSERT, effect, open_store
 
 #: How long a ``slow-drop`` handler runs.
 SLOW = 1.5
@@ -76,7 +76,7 @@ def report_flow(backend: str, directory: Path) -> Flow:
 
     @flow.phase("started")
     async def build(ctx: PhaseContext) -> Advance:
-        await ctx.tx.execute(INSERT[backend], effect("report", ctx.lease.scope, ctx.lease.key))
+        await ctx.tx.execute(INSERT, effect("report", ctx.lease.scope, ctx.lease.key))
         return Advance("built")
 
     @flow.phase("built")
@@ -97,19 +97,14 @@ def guarded_app(backend: str, target: str, directory: Path) -> Any:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from idempotence import AsyncSqliteStore
-    from idempotence.stores.postgres import AsyncPostgresStore
-
-    store: Any = AsyncPostgresStore(target) if backend == "postgres" else AsyncSqliteStore(target)
+    store = open_store(backend, target, asynchronous=True)
 
     async def charge(request: Request) -> JSONResponse:
         body = await request.json()
         if body.get("invalid"):
             return JSONResponse({"error": "amount must be positive"}, status_code=422)
         lease = current_lease()
-        await current_async_transaction().execute(
-            INSERT[backend], effect("charge", lease.scope, lease.key)
-        )
+        await current_async_transaction().execute(INSERT, effect("charge", lease.scope, lease.key))
         status = 402 if body.get("declined") else 201
         return JSONResponse({"execution": uuid.uuid4().hex}, status_code=status)
 
@@ -118,14 +113,14 @@ def guarded_app(backend: str, target: str, directory: Path) -> Any:
         await asyncio.sleep(SLOW)
         lease = current_lease()
         async with store.transaction() as tx:
-            await tx.execute(INSERT[backend], effect("charge", lease.scope, lease.key))
+            await tx.execute(INSERT, effect("charge", lease.scope, lease.key))
         return JSONResponse({"execution": uuid.uuid4().hex}, status_code=201)
 
     async def failing_charge(request: Request) -> JSONResponse:
         # Its 500 is stored (store_server_errors=True, as Stripe does): a replay is final.
         lease = current_lease()
         async with store.transaction() as tx:
-            await tx.execute(INSERT[backend], effect("charge", lease.scope, lease.key))
+            await tx.execute(INSERT, effect("charge", lease.scope, lease.key))
         return JSONResponse({"error": "the ledger is closed"}, status_code=500)
 
     async def health(request: Request) -> JSONResponse:

@@ -37,6 +37,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from idempotence._backends import by_name
 from idempotence.flows import Advance, Finish, Flow, PhaseContext
 from idempotence.http import (
     Endpoint,
@@ -53,13 +54,8 @@ TABLE = (
     "CREATE TABLE IF NOT EXISTS crash_effects ("
     "scope TEXT NOT NULL, request_key TEXT NOT NULL, what TEXT NOT NULL)"
 )
-INSERT = {
-    "sqlite": "INSERT INTO crash_effects (scope, request_key, what) VALUES (:scope, :key, :what)",
-    "postgres": "INSERT INTO crash_effects (scope, request_key, what) "
-    "VALUES (%(scope)s, %(key)s, %(what)s)",
-    "mariadb": "INSERT INTO crash_effects (scope, request_key, what) "
-    "VALUES (%(scope)s, %(key)s, %(what)s)",
-}
+#: ``:name`` placeholders, which every store takes in the application's statements.
+INSERT = "INSERT INTO crash_effects (scope, request_key, what) VALUES (:scope, :key, :what)"
 #: How long a killed worker's lock holds the key before a retry may take it over (P5).
 LOCK_TIMEOUT = timedelta(seconds=1)
 
@@ -93,7 +89,7 @@ def effect(what: str, scope: str, key: str) -> dict[str, str]:
 
 def rides_flow(backend: str, hang: Hang, *, asynchronous: bool) -> Flow:
     flow = Flow("crash-test-rides", lock_timeout=LOCK_TIMEOUT)
-    insert = INSERT[backend]
+    insert = INSERT
 
     def finish(ctx: PhaseContext) -> Finish:
         hang.point()
@@ -138,37 +134,36 @@ def config(store: Any, backend: str, hang: Hang, *, asynchronous: bool) -> Idemp
     )
 
 
+def open_store(backend: str, target: str, *, asynchronous: bool) -> Any:
+    """The store of ``backend`` on ``target`` (from the library's table of backends: a
+    new one needs nothing here); ``cached-<backend>`` is a cached store in front of
+    that backend's store, and ``target`` then ``PRIMARY|REDIS_URL``."""
+    primary = backend.removeprefix("cached-")
+    sync, async_ = by_name(primary).store_classes()
+    if primary == backend:
+        return (async_ if asynchronous else sync)(target)
+    from idempotence.stores.cached import AsyncCachedStore, CachedStore
+
+    where, redis_url = target.rsplit("|", 1)
+    if asynchronous:
+        return AsyncCachedStore(async_(where), redis_url)
+    return CachedStore(sync(where), redis_url)
+
+
 def asgi_app(backend: str, target: str, hang: Hang) -> Any:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from idempotence import AsyncSqliteStore
     from idempotence.http import IdempotencyMiddleware
-    from idempotence.stores.postgres import AsyncPostgresStore
 
-    if backend.startswith("cached-"):
-        from idempotence.stores.cached import AsyncCachedStore
-
-        primary, redis_url = target.rsplit("|", 1)
-        kind = AsyncPostgresStore if backend == "cached-postgres" else AsyncSqliteStore
-        store: Any = AsyncCachedStore(kind(primary), redis_url)
-    elif backend == "redis":
-        from idempotence.stores.redis import AsyncRedisStore
-
-        store = AsyncRedisStore(target)
-    elif backend == "mariadb":
-        from idempotence.stores.mariadb import AsyncMariaDBStore
-
-        store = AsyncMariaDBStore(target)
-    else:
-        store = AsyncPostgresStore(target) if backend == "postgres" else AsyncSqliteStore(target)
+    store = open_store(backend, target, asynchronous=True)
 
     async def transfer(request: Request) -> JSONResponse:
         lease = current_lease()
         await current_async_transaction().execute(
-            INSERT[backend], effect("transfer", lease.scope, lease.key)
+            INSERT, effect("transfer", lease.scope, lease.key)
         )
         hang.point()
         return JSONResponse({"transfer": lease.id}, status_code=201)
@@ -190,32 +185,15 @@ def asgi_app(backend: str, target: str, hang: Hang) -> Any:
 def wsgi_app(backend: str, target: str, hang: Hang) -> Any:
     from flask import Flask
 
-    from idempotence import SqliteStore
     from idempotence.contrib.flask import install
-    from idempotence.stores.postgres import PostgresStore
 
-    if backend.startswith("cached-"):
-        from idempotence.stores.cached import CachedStore
-
-        primary, redis_url = target.rsplit("|", 1)
-        kind = PostgresStore if backend == "cached-postgres" else SqliteStore
-        store: Any = CachedStore(kind(primary), redis_url)
-    elif backend == "redis":
-        from idempotence.stores.redis import RedisStore
-
-        store = RedisStore(target)
-    elif backend == "mariadb":
-        from idempotence.stores.mariadb import MariaDBStore
-
-        store = MariaDBStore(target)
-    else:
-        store = PostgresStore(target) if backend == "postgres" else SqliteStore(target)
+    store = open_store(backend, target, asynchronous=False)
     app = Flask("crash-server")
 
     @app.post("/tx/<name>")
     def transfer(name: str) -> Any:
         lease = current_lease()
-        current_transaction().execute(INSERT[backend], effect("transfer", lease.scope, lease.key))
+        current_transaction().execute(INSERT, effect("transfer", lease.scope, lease.key))
         hang.point()
         return {"transfer": lease.id}, 201
 

@@ -24,21 +24,13 @@ from idempotence import StoredResponse
 from idempotence.flows import Advance, Finish, Flow, FlowRegistry, PhaseContext
 from idempotence.testing.example import Statements, sql_phase
 from tests.maintenance.support import Backend
+from tests.support.sql_dialects import SQL
 
-TABLES = {
-    "postgres": [
-        "CREATE TABLE orders (key_id bigint PRIMARY KEY, scope text NOT NULL, charge text)",
-        "CREATE TABLE provider_charges (derived_key text PRIMARY KEY, calls int NOT NULL)",
-    ],
-    "sqlite": [
-        "CREATE TABLE orders (key_id INTEGER PRIMARY KEY, scope TEXT NOT NULL, charge TEXT)",
-        "CREATE TABLE provider_charges (derived_key TEXT PRIMARY KEY, calls INT NOT NULL)",
-    ],
-    "mariadb": [
-        "CREATE TABLE orders (key_id BIGINT PRIMARY KEY, scope TEXT NOT NULL, charge TEXT)",
-        "CREATE TABLE provider_charges (derived_key VARCHAR(255) PRIMARY KEY, calls INT NOT NULL)",
-    ],
-}
+#: The application's tables, in types every SQL database of the suites takes.
+TABLES = [
+    "CREATE TABLE orders (key_id BIGINT PRIMARY KEY, scope TEXT NOT NULL, charge TEXT)",
+    "CREATE TABLE provider_charges (derived_key VARCHAR(255) PRIMARY KEY, calls INT NOT NULL)",
+]
 
 #: The steps a fault can be injected at.
 STEPS = ("create_order", "charge_call", "record_charge", "finish")
@@ -139,10 +131,8 @@ def async_checkout_flow(db: Backend, faults: Faults, name: str = "async_checkout
 
 def provider_charge(db: Backend, derived: str) -> str:
     # The provider's own dedup: a repeated key is counted but charges nothing new.
-    upsert = (
-        "ON DUPLICATE KEY UPDATE calls = calls + 1"
-        if db.kind == "mariadb"
-        else "ON CONFLICT (derived_key) DO UPDATE SET calls = provider_charges.calls + 1"
+    upsert = SQL[db.kind].count_again.format(
+        pk="derived_key", table="provider_charges", column="calls"
     )
     db.execute(
         f"INSERT INTO provider_charges (derived_key, calls) VALUES (%(k)s, 1) {upsert}",
@@ -157,7 +147,7 @@ def finished_order(ctx: PhaseContext) -> Finish:
 
 
 def setup(db: Backend) -> tuple[Faults, Flow, FlowRegistry]:
-    for statement in TABLES[db.kind]:
+    for statement in TABLES:
         db.execute(statement)
     faults = Faults()
     flow = checkout_flow(db, faults)

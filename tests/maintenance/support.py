@@ -16,6 +16,7 @@ from idempotence import AsyncStore, ClaimRequest, Store, StoredResponse
 from idempotence import maintenance as m
 from idempotence.states import Claim, Lease
 from tests.support.clock import Rows
+from tests.support.sql_dialects import SQL
 from tests.support.stores import EventLoopThread
 
 LIVE = timedelta(hours=1)
@@ -30,7 +31,7 @@ class Backend:
     share a database split by scope.
     """
 
-    kind: str  # "postgres", "sqlite" or "mariadb"
+    kind: str  # a SQL backend's name: "postgres", "sqlite", "mariadb" (sql_dialects.py)
     #: The URL the CLI takes.
     url: str
     opener: Callable[[], Store]
@@ -80,8 +81,6 @@ class Backend:
         return Rows(self.kind, self.url)
 
     def execute(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        if self.kind == "mariadb":
-            return _mariadb_execute(self.url, sql, params)
         return self.rows.execute(sql, params)
 
     def sql(self, sql: str) -> str:
@@ -90,22 +89,14 @@ class Backend:
 
     def backdate(self, scope: str, key: str | None, age: timedelta, *columns: str) -> None:
         """Move the ``columns`` of one key (every key of ``scope`` if None) ``age``
-        into the past (tests/support/clock.py; MariaDB's here, until it moves there)."""
-        if self.kind != "mariadb":
-            self.rows.backdate(scope, key, age, *columns)
-            return
-        sets = ", ".join(f"{c} = {c} - INTERVAL %(us)s MICROSECOND" for c in columns)
-        which = "" if key is None else f" AND {self.key_column} = %(key)s"
-        self.execute(
-            f"UPDATE idempotency_keys SET {sets} WHERE scope = %(scope)s{which}",
-            {"us": age // timedelta(microseconds=1), "scope": scope, "key": key},
-        )
+        into the past (tests/support/clock.py)."""
+        self.rows.backdate(scope, key, age, *columns)
 
     @property
     def key_column(self) -> str:
         """The key table's ``key`` column as a statement names it (KEY is reserved
         in MariaDB)."""
-        return "`key`" if self.kind == "mariadb" else "key"
+        return SQL[self.kind].key
 
     def row(self, scope: str, key: str) -> dict[str, Any] | None:
         rows = self.execute(
@@ -118,29 +109,6 @@ class Backend:
     def count(self, table: str, where: str = "TRUE") -> int:
         where = where if self.kind == "postgres" else where.replace("TRUE", "1")
         return int(self.execute(f"SELECT count(*) AS n FROM {table} WHERE {where}")[0]["n"])
-
-
-def _mariadb_execute(url: str, sql: str, params: dict[str, Any] | None) -> list[dict[str, Any]]:
-    import pymysql
-
-    from idempotence.stores.mariadb import Settings
-
-    where = Settings.from_url(url)
-    conn = pymysql.connect(
-        host=where.host,
-        port=where.port,
-        user=where.user,
-        password=where.password,
-        database=where.database,
-        autocommit=True,
-        cursorclass=pymysql.cursors.DictCursor,
-    )
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql, params or None)
-            return list(cur.fetchall()) if cur.description else []
-    finally:
-        conn.close()
 
 
 class AsyncTwin:

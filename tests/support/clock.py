@@ -2,8 +2,8 @@
 
 Every store reads its times from its database's clock (DESIGN 3), so a test cannot
 move that clock; it moves the key's recorded times back instead, which is the same
-thing to the store. :class:`Rows` is where a store's records are (a PostgreSQL or
-SQLite database, or a Redis key prefix), and :meth:`Rows.backdate` is the one way the
+thing to the store. :class:`Rows` is where a store's records are (a SQL database, or
+a Redis key prefix), and :meth:`Rows.backdate` is the one way the
 suites age a key: the maintenance suites (a key past its retention or its grace
 period), the consumer suites, and the conformance suite (``age_lock``, a lock past
 its timeout).
@@ -12,19 +12,17 @@ its timeout).
 from __future__ import annotations
 
 import re
-import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import ModuleType
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from idempotence.stores.capabilities import Capability
 from idempotence.testing._blocking import Blocking
 from tests.support.redis import SHARED_URL
+from tests.support.sql_dialects import SQL
 
 #: A record's time fields in a Redis hash (microseconds since the epoch), by column.
 REDIS_FIELDS = {
@@ -38,16 +36,10 @@ REDIS_FIELDS = {
 
 def update(dialect: str, columns: tuple[str, ...], one_key: bool) -> str:
     """The UPDATE that moves ``columns`` back by ``:s`` seconds (``:us`` microseconds),
-    on ``dialect`` ("postgres", "mariadb", or "sqlite", which keeps its times as seconds
-    since the epoch)."""
-    if dialect == "postgres":
-        sets = ", ".join(f"{c} = {c} - make_interval(secs => :s)" for c in columns)
-    elif dialect == "mariadb":
-        sets = ", ".join(f"{c} = {c} - INTERVAL :us MICROSECOND" for c in columns)
-    else:
-        sets = ", ".join(f"{c} = {c} - :s" for c in columns)
-    # KEY is a reserved word in MariaDB.
-    which = (" AND `key` = :key" if dialect == "mariadb" else " AND key = :key") if one_key else ""
+    on ``dialect`` (a SQL backend's name: tests/support/sql_dialects.py)."""
+    spelt = SQL[dialect]
+    sets = ", ".join(f"{c} = {spelt.aged.format(c=c)}" for c in columns)
+    which = f" AND {spelt.key} = :key" if one_key else ""
     return f"UPDATE idempotency_keys SET {sets} WHERE scope = :scope{which}"
 
 
@@ -105,8 +97,8 @@ def backdate_hash(url: str, name: bytes, by: timedelta, columns: tuple[str, ...]
 class Rows:
     """Where a store keeps its key records.
 
-    ``backend`` is ``"postgres"`` (``url`` a conninfo URL), ``"sqlite"`` (``url`` a
-    file path, or a ``sqlite:///`` URL) or ``"redis"`` (``url`` the server's URL and
+    ``backend`` is a SQL backend's name (tests/support/sql_dialects.py: ``url`` its
+    URL, or a SQLite file's path) or ``"redis"`` (``url`` the server's URL and
     ``prefix`` the store's key prefix).
     """
 
@@ -122,25 +114,20 @@ class Rows:
             return
         self.execute(
             re.sub(r":(\w+)", r"%(\1)s", update(self.backend, columns, key is not None)),
-            {"s": by.total_seconds(), "scope": scope, "key": key},
+            {
+                "s": by.total_seconds(),
+                "us": by // timedelta(microseconds=1),
+                "scope": scope,
+                "key": key,
+            },
         )
 
     def execute(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Run ``sql`` (with ``%(name)s`` parameters) on a connection of its own,
         committed; its rows."""
-        if self.backend == "postgres":
-            with psycopg.connect(self.url, autocommit=True, row_factory=dict_row) as pg:
-                cur = pg.execute(sql.encode(), params or {})
-                return list(cur.fetchall()) if cur.description else []
-        if self.backend != "sqlite":
+        if self.backend not in SQL:
             raise ValueError(f"no SQL on {self.backend}")
-        lite = sqlite3.connect(self.url.removeprefix("sqlite:///"), isolation_level=None)
-        try:
-            lite.row_factory = sqlite3.Row
-            rows = lite.execute(re.sub(r"%\((\w+)\)s", r":\1", sql), params or {}).fetchall()
-            return [dict(row) for row in rows]
-        finally:
-            lite.close()
+        return SQL[self.backend].execute(self.url, sql, params)
 
     def _backdate_redis(
         self, scope: str, key: str | None, by: timedelta, columns: tuple[str, ...]

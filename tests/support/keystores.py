@@ -21,10 +21,14 @@ from idempotence import (
     Store,
     StoredResponse,
 )
+from idempotence.stores.capabilities import Capability
 
 
 class NoSharedTransactions:
     """A sync :class:`~idempotence.KeyStore` on a real :class:`~idempotence.Store`."""
+
+    #: What a key-value store declares: it waits (by the SQL store's polling here).
+    capabilities = frozenset({Capability.WAITING})
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -59,6 +63,8 @@ class NoSharedTransactions:
 
 class AsyncNoSharedTransactions:
     """An :class:`~idempotence.AsyncKeyStore` on a real :class:`~idempotence.AsyncStore`."""
+
+    capabilities = NoSharedTransactions.capabilities
 
     def __init__(self, store: AsyncStore) -> None:
         self._store = store

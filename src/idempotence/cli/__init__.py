@@ -318,6 +318,25 @@ def run_jobs(database: DatabaseUrl, jobs: Any, batch_size: int | None, as_json: 
         _one_pass(store, lambda s: JobRunner(s, config, jobs=registry), as_json)
 
 
+def _served_metrics(port: int | None) -> Instrumentation | None:
+    """Prometheus metrics served on ``port`` (none without one)."""
+    if port is None:
+        return None
+    from ..metrics import AVAILABLE
+
+    if not AVAILABLE:
+        raise click.UsageError(
+            "--metrics-port needs prometheus_client: pip install 'idempotence[metrics]'"
+        )
+    import prometheus_client
+
+    from ..metrics import PrometheusInstrumentation
+
+    prometheus_client.start_http_server(port)
+    # The completer's claims count on the hot-path metrics too.
+    return PrometheusInstrumentation()
+
+
 @main.command()
 @database_option
 @flows_option
@@ -376,7 +395,6 @@ def worker(
         Worker,
         stop_on_signals,
     )
-    from ..metrics import AVAILABLE
 
     registry, runner_jobs = flow_registry(flows), job_registry(jobs)
     every: dict[str, Any] = {} if interval is None else {"interval": interval}
@@ -388,19 +406,7 @@ def worker(
         "enqueuer": _config(EnqueuerConfig, None, **every),
         "runner": _config(JobRunnerConfig, None, **every),
     }
-    instrumentation: Instrumentation | None = None
-    if metrics_port is not None:
-        if not AVAILABLE:
-            raise click.UsageError(
-                "--metrics-port needs prometheus_client: pip install 'idempotence[metrics]'"
-            )
-        import prometheus_client
-
-        from ..metrics import PrometheusInstrumentation
-
-        prometheus_client.start_http_server(metrics_port)
-        # The completer's claims count on the hot-path metrics too.
-        instrumentation = PrometheusInstrumentation()
+    instrumentation = _served_metrics(metrics_port)
     # Said once the store is open and migrated: a worker that cannot start says only why.
     # Through the worker's logger, so that with --log-json it is a JSON line like the rest.
     warn = (

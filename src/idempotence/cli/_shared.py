@@ -9,13 +9,14 @@ import logging
 import os
 import re
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from .._backends import examples
 from ..database import ENV_VAR, DatabaseUrl, open_async_sql_store, open_sql_store
 from ..errors import (
     ConfigurationError,
@@ -99,8 +100,7 @@ database_option = click.option(
     type=DatabaseUrlType(),
     envvar=ENV_VAR,
     required=True,
-    help=f"postgresql://USER@HOST/DB, sqlite:///PATH, mariadb://USER@HOST/DB or "
-    f"redis://HOST:PORT/DB (default: ${ENV_VAR}).",
+    help=f"{examples()} (default: ${ENV_VAR}).",
 )
 REDIS_PREFIX_ENV_VAR = "IDEMPOTENCE_REDIS_PREFIX"
 """The key prefix of a Redis store opened with ``RedisStore(prefix=...)``."""
@@ -182,30 +182,40 @@ def fail_on(exc: IdempotenceError, prefix: str = "") -> NoReturn:
 
 
 def _reachable(database: DatabaseUrl, create: bool) -> None:
-    """Connect to PostgreSQL once before opening the store's pool: a refused
-    connection fails at once with libpq's reason, where the pool would retry for its
-    whole timeout, logging each attempt, and then report only that it timed out."""
-    if database.backend == "sqlite":
-        if database.target == ":memory:":
-            return
-        # sqlite3 would create an empty file, which no command but migrate wants.
-        if not create and not os.path.exists(database.target):
-            raise StoreUnavailable(
-                f"the SQLite database {database.target} does not exist: "
-                "`idempotence migrate --database URL` creates it"
-            )
-        # sqlite3 creates the file, never its directory, and says only "unable to
-        # open database file".
-        folder = os.path.dirname(os.path.abspath(database.target))
-        if not os.path.isdir(folder):
-            raise ConfigurationError(
-                f"the directory {folder} does not exist: create it, or fix the path in "
-                "the sqlite:/// URL"
-            )
+    """Check, before the store opens, what it would report late or obscurely: the probe
+    of the URL's backend (`_PROBES`), if it has one. A backend without one (MariaDB:
+    its store's first connection fails at once, with the driver's reason) is opened as
+    it is."""
+    probe = _PROBES.get(database.backend)
+    if probe is not None:
+        probe(database, create)
+
+
+def _sqlite_file(database: DatabaseUrl, create: bool) -> None:
+    """The file must exist (unless ``create``: migrate), in a directory that does."""
+    if database.target == ":memory:":
         return
+    # sqlite3 would create an empty file, which no command but migrate wants.
+    if not create and not os.path.exists(database.target):
+        raise StoreUnavailable(
+            f"the SQLite database {database.target} does not exist: "
+            "`idempotence migrate --database URL` creates it"
+        )
+    # sqlite3 creates the file, never its directory, and says only "unable to
+    # open database file".
+    folder = os.path.dirname(os.path.abspath(database.target))
+    if not os.path.isdir(folder):
+        raise ConfigurationError(
+            f"the directory {folder} does not exist: create it, or fix the path in "
+            "the sqlite:/// URL"
+        )
+
+
+def _postgres_server(database: DatabaseUrl, create: bool) -> None:
+    """Connect once before opening the store's pool: a refused connection fails at
+    once with libpq's reason, where the pool would retry for its whole timeout, logging
+    each attempt, and then report only that it timed out."""
     require_driver(database)
-    if database.backend == "mariadb":
-        return  # no pool retries there: the store's first connection fails at once
     import psycopg
 
     from ..stores.postgres import DEFAULT_CONNECT_TIMEOUT, translate
@@ -219,6 +229,13 @@ def _reachable(database: DatabaseUrl, create: bool) -> None:
         raise ConfigurationError(f"invalid PostgreSQL URL: {reason}") from exc
     except psycopg.Error as exc:
         raise translate(exc) from exc
+
+
+_PROBES: dict[str, Callable[[DatabaseUrl, bool], None]] = {
+    "sqlite": _sqlite_file,
+    "postgres": _postgres_server,
+}
+"""What the CLI checks before it opens a store, by backend (``DatabaseUrl.backend``)."""
 
 
 @contextmanager
@@ -258,7 +275,7 @@ def refuse_redis(database: DatabaseUrl | None) -> None:
         ctx = click.get_current_context(silent=True)
         command = f"`{ctx.command_path}`" if ctx is not None else "this command"
         fail(
-            f"{command} needs a SQL database (postgresql:// or sqlite:///): a Redis key "
+            f"{command} needs a SQL database ({examples(sql=True)}): a Redis key "
             "store has no flows, staged jobs or tables for it to work on",
             ExitStatus.USAGE,
         )
@@ -293,7 +310,7 @@ def open_cli_key_store(
 
 
 def require_driver(database: DatabaseUrl) -> None:
-    """A PostgreSQL or Redis URL without its extra installed fails in one line that
+    """A URL whose backend's extra is not installed fails in one line that
     names the extra, with the usage status, instead of an import traceback."""
     try:
         database.check_driver()

@@ -49,6 +49,7 @@ from ..states import (
     Outcome,
     StoredResponse,
 )
+from ..stores.capabilities import Capability, capabilities_of
 
 logger = logging.getLogger("idempotence.consumers")
 
@@ -243,7 +244,7 @@ class Consumer:
     def check_store(self, store: object) -> None:
         """Refuse a store this consumer cannot run on: transactional and flow consumers
         write in the store's transaction, which only a SQL store has (F3, R2)."""
-        if self.mode != "handler" and not callable(getattr(store, "transaction", None)):
+        if self.mode != "handler" and Capability.TRANSACTIONS not in capabilities_of(store):
             raise ConfigurationError(
                 f"Consumer {self.name!r} runs in {self.mode} mode and needs a SQL store "
                 f"(PostgreSQL or SQLite), not {type(store).__name__}: only handler mode "

@@ -37,6 +37,7 @@ from typing import Any, TypeVar, cast
 from .._concurrency import AsyncLock
 from ..errors import StoreUnavailable
 from ..observability import Instrumentation
+from ..stores.capabilities import Capability
 from ..stores.sql import AsyncStore, AsyncTransaction, Blocks, Dialect, Op, Query, Row, run_async
 from ._sqlalchemy_shared import (
     JOIN_MODE,
@@ -298,6 +299,10 @@ class AsyncSQLAlchemyStore(AsyncStore):
     """
 
     _transaction_type = AsyncSQLAlchemyTransaction
+
+    capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
+    """A SQL store whose waiting twins poll (P10): it has no connection of its own to
+    LISTEN on, whatever the engine's database."""
 
     def __init__(
         self,

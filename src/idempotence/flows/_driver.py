@@ -30,6 +30,7 @@ from .._concurrency import Periodic, sleep, spawn
 from ..errors import IdempotenceError, LockLost, StoreError
 from ..states import Lease, Outcome
 from ..stores import KeyStore, Store
+from ..stores.capabilities import Capability, capabilities_of
 from ._driver_shared import NOT_SYNC, after_call, closing, require_finish, watch
 from .contexts import ForeignContext, Observer, PhaseContext
 from .effects import (
@@ -103,7 +104,9 @@ def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
         return store.forget(effect.lease)
     if isinstance(effect, DoWait):
         request = effect.request
-        if effect.poll:
+        # A store that cannot hold the duplicate (no WAITING) is polled: a pause, then
+        # the engine's next claim.
+        if effect.poll or Capability.WAITING not in capabilities_of(store):
             return sleep(effect.seconds)
         return store.wait_for_settle(request.scope, request.key, effect.seconds)
     # The rest shares the store's transaction with the application: a SQL store.

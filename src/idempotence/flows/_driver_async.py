@@ -28,6 +28,7 @@ from .._concurrency import AsyncPeriodic, sleep_async, spawn_async
 from ..errors import IdempotenceError, LockLost, StoreError
 from ..states import Lease, Outcome
 from ..stores import AsyncKeyStore, AsyncStore
+from ..stores.capabilities import Capability, capabilities_of
 from ._driver_shared import NOT_SYNC, after_call, closing, require_finish, watch
 from .contexts import ForeignContext, Observer, PhaseContext
 from .effects import (
@@ -101,7 +102,9 @@ async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer
         return await store.forget(effect.lease)
     if isinstance(effect, DoWait):
         request = effect.request
-        if effect.poll:
+        # A store that cannot hold the duplicate (no WAITING) is polled: a pause, then
+        # the engine's next claim.
+        if effect.poll or Capability.WAITING not in capabilities_of(store):
             return await sleep_async(effect.seconds)
         return await store.wait_for_settle(request.scope, request.key, effect.seconds)
     # The rest shares the store's transaction with the application: a SQL store.

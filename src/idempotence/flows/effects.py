@@ -185,7 +185,8 @@ class DoForget:
 class DoWait:
     """P10: wait up to ``seconds`` for the twin holding ``request``'s key to settle,
     outside any transaction (F8): ``store.wait_for_settle``, which may return early
-    (PostgreSQL: a NOTIFY); the engine then claims again."""
+    (PostgreSQL: a NOTIFY); the engine then claims again. A store that does not
+    declare ``Capability.WAITING`` is not asked: the driver sleeps ``seconds``."""
 
     request: ClaimRequest
     seconds: float

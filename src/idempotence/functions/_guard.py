@@ -50,6 +50,7 @@ from ..states import (
     Lease,
     StoredResponse,
 )
+from ..stores.capabilities import Capability, capabilities_of
 from ._arguments import Fingerprinter, Picker, Selector
 from ._codec import Codec, NotStorable, codec_for
 
@@ -205,7 +206,7 @@ class Guard:
                 f"{'an async def' if is_async else 'a def'} function: give it {wanted} "
                 "store (Store for def, AsyncStore for async def)"
             )
-        if self.transactional and not callable(getattr(store, "transaction", None)):
+        if self.transactional and Capability.TRANSACTIONS not in capabilities_of(store):
             raise ConfigurationError(
                 f"{self.owner}: transactional=True needs a SQL store (PostgreSQL, SQLite, "
                 f"SQLAlchemy, Django, or a cached store in front of one), not "

@@ -32,7 +32,8 @@ from ..errors import ConfigurationError
 from ..fingerprint import secret_pair
 from ..flows.flow import Flow
 from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, DEFAULT_RETENTION
-from ..stores import AsyncKeyStore, AsyncStore, KeyStore, Store
+from ..stores import AsyncKeyStore, KeyStore
+from ..stores.capabilities import Capability, capabilities_of
 from ._problems import Profile
 from ._request import RequestInfo
 from ._scopes import ScopeFn, header_scope, single_tenant
@@ -504,15 +505,14 @@ class Idempotency:
         flows = frozenset(p.flow.name for p in accepting if p.flow is not None)
         object.__setattr__(self, "status_flows", flows)
         object.__setattr__(self, "_resolved", {})
-        if not isinstance(self.store, Store | AsyncStore):
+        if Capability.TRANSACTIONS not in capabilities_of(self.store):
             self._refuse_shared_transactions()
 
     def _refuse_shared_transactions(self) -> None:
         """A store without transactions shared with the application (not SQL) serves
         plain handler endpoints only: refuse the others now, not on their first request."""
         guarded = [(f"Endpoint({e.route!r})", e.policy) for e in self.endpoints]
-        guarded.append(("Idempotency.default", self.default))
-        for owner, policy in guarded:
+        for owner, policy in [*guarded, ("Idempotency.default", self.default)]:
             if policy is not None and policy.mode is not Mode.HANDLER:
                 raise ConfigurationError(
                     f"{owner} is in {policy.mode.value} mode, which "

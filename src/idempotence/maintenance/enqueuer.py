@@ -22,6 +22,11 @@ into the built-in runner's table (`jobs`) in that same transaction, ``ON CONFLIC
 (job_key) DO NOTHING``: taking and delivering commit together, so each ``job_key``
 arrives exactly once.
 
+A batch the database aborted for a deadlock or a serialization failure (two
+enqueuers at once, say) delivered nothing and runs again at once, a few times at
+most ([`TransientError`][idempotence.stores.TransientError] after that: the next pass
+tries again).
+
 ```python
 Enqueuer(store).run_once()
 # EnqueueResult(delivered=('rides-12-started-email-0',), duplicates=0, batches=1, ...)
@@ -39,6 +44,7 @@ from .._concurrency import Event
 from ..metrics import Metrics
 from ..states import StagedJob
 from ..stores import Store, Transaction
+from ..stores._sql.store import retried
 from . import _ops
 from ._enqueuer_shared import EnqueuerConfig, EnqueueResult, SinkBackoff, enqueue_summary
 from ._service import Service
@@ -125,7 +131,10 @@ class Enqueuer(Service[EnqueuerConfig, EnqueueResult]):
                 )
             return len(jobs)
 
-        batches = self._drain("delivered", batch, stop, progress)
+        # Two enqueuers' batches can deadlock (InnoDB), or one fail to serialize: the
+        # database rolled the batch back whole, so it runs again, as a crash would have
+        # it run at the next pass (a sink sees a job at least once anyway).
+        batches = self._drain("delivered", lambda: retried(batch), stop, progress)
         return EnqueueResult(tuple(delivered), duplicates, batches, time.monotonic() - started)
 
     def _summary(self, result: EnqueueResult) -> tuple[str, dict[str, Any]]:

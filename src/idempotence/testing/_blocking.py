@@ -16,6 +16,8 @@ from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from ..stores.capabilities import Capability, capabilities_of
+
 __all__ = ["Blocking", "BlockingTransaction", "EventLoopThread"]
 
 T = TypeVar("T")
@@ -84,6 +86,11 @@ class Blocking:
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.run(coro, self._contexts.context)
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What the store behind the face declares."""
+        return capabilities_of(self.store)
 
     def claim(self, request: Any, *, tx: BlockingTransaction | None = None) -> Any:
         if tx is not None:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar, cast
 
 from ...errors import ConfigurationError, StoreError, StoreUnavailable
 from ...observability import Instrumentation
+from ...stores.capabilities import Capability
 from ...stores.sql import Blocks, Dialect, Fetcher, Op, Query, Row, Store, run
 
 __all__ = ["DjangoStore"]
@@ -203,6 +204,10 @@ class DjangoStore(Store):
     )
     ```
     """
+
+    capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
+    """A SQL store whose waiting twins poll (P10): Django's connections are the
+    application's, none of them free to LISTEN."""
 
     def __init__(
         self, alias: str = "default", *, instrumentation: Instrumentation | None = None

@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from ..._concurrency import sleep
 from ...observability import Instrumentation, combine, fenced, watched_claim
@@ -26,6 +26,23 @@ from .ops import Dialect, Op, Query, Row
 from .retry import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 
 T = TypeVar("T")
+
+
+def retried(attempt: Callable[[], T]) -> T:
+    """``attempt()``, run again after a transient abort (a deadlock, a serialization
+    failure, a busy database: [`TransientError`][idempotence.stores.TransientError]),
+    at most `TRANSIENT_ATTEMPTS` times, with a jittered backoff between; the last
+    attempt's error is raised. Only for work the library owns from its start to its
+    commit, each attempt in a transaction of its own: the store's own operations, the
+    enqueuer's batch."""
+    for tried in range(TRANSIENT_ATTEMPTS):
+        try:
+            return attempt()
+        except TransientError:
+            if tried == TRANSIENT_ATTEMPTS - 1:
+                raise
+            sleep(backoff(tried))
+    raise AssertionError("unreachable")
 
 
 class Transaction:
@@ -130,9 +147,15 @@ class Store:
     """What [`transaction`][idempotence.stores.sql.Store.transaction] yields (a
     store on an ORM's connections adds its session)."""
 
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.TRANSACTIONS})
-    """What the store can do beyond the key-store operations: a SQL store shares its
-    transactions with the application (R2, F3)."""
+    capabilities: frozenset[Capability] = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
+    """What the store can do beyond the key-store operations
+    ([`capabilities_of`][idempotence.stores.capabilities.capabilities_of]): a SQL store
+    shares its transactions with the application (R2, F3), and holds a duplicate
+    waiting for its twin by polling (P10: the
+    [`wait_for_settle`][idempotence.stores.sql.Store.wait_for_settle] below).
+    A store woken by its database adds
+    [`LISTENING`][idempotence.stores.capabilities.Capability.LISTENING]. A class
+    attribute, but an instance may say otherwise in its own."""
 
     def __init__(
         self,
@@ -438,12 +461,9 @@ class Store:
     def _own(self, make_op: Callable[[], Op[T]], *, atomic: bool = False, write: bool = True) -> T:
         """Run an operation in a transaction of its own, retrying transient aborts."""
         self._gate.check()
-        for attempt in range(TRANSIENT_ATTEMPTS):
-            try:
-                with self._source.connection() as conn:
-                    return conn.perform(make_op(), atomic=atomic, write=write)
-            except TransientError:
-                if attempt == TRANSIENT_ATTEMPTS - 1:
-                    raise
-                sleep(backoff(attempt))
-        raise AssertionError("unreachable")
+
+        def attempt() -> T:
+            with self._source.connection() as conn:
+                return conn.perform(make_op(), atomic=atomic, write=write)
+
+        return retried(attempt)

@@ -7,10 +7,10 @@ The store only chooses a connection and a transaction and hands the operation fr
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from ..._concurrency import sleep_async
 from ...observability import Instrumentation, combine, fenced, watched_claim
@@ -24,6 +24,23 @@ from .ops import Dialect, Op, Query, Row
 from .retry import TRANSIENT_ATTEMPTS, KeyHeld, TransientError, backoff
 
 T = TypeVar("T")
+
+
+async def retried_async(attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt()``, run again after a transient abort (a deadlock, a serialization
+    failure, a busy database: [`TransientError`][idempotence.stores.TransientError]),
+    at most `TRANSIENT_ATTEMPTS` times, with a jittered backoff between; the last
+    attempt's error is raised. Only for work the library owns from its start to its
+    commit, each attempt in a transaction of its own: the store's own operations, the
+    enqueuer's batch."""
+    for tried in range(TRANSIENT_ATTEMPTS):
+        try:
+            return await attempt()
+        except TransientError:
+            if tried == TRANSIENT_ATTEMPTS - 1:
+                raise
+            await sleep_async(backoff(tried))
+    raise AssertionError("unreachable")
 
 
 class AsyncTransaction:
@@ -128,9 +145,15 @@ class AsyncStore:
     """What [`transaction`][idempotence.stores.sql.AsyncStore.transaction] yields (a
     store on an ORM's connections adds its session)."""
 
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.TRANSACTIONS})
-    """What the store can do beyond the key-store operations: a SQL store shares its
-    transactions with the application (R2, F3)."""
+    capabilities: frozenset[Capability] = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
+    """What the store can do beyond the key-store operations
+    ([`capabilities_of`][idempotence.stores.capabilities.capabilities_of]): a SQL store
+    shares its transactions with the application (R2, F3), and holds a duplicate
+    waiting for its twin by polling (P10: the
+    [`wait_for_settle`][idempotence.stores.sql.AsyncStore.wait_for_settle] below).
+    A store woken by its database adds
+    [`LISTENING`][idempotence.stores.capabilities.Capability.LISTENING]. A class
+    attribute, but an instance may say otherwise in its own."""
 
     def __init__(
         self,
@@ -446,12 +469,9 @@ class AsyncStore:
     ) -> T:
         """Run an operation in a transaction of its own, retrying transient aborts."""
         self._gate.check()
-        for attempt in range(TRANSIENT_ATTEMPTS):
-            try:
-                async with self._source.connection() as conn:
-                    return await conn.perform(make_op(), atomic=atomic, write=write)
-            except TransientError:
-                if attempt == TRANSIENT_ATTEMPTS - 1:
-                    raise
-                await sleep_async(backoff(attempt))
-        raise AssertionError("unreachable")
+
+        async def attempt() -> T:
+            async with self._source.connection() as conn:
+                return await conn.perform(make_op(), atomic=atomic, write=write)
+
+        return await retried_async(attempt)

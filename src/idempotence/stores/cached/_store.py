@@ -20,6 +20,7 @@ from ...states import Claim, ClaimRequest, KeyRecord, Lease, Outcome, StagedJob,
 from .._sql.gate import ENDED
 from .._sql.ops import Dialect, Op
 from .._sql.store import Store, Transaction
+from ..capabilities import Capability, capabilities_of
 from ..redis._lane import Lane
 from ._store_shared import (
     CACHE_ERRORS,
@@ -80,6 +81,11 @@ class CachedStore(Store):
     on the database alone cannot reach the cache.
     """
 
+    capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
+    """Those of the primary, for which the store stands in: a store's own
+    ``capabilities`` are its primary's (LISTENING too, in front of a PostgreSQL store
+    that listens: its finishes are the primary's, and so are its NOTIFYs)."""
+
     def __init__(
         self,
         primary: Store,
@@ -99,6 +105,7 @@ class CachedStore(Store):
                 f"SQLite), not {type(primary).__name__}"
             )
         self.primary = primary
+        self.capabilities = capabilities_of(primary)
         self._cache = Cache(
             prefix,
             ttl=ttl,

@@ -18,6 +18,7 @@ from ...states import Claim, ClaimRequest, KeyRecord, Lease, Outcome, StagedJob,
 from .._sql.gate import ENDED
 from .._sql.ops import Dialect, Op
 from .._sql.store_async import AsyncStore, AsyncTransaction
+from ..capabilities import Capability, capabilities_of
 from ..redis._lane_async import AsyncLane
 from ._store_shared import (
     CACHE_ERRORS,
@@ -78,6 +79,11 @@ class AsyncCachedStore(AsyncStore):
     on the database alone cannot reach the cache.
     """
 
+    capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
+    """Those of the primary, for which the store stands in: a store's own
+    ``capabilities`` are its primary's (LISTENING too, in front of a PostgreSQL store
+    that listens: its finishes are the primary's, and so are its NOTIFYs)."""
+
     def __init__(
         self,
         primary: AsyncStore,
@@ -97,6 +103,7 @@ class AsyncCachedStore(AsyncStore):
                 f"SQLite), not {type(primary).__name__}"
             )
         self.primary = primary
+        self.capabilities = capabilities_of(primary)
         self._cache = Cache(
             prefix,
             ttl=ttl,

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from ...errors import StoreUnavailable, TransientError
 from ...observability import Instrumentation
+from ..capabilities import Capability
 from ..sql import APPLICATION, Blocks, KeyHeld, Op, Query, Row, Store, migrate, run
 from . import _steps
 from ._store_shared import (
@@ -279,6 +280,9 @@ class MariaDBStore(Store):
         claim = store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
         ```
     """
+
+    capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
+    """A SQL store; MariaDB has no LISTEN, so a waiting twin polls (P10)."""
 
     def __init__(
         self,

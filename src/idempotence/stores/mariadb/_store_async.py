@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from ...errors import StoreUnavailable, TransientError
 from ...observability import Instrumentation
+from ..capabilities import Capability
 from ..sql import APPLICATION, AsyncStore, Blocks, KeyHeld, Op, Query, Row, migrate, run_async
 from . import _steps
 from ._store_shared import (
@@ -277,6 +278,9 @@ class AsyncMariaDBStore(AsyncStore):
         claim = await store.claim(ClaimRequest(scope="acct_1", key="k1", fingerprint=fp))
         ```
     """
+
+    capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
+    """A SQL store; MariaDB has no LISTEN, so a waiting twin polls (P10)."""
 
     def __init__(
         self,

@@ -35,6 +35,7 @@ from .._sql.connection import body, run
 from .._sql.ops import APPLICATION, Op, Query, Row
 from .._sql.retry import Blocks
 from .._sql.store import Store
+from ..capabilities import Capability
 from ._breaker import Breaker, closed_by_server
 from ._replication import REPLICATION_SQL, ReplicationState, describe, report
 from ._store_shared import (
@@ -481,6 +482,12 @@ class PostgresStore(Store):
     ```
     """
 
+    capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING, Capability.LISTENING})
+    """A SQL store whose waiting twins are woken by LISTEN/NOTIFY (P10); one on the
+    application's own connection, or on a pool whose connection parameters are
+    computed, has no connection of its own to listen on: it polls, and its own
+    ``capabilities`` leave LISTENING out."""
+
     def __init__(
         self,
         target: str | psycopg_pool.ConnectionPool[Any] | psycopg.Connection[Any],
@@ -529,6 +536,8 @@ class PostgresStore(Store):
             batch=isinstance(source, _PoolSource),
         )
         self._listener = listener(Listener, self._dialect, target, connect_timeout)
+        if self._listener is None:
+            self.capabilities = self.capabilities - {Capability.LISTENING}
 
     def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
         """P10: return as soon as a NOTIFY says the key settled, or after ``seconds``.

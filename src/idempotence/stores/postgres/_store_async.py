@@ -33,6 +33,7 @@ from .._sql.connection_async import body_async, run_async
 from .._sql.ops import APPLICATION, Op, Query, Row
 from .._sql.retry import Blocks
 from .._sql.store_async import AsyncStore
+from ..capabilities import Capability
 from ._breaker import Breaker, closed_by_server
 from ._replication import REPLICATION_SQL, ReplicationState, describe, report
 from ._store_shared import (
@@ -482,6 +483,12 @@ class AsyncPostgresStore(AsyncStore):
     ```
     """
 
+    capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING, Capability.LISTENING})
+    """A SQL store whose waiting twins are woken by LISTEN/NOTIFY (P10); one on the
+    application's own connection, or on a pool whose connection parameters are
+    computed, has no connection of its own to listen on: it polls, and its own
+    ``capabilities`` leave LISTENING out."""
+
     def __init__(
         self,
         target: str | psycopg_pool.AsyncConnectionPool[Any] | psycopg.AsyncConnection[Any],
@@ -530,6 +537,8 @@ class AsyncPostgresStore(AsyncStore):
             batch=isinstance(source, _AsyncPoolSource),
         )
         self._listener = listener(AsyncListener, self._dialect, target, connect_timeout)
+        if self._listener is None:
+            self.capabilities = self.capabilities - {Capability.LISTENING}
 
     async def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
         """P10: return as soon as a NOTIFY says the key settled, or after ``seconds``.

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import suppress
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from ..._concurrency import Background, Wakeup
 from ...errors import ConfigurationError, StoreError, StoreUnavailable
@@ -154,9 +154,9 @@ class RedisStore:
     ```
     """
 
-    capabilities: ClassVar[frozenset[Capability]] = frozenset()
-    """Nothing beyond the key-store operations: every operation is one script, and
-    no transaction is shared with the application (no F3, no atomic phases)."""
+    capabilities = frozenset({Capability.WAITING, Capability.LISTENING})
+    """Waiting twins are woken by pub/sub (P10); no transaction is shared with the
+    application (no F3, no atomic phases): every operation is one script."""
 
     def __init__(
         self,

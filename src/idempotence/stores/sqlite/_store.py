@@ -41,6 +41,7 @@ from .._sql.ops import Op, Query, Row
 from .._sql.retry import TransientError
 from .._sql.store import Store
 from .._sql.store_async import AsyncStore
+from ..capabilities import Capability
 from ._group import Groups
 from ._store_shared import (
     DEFAULT_BUSY_TIMEOUT,
@@ -170,6 +171,9 @@ class SqliteStore(Store):
     store = SqliteStore("keys.sqlite3")
     ```
     """
+
+    capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
+    """A SQL store; SQLite sends no notifications, so a waiting twin polls (P10)."""
 
     def __init__(
         self,
@@ -513,6 +517,9 @@ class AsyncSqliteStore(AsyncStore):
     thread of its own, plus one that reads on the event loop and one (with its
     thread) that commits the store's own writes in groups.
     """
+
+    capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
+    """A SQL store; SQLite sends no notifications, so a waiting twin polls (P10)."""
 
     def __init__(
         self,

@@ -10,7 +10,7 @@ from uuid import uuid4
 
 import pytest
 
-from ...stores.capabilities import Capability
+from ...stores.capabilities import Capability, capabilities_of
 from .._blocking import Blocking, EventLoopThread
 from ._support import AgeKey, AgeLock, Clock
 
@@ -20,11 +20,21 @@ def fixtures_for(
     open_store: Callable[..., Any],
     age_lock: AgeLock | None,
     age_key: AgeKey | None,
+    capabilities: frozenset[Capability],
 ) -> dict[str, Any]:
-    """The fixtures, by name, for the class of ``store_type``'s suite."""
-    capabilities = frozenset(getattr(store_type, "capabilities", frozenset()))
+    """The fixtures, by name, for the class of ``store_type``'s suite, which tests
+    ``capabilities``."""
     fixtures = list(inspect.signature(open_store).parameters)
     namespace: dict[str, Any] = {}
+
+    def declares_what_is_tested(opened: Any) -> None:
+        missing = capabilities - capabilities_of(opened)
+        if missing:
+            raise TypeError(
+                f"the {store_type.__qualname__} that the function given to suite() opened "
+                f"does not declare {', '.join(sorted(missing))}, which the suite tests: "
+                "pass suite(capabilities=...) what the stores it opens declare"
+            )
 
     def store(self: Any, **requested: Any) -> Iterator[Any]:
         """The store under test, behind a sync face when it is async."""
@@ -36,6 +46,7 @@ def fixtures_for(
             )
         if not inspect.iscoroutinefunction(opened.claim):
             try:
+                declares_what_is_tested(opened)
                 yield opened
             finally:
                 opened.close()
@@ -43,6 +54,7 @@ def fixtures_for(
         loop = EventLoopThread()
         face = Blocking(opened, loop)
         try:
+            declares_what_is_tested(face)
             yield face
         finally:
             try:
@@ -58,9 +70,9 @@ def fixtures_for(
         """Ages the test's locks and keys (``age_lock``, ``age_key``), or waits."""
         return Clock(store, age_lock, age_key)
 
-    def declared(self: Any) -> frozenset[Capability]:
-        """What the store's class declares it can do."""
-        return capabilities
+    def declared(self: Any, store: Any) -> frozenset[Capability]:
+        """What the store under test declares it can do."""
+        return capabilities_of(store)
 
     # The opener's fixtures are the store fixture's own, so that pytest resolves them,
     # a parametrized one included, as for any fixture.

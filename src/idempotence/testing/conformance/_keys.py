@@ -231,3 +231,11 @@ def test_the_store_has_the_operations_of_what_it_declares(
         "the store's capabilities say what it can do: declare Capability.TRANSACTIONS "
         "exactly when it has transaction() and checkpoint()"
     )
+    waits = callable(getattr(own, "wait_for_settle", None))
+    assert waits is (Capability.WAITING in declared), (
+        "declare Capability.WAITING exactly when the store has wait_for_settle()"
+    )
+    if Capability.LISTENING in declared:
+        assert Capability.WAITING in declared, (
+            "Capability.LISTENING is a way of waiting: declare Capability.WAITING too"
+        )
