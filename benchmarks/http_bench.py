@@ -264,6 +264,7 @@ class PgHand:
         import psycopg_pool
 
         from idempotence._queries import load
+        from idempotence.stores.postgres import _breaker as _postgres_breaker
         from idempotence.stores.postgres import _store_async as _postgres_async
         from idempotence.stores.postgres import _store_shared as _postgres_base
 
@@ -275,6 +276,7 @@ class PgHand:
             configure=_postgres_async._configure_async(
                 _postgres_base.session_settings(_postgres_base.DEFAULT_STATEMENT_TIMEOUT),
                 require_synchronous_standby=False,
+                breaker=_postgres_breaker.Breaker(),
             ),
             open=False,
         )

@@ -28,7 +28,7 @@ from idempotence import (
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
 from idempotence.stores.postgres import _store as postgres
 from idempotence.stores.postgres import translate as translate_pg
-from idempotence.stores.postgres._breaker import FAIL_FAST
+from idempotence.stores.postgres._breaker import FAIL_FAST, Breaker
 from tests.support.postgres import ProvidedServer, throwaway_cluster
 
 FP = "c" * 64
@@ -40,6 +40,22 @@ def req(scope: str, key: str = "k") -> ClaimRequest:
 
 
 # -- P11: unreachable ---------------------------------------------------------------------
+
+
+def test_a_down_postgres_store_is_healthy_again_once_its_pool_connects(pg_url: str) -> None:
+    # The breaker of a store whose server was down lets a probe through only every
+    # PROBE_INTERVAL; a connection the pool makes meanwhile (an attempt in flight when
+    # a partition healed) makes it healthy at once, so the next request takes it
+    # instead of failing until the probe (DESIGN 13: back within 2 s of a heal).
+    breaker = Breaker()
+    breaker.down("the server was unreachable")
+    configure = postgres._configure(
+        postgres.session_settings(1.0), require_synchronous_standby=False, breaker=breaker
+    )
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        configure(conn)
+    assert not breaker.troubled
+    breaker.check()  # does not raise
 
 
 def test_p11_an_unreachable_postgres_fails_closed_and_fast(scope: str) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .database import DatabaseUrl, open_async_store, open_store
 from .errors import (
+    AnswerNotStored,
     ArgumentsMismatch,
     BodyTooLarge,
     CallInProgress,
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AnswerNotStored",
     "ArgumentsMismatch",
     "CallInProgress",
     "ResultNotStorable",

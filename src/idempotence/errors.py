@@ -65,6 +65,17 @@ class StoreUnavailable(StoreError):
     """The key store cannot be reached; nothing was executed. Retry later (P11)."""
 
 
+class AnswerNotStored(StoreUnavailable):
+    """The request ran, but the key store could not store its answer, so the answer
+    was not sent: retry with the same key to get it.
+
+    The key stays locked while the answer is stored again in the background; once it
+    is, a retry gets it replayed. If the store stays out of reach until the lock
+    lapses, a retry runs the request again (an effect keyed by a key derived from the
+    request's makes that second run harmless).
+    """
+
+
 class TransientError(StoreError):
     """The database aborted the transaction (serialization failure, deadlock, busy).
 

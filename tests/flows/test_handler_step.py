@@ -233,7 +233,7 @@ def test_f2_an_async_handler_keeps_its_key_and_its_beating_task_ends_with_it(
     assert tasks == 1  # main itself: the beating task was awaited
 
 
-def test_f2_a_refused_beat_is_logged_stops_the_beats_and_the_stalled_answer_is_not_stored(
+def test_f2_a_refused_beat_is_logged_stops_the_beats_and_the_stalled_answer_is_not_sent(
     store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Beats too rare for the lock: the handler stalls past it and a retry takes over.
@@ -249,7 +249,10 @@ def test_f2_a_refused_beat_is_logged_stops_the_beats_and_the_stalled_answer_is_n
             return Captured(201, (), b"mine")
 
     with caplog.at_level(logging.WARNING, "idempotence"):
-        run(store, flow, Stalled())  # does not raise
+        stalled = run(store, flow, Stalled())  # does not raise
+    # The stalled answer is neither stored nor sent: the run is LOST (the caller
+    # answers "taken over"), and a retry gets the answer the key holds.
+    assert (stalled.kind, stalled.response) == (ResultKind.LOST, None)
     refused = [r for r in caplog.records if "stopped beating" in r.getMessage()]
     assert len(refused) == 1 and refused[0].levelno == logging.WARNING
     assert any("taken over while the handler ran" in r.getMessage() for r in caplog.records)

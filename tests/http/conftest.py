@@ -53,9 +53,14 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def target(backend: str, request: pytest.FixtureRequest) -> str:
-    """The database of ``backend``: a SQLite path, or a PostgreSQL or MariaDB URL."""
-    if backend in ("postgres", "mariadb"):
-        return str(request.getfixturevalue(f"{backend}_http_url"))
+    """The database of ``backend``: a SQLite path, a PostgreSQL or MariaDB URL, or (for
+    a module whose ``backend`` names it) the shared Redis's URL."""
+    if backend == "postgres":
+        return str(request.getfixturevalue("pg_http_url"))
+    if backend == "mariadb":
+        return str(request.getfixturevalue("mariadb_http_url"))
+    if backend == "redis":
+        return str(request.getfixturevalue("redis_url"))
     return str(request.getfixturevalue("sqlite_http_path"))
 
 

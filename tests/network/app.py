@@ -2,7 +2,11 @@
 
 Configured by the environment:
 
+* ``NET_STORE``: ``postgres`` (the default), ``redis`` (the Redis store: handler mode
+  only, so ``/charges`` alone), or ``cached`` (PostgreSQL with a Redis cache in front);
 * ``NET_DATABASE_URL``: the key store's database, reached over the back link;
+* ``NET_REDIS_URL`` and ``NET_REDIS_PREFIX``: the Redis of the ``redis`` store (over
+  the back link) or of the cache (over the cache link), and the test's key prefix;
 * ``NET_PROVIDER``: a SQLite file on this machine's disk, the payment provider's own
   store: it dedups charges by the key it is sent (R4), as a real provider does, and
   lies outside the partition (the disk is shared, not the network);
@@ -11,7 +15,8 @@ Configured by the environment:
 Endpoints (scope ``default``):
 
 * ``POST /charges``: handler mode. It charges the provider with a key derived from the
-  Idempotency-Key, then works for ``x-work`` seconds; the body names the charge;
+  Idempotency-Key (and counts the run), then works for ``x-work`` seconds; the body
+  names the charge;
 * ``POST /transfers``: request-as-transaction mode (F3). It inserts a transfer row in
   the request's transaction; the body names the row;
 * ``POST /rides``: a flow (R1) of two atomic phases: the first inserts a ride row and
@@ -23,6 +28,7 @@ Endpoints (scope ``default``):
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sqlite3
 import uuid
@@ -45,24 +51,44 @@ from idempotence.http import (
     single_tenant,
 )
 from idempotence.states import StoredResponse
+from idempotence.stores import AsyncKeyStore
+from idempotence.stores.cached import AsyncCachedStore
 from idempotence.stores.postgres import AsyncPostgresStore
+from idempotence.stores.redis import AsyncRedisStore
 
+if os.environ.get("NET_LOG_TIMES"):
+    logging.basicConfig(format="%(asctime)s %(name)s %(message)s", level=logging.INFO)
 LOCK = timedelta(seconds=float(os.environ.get("NET_LOCK_TIMEOUT", "2")))
 #: "none": the store without a bound, to show what the bound is for.
 BOUND_ENV = os.environ.get("NET_STATEMENT_TIMEOUT", "1")
-store = AsyncPostgresStore(
-    os.environ["NET_DATABASE_URL"],
-    statement_timeout=None if BOUND_ENV == "none" else float(BOUND_ENV),
-    connect_timeout=1.0,
-)
+KIND = os.environ.get("NET_STORE", "postgres")
+store: AsyncKeyStore
+if KIND == "redis":
+    store = AsyncRedisStore(
+        os.environ["NET_REDIS_URL"], prefix=os.environ["NET_REDIS_PREFIX"], timeout=float(BOUND_ENV)
+    )
+else:
+    primary = AsyncPostgresStore(
+        os.environ["NET_DATABASE_URL"],
+        statement_timeout=None if BOUND_ENV == "none" else float(BOUND_ENV),
+        connect_timeout=1.0,
+    )
+    store = primary
+    if KIND == "cached":
+        store = AsyncCachedStore(
+            primary, os.environ["NET_REDIS_URL"], prefix=os.environ["NET_REDIS_PREFIX"]
+        )
 PROVIDER = os.environ["NET_PROVIDER"]
 FLOW_WORK = float(os.environ.get("NET_FLOW_WORK", "0.3"))
 
 
 def charge_once(key: str) -> str:
-    """The provider: one charge per derived key, its id the same on every repeat."""
+    """The provider: one charge per derived key, its id the same on every repeat. Each
+    call is counted too (``runs``): how often the handler ran for the key."""
     with sqlite3.connect(PROVIDER, timeout=10) as db:
         db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, id TEXT)")
+        db.execute("CREATE TABLE IF NOT EXISTS runs (key TEXT NOT NULL)")
+        db.execute("INSERT INTO runs VALUES (?)", (key,))
         db.execute(
             "INSERT OR IGNORE INTO charges VALUES (?, ?)", (f"net-{key}-charge", uuid.uuid4().hex)
         )
@@ -130,10 +156,14 @@ app.add_middleware(
     config=Idempotency(
         store=store,
         scope=single_tenant(),
-        endpoints=[
-            Endpoint("POST /charges", Policy(lock_timeout=LOCK)),
-            Endpoint("POST /transfers", Policy(transaction=True, lock_timeout=LOCK)),
-            Endpoint("POST /rides", Policy(flow=rides)),
-        ],
+        endpoints=[Endpoint("POST /charges", Policy(lock_timeout=LOCK))]
+        + (
+            []
+            if KIND == "redis"  # a key store: handler mode only
+            else [
+                Endpoint("POST /transfers", Policy(transaction=True, lock_timeout=LOCK)),
+                Endpoint("POST /rides", Policy(flow=rides)),
+            ]
+        ),
     ),
 )

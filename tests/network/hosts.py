@@ -35,11 +35,13 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -108,6 +110,9 @@ class Relay:
     """A TCP relay on ``(host, port)`` to ``target``, one thread pair per connection.
 
     ``delay`` (seconds) holds each chunk before forwarding it: latency both ways.
+    :meth:`cut` closes every connection and refuses new ones until :meth:`heal`: on
+    loopback, with no namespace, a store whose server went away under it (its
+    statements fail at once, where a partition makes them wait for the bound).
     """
 
     def __init__(self, host: str, target: tuple[str, int]) -> None:
@@ -117,6 +122,7 @@ class Relay:
         self._server.settimeout(0.2)
         self.address: tuple[str, int] = self._server.getsockname()[:2]
         self._closing = threading.Event()
+        self._refusing = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, name="relay", daemon=True)
@@ -130,6 +136,9 @@ class Relay:
                 continue
             except OSError:
                 return
+            if self._refusing.is_set():
+                client.close()
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
             except OSError:
@@ -158,6 +167,29 @@ class Relay:
             with contextlib.suppress(OSError):
                 sink.shutdown(socket.SHUT_WR)
 
+    def cut(self) -> None:
+        """Close every relayed connection, and refuse new ones until :meth:`heal`."""
+        self._refusing.set()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def heal(self) -> None:
+        self._refusing.clear()
+
+    @contextlib.contextmanager
+    def cut_off(self) -> Iterator[None]:
+        """Cut inside the block, healed after it, even on error."""
+        self.cut()
+        try:
+            yield
+        finally:
+            self.heal()
+
     def close(self) -> None:
         self._closing.set()
         self._server.close()
@@ -175,23 +207,25 @@ class AppHost:
     name: str
     front: Link
     back: Link
+    cache: Link | None = None
+    """A third link, for a cache reached apart from the database (``create(cache=True)``)."""
     relays: list[Relay] = field(default_factory=list)
     servers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @classmethod
-    def create(cls) -> AppHost:
+    def create(cls, *, cache: bool = False) -> AppHost:
         require_namespaces()
         n = next(_counter)
         tag = f"{os.getpid() % 100000}x{n}"  # interface names: 15 characters at most
         name = f"idem-{tag}"
         # A /30 per link in 10.x.y.z, spread by process id and counter so that
         # parallel runs pick different subnets (and we check the subnet is free).
-        base = (os.getpid() * 7 + n * 2) % 16000
+        base = (os.getpid() * 7 + n * 3) % 16000
         links: list[Link] = []
         ip("netns", "add", name)
         try:
             ip("link", "set", "lo", "up", netns=name)
-            for i, role in enumerate(("f", "b")):
+            for i, role in enumerate(("f", "b", "c") if cache else ("f", "b")):
                 block = base + i
                 # A /30: .1 on this machine's end, .2 in the namespace.
                 net = f"10.{200 + block // 4000}.{(block % 4000) // 64}"
@@ -210,21 +244,52 @@ class AppHost:
                 ip("link", "del", link.host_if, check=False)
             ip("netns", "del", name, check=False)
             raise
-        front, back = links
-        return cls(name, front, back)
+        front, back, *rest = links
+        return cls(name, front, back, rest[0] if rest else None)
 
-    def relay(self, target: tuple[str, int]) -> Relay:
-        """A relay on the back link's machine end to ``target`` (on this machine)."""
-        relay = Relay(self.back.host_ip, target)
+    def exec_prefix(self) -> list[str]:
+        """The command prefix that runs a command in the namespace."""
+        return ["ip", "netns", "exec", self.name]
+
+    def relay(self, target: tuple[str, int], link: Link | None = None) -> Relay:
+        """A relay on ``link``'s machine end (the back link's by default) to ``target``
+        (on this machine)."""
+        relay = Relay((link or self.back).host_ip, target)
         self.relays.append(relay)
         return relay
+
+    @contextlib.contextmanager
+    def database(self) -> Iterator[tuple[str, str]]:
+        """A throwaway PostgreSQL cluster listening on the back link's machine end
+        (and on 127.0.0.1), trusting the namespace's address: the app reaches it with
+        no relay in between, so the server's own side of each connection meets the
+        partition as across a real network (its keepalives go unanswered, its
+        unacknowledged data times out). Yields the URL the app uses over the back
+        link and the URL of the same database on 127.0.0.1 (for the test itself)."""
+        from tests.support.postgres import BASE_DIR_PREFIX, _Cluster, _server_user, find_bindir
+
+        cluster = _Cluster(
+            Path(tempfile.mkdtemp(prefix=BASE_DIR_PREFIX)), find_bindir(), _server_user()
+        )
+        try:
+            cluster.prepare(allow_copy=False)
+            cluster.init({"fsync": "off", "listen_addresses": f"127.0.0.1,{self.back.host_ip}"})
+            with (cluster.data / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.back.ns_ip}/32 trust\n")
+            port = cluster.start()
+            local = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+            cluster.wait_until_ready(local)
+            yield f"postgresql://postgres@{self.back.host_ip}:{port}/postgres", local
+        finally:
+            cluster.stop()
+            shutil.rmtree(cluster.base, ignore_errors=True)
 
     def serve(
         self, app: str, env: Mapping[str, str], port: int = 8000, timeout: float = 20.0
     ) -> str:
         """Run ``uvicorn app`` in the namespace on the front link; its base URL."""
         command = [
-            "ip", "netns", "exec", self.name,
+            *self.exec_prefix(),
             sys.executable, "-m", "uvicorn", app,
             "--host", self.front.ns_ip, "--port", str(port),
             "--log-level", "warning", "--no-access-log",
@@ -251,19 +316,27 @@ class AppHost:
 
     def close(self) -> None:
         for server in self.servers:
-            if server.poll() is None:
-                server.terminate()
-                try:
-                    server.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    server.kill()
-                    server.wait(timeout=5)
+            stop(server)
         for relay in self.relays:
             relay.close()
-        for link in (self.front, self.back):
+        for link in (self.front, self.back, self.cache):
+            if link is None:
+                continue
             # Deleting one end of a veth deletes both.
             ip("link", "del", link.host_if, check=False)
         ip("netns", "del", self.name, check=False)
+
+
+def stop(process: subprocess.Popen[Any], grace: float = 5.0) -> None:
+    """SIGTERM ``process``, and SIGKILL it if it has not exited within ``grace`` s."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
 
 
 def _wait_for(condition: object, timeout: float, message: str = "timed out") -> None:

@@ -11,17 +11,20 @@ configuration when it is built).
 
 While a handler runs, the driver beats for it (F2): a task (async) or a thread (sync)
 extends the lock with ``store.heartbeat(lease)``, fenced, and is stopped and waited
-for before the key is settled.
+for before the key is settled. A finish that failed after the handler ran is tried
+again in the background, by a task or a thread of its own
+([`DoFinishLater`][idempotence.flows.effects.DoFinishLater]).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar, cast
 
 from .._awaitables import settle_async
-from .._concurrency import AsyncPeriodic, sleep_async
+from .._concurrency import AsyncPeriodic, sleep_async, spawn_async
 from ..errors import IdempotenceError, LockLost, StoreError
 from ..states import Lease, Outcome
 from ..stores import AsyncKeyStore, AsyncStore
@@ -33,6 +36,7 @@ from .effects import (
     DoCheckpoint,
     DoClaim,
     DoFinish,
+    DoFinishLater,
     DoForget,
     DoHandle,
     DoInTransaction,
@@ -42,6 +46,7 @@ from .effects import (
     Effect,
     HandlerBody,
 )
+from .handler import LateFinish
 
 logger = logging.getLogger("idempotence.flows")
 
@@ -87,6 +92,10 @@ async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer
             return await effect.app.run_app(effect, None, overflow)
     if isinstance(effect, DoFinish):
         return await store.finish(effect.lease, effect.response, error=effect.error)
+    if isinstance(effect, DoFinishLater):
+        later = effect
+        name = f"idempotence-finish-{later.finish.lease.key}"
+        return spawn_async(lambda: _finish_later_async(later, store), name)
     if isinstance(effect, DoRelease):
         return await store.release(effect.lease)
     if isinstance(effect, DoForget):
@@ -135,6 +144,46 @@ def _heartbeat_async(store: AsyncKeyStore, lease: Lease) -> Callable[[], Awaitab
         return True
 
     return beat
+
+
+async def _finish_later_async(effect: DoFinishLater, store: AsyncKeyStore) -> None:
+    """Try ``effect``'s finish again until it lands, is refused, or the lock lapses
+    ([`LateFinish`][idempotence.flows.handler.LateFinish] says when), beating when a
+    beat is due so that the key stays locked meanwhile."""
+    finish, lease = effect.finish, effect.finish.lease
+    schedule = LateFinish(effect.lock_timeout, effect.beat_every)
+    tries = 0
+    while (pause := schedule.pause()) is not None:
+        await sleep_async(pause)
+        tries += 1
+        try:
+            await store.finish(lease, finish.response, error=finish.error)
+        except LockLost as exc:
+            # The first try landed after all (its outcome was unknown), or a retry
+            # took the key over: either way the key holds its answer.
+            logger.info("stopped storing the answer of key %r: %s", lease.key, exc)
+            return
+        except StoreError as exc:
+            logger.debug("storing the answer of key %r failed again: %s", lease.key, exc)
+        else:
+            logger.info("stored the answer of key %r after %d tries", lease.key, tries)
+            return
+        if schedule.beat_due():
+            sent_at = time.monotonic()
+            try:
+                await store.heartbeat(lease)
+            except LockLost as exc:
+                logger.info("stopped storing the answer of key %r: %s", lease.key, exc)
+                return
+            except StoreError:
+                continue
+            schedule.beaten(sent_at)
+    logger.error(
+        "gave up storing the answer of key %r after %d tries: its lock lapses, and a "
+        "retry runs the request again",
+        lease.key,
+        tries,
+    )
 
 
 def _overflow_async(

@@ -148,6 +148,22 @@ class DoFinish:
 
 @quick_init
 @dataclass(frozen=True, slots=True)
+class DoFinishLater:
+    """Perform ``finish`` again in the background, until it lands or the lock lapses:
+    its first try failed after the handler ran, so its answer was not sent. The driver
+    starts a task (async) or a thread (sync) and returns None at once; it tries the
+    finish again every little while, fenced by the lease (a retry that took the key
+    over refuses it), and beats every ``beat_every`` seconds meanwhile so that the key
+    stays locked (the lock lasts ``lock_timeout`` seconds after a beat lands). See
+    [`LateFinish`][idempotence.flows.handler.LateFinish]."""
+
+    finish: DoFinish
+    lock_timeout: float
+    beat_every: float
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
 class DoRelease:
     """Unlock the key without storing an answer, fenced by ``lease``: a retry runs it
     again (R5)."""
@@ -187,6 +203,7 @@ Effect: TypeAlias = (
     | DoInTransaction
     | DoCheckpoint
     | DoFinish
+    | DoFinishLater
     | DoRelease
     | DoForget
     | DoWait

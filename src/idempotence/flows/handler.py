@@ -6,9 +6,18 @@ open (so it works on any key store), and settles the key by the response's statu
 (R5): a terminal answer is stored, a rejected request is forgotten so the client can
 correct it, a server error is released (stored with ``store_server_errors``). An
 exception of the handler releases the key (or stores the server error) and
-propagates to the caller, whose framework answers it. Once the handler ran, a store
-failure cannot change the answer any more: it is logged, and the lock expires so
-that a retry takes the key over (P5).
+propagates to the caller, whose framework answers it.
+
+An answer is sent only once it is stored (DESIGN 13): when the finish fails after the
+handler ran, the answer is withheld and the run fails with
+[`AnswerNotStored`][idempotence.errors.AnswerNotStored] (503 over HTTP), whether the
+finish landed is unknown, so the finish is tried again in the background
+([`DoFinishLater`][idempotence.flows.effects.DoFinishLater]) while the key stays
+locked: a retry is told the key is in progress, then gets the stored answer replayed.
+Only if the store stays out of reach until the lock lapses does a retry take the key
+over and run the request again (P5). A finish refused because the key was taken
+over is LOST: that answer is not the key's. A failed release or forget (an answer
+that is not stored anyway) is logged, and the lock expires.
 
 While the handler runs, the driver extends its lock every
 [`beat_every`][idempotence.flows.steps.HandlerStep.beat_every] seconds (F2), fenced: a
@@ -38,13 +47,14 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Protocol
 
-from ..errors import LockLost, StoreError, StoreUnavailable
+from ..errors import AnswerNotStored, LockLost, StoreError, StoreUnavailable
 from ..problems import Problem, ProblemDetails
 from ..states import Claim, ClaimRequest, Lease, Outcome
 from .contexts import FlowInfo
 from .effects import (
     DoClaim,
     DoFinish,
+    DoFinishLater,
     DoForget,
     DoHandle,
     DoInTransaction,
@@ -75,20 +85,21 @@ FIRST_POLL, MAX_POLL = 0.005, 0.25
 
 
 class Waiter:
-    """The pauses of a bounded wait for a twin (P10)."""
+    """The pauses of a bounded wait for a twin (P10): ``first``, doubling up to ``cap``,
+    until ``wait`` is over."""
 
-    __slots__ = ("deadline", "delay")
+    __slots__ = ("cap", "deadline", "delay")
 
-    def __init__(self, wait: timedelta) -> None:
+    def __init__(self, wait: timedelta, first: float = FIRST_POLL, cap: float = MAX_POLL) -> None:
         self.deadline = time.monotonic() + wait.total_seconds()
-        self.delay = FIRST_POLL
+        self.delay, self.cap = first, cap
 
     def pause(self) -> float | None:
-        """Seconds to wait before claiming again, or None: the wait is over."""
+        """Seconds to wait before trying again, or None: the wait is over."""
         left = self.deadline - time.monotonic()
         if left <= 0:
             return None
-        pause, self.delay = min(self.delay, left), min(self.delay * 2, MAX_POLL)
+        pause, self.delay = min(self.delay, left), min(self.delay * 2, self.cap)
         return pause
 
 
@@ -186,7 +197,16 @@ def run_handler(
     response = captured.response()
     action = step.settle(captured.status, flow.store_server_errors)
     if action is Settle.STORE:
-        yield from _settle(DoFinish(lease, step.stored(captured)))
+        finish = DoFinish(lease, step.stored(captured))
+        try:
+            yield finish
+        except LockLost as exc:
+            # Another worker took the key over (this handler stalled past the lock):
+            # its run's answer is the key's, not this one.
+            logger.warning("key was taken over while the handler ran: %s", exc)
+            return FlowResult(ResultKind.LOST, claim, error=exc)
+        except StoreError as exc:
+            return (yield from _unstored(flow, step, finish, claim, exc))
         return FlowResult(ResultKind.EXECUTED, claim, response, stored=True, answered=True)
     if action is Settle.RELEASE:
         yield from _settle(DoRelease(lease))
@@ -195,10 +215,67 @@ def run_handler(
     return FlowResult(ResultKind.REJECTED, claim, response, answered=True)
 
 
+def _unstored(
+    flow: Flow, step: HandlerStep, finish: DoFinish, claim: Claim, exc: StoreError
+) -> Engine:
+    """The finish failed after the handler ran: the answer may or may not be stored,
+    so it is not sent (an answer sent is always one a retry gets replayed). The
+    finish goes on in the background while the key stays locked."""
+    logger.warning(
+        "could not store the answer of key %r after the handler ran, so it is not sent; "
+        "storing it again in the background: %s",
+        finish.lease.key,
+        exc,
+    )
+    lock = flow.lock_timeout
+    yield DoFinishLater(finish, lock.total_seconds(), step.beat_every(lock))
+    error = AnswerNotStored(
+        f"the request ran, but its answer could not be stored ({exc}): it is being "
+        "stored again in the background; retry with the same key to get it"
+    )
+    error.__cause__ = exc
+    return FlowResult(ResultKind.FAILED, claim, SERVER_ERROR, error=error)
+
+
+FIRST_TRY, MAX_TRY_PAUSE = 0.05, 0.25
+"""The first pause of a finish tried again in the background, and the longest: the
+pauses double (short: a retry should find the answer stored soon after a heal)."""
+
+
+class LateFinish(Waiter):
+    """When a finish tried again in the background
+    ([`DoFinishLater`][idempotence.flows.effects.DoFinishLater]) tries next (`pause`:
+    None once it gives up), beats, and gives up.
+
+    It gives up once the lock has lapsed by this process's clock: the lock can last
+    no longer than ``lock_timeout`` after the first finish failed (every beat before
+    it was sent earlier), nor after the last beat that landed since. A finish after
+    that could still land (if no retry took the key over), but by then a retry may
+    run the request again, so the key is the retry's.
+    """
+
+    __slots__ = ("beat_at", "beat_every", "lock_timeout")
+
+    def __init__(self, lock_timeout: float, beat_every: float) -> None:
+        super().__init__(timedelta(seconds=lock_timeout), FIRST_TRY, MAX_TRY_PAUSE)
+        self.lock_timeout, self.beat_every = lock_timeout, beat_every
+        self.beat_at = time.monotonic() + beat_every
+
+    def beat_due(self) -> bool:
+        """Whether to extend the lock now (a beat failed is tried again at once)."""
+        return time.monotonic() >= self.beat_at
+
+    def beaten(self, sent_at: float) -> None:
+        """A beat sent at ``sent_at`` (monotonic) landed: the lock lasts from then."""
+        self.deadline = max(self.deadline, sent_at + self.lock_timeout)
+        self.beat_at = sent_at + self.beat_every
+
+
 def _settle(effect: DoFinish | DoRelease | DoForget) -> Generator[Effect, Any, None]:
-    """Settle the key after the handler ran. A failure cannot change the answer any
-    more (the handler's effects happened), so it is logged; the lock then expires and
-    a retry takes the key over (P5)."""
+    """Settle the key after the handler ran with an answer that is not a stored one
+    (released, forgotten, or an exception's stored server error, which the caller
+    answers itself): a failure cannot change that answer, so it is logged; the lock
+    then expires and a retry takes the key over (P5)."""
     try:
         yield effect
     except LockLost as exc:

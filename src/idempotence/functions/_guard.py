@@ -36,6 +36,7 @@ from ..errors import (
     ArgumentsMismatch,
     CallInProgress,
     ConfigurationError,
+    LockLost,
     ResultNotStorable,
     StoreError,
 )
@@ -261,8 +262,19 @@ class Guard:
                 key=request_key,
             )
         error = result.error
+        if kind is ResultKind.LOST:
+            # The function ran, stalled past its lock, and another call took the key
+            # over: that call's result is the key's, not this one.
+            raise LockLost(
+                f"another call of {self.name} took the key {request_key!r} over while this "
+                "one ran, so this one's result was not stored: call again with the same "
+                "key to get the result the key holds",
+                key=request_key,
+            ) from error
         if isinstance(error, StoreError):
-            raise error  # nothing ran, or it rolled back (P11): fail closed
+            # Nothing ran, or it rolled back (P11), or it ran and its result could not
+            # be stored (AnswerNotStored): fail closed.
+            raise error
         raise AssertionError(f"unexpected end of a guarded call: {result!r}")
 
     def replay(self, response: StoredResponse) -> Any:

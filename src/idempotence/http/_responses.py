@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 
-from ..errors import ConfigurationError, StoreError, StoreUnavailable
+from ..errors import AnswerNotStored, ConfigurationError, StoreError, StoreUnavailable
 from ..states import Claim, Outcome, StoredResponse
 from ..stores import TransientError
 from ._config import Policy
@@ -98,13 +98,19 @@ def store_down(policy: Policy, profile: Profile, exc: StoreError, *, rolled_back
         else:
             logger.warning("idempotency key store unavailable: %s", exc)
         seconds = policy.unavailable_retry_after
-        return problem_reply(
-            profile,
-            Problem.STORE_UNAVAILABLE,
+        detail = (
             f"The idempotency key store is unavailable, so this request {what}. Retry "
-            f"with the same Idempotency-Key after {seconds} seconds.",
-            retry_after(seconds),
+            f"with the same Idempotency-Key after {seconds} seconds."
         )
+        if isinstance(exc, AnswerNotStored):
+            # Handler mode: the app ran, and its response is being stored in the
+            # background; sent now, it could differ from what a retry gets.
+            detail = (
+                "This request was processed, but the idempotency key store is "
+                "unavailable, so its response could not be stored and is not sent. Retry "
+                f"with the same Idempotency-Key after {seconds} seconds to get it."
+            )
+        return problem_reply(profile, Problem.STORE_UNAVAILABLE, detail, retry_after(seconds))
     logger.error("idempotency key store failed: %s", exc, exc_info=exc)
     return problem_reply(
         profile,

@@ -255,7 +255,7 @@ class AsyncBoundedClaim:
 
 
 def _configure_async(
-    settings: str, *, require_synchronous_standby: bool
+    settings: str, *, require_synchronous_standby: bool, breaker: Breaker
 ) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
     seen: list[ReplicationState] = []
 
@@ -273,6 +273,11 @@ def _configure_async(
             refused = report(state, required=require_synchronous_standby)
             if refused is not None:
                 raise StoreUnavailable(refused)
+        # The server is back the moment the pool has a connection again (DESIGN 13:
+        # within 2 s of a healed partition): the next request takes it at once, not
+        # at the breaker's next probe.
+        if breaker.troubled:
+            breaker.healthy()
 
     return configure
 
@@ -492,6 +497,7 @@ class AsyncPostgresStore(AsyncStore):
                 configure=_configure_async(
                     session_settings(statement_timeout),
                     require_synchronous_standby=require_synchronous_standby,
+                    breaker=breaker,
                 ),
                 open=False,
                 name=name,

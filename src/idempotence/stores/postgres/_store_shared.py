@@ -79,13 +79,26 @@ def session_settings(statement_timeout: float | None) -> str:
     long: after a partition cut the app off mid-transaction (request-as-transaction
     mode), the server would otherwise hold the key row's lock until its own TCP
     keepalive notices the client gone, two hours by default.
+
+    Neither timeout covers a session the partition cut off in the middle of a
+    pipeline (the claim's BEGIN and claim went out, the Sync did not): the server
+    ran the claim, holds the row, and waits for the rest of the batch, "active" and
+    reading, a state no statement or idle timeout applies to. So the server's side of
+    the connection gets the keepalives and the user timeout the store's side has:
+    the server drops a client it cannot reach within about the bound, and the
+    session rolls back.
     """
     if statement_timeout is None:
         return SESSION_PLANNING
     ms = max(int(statement_timeout * 1000), 1)
+    tcp = connection_options(DEFAULT_CONNECT_TIMEOUT, statement_timeout)
     return (
         f"{SESSION_PLANNING};\nSET statement_timeout = {ms};\n"
-        f"SET idle_in_transaction_session_timeout = {ms}"
+        f"SET idle_in_transaction_session_timeout = {ms};\n"
+        f"SET tcp_keepalives_idle = {tcp['keepalives_idle']};\n"
+        f"SET tcp_keepalives_interval = {tcp['keepalives_interval']};\n"
+        f"SET tcp_keepalives_count = {tcp['keepalives_count']};\n"
+        f"SET tcp_user_timeout = {tcp['tcp_user_timeout']}"
     )
 
 
