@@ -155,7 +155,7 @@ class DoFinishLater:
     finish again every little while, fenced by the lease (a retry that took the key
     over refuses it), and beats every ``beat_every`` seconds meanwhile so that the key
     stays locked (the lock lasts ``lock_timeout`` seconds after a beat lands). See
-    [`LateFinish`][idempotence.flows.handler.LateFinish]."""
+    `LateFinish` (in `idempotence.flows.handler`)."""
 
     finish: DoFinish
     lock_timeout: float
