@@ -16,7 +16,16 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from ...observability import Instrumentation
-from ...states import Claim, ClaimRequest, KeyRecord, Lease, Outcome, StagedJob, StoredResponse
+from ...states import (
+    Claim,
+    ClaimRequest,
+    KeyRecord,
+    KeyStatus,
+    Lease,
+    Outcome,
+    StagedJob,
+    StoredResponse,
+)
 from .._sql.gate import ENDED
 from .._sql.ops import Dialect, Op
 from .._sql.store import Store, Transaction
@@ -297,6 +306,10 @@ class CachedStore(Store):
     def get(self, scope: str, key: str) -> KeyRecord | None:
         """The primary's record: the truth, never the cache's copy."""
         return self.primary.get(scope, key)
+
+    def key_status(self, scope: str, key: str) -> KeyStatus | None:
+        """The primary's status: the truth, never the cache's copy."""
+        return self.primary.key_status(scope, key)
 
     def wait_for_settle(self, scope: str, key: str, seconds: float) -> None:
         self.primary.wait_for_settle(scope, key, seconds)
