@@ -12,17 +12,20 @@ from typing import Any
 
 from .errors import ConfigurationError
 
+_NEVER_AWAITABLE = frozenset({type(None), str, bytes, int, float, bool, dict, list, tuple})
+"""What a scope callable or a guarded function mostly returns: no need to ask inspect."""
+
 
 async def settle_async(value: Any, refusal: str) -> Any:
     """``value``, awaited if it is awaitable."""
-    if value is None or type(value) is str:
-        return value  # what a scope callable returns: no need to ask inspect
+    if type(value) in _NEVER_AWAITABLE:
+        return value
     return await value if inspect.isawaitable(value) else value
 
 
 def settle(value: Any, refusal: str) -> Any:
     """``value``; an awaitable is refused with ``ConfigurationError(refusal)``."""
-    if value is None or type(value) is str:
+    if type(value) in _NEVER_AWAITABLE:
         return value
     if inspect.isawaitable(value):
         discard(value)

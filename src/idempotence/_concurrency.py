@@ -2,7 +2,8 @@
 
 The generated sync modules (scripts/unasync.py) use the name without ``_async`` (or
 without ``Async``) where their async sources use the other one, so both spellings
-live here, side by side, and nowhere else.
+live here, side by side, and nowhere else; the periodic ticks (`Periodic`,
+`AsyncPeriodic`), larger, are written in `idempotence._periodic` and imported here.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import heapq
-import itertools
 import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
+
+from ._periodic import AsyncPeriodic, Periodic
 
 __all__ = [
     "AsyncBackground",
@@ -227,151 +228,6 @@ class Background:
             thread = self._thread
         if thread is not None:
             thread.join(grace)
-
-
-class AsyncPeriodic:
-    """While its ``async with`` block runs, call ``tick()`` every ``seconds``, until
-    ``tick`` returns False or `stop`; None never ticks.
-
-    Between ticks it is only a timer of the event loop (a task started per block cost
-    about 12 µs of CPU, per guarded request); each tick runs as a task of its own. The
-    block's end stops it and waits for a tick in flight: nothing ticks after it.
-    """
-
-    def __init__(
-        self, name: str, seconds: float | None, tick: Callable[[], Awaitable[bool]]
-    ) -> None:
-        self._name = name
-        self._seconds = seconds
-        self._tick = tick
-        self._timer: asyncio.TimerHandle | None = None
-        self._ticking: asyncio.Task[None] | None = None
-        self._stopped = False
-
-    async def __aenter__(self) -> AsyncPeriodic:
-        if self._seconds is not None:
-            self._arm()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
-    def _arm(self) -> None:
-        assert self._seconds is not None
-        self._timer = asyncio.get_running_loop().call_later(self._seconds, self._fire)
-
-    def _fire(self) -> None:
-        self._timer = None
-        if not self._stopped:
-            loop = asyncio.get_running_loop()
-            self._ticking = loop.create_task(self._run_tick(), name=self._name)
-
-    async def _run_tick(self) -> None:
-        try:
-            go_on = await self._tick()
-        except Exception:
-            logging.getLogger("idempotence").exception("a periodic task failed; stopped")
-            go_on = False
-        finally:
-            self._ticking = None
-        if go_on and not self._stopped:
-            self._arm()
-
-    async def stop(self) -> None:
-        """Stop ticking, once a tick in flight has returned."""
-        self._stopped = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        ticking = self._ticking
-        if ticking is not None and ticking is not asyncio.current_task():
-            await ticking
-
-
-class Periodic:
-    """While its ``with`` block runs, call ``tick()`` every ``seconds``, until ``tick``
-    returns False or `stop`; None never ticks.
-
-    The ticks of every ``Periodic`` run on one daemon thread of the process (see
-    `_Ticker`): a thread started per block cost about 120 µs of CPU, a tenth of
-    a guarded request. The block's end stops it and waits for a tick in flight: nothing
-    ticks after it.
-    """
-
-    def __init__(self, name: str, seconds: float | None, tick: Callable[[], bool]) -> None:
-        self._seconds = seconds
-        self._tick = tick
-        # Held while a tick runs, so that stop() waits for it; re-entrant, so that a
-        # tick may stop its own Periodic.
-        self._lock = threading.RLock()
-        self._stopped = False
-
-    def __enter__(self) -> Periodic:
-        if self._seconds is not None:
-            _TICKER.schedule(self, self._seconds)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def fire(self) -> None:
-        """One tick, on the ticker's thread; schedules the next unless told to stop."""
-        with self._lock:
-            if self._stopped:
-                return
-            try:
-                go_on = self._tick()
-            except Exception:  # the shared thread must outlive any one tick
-                logging.getLogger("idempotence").exception("a periodic task failed; stopped")
-                go_on = False
-            if not go_on:
-                self._stopped = True
-                return
-        assert self._seconds is not None
-        _TICKER.schedule(self, self._seconds)
-
-    def stop(self) -> None:
-        """Stop ticking, once a tick in flight has returned."""
-        with self._lock:
-            self._stopped = True
-
-
-class _Ticker:
-    """The one thread that runs the ticks of every `Periodic`, in time order.
-
-    A stopped ``Periodic`` stays in the queue until its time comes and is then
-    skipped: cheaper than removing it, and bounded by one entry per block per interval.
-    """
-
-    def __init__(self) -> None:
-        self._wake = threading.Condition()
-        self._due: list[tuple[float, int, Periodic]] = []
-        self._order = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def schedule(self, periodic: Periodic, seconds: float) -> None:
-        with self._wake:
-            heapq.heappush(self._due, (time.monotonic() + seconds, next(self._order), periodic))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="idempotence-ticker")
-                self._thread.daemon = True
-                self._thread.start()
-            # Wake the ticker only when this tick is due before every other: otherwise
-            # it already sleeps until an earlier one, and will see this one then. A
-            # wake per guarded call was a context switch per call (~60 us of CPU).
-            if self._due[0][2] is periodic:
-                self._wake.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    self._wake.wait(self._due[0][0] - time.monotonic() if self._due else None)
-                periodic = heapq.heappop(self._due)[2]
-            periodic.fire()
-
-
-_TICKER = _Ticker()
 
 
 def _report(ready: asyncio.Future[bool] | Future[bool], up: bool) -> None:

@@ -152,6 +152,28 @@ def test_a_value_that_cannot_be_stored_fails_at_the_first_call_and_never_runs_ag
     assert runs.counts[key] == 1
 
 
+def test_a_lone_surrogate_fails_at_the_first_call_and_never_runs_again(
+    subject: Subject,
+) -> None:
+    """A str may hold half of a UTF-16 pair ("\\ud800", from a bad decode), which UTF-8
+    cannot store. It used to fail while storing, after the body ran, and release the
+    key: every retry ran the body again."""
+    runs = Runs()
+
+    def reads(order_id: str) -> dict[str, str]:
+        runs.ran(order_id)
+        return {"name": "caf\ud800"}
+
+    guarded = subject.guard(reads, key="order_id")
+    key = new_key()
+    with pytest.raises(ResultNotStorable, match="lone surrogate") as caught:
+        guarded(key)
+    assert "'\\ud800'" in str(caught.value)  # which character, as Python writes it
+    with pytest.raises(ResultNotStorable, match="ran once with this key"):
+        guarded(key)
+    assert runs.counts[key] == 1
+
+
 # -- racing callers, the wait, the mismatch ------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from idempotence.errors import InvalidBody
-from idempotence.fingerprint import canonical_body, fingerprint, media_type
+from idempotence.fingerprint import Hasher, canonical_body, digest, fingerprint, media_type
 
 JSON_TYPE = "application/json"
 FORM_TYPE = "application/x-www-form-urlencoded"
@@ -129,6 +129,23 @@ def test_fingerprint_golden_value_is_stable() -> None:
     assert fingerprint("post", "/v1/charges", body, JSON_TYPE) == (
         "c90a82284e9d4fbcfad51484a40ccaa1cefb2e5432c0e97a87852827f6ecc6a2"
     )
+
+
+@given(
+    method=st.text(max_size=6),
+    path=st.text(max_size=12),
+    kind=st.sampled_from([JSON_TYPE, FORM_TYPE, "", "text/plain"]),
+    bodies=st.lists(st.binary(max_size=40), min_size=1, max_size=4),
+    secret=st.none() | st.binary(min_size=1, max_size=70),
+)
+def test_a_prepared_hasher_digests_as_digest_does(
+    method: str, path: str, kind: str, bodies: list[bytes], secret: bytes | None
+) -> None:
+    """A Hasher prepares the framing (and the HMAC key) once; each call hashes a copy,
+    so calls never leak into one another, and every fingerprint is digest()'s."""
+    hasher = Hasher(method, path, kind, secret=secret)
+    for body in bodies:
+        assert hasher(body) == digest(method, path, kind, body, secret=secret)
 
 
 def test_fingerprint_framing_is_a_domain_tag_then_length_prefixed_parts() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Generator
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, LockLost, Reject, StoreUnavailable
@@ -305,6 +306,17 @@ class Flow:
             assert isinstance(step, AtomicStep)
             return self._in_one_transaction(request, step, wait)
         return self._phases(request, wait)
+
+    def handler_engine(self) -> Callable[[ClaimRequest, Any, timedelta | None], Engine]:
+        """What [`engine`][idempotence.flows.flow.Flow.engine] makes of this flow, a
+        flow made with [`handler`][idempotence.flows.flow.Flow.handler], chosen once:
+        call it with the request, the app and the wait, for an entry point that runs
+        the flow on every call (a guarded function)."""
+        step = self._handler()
+        if step is None:
+            raise ConfigurationError(f"flow {self.name!r} has no handler step")
+        run = run_handler_in_transaction if self.request_as_transaction else run_handler
+        return partial(run, self, step)
 
     def handover(self, request: ClaimRequest) -> Engine:
         """Claim the key and hand it over unfinished, for a run in the background

@@ -45,6 +45,7 @@ import time
 from collections.abc import Generator
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from typing import Any, Protocol
 
 from ..errors import AnswerNotStored, LockLost, StoreError, StoreUnavailable
@@ -65,7 +66,7 @@ from .effects import (
     HandlerBody,
 )
 from .results import SERVER_ERROR, STORED_SERVER_ERROR, Captured, FlowResult, ResultKind, from_claim
-from .steps import HandlerStep, Settle
+from .steps import UNLIMITED, HandlerStep, Settle
 
 
 class Flow(FlowInfo, Protocol):
@@ -119,6 +120,17 @@ def claimed(request: ClaimRequest, wait: timedelta | None) -> Generator[Effect, 
     """Claim the key; with ``wait``, a key in progress elsewhere is waited for (outside
     any transaction, F8) and claimed again until it settles or the wait is over."""
     claim: Claim = yield DoClaim(request)
+    if claim.outcome is Outcome.EXECUTE or claim.outcome is Outcome.REPLAY:
+        return claim
+    return (yield from claimed_again(request, claim, wait))
+
+
+def claimed_again(
+    request: ClaimRequest, claim: Claim, wait: timedelta | None
+) -> Generator[Effect, Any, Claim]:
+    """The rest of `claimed` after a first claim that neither won nor replayed:
+    claimed again under the key's fingerprint while secrets rotate, and waited for
+    while in progress (a run that claims in line calls it after its own first claim)."""
     if rotated(request, claim):
         request = replace(request, fingerprint=claim.record.fingerprint)
         claim = yield DoClaim(request)
@@ -161,7 +173,11 @@ def run_handler(
     flow: Flow, step: HandlerStep, request: ClaimRequest, app: Any, wait: timedelta | None
 ) -> Engine:
     try:
-        claim = yield from claimed(request, wait)
+        # claimed(), in line for the first claim: a sub-generator per run costs more
+        # than a guarded function's whole decision.
+        claim = yield DoClaim(request)
+        if claim.outcome is not Outcome.EXECUTE and claim.outcome is not Outcome.REPLAY:
+            claim = yield from claimed_again(request, claim, wait)
     except StoreError as exc:
         # Nothing was claimed and nothing ran (P11): the entry point answers, or runs
         # the handler unguarded if it opted in.
@@ -170,13 +186,11 @@ def run_handler(
         return from_claim(claim)
     lease = claim.lease
     assert lease is not None
+    # An app that never answers too much for the store (UNLIMITED) is given no overflow.
+    on_overflow = partial(overflowed, flow, step, lease) if step.limit < UNLIMITED else None
     try:
         captured: Captured = yield DoHandle(
-            app,
-            lease,
-            step.limit,
-            lambda status: overflowed(flow, step, lease, status),
-            beat_every=step.beat_every(flow.lock_timeout),
+            app, lease, step.limit, on_overflow, beat_every=step.beat_every(flow.lock_timeout)
         )
     except GeneratorExit:
         raise

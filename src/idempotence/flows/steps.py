@@ -116,6 +116,11 @@ class HandlerStep:
         return StoredResponse(captured.status, tuple(kept), captured.body)
 
 
+UNLIMITED = 1 << 62
+"""A handler step's ``limit`` for an application whose answers are never too large to
+store (a guarded function's: the store refuses what it cannot hold, and the engine
+keeps no cap of its own): its runs prepare no overflow."""
+
 Step: TypeAlias = AtomicStep | ForeignStep | HandlerStep
 """Any step of a run."""
 

@@ -14,9 +14,11 @@ type. Supported without configuration:
 
 Anything else needs a serializer pair (``serializer=(dump, load)``); without one, the
 decorator refuses the function when it is decorated, naming the type. A value that
-still cannot be stored (a ``dict`` holding a socket under an ``Any``) fails at the
-first call: the value is dumped and loaded back before anything is stored, so a
-replay can never meet what it cannot restore.
+still cannot be stored (a ``dict`` holding a socket under an ``Any``, a str holding a
+lone surrogate, which UTF-8 cannot write) fails at the first call, before anything is
+stored, so a replay can never meet what it cannot restore: the value is dumped and
+loaded back, unless its type is made of JSON values only (``plain``), whose stored form
+loads back by construction.
 
 The same conversion (by the value's own type) makes the arguments' JSON for the
 fingerprint: `to_json`.
@@ -29,6 +31,7 @@ import datetime as dt
 import enum
 import inspect
 import json
+import sys
 import types
 import typing
 import uuid
@@ -36,37 +39,54 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, Union
 
+from .._json import writer
 from ..errors import ConfigurationError
 
 __all__ = ["Codec", "NotStorable", "codec_for", "to_json"]
 
 _JSON_SCALARS = (str, int, float, bool)
+_FLOAT_MAX = int(sys.float_info.max)
+_FLOAT_MIN = -_FLOAT_MAX
 
 
 class NotStorable(TypeError):
     """A value that cannot be written as JSON, or read back as its declared type."""
 
 
+_WRITE = writer(ensure_ascii=False, allow_nan=False, compact=True)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Codec:
-    """How one declared type is stored: ``dump`` to a JSON value, ``load`` back."""
+    """How one declared type is stored: ``dump`` to a JSON value, ``load`` back.
+    ``plain``: the type is made of JSON values only (no dataclass, model, enum or
+    serializer), so what ``dump`` accepted loads back as it was, and `encode` does
+    not read it back to be sure."""
 
     type_name: str
     dump: Callable[[Any], Any]
     load: Callable[[Any], Any]
+    plain: bool = False
 
     def encode(self, value: Any) -> bytes:
         """``value`` as stored JSON bytes; `NotStorable` when it cannot be, or
         when what was stored would not load back (checked now, not at the replay)."""
         try:
-            data = self.dump(value)
-            body = json.dumps(data, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+            body = _WRITE(self.dump(value)).encode()
         except NotStorable:
             raise
-        except (TypeError, ValueError, AttributeError) as exc:
+        except UnicodeEncodeError as exc:  # the only text UTF-8 refuses: surrogates
+            raise NotStorable(
+                f"the {type(value).__name__} holds {exc.object[exc.start : exc.end]!r}, a "
+                "lone surrogate (half of a UTF-16 pair, not a character), which UTF-8 "
+                "cannot store"
+            ) from None
+        except (TypeError, ValueError, AttributeError, RecursionError) as exc:
             raise NotStorable(
                 f"{type(value).__name__} value cannot be written as JSON: {exc}"
             ) from None
+        if self.plain:
+            return body
         try:
             self.load(json.loads(body))
         except Exception as exc:
@@ -74,7 +94,7 @@ class Codec:
                 f"the stored form of this {type(value).__name__} does not read back as "
                 f"{self.type_name}: {exc}"
             ) from None
-        return body.encode()
+        return body
 
     def decode(self, body: bytes) -> Any:
         return self.load(json.loads(body))
@@ -98,7 +118,22 @@ def codec_for(
             "return JSON values, dataclasses or pydantic models, or pass "
             "serializer=(dump, load) with functions to and from a JSON value"
         ) from None
-    return Codec(_name(annotation), dump, load)
+    return Codec(_name(annotation), dump, load, plain=_plain(annotation))
+
+
+def _plain(tp: Any) -> bool:
+    """Whether declared type ``tp`` is made of JSON values only: then what its dump
+    accepts is JSON that its load takes back as it was (see `_converters`)."""
+    if tp is _EMPTY or tp is Any or tp is object or tp is None or tp is type(None):
+        return True
+    if tp in _JSON_SCALARS or tp in (list, tuple, dict):
+        return True
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _plain(typing.get_args(tp)[0])
+    if origin in (list, tuple, dict, Union, types.UnionType):
+        return all(arg is Ellipsis or _plain(arg) for arg in typing.get_args(tp))
+    return False
 
 
 def _pair(serializer: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
@@ -131,27 +166,40 @@ def _identity(value: Any) -> Any:
 def _json_value(value: Any) -> Any:
     """A value declared ``Any``: JSON as it is, and refused otherwise (a tuple would
     come back a list, a set not at all)."""
-    _check_json(value)
+    if type(value) not in _SCALAR_TYPES:
+        _check_json(value)
     return value
 
 
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
+"""The JSON scalars, by exact type (a subclass, such as an enum, would come back as its
+base): checked in line, a call saved per item."""
+
+
 def _check_json(value: Any) -> None:
-    if value is None or type(value) in (str, int, float, bool):
+    kind = type(value)
+    if kind in _SCALAR_TYPES:
         return
-    if type(value) is list:
+    if kind is list:
         for item in value:
-            _check_json(item)
+            if type(item) not in _SCALAR_TYPES:
+                _check_json(item)
         return
-    if type(value) is dict:
-        for name, item in value.items():
-            if type(name) is not str:
-                raise NotStorable(f"a dict key {name!r} is not a str")
-            _check_json(item)
+    if kind is dict:
+        _check_items(value)
         return
     raise NotStorable(
         f"a {type(value).__name__} is not a JSON value (declare the return type to "
         "store dataclasses or models)"
     )
+
+
+def _check_items(value: dict[Any, Any]) -> None:
+    for name, item in value.items():
+        if type(name) is not str:
+            raise NotStorable(f"a dict key {name!r} is not a str")
+        if type(item) not in _SCALAR_TYPES:
+            _check_json(item)
 
 
 def _converters(tp: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
@@ -200,6 +248,10 @@ def _scalar(tp: type) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
         if isinstance(value, tp) or (tp is float and type(value) is int):
             if tp is not bool and type(value) is bool:
                 raise NotStorable(f"a bool was returned where {tp.__name__} is declared")
+            if tp is float and type(value) is int and not _FLOAT_MIN <= value <= _FLOAT_MAX:
+                raise NotStorable(
+                    "an int too large for a float was returned where float is declared"
+                )
             return value
         raise NotStorable(f"a {type(value).__name__} was returned where {tp.__name__} is declared")
 
@@ -229,6 +281,13 @@ def _container(
         if args and args[0] is not str:
             raise NotStorable(f"{tp!r}: JSON object keys are str")
         dump, load = _converters(args[1] if args else Any)
+        if dump is _json_value:  # dict[str, Any]: checked, written as it is
+
+            def check_dict(value: Any) -> Any:
+                _check_items(_instance(value, dict))
+                return value
+
+            return check_dict, _identity
 
         def dump_dict(value: Any) -> Any:
             value = _instance(value, dict)

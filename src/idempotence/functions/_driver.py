@@ -19,7 +19,7 @@ from ..flows.effects import DoHandle
 from ..flows.flow import watched
 from ..flows.results import Captured
 from ..stores import KeyStore
-from ._guard import CallState, Guard
+from ._guard import CURRENT_CALL, CallState, Guard
 
 _NOT_SYNC = "a function guarded with a sync store must not be async"
 
@@ -32,12 +32,13 @@ class _Call(CallState):
 
     def run_app(self, run: DoHandle, tx: Any, overflow: Any) -> Captured:
         token = self.enter(run.lease, tx)
+        guard = self.guard
         try:
-            value = settle(self.guard.fn(*self.args, **self.kwargs), _NOT_SYNC)
-        except self.guard.final as exc:
+            value = settle(guard.fn(*self.args, **self.kwargs), _NOT_SYNC)
+        except guard.final as exc:
             return self.failed(exc)
         finally:
-            self.leave(token)
+            CURRENT_CALL.reset(token)
         return self.returned(value)
 
 
@@ -46,7 +47,8 @@ def call(guard: Guard, store: KeyStore, args: tuple[Any, ...], kwargs: dict[str,
     return its value (this run's, or the stored one), or raise."""
     request, _ = guard.request(args, kwargs)
     state = _Call(guard, request, args, kwargs)
-    engine = guard.engine.engine(request, wait=guard.wait, app=state)
+    engine = guard.run(request, state, guard.wait)
     instrumentation = getattr(store, "instrumentation", None)
-    result = drive(watched(instrumentation, guard.name, request, engine), store)
-    return guard.outcome(result, state)
+    if instrumentation is not None:
+        engine = watched(instrumentation, guard.name, request, engine)
+    return guard.outcome(drive(engine, store), state)

@@ -17,7 +17,7 @@ from ..flows.effects import DoHandle
 from ..flows.flow import watched
 from ..flows.results import Captured
 from ..stores import AsyncKeyStore
-from ._guard import CallState, Guard
+from ._guard import CURRENT_CALL, CallState, Guard
 
 _NOT_SYNC = "a function guarded with a sync store must not be async"
 
@@ -30,12 +30,13 @@ class _AsyncCall(CallState):
 
     async def run_app(self, run: DoHandle, tx: Any, overflow: Any) -> Captured:
         token = self.enter(run.lease, tx)
+        guard = self.guard
         try:
-            value = await settle_async(self.guard.fn(*self.args, **self.kwargs), _NOT_SYNC)
-        except self.guard.final as exc:
+            value = await settle_async(guard.fn(*self.args, **self.kwargs), _NOT_SYNC)
+        except guard.final as exc:
             return self.failed(exc)
         finally:
-            self.leave(token)
+            CURRENT_CALL.reset(token)
         return self.returned(value)
 
 
@@ -46,7 +47,8 @@ async def call_async(
     return its value (this run's, or the stored one), or raise."""
     request, _ = guard.request(args, kwargs)
     state = _AsyncCall(guard, request, args, kwargs)
-    engine = guard.engine.engine(request, wait=guard.wait, app=state)
+    engine = guard.run(request, state, guard.wait)
     instrumentation = getattr(store, "instrumentation", None)
-    result = await drive_async(watched(instrumentation, guard.name, request, engine), store)
-    return guard.outcome(result, state)
+    if instrumentation is not None:
+        engine = watched(instrumentation, guard.name, request, engine)
+    return guard.outcome(await drive_async(engine, store), state)

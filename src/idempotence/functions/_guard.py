@@ -29,9 +29,9 @@ import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
+from .._frozen import quick_init
 from ..errors import (
     ArgumentsMismatch,
     CallInProgress,
@@ -43,16 +43,16 @@ from ..errors import (
 from ..fingerprint import secret_pair
 from ..flows import Flow, FlowResult, ResultKind
 from ..flows.results import Captured
+from ..flows.steps import UNLIMITED
 from ..states import (
-    DEFAULT_HANDLER_LOCK_TIMEOUT,
-    DEFAULT_RETENTION,
     ClaimRequest,
     Lease,
     StoredResponse,
 )
 from ..stores.capabilities import Capability, capabilities_of
-from ._arguments import Fingerprinter, Picker, Selector
+from ._arguments import Binder, Fingerprinter, Picker
 from ._codec import Codec, NotStorable, codec_for
+from ._options import Options, Serializer
 
 __all__ = ["FUNCTION_FLOW", "CallContext", "CallState", "Guard", "current_call"]
 
@@ -61,10 +61,9 @@ FUNCTION_FLOW = "function"
 RETURNED, RAISED, NOT_STORABLE = 200, 400, 422
 """What the function did, as the status of the stored response."""
 _JSON = (("content-type", "application/json"),)
-_NO_LIMIT = 1 << 62
-"""Larger stored results are refused by the store, not the engine: no cap of its own."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CallContext:
     """What a guarded function can learn of the call it is running in:
@@ -86,9 +85,10 @@ class CallContext:
         return f"{self.name}-{self.lease.id}-{name}"
 
 
-_CURRENT: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
+CURRENT_CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
     "idempotence_current_call", default=None
 )
+"""The guarded call running in this thread or task (`current_call` reads it)."""
 
 
 def current_call() -> CallContext:
@@ -108,7 +108,7 @@ def current_call() -> CallContext:
             return 1
         ```
     """
-    call = _CURRENT.get()
+    call = CURRENT_CALL.get()
     if call is None:
         raise LookupError("current_call() is only available inside a guarded function")
     return call
@@ -118,76 +118,41 @@ class Guard:
     """A decorated function's settings, checked, and its engine run (see the module
     docstring). Built once, at decoration."""
 
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        *,
-        key: Selector,
-        scope: Selector | None = None,
-        name: str | None = None,
-        fingerprint_exclude: Iterable[str] = (),
-        serializer: tuple[Callable[[Any], Any], Callable[[Any], Any]] | None = None,
-        final_exceptions: Iterable[type[BaseException]] = (),
-        wait: timedelta | None = None,
-        lock_timeout: timedelta = DEFAULT_HANDLER_LOCK_TIMEOUT,
-        heartbeat: timedelta | None = None,
-        retention: timedelta | None = DEFAULT_RETENTION,
-        transactional: bool = False,
-        fingerprint_secret: str | bytes | None = None,
-        previous_fingerprint_secret: str | bytes | None = None,
-    ) -> None:
+    def __init__(self, fn: Callable[..., Any], options: Options) -> None:
         qualified = f"{fn.__module__}.{fn.__qualname__}"
         owner = f"@idempotent on {qualified}"
+        options.check(owner)
         self.fn = fn
-        self.name = name or qualified
+        self.name = options.name or qualified
         self.owner = owner
         self.signature = inspect.signature(fn)
-        self.key = Picker(key, self.signature, "key", owner)
+        self.arguments = Binder(self.signature)
+        self.key = Picker(options.key, self.signature, "key", owner)
+        scope = options.scope
         self.scope = None if scope is None else Picker(scope, self.signature, "scope", owner)
-        secrets = secret_pair(fingerprint_secret, previous_fingerprint_secret, owner)
-        self.fingerprint = Fingerprinter(
-            self.name, self.signature, fingerprint_exclude, owner, secrets
+        secrets = secret_pair(
+            options.fingerprint_secret, options.previous_fingerprint_secret, owner
         )
-        try:
-            hints = inspect.get_annotations(fn, eval_str=True)
-        except Exception as exc:
-            raise ConfigurationError(f"{owner}: its annotations cannot be read: {exc}") from None
-        try:
-            self.codec: Codec = codec_for(hints.get("return", inspect.Signature.empty), serializer)
-        except ConfigurationError as exc:  # named, as the other refusals: which function
-            raise ConfigurationError(f"{owner}: {exc}") from None
-        self.final = _final(final_exceptions, owner)
-        if wait is not None and not timedelta(0) < wait <= timedelta(minutes=5):
-            raise ConfigurationError(
-                f"{owner}: wait={wait!r} must be positive and at most 5 minutes"
-            )
-        if lock_timeout <= timedelta(0):
-            raise ConfigurationError(f"{owner}: lock_timeout={lock_timeout!r} must be positive")
-        if heartbeat is not None and not timedelta(0) < heartbeat < lock_timeout:
-            raise ConfigurationError(
-                f"{owner}: heartbeat={heartbeat!r} must be positive and shorter than "
-                f"lock_timeout={lock_timeout!r}, or the lock lapses between two beats"
-            )
-        if heartbeat is not None and transactional:
-            raise ConfigurationError(
-                f"{owner}: heartbeat= needs transactional=False: a transactional call "
-                "holds its key by its open transaction, and nothing beats"
-            )
-        if retention is not None and retention <= timedelta(0):
-            raise ConfigurationError(f"{owner}: retention={retention!r} must be positive, or None")
-        self.wait = wait
-        self.transactional = transactional
+        self.fingerprint = Fingerprinter(
+            self.name, self.signature, options.fingerprint_exclude, owner, secrets
+        )
+        self.codec = _codec(fn, options.serializer, owner)
+        self.final = _final(options.final_exceptions, owner)
+        self.wait = options.wait
+        self.transactional = options.transactional
         self.engine = Flow(
             FUNCTION_FLOW,
-            lock_timeout=lock_timeout,
-            retention=retention,
-            request_as_transaction=transactional,
+            lock_timeout=options.lock_timeout,
+            retention=options.retention,
+            request_as_transaction=options.transactional,
         )
         # Nothing is forgotten (no status is a "rejected request"), and a 5xx is never
         # made: an exception that is not final propagates, and releases the key.
         self.engine.handler(
-            limit=_NO_LIMIT, stored_headers=frozenset({"content-type"}), heartbeat=heartbeat
+            limit=UNLIMITED, stored_headers=frozenset({"content-type"}), heartbeat=options.heartbeat
         )
+        self.run = self.engine.handler_engine()
+        """The engine of one call: ``self.run(request, app, wait)``."""
 
     # -- before the call -----------------------------------------------------------------
 
@@ -219,19 +184,24 @@ class Guard:
         """The claim request of a call, and its bound arguments. Raises
         `TypeError` for arguments the function does not take (as calling it
         would), before anything is claimed."""
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = bound.arguments
+        arguments = self.arguments.bind(args, kwargs)
         key = self.key.pick(arguments, args, kwargs)
         scope = self.name if self.scope is None else self.scope.pick(arguments, args, kwargs)
         fingerprint, previous = self.fingerprint.of(arguments)
-        request = self.engine.request(
-            scope=scope,
-            key=key,
-            fingerprint=fingerprint,
-            method="CALL",
-            path=self.name,
-            previous_fingerprint=previous,
+        # The engine's request (Flow.request) built in one step: its name, lock timeout
+        # and retention, the method CALL and the function's name as the path.
+        engine = self.engine
+        request = ClaimRequest(
+            scope,
+            key,
+            fingerprint,
+            "CALL",
+            self.name,
+            FUNCTION_FLOW,
+            {},
+            engine.lock_timeout,
+            engine.retention,
+            previous,
         )
         return request, arguments
 
@@ -309,6 +279,17 @@ class Guard:
         )
 
 
+def _codec(fn: Callable[..., Any], serializer: Serializer | None, owner: str) -> Codec:
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except Exception as exc:
+        raise ConfigurationError(f"{owner}: its annotations cannot be read: {exc}") from None
+    try:
+        return codec_for(hints.get("return", inspect.Signature.empty), serializer)
+    except ConfigurationError as exc:  # named, as the other refusals: which function
+        raise ConfigurationError(f"{owner}: {exc}") from None
+
+
 def _final(classes: Iterable[type[BaseException]], owner: str) -> tuple[type[Exception], ...]:
     final: tuple[Any, ...] = (classes,) if isinstance(classes, type) else tuple(classes)
     for cls in final:
@@ -349,16 +330,10 @@ class CallState:
         self.raised: BaseException | None = None
         self.unstorable: NotStorable | None = None
 
-    def context(self, lease: Lease, tx: Any) -> CallContext:
-        request = self.request
-        return CallContext(self.guard.name, request.scope, request.key, lease, tx)
-
     def enter(self, lease: Lease, tx: Any) -> contextvars.Token[CallContext | None]:
-        return _CURRENT.set(self.context(lease, tx))
-
-    @staticmethod
-    def leave(token: contextvars.Token[CallContext | None]) -> None:
-        _CURRENT.reset(token)
+        """Make the call's context current (until ``CURRENT_CALL.reset(token)``)."""
+        request = self.request
+        return CURRENT_CALL.set(CallContext(self.guard.name, request.scope, request.key, lease, tx))
 
     def returned(self, value: Any) -> Captured:
         """The function returned ``value``: stored, checked to read back first."""

@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 
 from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, DEFAULT_RETENTION
 from ..stores import AsyncKeyStore, KeyStore
-from ._arguments import Selector
 from ._driver import call
 from ._driver_async import call_async
 from ._guard import Guard
+from ._options import Options, Selector, Serializer
 
 __all__ = ["idempotent"]
 
@@ -29,7 +29,7 @@ def idempotent(
     scope: Selector | None = None,
     name: str | None = None,
     fingerprint_exclude: Iterable[str] = (),
-    serializer: tuple[Callable[[Any], Any], Callable[[Any], Any]] | None = None,
+    serializer: Serializer | None = None,
     final_exceptions: Iterable[type[BaseException]] = (),
     wait: timedelta | None = None,
     lock_timeout: timedelta = DEFAULT_HANDLER_LOCK_TIMEOUT,
@@ -96,10 +96,10 @@ def idempotent(
         ```
     """
     # Every keyword argument as given (read first thing, before any local is bound).
-    options = {name: value for name, value in locals().items() if name != "store"}
+    options = Options(**{name: value for name, value in locals().items() if name != "store"})
 
     def decorate(fn: F) -> F:
-        return _guarded(fn, store, Guard(fn, **options))
+        return _guarded(fn, store, Guard(fn, options))
 
     return decorate
 

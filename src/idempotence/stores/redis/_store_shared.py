@@ -28,7 +28,7 @@ import redis.exceptions
 import redis.retry
 import redis.sentinel
 
-from ... import _queries
+from ... import _json, _queries
 from ...errors import ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
 from ...states import (
     STARTED,
@@ -184,29 +184,10 @@ def finish_args(response: StoredResponse, error: str | None, settled_channel: by
     ]
 
 
-# The headers' JSON as json.dumps writes it (its separators, ASCII only), from an encoder
-# made once: json.dumps makes one per call, a share of every finish. A tuple is an
-# array, as a list is.
-_c_make_encoder: Any = json.encoder.c_make_encoder  # type: ignore[attr-defined]
-if _c_make_encoder is not None:
-    _encode_headers = _c_make_encoder(
-        None,
-        json.JSONEncoder().default,
-        json.encoder.encode_basestring_ascii,
-        None,
-        ": ",
-        ", ",
-        False,
-        False,
-        True,
-    )
-
-    def _headers_json(headers: Sequence[tuple[str, str]]) -> str:
-        return "".join(_encode_headers(headers, 0))
-else:  # pragma: no cover - CPython always has the C encoder
-
-    def _headers_json(headers: Sequence[tuple[str, str]]) -> str:
-        return json.dumps(headers)
+# The headers' JSON as json.dumps writes it (its separators, ASCII only), from a writer
+# made once: json.dumps makes an encoder per call, a share of every finish. A tuple is
+# an array, as a list is.
+_headers_json = _json.writer()
 
 
 def _json_params(params: Any) -> str:
