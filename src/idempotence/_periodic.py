@@ -191,7 +191,13 @@ class AsyncPeriodic:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
+        # stop(), in line (a coroutine fewer per guarded call): nothing ticks mostly.
+        self._stopped = True
+        if self._ticker is not None:
+            self._ticker.remove(self)
+        ticking = self._ticking
+        if ticking is not None and ticking is not asyncio.current_task():
+            await ticking
 
     def fire(self) -> None:
         """Start one tick, as a task of its own (the ticker calls it when it is due)."""
