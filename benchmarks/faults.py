@@ -173,9 +173,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 # Spread the cuts over the run, each for up to 1.5 lock timeouts, with
                 # the link up 2 to 3 s between two (the probe's window).
                 for _ in range(args.partitions):
+                    time.sleep(rng.uniform(2.0, 3.0))
+                    # No cut once every key is answered: it would cut no request.
                     if time.monotonic() > stop_at or not loader.is_alive():
                         break
-                    time.sleep(rng.uniform(2.0, 3.0))
                     healed.clear()
                     with host.back.partitioned():
                         time.sleep(rng.uniform(0.2, args.lock * 1.5))
