@@ -45,6 +45,8 @@ from typing import Any
 
 import httpx
 
+from tests.support.polling import eventually
+
 ROOT = Path(__file__).resolve().parents[2]
 _counter = itertools.count(1)
 
@@ -94,7 +96,11 @@ class Link:
     def up(self) -> None:
         ip("link", "set", self.host_if, "up")
         # The machine's route to the /30 comes back with the link.
-        _wait_for(lambda: self.host_ip in ip("-4", "addr", "show", self.host_if).stdout, 5.0)
+        eventually(
+            lambda: self.host_ip in ip("-4", "addr", "show", self.host_if).stdout,
+            "the namespace's address shows",
+            timeout=5.0,
+        )
 
     @contextlib.contextmanager
     def partitioned(self) -> Iterator[None]:
@@ -161,7 +167,8 @@ class Relay:
                 if self.delay:
                     time.sleep(self.delay)
                 sink.sendall(data)
-        except OSError:
+        except (OSError, ValueError):
+            # cut() closed the socket under us: select() sees fd -1 (ValueError).
             pass
         finally:
             with contextlib.suppress(OSError):
@@ -337,7 +344,7 @@ def run_server(
         return True
 
     try:
-        _wait_for(ready, timeout, f"the app server{where} did not answer")
+        eventually(ready, f"the app server{where} answers", timeout=timeout)
     except BaseException:
         stop(server)
         raise
@@ -354,12 +361,3 @@ def stop(process: subprocess.Popen[Any], grace: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=5)
-
-
-def _wait_for(condition: object, timeout: float, message: str = "timed out") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"{message} within {timeout:g} s")
