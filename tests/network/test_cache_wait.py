@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from idempotence import SqliteStore
-from idempotence.errors import StoreUnavailable
+from idempotence.errors import ConfigurationError, StoreUnavailable
 from idempotence.maintenance.admin import evict_key
 from idempotence.states import ClaimRequest, Outcome, StoredResponse
 from idempotence.stores.cached import CachedStore
@@ -93,3 +93,13 @@ def test_an_eviction_no_replica_confirmed_evicts_nothing_and_no_failover_replays
     assert refused is not None, "evicted with a tombstone only the master had"
     assert "reached 0 of the 1 replica(s)" in str(refused)
     assert "nothing was evicted" in str(refused)
+
+
+def test_a_replica_timeout_the_cache_would_cut_short_is_refused(tmp_path: Path) -> None:
+    """The cache's timeout (0.25 s) bounds its calls: a WAIT longer than it would be
+    cut off before its count arrives, so the option is refused when the store opens."""
+    url = "redis://127.0.0.1:6379/0?replicas=1&replica_timeout=0.5"
+    with pytest.raises(ConfigurationError, match="must be shorter than the store's timeout"):
+        CachedStore(SqliteStore(str(tmp_path / "primary.sqlite3")), url)
+    with pytest.raises(ConfigurationError, match="given both in the Redis URL and"):
+        CachedStore(SqliteStore(str(tmp_path / "primary.sqlite3")), url, replicas=1)
