@@ -37,6 +37,9 @@ from tests.http.clients import Harness, open_harness
 from tests.network.hosts import Relay
 from tests.support.polling import eventually
 
+# The slow tier: finishes that fail and are retried, some waiting out a lock.
+pytestmark = pytest.mark.slow
+
 #: The relay's store fails within this bound once cut (its statements fail at once).
 BOUND = 1.0
 
