@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from idempotence import SqliteStore
 from idempotence.stores.capabilities import Capability
@@ -27,6 +28,11 @@ from tests.support.postgres import (
 )
 from tests.support.sources import SOURCES, OnSource, open_on
 from tests.support.stores import STORES, Blocking, EventLoopThread, StoreKind, opener
+
+# No per-example deadline: the property tests check behaviour, not speed (benchmarks do
+# that), and on two loaded cores an example can take longer than hypothesis's 200 ms.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 #: The stores the suites that need a SQL store run on: those sharing transactions.
 STORE_IDS = [
