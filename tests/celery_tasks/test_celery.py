@@ -31,6 +31,9 @@ from idempotence.stores.postgres import PostgresStore
 from tests.consumers.broker import broker_url
 from tests.support.polling import eventually
 
+# The slow tier: real Celery worker processes, killed and restarted.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 BROKER = "amqp://guest:guest@127.0.0.1:5672//"
 

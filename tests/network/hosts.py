@@ -295,30 +295,10 @@ class AppHost:
         self, app: str, env: Mapping[str, str], port: int = 8000, timeout: float = 20.0
     ) -> str:
         """Run ``uvicorn app`` in the namespace on the front link; its base URL."""
-        command = [
-            *self.exec_prefix(),
-            sys.executable, "-m", "uvicorn", app,
-            "--host", self.front.ns_ip, "--port", str(port),
-            "--log-level", "warning", "--no-access-log",
-        ]  # fmt: skip
-        server = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        server, url = run_server(
+            app, env, self.front.ns_ip, port, self.exec_prefix(), timeout, f" in {self.name}"
         )
         self.servers.append(server)
-        url = f"http://{self.front.ns_ip}:{port}"
-
-        def ready() -> bool:
-            if server.poll() is not None:
-                raise RuntimeError(f"the app server in {self.name} exited with {server.returncode}")
-            try:
-                httpx.get(f"{url}/health", timeout=0.5)
-            except httpx.HTTPError:
-                return False
-            return True
-
-        eventually(ready, f"the app server in {self.name} answers", timeout=timeout)
         return url
 
     def close(self) -> None:
@@ -332,6 +312,43 @@ class AppHost:
             # Deleting one end of a veth deletes both.
             ip("link", "del", link.host_if, check=False)
         ip("netns", "del", self.name, check=False)
+
+
+def run_server(
+    app: str,
+    env: Mapping[str, str],
+    host: str,
+    port: int,
+    prefix: list[str] | None = None,
+    timeout: float = 20.0,
+    where: str = "",
+) -> tuple[subprocess.Popen[Any], str]:
+    """Run ``uvicorn app`` on ``host:port`` (behind ``prefix``: in a namespace), and
+    wait until it answers; the process and its base URL."""
+    command = [
+        *(prefix or []),
+        sys.executable, "-m", "uvicorn", app,
+        "--host", host, "--port", str(port),
+        "--log-level", "warning", "--no-access-log",
+    ]  # fmt: skip
+    server = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    url = f"http://{host}:{port}"
+
+    def ready() -> bool:
+        if server.poll() is not None:
+            raise RuntimeError(f"the app server{where} exited with {server.returncode}")
+        try:
+            httpx.get(f"{url}/health", timeout=0.5)
+        except httpx.HTTPError:
+            return False
+        return True
+
+    try:
+        eventually(ready, f"the app server{where} answers", timeout=timeout)
+    except BaseException:
+        stop(server)
+        raise
+    return server, url
 
 
 def stop(process: subprocess.Popen[Any], grace: float = 5.0) -> None:

@@ -80,7 +80,8 @@ class Served:
         with sqlite3.connect(self.provider) as db:
             db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, id TEXT)")
             for key, charge_id in db.execute("SELECT key, id FROM charges"):
-                history.effect(key.removeprefix("net-").removesuffix("-charge"), charge_id)
+                # net-KEY-charge, or net-KEY-charge-ROW (app.py's NET_CHARGE_BY=row)
+                history.effect(key.removeprefix("net-").partition("-charge")[0], charge_id)
         if self.database is not None:
             with psycopg.connect(self.database) as conn:
                 for key, transfer_id in conn.execute("SELECT key, id FROM net_transfers"):
