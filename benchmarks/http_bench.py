@@ -313,6 +313,15 @@ class PgHand:
         async with self.connection() as conn, conn.transaction():
             await conn.execute(sql, params)
 
+    async def _claim(self, cur: Any, claim: dict[str, Any]) -> dict[str, Any]:
+        # The claim statement returns no row when a concurrent claim committed the key
+        # after its snapshot; its caller runs it again, as the store does (queries.sql).
+        for _ in range(3):
+            await cur.execute(self.queries["claim"], claim)
+            if (row := await cur.fetchone()) is not None:
+                return dict(row)
+        raise RuntimeError("the floor's claim found no row three times")
+
     async def guarded(
         self, claim: dict[str, Any], body: bytes, write: tuple[str, Any] | None
     ) -> tuple[int, bytes, bool]:
@@ -325,8 +334,7 @@ class PgHand:
         async with self.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             if write is None:
-                await cur.execute(self.queries["claim"], claim)
-                row = await cur.fetchone()
+                row = await self._claim(cur, claim)
                 if not row["claimed"]:
                     return settled(row)
                 await cur.execute(self.queries["finish"], finish_params(row, body))
@@ -334,7 +342,7 @@ class PgHand:
             async with conn.pipeline():
                 await conn.execute("BEGIN")
                 await cur.execute(self.queries["claim"], claim)
-            row = await cur.fetchone()
+            row = await cur.fetchone() or await self._claim(cur, claim)
             try:
                 if not row["claimed"]:
                     await conn.execute("ROLLBACK")
