@@ -190,15 +190,6 @@ class AsyncPeriodic:
             self._ticker.add(self, self._seconds)
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        # stop(), in line (a coroutine fewer per guarded call): nothing ticks mostly.
-        self._stopped = True
-        if self._ticker is not None:
-            self._ticker.remove(self)
-        ticking = self._ticking
-        if ticking is not None and ticking is not asyncio.current_task():
-            await ticking
-
     def fire(self) -> None:
         """Start one tick, as a task of its own (the ticker calls it when it is due)."""
         if not self._stopped:
@@ -217,7 +208,7 @@ class AsyncPeriodic:
             assert self._seconds is not None
             self._ticker.add(self, self._seconds)
 
-    async def stop(self) -> None:
+    async def stop(self, *exc_info: object) -> None:
         """Stop ticking, once a tick in flight has returned."""
         self._stopped = True
         if self._ticker is not None:
@@ -225,6 +216,9 @@ class AsyncPeriodic:
         ticking = self._ticking
         if ticking is not None and ticking is not asyncio.current_task():
             await ticking
+
+    # The block's end is stop() itself: a coroutine fewer per guarded call.
+    __aexit__ = stop
 
 
 class _LoopTicker:

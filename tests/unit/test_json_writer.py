@@ -12,14 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from idempotence._json import writer
+from tests.unit.test_fingerprint import scalars
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8)
-)
 values = st.recursive(
     scalars,
     lambda children: (
