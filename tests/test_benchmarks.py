@@ -37,7 +37,15 @@ BENCHMARKS = sorted(path for path in HERE.glob("*.py") if not path.name.startswi
 
 def test_there_are_benchmarks():
     names = {path.name for path in BENCHMARKS}
-    assert names >= {"store.py", "reaper.py", "http_bench.py", "peers.py", "drivers.py", "soak.py"}
+    assert names >= {
+        "store.py",
+        "reaper.py",
+        "http_bench.py",
+        "peers.py",
+        "drivers.py",
+        "soak.py",
+        "instruction_guard.py",
+    }
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.name)
@@ -235,3 +243,32 @@ def test_the_functions_benchmark_measures_every_guard():
     for row in ("execute", "replay"):
         assert {("sync", guard, row) for guard in sync} <= measured
         assert {("async", guard, row) for guard in sync - {"powertools"}} <= measured
+
+
+def test_the_instruction_guard_counts_and_fails_a_grown_row(tmp_path: Path):
+    """The CI guard for real on SQLite (no server): --update writes every SQLite row,
+    and against a baseline 20 % below those numbers the next count fails, exit status
+    1, printing every row. The rule itself: tests/unit/test_instruction_guard.py."""
+    if shutil.which("valgrind") is None:
+        pytest.fail(f"valgrind is not installed: run `{SETUP}`")
+    baseline = tmp_path / "instructions.json"
+    script = [sys.executable, str(HERE / "instruction_guard.py"), "--backend", "sqlite"]
+    script += ["--baseline", str(baseline), "--requests", "30", "--warmup", "10"]
+
+    def run(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*script, *options], capture_output=True, text=True, timeout=280, check=False
+        )
+
+    done = run("--update")
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads(baseline.read_text())
+    rows = {"sqlite handler", "sqlite replay", "sqlite transaction"}
+    assert set(written["rows"]) == rows
+    assert all(value > 0 for value in written["rows"].values())
+    written["rows"] = {row: value * 0.8 for row, value in written["rows"].items()}
+    baseline.write_text(json.dumps(written))
+    done = run()
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    printed = [line for line in done.stdout.splitlines() if line.startswith("sqlite ")]
+    assert len(printed) == 3 and all("FAILED" in line for line in printed), done.stdout
