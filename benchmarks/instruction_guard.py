@@ -43,7 +43,6 @@ import json
 import math
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -288,26 +287,12 @@ def valgrind_version() -> str | None:
 
 def count(backend: str, target: str, args: argparse.Namespace) -> dict[str, float]:
     """Instructions per request of each phase of ``backend``, from callgrind's dumps."""
+    from profile_request import callgrind, total
+
+    child = [sys.executable, str(Path(__file__).resolve()), "--child", backend]
+    child += ["--target", target, "--requests", str(args.requests), "--warmup", str(args.warmup)]
     with tempfile.TemporaryDirectory() as folder:
-        out = os.path.join(folder, "callgrind.out")
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={out}",
-            *Markers.options(),
-            "--dump-instr=no",
-            "--compress-strings=no",
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            backend,
-            "--target",
-            target,
-            "--requests",
-            str(args.requests),
-            "--warmup",
-            str(args.warmup),
-        ]
+        command = callgrind(os.path.join(folder, "callgrind.out"), child, *Markers.options())
         # The same string hashes at every run (dict and set layouts with them).
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -316,21 +301,12 @@ def count(backend: str, target: str, args: argparse.Namespace) -> dict[str, floa
         report = json.loads(done.stdout.strip().splitlines()[-1])
         dumps = sorted(Path(folder).glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
         # A dump before each phase (discarded) and one after it (the phase's).
-        totals = [_total(path.read_text()) for path in dumps[1::2]]
+        totals = [total(path.read_text()) for path in dumps[1::2]]
     phases = report["phases"]
     if len(dumps) != 2 * len(phases):
         raise RuntimeError(f"{backend}: {len(dumps)} callgrind dumps for {len(phases)} phases")
     args.steadied[backend] = report["steadied"]
-    return {phase: total / args.requests for phase, total in zip(phases, totals, strict=True)}
-
-
-def _total(text: str) -> int:
-    # summary: the events counted up to the dump (totals adds up the cost lines).
-    found = re.search(r"^summary:\s+(\d+)", text, re.MULTILINE)
-    found = found or re.search(r"^totals:\s+(\d+)", text, re.MULTILINE)
-    if found is None:
-        raise RuntimeError("callgrind wrote a dump without totals")
-    return int(found.group(1))
+    return {phase: n / args.requests for phase, n in zip(phases, totals, strict=True)}
 
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
