@@ -8,6 +8,7 @@ tests/test_benchmarks.py's (slow tier) and .ci/run's "instruction guard" step.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -69,3 +70,11 @@ def test_the_table_prints_every_row_with_its_change(guard: ModuleType):
     assert "FAILED" in lines[1]
     assert lines[2].split()[:6] == ["redis", "replay", "50,000", "49,000", "-2.00", "%"]
     assert "FAILED" not in lines[2]
+
+
+def test_the_committed_baseline_has_every_row(guard: ModuleType):
+    rows = guard.read_baseline(guard.BASELINE)
+    assert set(rows) == set(guard.ROWS)
+    assert all(value > 0 for value in rows.values())
+    produced = json.loads(guard.BASELINE.read_text())["produced"]
+    assert produced["command"].endswith("--update")
