@@ -245,30 +245,27 @@ def test_the_functions_benchmark_measures_every_guard():
         assert {("async", guard, row) for guard in sync - {"powertools"}} <= measured
 
 
+@pytest.mark.timeout(600)  # one callgrind run: about 2 minutes on a loaded 2-core machine
 def test_the_instruction_guard_counts_and_fails_a_grown_row(tmp_path: Path):
-    """The CI guard for real on SQLite (no server): --update writes every SQLite row,
-    and against a baseline 20 % below those numbers the next count fails, exit status
-    1, printing every row. The rule itself: tests/unit/test_instruction_guard.py."""
+    """The CI guard for real on SQLite (no server), against a made-up baseline: the row
+    that grew (from 1 instruction) fails, the rows that shrank pass, exit status 1, and
+    every row is printed. The rule itself and --update's file:
+    tests/unit/test_instruction_guard.py."""
     if shutil.which("valgrind") is None:
         pytest.fail(f"valgrind is not installed: run `{SETUP}`")
     baseline = tmp_path / "instructions.json"
-    script = [sys.executable, str(HERE / "instruction_guard.py"), "--backend", "sqlite"]
-    script += ["--baseline", str(baseline), "--requests", "30", "--warmup", "10"]
-
-    def run(*options: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*script, *options], capture_output=True, text=True, timeout=280, check=False
-        )
-
-    done = run("--update")
-    assert done.returncode == 0, done.stderr[-3000:]
-    written = json.loads(baseline.read_text())
-    rows = {"sqlite handler", "sqlite replay", "sqlite transaction"}
-    assert set(written["rows"]) == rows
-    assert all(value > 0 for value in written["rows"].values())
-    written["rows"] = {row: value * 0.8 for row, value in written["rows"].items()}
-    baseline.write_text(json.dumps(written))
-    done = run()
+    rows = {"sqlite handler": 1, "sqlite replay": 10**12, "sqlite transaction": 10**12}
+    baseline.write_text(json.dumps({"rows": rows}))
+    command = [sys.executable, str(HERE / "instruction_guard.py"), "--backend", "sqlite"]
+    command += ["--baseline", str(baseline), "--requests", "20", "--warmup", "5"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=580, check=False)
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
-    printed = [line for line in done.stdout.splitlines() if line.startswith("sqlite ")]
-    assert len(printed) == 3 and all("FAILED" in line for line in printed), done.stdout
+    printed = {
+        line.split()[1]: line for line in done.stdout.splitlines() if line.startswith("sqlite ")
+    }
+    assert set(printed) == {"handler", "replay", "transaction"}, done.stdout
+    assert "FAILED" in printed["handler"]
+    assert "FAILED" not in printed["replay"] and "FAILED" not in printed["transaction"]
+    for line in printed.values():
+        now = float(line.split()[3].replace(",", ""))
+        assert now > 0, line  # what a guarded request adds is never nothing

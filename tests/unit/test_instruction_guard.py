@@ -7,6 +7,7 @@ tests/test_benchmarks.py's (slow tier) and .ci/run's "instruction guard" step.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -70,6 +71,20 @@ def test_the_table_prints_every_row_with_its_change(guard: ModuleType):
     assert "FAILED" in lines[1]
     assert lines[2].split()[:6] == ["redis", "replay", "50,000", "49,000", "-2.00", "%"]
     assert "FAILED" not in lines[2]
+
+
+def test_update_writes_the_rows_and_what_produced_them(guard: ModuleType, tmp_path: Path):
+    path = tmp_path / "instructions.json"
+    path.write_text(json.dumps({"rows": {"redis replay": 7, "postgres handler": 1}}))
+    args = argparse.Namespace(requests=100, warmup=30)
+    guard.write_baseline(path, {"postgres handler": 1234.6, "sqlite handler": 99.0}, args)
+    written = json.loads(path.read_text())
+    # Measured rows are replaced (rounded), a backend not measured keeps its row, and
+    # the rows come in the guard's order, so that a diff of the file reads row by row.
+    assert written["rows"] == {"postgres handler": 1235, "sqlite handler": 99, "redis replay": 7}
+    assert list(written["rows"]) == ["postgres handler", "sqlite handler", "redis replay"]
+    assert written["produced"]["requests"] == 100
+    assert {"python", "valgrind", "psycopg", "sqlite"} <= set(written["produced"])
 
 
 def test_the_committed_baseline_has_every_row(guard: ModuleType):
