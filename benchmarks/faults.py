@@ -25,7 +25,11 @@ each on servers of its own with --failover-keys keys from 4 clients, the primary
 killed a third of the way, every other one with its replicas lagging: a PostgreSQL
 primary with a synchronous standby, promoted (the store on a multi-host URL), and a
 Redis master with two replicas and a sentinel, which promotes one (the store on the
-``redis+sentinel://`` URL with ``replicas=1``). Each reports the history checker's
+``redis+sentinel://`` URL with ``replicas=1``). The keys are guarded requests: sent
+over HTTP to the same app as the partitions' (tests/network/app.py, under uvicorn on
+this machine), PostgreSQL's over its three endpoints, Redis's over its handler-mode
+one, with a provider that charges once per key row (R4); ``--direct`` drives the
+store from the client threads instead, as a handler would. Each reports the history checker's
 violations (duplicate charges, answers replayed differently, lost acknowledged
 answers, keys not finished within the lock timeout plus 10 s of the promotion),
 handlers run twice, and how soon a request got a 2xx after the kill and after the
@@ -39,7 +43,6 @@ import argparse
 import contextlib
 import json
 import os
-import queue
 import random
 import sys
 import threading
@@ -65,6 +68,11 @@ def main() -> None:
     parser.add_argument(
         "--failover-keys", type=int, default=100, help="keys sent through each failover"
     )
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="failovers: drive the store from threads, not requests through the app",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
         "--quick", action="store_true", help="60 requests, 3 partitions (1 failover each kind)"
@@ -89,7 +97,9 @@ def failovers(args: argparse.Namespace) -> dict[str, Any]:
     for n in range(args.failovers):
         for kind in KINDS:
             seed = (args.seed or 0) + n
-            trial = failover(kind, args.failover_keys, lagging=n % 2 == 1, seed=seed)
+            trial = failover(
+                kind, args.failover_keys, lagging=n % 2 == 1, seed=seed, http=not args.direct
+            )
             if not args.json:
                 print(trial)
             runs.append(trial.numbers())
@@ -117,6 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from idempotence.stores.postgres import PostgresStore
     from idempotence.testing import History, Property
+    from tests.network.failovers import load_http
     from tests.network.hosts import AppHost
     from tests.network.test_partitions import Served
 
@@ -150,29 +161,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stop_at = time.monotonic() + args.seconds
             keys = [f"k{n}" for n in range(args.requests)]
             paths = {key: rng.choice(["/charges", "/transfers", "/rides"]) for key in keys}
-            todo: queue.Queue[str] = queue.Queue()
-            for key in keys:
-                todo.put(key)
-
-            def client() -> None:
-                with httpx.Client(base_url=url, timeout=args.bound + 8) as http:
-                    while time.monotonic() < stop_at:
-                        try:
-                            key = todo.get_nowait()
-                        except queue.Empty:
-                            return
-                        while time.monotonic() < stop_at:
-                            with history.operation(key) as op:
-                                try:
-                                    response = http.post(
-                                        paths[key], headers={"Idempotency-Key": key}, json={}
-                                    )
-                                    op.answer(response.status_code, response.content)
-                                except httpx.HTTPError:
-                                    pass
-                            if op.final:
-                                break
-                            time.sleep(0.1)
+            loader = threading.Thread(
+                target=load_http,
+                args=(url, history, paths, args.clients, stop_at, args.bound + 8),
+            )
 
             healed = threading.Event()
             done = threading.Event()
@@ -181,9 +173,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 # Spread the cuts over the run, each for up to 1.5 lock timeouts, with
                 # the link up 2 to 3 s between two (the probe's window).
                 for _ in range(args.partitions):
-                    if time.monotonic() > stop_at or todo.empty():
-                        break
                     time.sleep(rng.uniform(2.0, 3.0))
+                    # No cut once every key is answered: it would cut no request.
+                    if time.monotonic() > stop_at or not loader.is_alive():
+                        break
                     healed.clear()
                     with host.back.partitioned():
                         time.sleep(rng.uniform(0.2, args.lock * 1.5))
@@ -221,12 +214,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             time.sleep(0.05)  # until the next cut
 
             started = time.monotonic()
-            threads = [threading.Thread(target=client) for _ in range(args.clients)]
             fault_thread = threading.Thread(target=faults)
             probe_thread = threading.Thread(target=probe)
-            for thread in [*threads, fault_thread, probe_thread]:
+            for thread in [loader, fault_thread, probe_thread]:
                 thread.start()
-            for thread in [*threads, fault_thread]:
+            for thread in [loader, fault_thread]:
                 thread.join(timeout=max(stop_at - time.monotonic(), 0) + 30)
             done.set()
             probe_thread.join(timeout=30)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from idempotence import SqliteStore
 from idempotence.stores.capabilities import Capability
@@ -27,6 +28,11 @@ from tests.support.postgres import (
 )
 from tests.support.sources import SOURCES, OnSource, open_on
 from tests.support.stores import STORES, Blocking, EventLoopThread, StoreKind, opener
+
+# No per-example deadline: the property tests check behaviour, not speed (benchmarks do
+# that), and on two loaded cores an example can take longer than hypothesis's 200 ms.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 #: The stores the suites that need a SQL store run on: those sharing transactions.
 STORE_IDS = [
@@ -47,15 +53,35 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("store_kind", list(ids), indirect=True)
 
 
-_server_description = "not started (no test needed it)"
+_NOT_STARTED = "not started (no test needed it)"
+_server_description = _NOT_STARTED
 
 
 def pytest_report_header() -> str:
     return "idempotence: PostgreSQL from tests/support/postgres.py (see the summary)"
 
 
+#: What each of pytest-xdist's workers used (``-n``), as the workers report it.
+_worker_descriptions: set[str] = set()
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    terminalreporter.write_line(f"PostgreSQL used by the tests: {_server_description}")
+    used = sorted(_worker_descriptions - {_NOT_STARTED}) or [_server_description]
+    terminalreporter.write_line(f"PostgreSQL used by the tests: {'; '.join(used)}")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # In a worker: hand the controller what this process used, for the summary.
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["postgres"] = _server_description
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    description = getattr(node, "workeroutput", {}).get("postgres")
+    if description:
+        _worker_descriptions.add(description)
 
 
 @pytest.fixture(scope="session")

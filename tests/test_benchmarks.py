@@ -163,6 +163,18 @@ def test_http_bench_quick_on_redis():
     assert by["pg-fast+cache", "replay"]["db_ms"] < by["pg-fast+cache", "handler"]["db_ms"] / 10
 
 
+def test_large_table_quick():
+    """Both tables served, every row measured, and the two comparisons the issue's
+    targets read (full / empty, req/s and p99) printed for both guarded rows."""
+    require_benchmark_tools()
+    table = quick("large_table.py", "--keys", "20000")
+    assert_every_row_served(table["rows"], {"empty", "full"})
+    assert "20,000 keys" in table["servers"]["full"]
+    compared = [line.split(":")[0] for line in table["summary"]]
+    assert compared == ["handler", "transaction"]
+    assert all("req/s = " in line and "p99 = " in line for line in table["summary"])
+
+
 def test_peers_quick():
     require_benchmark_tools()
     guards = ["ours-pg", "idemkit-pg", "ours-redis", "idemkit-redis", "ours-cached"]

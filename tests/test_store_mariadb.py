@@ -344,6 +344,7 @@ def test_urls_open_the_store_through_the_one_factory(mariadb_url: str) -> None: 
 # -- the CLI on a mariadb:// URL ---------------------------------------------------------------
 
 
+@pytest.mark.slow  # processes of their own (the CLI, a server, a benchmark)
 def test_cli_migrates_lists_shows_and_counts(scope: str) -> None:
     from tests.support.mariadb import database
 
@@ -483,6 +484,7 @@ def test_schema_sql_is_the_sum_of_the_migrations() -> None:
         assert snapshot(built)["views"]  # and the view
 
 
+@pytest.mark.slow  # processes of their own (the CLI, a server, a benchmark)
 def test_without_a_server_the_tests_start_a_throwaway_one_and_stop_it() -> None:
     """tests/support/mariadb.py's last resort, as on a machine whose MariaDB is down:
     mariadb-install-db and mariadbd in a temporary directory, gone when the process
@@ -512,6 +514,7 @@ def test_without_a_server_the_tests_start_a_throwaway_one_and_stop_it() -> None:
     assert _answers(url) is not None  # stopped at exit
 
 
+@pytest.mark.slow  # processes of their own (the CLI, a server, a benchmark)
 def test_the_driver_benchmark_measures_the_store_s_two_drivers() -> None:
     from tests.support.mariadb import server_url
 

@@ -75,10 +75,16 @@ def imported(code: str) -> set[str]:
     return {m for m in modules if m not in sys.stdlib_module_names and m != "idempotence"}
 
 
+@cache
+def _distributions() -> dict[str, list[str]]:
+    # Reads every installed distribution's file list (most of a second): once a run.
+    return dict(importlib.metadata.packages_distributions())
+
+
 def missing(block: Block) -> dict[str, list[str]]:
     """Each module of ``block`` that its extras do not install, with the distributions
     that would provide it."""
-    distributions = importlib.metadata.packages_distributions()
+    distributions = _distributions()
     have = provided(frozenset(block.extras))
     gaps = {}
     for module in sorted(imported(block.code)):

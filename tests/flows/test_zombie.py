@@ -16,6 +16,9 @@ from idempotence import SqliteStore, StoreError
 from idempotence.flows import ResultKind
 from idempotence.testing import FakeProvider, KillPoint, Worker, load_target, spawn_worker
 
+# The slow tier: frozen workers that wait out a lock's lapse.
+pytestmark = pytest.mark.slow
+
 EXAMPLE = "idempotence.testing.example:crash_target"
 LOCK_TIMEOUT = 0.4
 

@@ -24,6 +24,9 @@ import pytest
 from idempotence import CallInProgress
 from tests.functions.crash_child import build, open_store
 
+# The slow tier: each test kills a process at every boundary and recovers.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

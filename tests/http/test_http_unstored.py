@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -35,6 +36,9 @@ from tests.http import apps
 from tests.http.clients import Harness, open_harness
 from tests.network.hosts import Relay
 from tests.support.polling import eventually
+
+# The slow tier: finishes that fail and are retried, some waiting out a lock.
+pytestmark = pytest.mark.slow
 
 #: The relay's store fails within this bound once cut (its statements fail at once).
 BOUND = 1.0
@@ -70,6 +74,22 @@ def relayed_store(framework: str, backend: str, url: str) -> Any:
     return cls(url, connect_timeout=BOUND, statement_timeout=BOUND)
 
 
+def relayed_harness(
+    framework: str, backend: str, target: str, relay: Relay, scope: str, **overrides: Any
+) -> AbstractContextManager[Harness]:
+    """The app on a store reached through ``relay``, every path on the default policy
+    (handler mode) with ``overrides`` (``default_lock_timeout=...``)."""
+    return open_harness(
+        framework,
+        backend,
+        target,
+        scope,
+        store_factory=lambda: relayed_store(framework, backend, through(relay, target)),
+        endpoints=[],
+        **overrides,
+    )
+
+
 class CutAfterEffect:
     """Wraps the app's effect counter: records each run as an effect in the history,
     and cuts the relay after the first run of ``path``."""
@@ -103,14 +123,8 @@ def test_an_answer_whose_finish_fails_is_not_sent_and_is_stored_in_the_backgroun
     framework: str, backend: str, target: str, relay: Relay, scope: str
 ) -> None:
     history, key = History(), "unstored-1"
-    with open_harness(
-        framework,
-        backend,
-        target,
-        scope,
-        store_factory=lambda: relayed_store(framework, backend, through(relay, target)),
-        endpoints=[],  # every path on the default policy: handler mode
-        default_lock_timeout=timedelta(seconds=30),
+    with relayed_harness(
+        framework, backend, target, relay, scope, default_lock_timeout=timedelta(seconds=30)
     ) as harness:
         CutAfterEffect(harness, relay, history, key)
         first = attempt(history, harness, key)
@@ -146,14 +160,8 @@ def test_when_the_lock_lapses_first_the_retry_runs_again_and_no_answer_was_lost(
     history, key = History(), "unstored-2"
     with (
         caplog.at_level(logging.INFO, "idempotence"),
-        open_harness(
-            framework,
-            backend,
-            target,
-            scope,
-            store_factory=lambda: relayed_store(framework, backend, through(relay, target)),
-            endpoints=[],
-            default_lock_timeout=timedelta(seconds=1),
+        relayed_harness(
+            framework, backend, target, relay, scope, default_lock_timeout=timedelta(seconds=1)
         ) as harness,
     ):
         CutAfterEffect(harness, relay, history, key)
@@ -180,3 +188,42 @@ def test_when_the_lock_lapses_first_the_retry_runs_again_and_no_answer_was_lost(
     # makes the second harmless: R4), but the one answer any client saw is stored.
     assert [v.property for v in report.violations] == [Property.DUPLICATE_EFFECT]
     assert report.count(Property.LOST_ANSWER) == 0 and report.acknowledged == 1
+
+
+@pytest.mark.parametrize("path", ["/big/a", "/stream-big"])
+def test_a_response_too_large_to_store_is_not_sent_when_its_problem_is_not_stored(
+    framework: str, backend: str, target: str, relay: Relay, scope: str, path: str
+) -> None:
+    """Too large to store, the response is sent once and the key finished with a
+    problem a retry is told (RESPONSE_NOT_REPLAYABLE). When that finish fails, the
+    response must not go out either (it used to: the failure was only logged, and a
+    retry after the lock ran the request again): 503, the problem stored in the
+    background, and the retry told that the request ran once."""
+    key = "unstored-large"
+    with relayed_harness(
+        framework,
+        backend,
+        target,
+        relay,
+        scope,
+        default_lock_timeout=timedelta(seconds=30),
+        default_max_response_bytes=apps.SMALL_LIMIT,
+    ) as harness:
+        CutAfterEffect(harness, relay, History(), key)
+        first = harness.post(path, key=key)
+        assert first.status == 503, first.body[:200]
+        assert first.header("retry-after")
+        assert b"not sent" in first.body
+        assert b"x" * 100 not in first.body and b"y" * 100 not in first.body  # not a byte
+        assert harness.effects.total() == 1
+        relay.heal()
+        eventually(
+            lambda: (record := harness.record(key)) is not None and record.finished,
+            "the background finish stored the problem",
+        )
+        again = harness.post(path, key=key)
+        assert again.status == 500, again.body[:200]
+        problem = again.json()
+        assert problem["code"] == "response_not_replayable"
+        assert "will not be processed again" in problem["detail"]
+        assert harness.effects.total() == 1

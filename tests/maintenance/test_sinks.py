@@ -34,6 +34,9 @@ from tests.maintenance.brokers import celery_app, closed_port_url, consume, drai
 from tests.maintenance.support import Backend, Flavour, new_scope
 from tests.maintenance.test_enqueuer import stage
 
+# The slow tier: the worker's process and a real broker, stopped and restarted.
+pytestmark = pytest.mark.slow
+
 FAST = EnqueuerConfig(batch_pause=0.0)
 
 

@@ -10,7 +10,10 @@ Configured by the environment:
 * ``NET_PROVIDER``: a SQLite file on this machine's disk, the payment provider's own
   store: it dedups charges by the key it is sent (R4), as a real provider does, and
   lies outside the partition (the disk is shared, not the network);
-* ``NET_LOCK_TIMEOUT`` and ``NET_STATEMENT_TIMEOUT``: seconds.
+* ``NET_LOCK_TIMEOUT`` and ``NET_STATEMENT_TIMEOUT``: seconds;
+* ``NET_CHARGE_BY``: ``key`` (the default: the provider's key is derived from the
+  Idempotency-Key alone) or ``row`` (from the key row's id too, as R4 derives it: a
+  key run again on a new row, its first row lost in a failover, charges twice).
 
 Endpoints (scope ``default``):
 
@@ -48,6 +51,7 @@ from idempotence.http import (
     IdempotencyMiddleware,
     Policy,
     current_async_transaction,
+    current_lease,
     single_tenant,
 )
 from idempotence.states import StoredResponse
@@ -79,28 +83,28 @@ else:
             primary, os.environ["NET_REDIS_URL"], prefix=os.environ["NET_REDIS_PREFIX"]
         )
 PROVIDER = os.environ["NET_PROVIDER"]
+CHARGE_BY = os.environ.get("NET_CHARGE_BY", "key")
 FLOW_WORK = float(os.environ.get("NET_FLOW_WORK", "0.3"))
 
 
-def charge_once(key: str) -> str:
+def charge_once(key: str, derived: str) -> str:
     """The provider: one charge per derived key, its id the same on every repeat. Each
     call is counted too (``runs``): how often the handler ran for the key."""
     with sqlite3.connect(PROVIDER, timeout=10) as db:
         db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, id TEXT)")
         db.execute("CREATE TABLE IF NOT EXISTS runs (key TEXT NOT NULL)")
         db.execute("INSERT INTO runs VALUES (?)", (key,))
-        db.execute(
-            "INSERT OR IGNORE INTO charges VALUES (?, ?)", (f"net-{key}-charge", uuid.uuid4().hex)
-        )
-        (charge_id,) = db.execute(
-            "SELECT id FROM charges WHERE key = ?", (f"net-{key}-charge",)
-        ).fetchone()
+        db.execute("INSERT OR IGNORE INTO charges VALUES (?, ?)", (derived, uuid.uuid4().hex))
+        (charge_id,) = db.execute("SELECT id FROM charges WHERE key = ?", (derived,)).fetchone()
     return str(charge_id)
 
 
 async def charges(request: Request) -> Response:
     key = request.headers["idempotency-key"]
-    charge_id = await asyncio.to_thread(charge_once, key)
+    derived = f"net-{key}-charge"
+    if CHARGE_BY == "row":
+        derived += f"-{current_lease().id}"
+    charge_id = await asyncio.to_thread(charge_once, key, derived)
     await asyncio.sleep(float(request.headers.get("x-work", "0")))
     return JSONResponse({"charge": charge_id}, status_code=201)
 

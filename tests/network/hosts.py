@@ -45,6 +45,8 @@ from typing import Any
 
 import httpx
 
+from tests.support.polling import eventually
+
 ROOT = Path(__file__).resolve().parents[2]
 _counter = itertools.count(1)
 
@@ -94,7 +96,11 @@ class Link:
     def up(self) -> None:
         ip("link", "set", self.host_if, "up")
         # The machine's route to the /30 comes back with the link.
-        _wait_for(lambda: self.host_ip in ip("-4", "addr", "show", self.host_if).stdout, 5.0)
+        eventually(
+            lambda: self.host_ip in ip("-4", "addr", "show", self.host_if).stdout,
+            "the namespace's address shows",
+            timeout=5.0,
+        )
 
     @contextlib.contextmanager
     def partitioned(self) -> Iterator[None]:
@@ -161,7 +167,8 @@ class Relay:
                 if self.delay:
                     time.sleep(self.delay)
                 sink.sendall(data)
-        except OSError:
+        except (OSError, ValueError):
+            # cut() closed the socket under us: select() sees fd -1 (ValueError).
             pass
         finally:
             with contextlib.suppress(OSError):
@@ -288,30 +295,10 @@ class AppHost:
         self, app: str, env: Mapping[str, str], port: int = 8000, timeout: float = 20.0
     ) -> str:
         """Run ``uvicorn app`` in the namespace on the front link; its base URL."""
-        command = [
-            *self.exec_prefix(),
-            sys.executable, "-m", "uvicorn", app,
-            "--host", self.front.ns_ip, "--port", str(port),
-            "--log-level", "warning", "--no-access-log",
-        ]  # fmt: skip
-        server = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        server, url = run_server(
+            app, env, self.front.ns_ip, port, self.exec_prefix(), timeout, f" in {self.name}"
         )
         self.servers.append(server)
-        url = f"http://{self.front.ns_ip}:{port}"
-
-        def ready() -> bool:
-            if server.poll() is not None:
-                raise RuntimeError(f"the app server in {self.name} exited with {server.returncode}")
-            try:
-                httpx.get(f"{url}/health", timeout=0.5)
-            except httpx.HTTPError:
-                return False
-            return True
-
-        _wait_for(ready, timeout, f"the app server in {self.name} did not answer")
         return url
 
     def close(self) -> None:
@@ -327,6 +314,43 @@ class AppHost:
         ip("netns", "del", self.name, check=False)
 
 
+def run_server(
+    app: str,
+    env: Mapping[str, str],
+    host: str,
+    port: int,
+    prefix: list[str] | None = None,
+    timeout: float = 20.0,
+    where: str = "",
+) -> tuple[subprocess.Popen[Any], str]:
+    """Run ``uvicorn app`` on ``host:port`` (behind ``prefix``: in a namespace), and
+    wait until it answers; the process and its base URL."""
+    command = [
+        *(prefix or []),
+        sys.executable, "-m", "uvicorn", app,
+        "--host", host, "--port", str(port),
+        "--log-level", "warning", "--no-access-log",
+    ]  # fmt: skip
+    server = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    url = f"http://{host}:{port}"
+
+    def ready() -> bool:
+        if server.poll() is not None:
+            raise RuntimeError(f"the app server{where} exited with {server.returncode}")
+        try:
+            httpx.get(f"{url}/health", timeout=0.5)
+        except httpx.HTTPError:
+            return False
+        return True
+
+    try:
+        eventually(ready, f"the app server{where} answers", timeout=timeout)
+    except BaseException:
+        stop(server)
+        raise
+    return server, url
+
+
 def stop(process: subprocess.Popen[Any], grace: float = 5.0) -> None:
     """SIGTERM ``process``, and SIGKILL it if it has not exited within ``grace`` s."""
     if process.poll() is not None:
@@ -337,12 +361,3 @@ def stop(process: subprocess.Popen[Any], grace: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=5)
-
-
-def _wait_for(condition: object, timeout: float, message: str = "timed out") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"{message} within {timeout:g} s")

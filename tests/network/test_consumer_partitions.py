@@ -32,9 +32,10 @@ import pytest
 from idempotence.stores.postgres import PostgresStore
 from idempotence.testing import History
 from tests.consumers.broker import Broker, broker_url, queue_for_test
+from tests.support.polling import eventually
 
 from .hosts import ROOT, AppHost, Relay, stop
-from .test_partitions import FAIL_WITHIN, RELAY_DELAY, over, relayed, wait_until
+from .test_partitions import FAIL_WITHIN, RELAY_DELAY, over, relayed
 
 #: The consumer's lock timeout (s): longer than the cut, so that a finish tried again
 #: in the background lands before it lapses.
@@ -137,15 +138,15 @@ def test_a_partition_between_a_consumer_and_its_store_keeps_every_promise(
     key = f"msg-{boundary}"
     with consuming(app_host, fresh_pg_url, tmp_path, mode) as run:
         run.broker.publish(run.queue, b"warm", message_id=f"{key}-warm")
-        wait_until(lambda: run.acked(f"{key}-warm"), 30, "the warm message's ack")
+        eventually(lambda: run.acked(f"{key}-warm"), "the warm message's ack", timeout=30)
         run.relay.delay = RELAY_DELAY
         run.broker.publish(run.queue, b"{}", message_id=key)
-        wait_until(lambda: run.began(key), 30, "the delivery")
+        eventually(lambda: run.began(key), "the delivery", timeout=30)
         work = WORK[mode]
         if boundary == "claim":
             time.sleep(RELAY_DELAY / 2)  # the claim sits in the relay's delay
         elif mode == "handler":
-            wait_until(lambda: run.ran(key), 30, "the handler's run")
+            eventually(lambda: run.ran(key), "the handler's run", timeout=30)
             # During: the handler works; finish: its finish sits in the relay.
             time.sleep(work / 3 if boundary == "handler" else work + RELAY_DELAY / 2)
         else:
@@ -157,7 +158,7 @@ def test_a_partition_between_a_consumer_and_its_store_keeps_every_promise(
             time.sleep(CUT)
         healed_at = time.monotonic()
         run.relay.delay = 0.0
-        wait_until(lambda: run.acked(key), SETTLE + 10, "the message's ack after the heal")
+        eventually(lambda: run.acked(key), "the message's ack after the heal", timeout=SETTLE + 10)
         history = run.history()
         with PostgresStore(fresh_pg_url) as store:
             records = {k: store.get(run.queue, k) for k in (key, f"{key}-warm")}

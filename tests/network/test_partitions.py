@@ -19,7 +19,6 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from idempotence.states import KeyRecord
 from idempotence.stores.postgres import PostgresStore
 from idempotence.stores.redis import RedisStore
 from idempotence.testing import History, HistoryReport
+from tests.support.polling import eventually
 
 from .hosts import AppHost, Link, Relay
 
@@ -80,7 +80,8 @@ class Served:
         with sqlite3.connect(self.provider) as db:
             db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, id TEXT)")
             for key, charge_id in db.execute("SELECT key, id FROM charges"):
-                history.effect(key.removeprefix("net-").removesuffix("-charge"), charge_id)
+                # net-KEY-charge, or net-KEY-charge-ROW (app.py's NET_CHARGE_BY=row)
+                history.effect(key.removeprefix("net-").partition("-charge")[0], charge_id)
         if self.database is not None:
             with psycopg.connect(self.database) as conn:
                 for key, transfer_id in conn.execute("SELECT key, id FROM net_transfers"):
@@ -205,15 +206,6 @@ def retry_to_final(
         time.sleep(0.2)
 
 
-def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.02)
-    pytest.fail(f"{what} did not happen within {seconds:g} s")
-
-
 def partition_at(
     served: Served, path: str, key: str, *, boundary: str
 ) -> tuple[History, list[tuple[int | None, float]], float, float]:
@@ -233,7 +225,7 @@ def partition_at(
             # The claim left the app and sits in the relay's delay.
             time.sleep(served.delay / 2)
         elif path == "/charges":
-            wait_until(lambda: served.charged(key), 10, "the charge")
+            eventually(lambda: served.charged(key), "the charge", timeout=10)
             if boundary == "finish":
                 # The handler's work is over and its finish sits in the relay.
                 time.sleep(work + served.delay / 2)
@@ -354,7 +346,7 @@ def never_acknowledges_unstored(served: Served, landed: bool) -> None:
             served.relay.delay = served.delay
         first = threading.Thread(target=attempt, args=(history, client, "/charges", key, work))
         first.start()
-        wait_until(lambda: served.charged(key), 10, "the charge")
+        eventually(lambda: served.charged(key), "the charge", timeout=10)
         # Landed: the finish left the app and sits in the relay's delay, on the
         # machine's side of the cut. Cut: the handler still works, and its finish
         # meets the cut.

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import redis
 
+from tests.support.polling import eventually
+
 SHARED_URL = os.environ.get("IDEMPOTENCE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 
@@ -217,11 +219,26 @@ def replicas(count: int) -> Iterator[tuple[RedisServer, list[RedisServer]]]:
             copies[-1].start()
         for copy in copies:
             caught_up(master, copy)
+        _acknowledging(master, count)
         yield master, copies
     finally:
         for copy in copies:
             copy.close()
         master.close()
+
+
+def _acknowledging(master: RedisServer, count: int) -> None:
+    """Wait until ``count`` replicas acknowledge a write (``WAIT``). In sync is not
+    enough: a freshly synced replica may leave a master's first WAITs unanswered for
+    up to a second, which a test of WAIT itself would read as a lagging replica."""
+    with redis.Redis(port=master.port, socket_timeout=1) as primary:
+
+        def acknowledged() -> bool:
+            primary.set("idemtest:acknowledged", "1")
+            return bool(primary.wait(count, 50) >= count)
+
+        eventually(acknowledged, f"{count} replica(s) acknowledge a write", timeout=15)
+        primary.delete("idemtest:acknowledged")
 
 
 def caught_up(master: RedisServer, replica: RedisServer, within: float = 15.0) -> None:

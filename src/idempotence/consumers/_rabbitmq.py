@@ -17,7 +17,14 @@ The topology, for a queue ``orders``:
 
 Requeue and dead-letter publish a copy (with publisher confirms) and ack the original
 only then: a crash in between leaves two copies, and the guard absorbs the second.
-The attempt count rides in the ``x-idempotence-attempt`` header.
+The copy is published ``mandatory``: a copy no queue takes (its queue was never
+declared, or was deleted) is returned by the broker, and then confirmed as if
+delivered. An adapter that took that confirm for a delivery would ack the original
+and lose the message; both see the return (`refused`), leave the original unacked
+(nacked back to its queue) and pause, so the message waits, with an error in the log,
+until its queue exists (a nacked delivery goes back to the head of its queue: with
+``prefetch=1`` the messages behind it wait too). The attempt count rides in the
+``x-idempotence-attempt`` header.
 """
 
 from __future__ import annotations
@@ -108,6 +115,17 @@ def forward(
         kept[REASON_HEADER] = disposition.reason[:_MAX_REASON]
         return Forward(topology.dead_letter_queue, kept)
     return None
+
+
+def refused(name: str, copy: Forward, reply: str) -> str:
+    """The error logged when the broker did not take ``copy`` (returned as unroutable,
+    or nacked; ``reply`` is its word): the original is not acked but goes back to its
+    queue (M1), so nothing is lost, and it comes back until the copy's queue exists."""
+    return (
+        f"consumer {name!r}: the broker refused the copy for queue {copy.routing_key!r} "
+        f"({reply}), so the message was not acked: it goes back to its queue and is "
+        "handled again. Declare that queue (or run the consumer with declare=True)"
+    )
 
 
 KEPT_PROPERTIES = (

@@ -34,7 +34,17 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from ..stores import AsyncKeyStore
 from ._driver_async import process_async
 from ._guard import Consumer
-from ._rabbitmq import DEFAULT_URL, KEPT_PROPERTIES, Options, Settings, described, forward, incoming
+from ._rabbitmq import (
+    DEFAULT_URL,
+    KEPT_PROPERTIES,
+    Forward,
+    Options,
+    Settings,
+    described,
+    forward,
+    incoming,
+    refused,
+)
 
 logger = logging.getLogger("idempotence.consumers")
 
@@ -90,7 +100,10 @@ class AioPikaConsumer(Settings[AsyncKeyStore]):
             self.url, client_properties={"connection_name": self.name}
         )
         async with connection:
-            channel = await connection.channel(publisher_confirms=True)
+            # A returned copy raises (on_return_raises): by default aio-pika would
+            # resolve its publish once the broker confirms it, and the original would
+            # be acked while the copy went nowhere.
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             await channel.set_qos(prefetch_count=self.prefetch)
             queue = await self._queue(channel)
             logger.info("consumer %r: consuming %r", self.name, self.topology.queue)
@@ -132,23 +145,45 @@ class AioPikaConsumer(Settings[AsyncKeyStore]):
             # The guard itself failed (not the handler, which it answers): nothing was
             # acked; the delivery goes back to the queue.
             logger.error("consumer %r: the guard failed: %r", self.name, exc, exc_info=exc)
-            await delivery.nack(requeue=True)
-            await asyncio.sleep(self.reconnect_delay)
+            await self._put_back(delivery)
             return
         if self.on_settled is not None:
             self.on_settled(message, disposition)
         copy = forward(self.topology, disposition, headers)
         if copy is not None:
-            kept = {name: getattr(delivery, name) for name in KEPT_PROPERTIES}
-            expiration = None if copy.delay_ms is None else copy.delay_ms / 1000
-            out = aio_pika.Message(
-                delivery.body,
-                headers=copy.headers,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                expiration=expiration,
-                **kept,
-            )
-            await channel.default_exchange.publish(out, copy.routing_key, mandatory=True)
+            try:
+                await self._publish(channel, delivery, copy)
+            except aiormq.exceptions.DeliveryError as exc:
+                # Returned (no queue took it: the channel raises on returns) or nacked:
+                # the copy is not in its queue, so the original must not be acked.
+                logger.error(refused(self.name, copy, _reply(exc)))
+                await self._put_back(delivery)
+                return
         await delivery.ack()
         if logger.isEnabledFor(logging.DEBUG):  # build the account only for a reader
             logger.debug("consumer %r: %s", self.name, described(disposition))
+
+    async def _publish(
+        self, channel: AbstractChannel, delivery: AbstractIncomingMessage, copy: Forward
+    ) -> None:
+        kept = {name: getattr(delivery, name) for name in KEPT_PROPERTIES}
+        expiration = None if copy.delay_ms is None else copy.delay_ms / 1000
+        out = aio_pika.Message(
+            delivery.body,
+            headers=copy.headers,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            expiration=expiration,
+            **kept,
+        )
+        await channel.default_exchange.publish(out, copy.routing_key, mandatory=True)
+
+    async def _put_back(self, delivery: AbstractIncomingMessage) -> None:
+        """Send the delivery back to its queue, unacked, and pause before the next."""
+        await delivery.nack(requeue=True)
+        await asyncio.sleep(self.reconnect_delay)
+
+
+def _reply(exc: aiormq.exceptions.DeliveryError) -> str:
+    """The broker's word on a copy it refused: a return's reply text, or a nack."""
+    text = getattr(exc.frame, "reply_text", None)  # a Basic.Return's; a Basic.Nack has none
+    return f"returned: {text}" if text else "nacked"

@@ -38,11 +38,13 @@ from ._rabbitmq import (
     DEFAULT_URL,
     KEPT_PROPERTIES,
     Acks,
+    Forward,
     Options,
     Settings,
     described,
     forward,
     incoming,
+    refused,
 )
 
 logger = logging.getLogger("idempotence.consumers")
@@ -127,22 +129,21 @@ class PikaConsumer(Settings[KeyStore]):
             # The guard itself failed (not the handler, which it answers): nothing was
             # acked; the delivery goes back to the queue.
             logger.error("consumer %r: the guard failed: %r", self.name, exc, exc_info=exc)
-            _ack(channel, acks)  # those settled before it, first
-            channel.basic_nack(method.delivery_tag, requeue=True)
-            self._stopping.wait(self.reconnect_delay)
+            self._put_back(channel, acks, method.delivery_tag)
             return
         if self.on_settled is not None:
             self.on_settled(message, disposition)
         copy = forward(self.topology, disposition, properties.headers)
         if copy is not None:
-            kept = {name: getattr(properties, name) for name in KEPT_PROPERTIES}
-            props = pika.BasicProperties(
-                headers=copy.headers,
-                delivery_mode=pika.DeliveryMode.Persistent,
-                expiration=None if copy.delay_ms is None else str(copy.delay_ms),
-                **kept,
-            )
-            channel.basic_publish("", copy.routing_key, body, props, mandatory=True)
+            try:
+                _publish(channel, properties, body, copy)
+            except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:
+                # Returned (no queue took it) or nacked: the copy is not in its queue,
+                # so the original must not be acked. Not a lost connection: the channel
+                # is fine, and reconnecting would only hide the cause.
+                logger.error(refused(self.name, copy, _reply(exc)))
+                self._put_back(channel, acks, method.delivery_tag)
+                return
         acks.settled(method.delivery_tag)  # acked soon, with others (M1: after the commit)
         if copy is not None:
             # A copy went out: ack its original at once, as before, so a crash cannot
@@ -150,6 +151,33 @@ class PikaConsumer(Settings[KeyStore]):
             _ack(channel, acks)
         if logger.isEnabledFor(logging.DEBUG):  # build the account only for a reader
             logger.debug("consumer %r: %s", self.name, described(disposition))
+
+    def _put_back(self, channel: BlockingChannel, acks: Acks, tag: int) -> None:
+        """Send delivery ``tag`` back to its queue, unacked (those settled before it
+        are acked first), and pause before the next."""
+        _ack(channel, acks)
+        channel.basic_nack(tag, requeue=True)
+        self._stopping.wait(self.reconnect_delay)
+
+
+def _publish(channel: BlockingChannel, properties: Any, body: bytes, copy: Forward) -> None:
+    """Publish ``copy`` (mandatory, confirmed): raises UnroutableError when the broker
+    returns it, NackError when it nacks it."""
+    kept = {name: getattr(properties, name) for name in KEPT_PROPERTIES}
+    props = pika.BasicProperties(
+        headers=copy.headers,
+        delivery_mode=pika.DeliveryMode.Persistent,
+        expiration=None if copy.delay_ms is None else str(copy.delay_ms),
+        **kept,
+    )
+    channel.basic_publish("", copy.routing_key, body, props, mandatory=True)
+
+
+def _reply(exc: pika.exceptions.UnroutableError | pika.exceptions.NackError) -> str:
+    """The broker's word on a copy it refused: a return's reply text, or a nack."""
+    if isinstance(exc, pika.exceptions.UnroutableError) and exc.messages:
+        return f"returned: {exc.messages[0].method.reply_text}"
+    return "nacked"
 
 
 def _ack(channel: BlockingChannel, acks: Acks) -> None:

@@ -31,7 +31,7 @@ from ..errors import IdempotenceError, LockLost, StoreError
 from ..states import Lease, Outcome
 from ..stores import KeyStore, Store
 from ..stores.capabilities import Capability, capabilities_of
-from ._driver_shared import NOT_SYNC, after_call, closing, require_finish, watch
+from ._driver_shared import NOT_SYNC, after_call, closing, require_finish, unsent, watch
 from .contexts import ForeignContext, Observer, PhaseContext
 from .effects import (
     DoCall,
@@ -47,6 +47,7 @@ from .effects import (
     DoWait,
     Effect,
     HandlerBody,
+    OverflowNotStored,
 )
 from .handler import LateFinish
 
@@ -88,10 +89,17 @@ def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
     if isinstance(effect, DoHandle):
         beat = _heartbeat(store, effect.lease)
         with Periodic("idempotence-heartbeat", effect.beat_every, beat) as beating:
-            overflow = None
-            if effect.on_overflow is not None:
-                overflow = _overflow(effect, store, beating)
-            return effect.app.run_app(effect, None, overflow)
+            if effect.on_overflow is None:
+                return effect.app.run_app(effect, None, None)
+            failed: list[OverflowNotStored] = []
+            overflow = _overflow(effect, store, beating, failed)
+            try:
+                captured = effect.app.run_app(effect, None, overflow)
+            except Exception:
+                unsent(failed)  # else the app's own exception
+                raise
+            unsent(failed)  # the app caught it and answered something: not sent
+            return captured
     if isinstance(effect, DoFinish):
         return store.finish(effect.lease, effect.response, error=effect.error)
     if isinstance(effect, DoFinishLater):
@@ -186,18 +194,25 @@ def _finish_later(effect: DoFinishLater, store: KeyStore) -> None:
     )
 
 
-def _overflow(effect: DoHandle, store: KeyStore, beating: Periodic) -> Callable[[int], None]:
+def _overflow(
+    effect: DoHandle, store: KeyStore, beating: Periodic, failed: list[OverflowNotStored]
+) -> Callable[[int], None]:
     """Settle the key of a response too large to store, just before it streams out
-    (the heartbeat stopped first: the key is no longer held). The response is on its
-    way regardless: a store failure is logged, and the key's lock expires so that a
-    retry can take it over (P5)."""
+    (the heartbeat stopped first: the key is no longer held). A failed release or
+    forget is logged, and the key's lock expires so that a retry can take it over
+    (P5). A failed finish raises `OverflowNotStored`, also kept in ``failed``: the
+    response must not go out, since a retry could not be told what became of it."""
 
     def overflow(status: int) -> None:
         assert effect.on_overflow is not None
         beating.stop()
+        settle = effect.on_overflow(status)
         try:
-            perform(effect.on_overflow(status), store, None)
+            perform(settle, store, None)
         except IdempotenceError as exc:
+            if isinstance(settle, DoFinish):
+                failed.append(OverflowNotStored(settle, exc))
+                raise failed[0] from exc
             logger.error("could not settle a key whose response was too large: %s", exc)
 
     return overflow

@@ -29,7 +29,7 @@ from ..errors import IdempotenceError, LockLost, StoreError
 from ..states import Lease, Outcome
 from ..stores import AsyncKeyStore, AsyncStore
 from ..stores.capabilities import Capability, capabilities_of
-from ._driver_shared import NOT_SYNC, after_call, closing, require_finish, watch
+from ._driver_shared import NOT_SYNC, after_call, closing, require_finish, unsent, watch
 from .contexts import ForeignContext, Observer, PhaseContext
 from .effects import (
     DoCall,
@@ -45,6 +45,7 @@ from .effects import (
     DoWait,
     Effect,
     HandlerBody,
+    OverflowNotStored,
 )
 from .handler import LateFinish
 
@@ -86,10 +87,17 @@ async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer
     if isinstance(effect, DoHandle):
         beat = _heartbeat_async(store, effect.lease)
         async with AsyncPeriodic("idempotence-heartbeat", effect.beat_every, beat) as beating:
-            overflow = None
-            if effect.on_overflow is not None:
-                overflow = _overflow_async(effect, store, beating)
-            return await effect.app.run_app(effect, None, overflow)
+            if effect.on_overflow is None:
+                return await effect.app.run_app(effect, None, None)
+            failed: list[OverflowNotStored] = []
+            overflow = _overflow_async(effect, store, beating, failed)
+            try:
+                captured = await effect.app.run_app(effect, None, overflow)
+            except Exception:
+                unsent(failed)  # else the app's own exception
+                raise
+            unsent(failed)  # the app caught it and answered something: not sent
+            return captured
     if isinstance(effect, DoFinish):
         return await store.finish(effect.lease, effect.response, error=effect.error)
     if isinstance(effect, DoFinishLater):
@@ -187,19 +195,24 @@ async def _finish_later_async(effect: DoFinishLater, store: AsyncKeyStore) -> No
 
 
 def _overflow_async(
-    effect: DoHandle, store: AsyncKeyStore, beating: AsyncPeriodic
+    effect: DoHandle, store: AsyncKeyStore, beating: AsyncPeriodic, failed: list[OverflowNotStored]
 ) -> Callable[[int], Awaitable[None]]:
     """Settle the key of a response too large to store, just before it streams out
-    (the heartbeat stopped first: the key is no longer held). The response is on its
-    way regardless: a store failure is logged, and the key's lock expires so that a
-    retry can take it over (P5)."""
+    (the heartbeat stopped first: the key is no longer held). A failed release or
+    forget is logged, and the key's lock expires so that a retry can take it over
+    (P5). A failed finish raises `OverflowNotStored`, also kept in ``failed``: the
+    response must not go out, since a retry could not be told what became of it."""
 
     async def overflow(status: int) -> None:
         assert effect.on_overflow is not None
         await beating.stop()
+        settle = effect.on_overflow(status)
         try:
-            await perform_async(effect.on_overflow(status), store, None)
+            await perform_async(settle, store, None)
         except IdempotenceError as exc:
+            if isinstance(settle, DoFinish):
+                failed.append(OverflowNotStored(settle, exc))
+                raise failed[0] from exc
             logger.error("could not settle a key whose response was too large: %s", exc)
 
     return overflow

@@ -12,7 +12,7 @@ from ..errors import ConfigurationError, Indeterminate
 from ..observability import NO_WATCH, Instrumentation, Watch
 from ..states import FINISHED, STARTED
 from .contexts import Observer, PhaseContext
-from .effects import DoCall, DoInTransaction, DoPhase
+from .effects import DoCall, DoInTransaction, DoPhase, OverflowNotStored
 from .results import Advance, Finish, NoOp
 
 NOT_SYNC = "{} returned a coroutine: run the flow with run_async"
@@ -84,3 +84,11 @@ def after_call(observer: Observer | None, effect: DoCall) -> None:
 def require_finish(result: Any) -> None:
     if not isinstance(result, Finish):
         raise ConfigurationError("the phase of a request-as-transaction flow must return Finish")
+
+
+def unsent(failed: list[OverflowNotStored]) -> None:
+    """Raise the failed finish of a too-large response, if there was one (see
+    [`DoHandle`][idempotence.http.wsgi.DoHandle]): the engine must hear of it whatever
+    the app did with the exception."""
+    if failed:
+        raise failed[0]

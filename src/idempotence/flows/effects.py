@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from .._frozen import quick_init
+from ..errors import IdempotenceError
 from ..states import STARTED, ClaimRequest, KeyRecord, Lease, StoredResponse
 from .contexts import FlowInfo, PhaseContext
 from .results import Captured, FlowResult
@@ -65,9 +66,13 @@ class DoHandle:
     ``app`` is the entry point's (an HTTP exchange): it runs the application with
     ``lease`` (and the transaction it is given) bound, and buffers the response up to
     ``limit`` body bytes. Past it, with ``on_overflow``, it calls ``overflow(status)``,
-    which performs the store effect ``on_overflow(status)`` (failures are logged: the
-    response is on its way), then streams the response through; without, it discards
-    the rest. Either way it returns ``Captured(overflowed=True)``.
+    which performs the store effect ``on_overflow(status)``, then streams the response
+    through; without, it discards the rest. Either way it returns
+    ``Captured(overflowed=True)``. A failed release or forget is logged (that answer
+    is not stored anyway); a failed finish raises `OverflowNotStored` out of
+    ``overflow`` before anything is sent, and the driver throws it into the engine in
+    place of the app's result, even if the app swallowed it: an answer is sent only
+    once it is stored (DESIGN 13).
 
     With ``beat_every``, the driver extends the lock (``store.heartbeat(lease)``,
     fenced) every ``beat_every`` seconds while the app runs, and stops before it
@@ -160,6 +165,19 @@ class DoFinishLater:
     finish: DoFinish
     lock_timeout: float
     beat_every: float
+
+
+class OverflowNotStored(Exception):
+    """The finish of a response too large to store (the problem a retry is told)
+    failed, so the response was not sent: thrown into the engine from
+    [`DoHandle`][idempotence.http.wsgi.DoHandle] with the ``finish`` and the store's
+    ``error``. Never the application's: an
+    [`AnswerNotStored`][idempotence.errors.AnswerNotStored] raised by the handler (a
+    guarded function it called) is the handler's exception like any other."""
+
+    def __init__(self, finish: DoFinish, error: IdempotenceError) -> None:
+        super().__init__(f"the finish of a response too large to store failed: {error}")
+        self.finish, self.error = finish, error
 
 
 @quick_init

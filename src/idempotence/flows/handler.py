@@ -47,7 +47,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Protocol
 
-from ..errors import AnswerNotStored, LockLost, StoreError, StoreUnavailable
+from ..errors import AnswerNotStored, IdempotenceError, LockLost, StoreError, StoreUnavailable
 from ..problems import Problem, ProblemDetails
 from ..states import Claim, ClaimRequest, Lease, Outcome
 from .contexts import FlowInfo
@@ -63,6 +63,7 @@ from .effects import (
     Effect,
     Engine,
     HandlerBody,
+    OverflowNotStored,
 )
 from .results import SERVER_ERROR, STORED_SERVER_ERROR, Captured, FlowResult, ResultKind, from_claim
 from .steps import HandlerStep, Settle
@@ -180,6 +181,13 @@ def run_handler(
         )
     except GeneratorExit:
         raise
+    except OverflowNotStored as exc:
+        # Too large to store, and the problem a retry would be told could not be
+        # stored: the response was not sent, as any answer whose finish failed.
+        if isinstance(exc.error, LockLost):
+            logger.warning("key was taken over while the handler ran: %s", exc.error)
+            return FlowResult(ResultKind.LOST, claim, error=exc.error)
+        return (yield from _unstored(flow, step, exc.finish, claim, exc.error))
     except Exception:
         # R5: an exception stores nothing (unless the run stores server errors), so a
         # retry runs the request again; the caller answers the exception.
@@ -216,7 +224,7 @@ def run_handler(
 
 
 def _unstored(
-    flow: Flow, step: HandlerStep, finish: DoFinish, claim: Claim, exc: StoreError
+    flow: Flow, step: HandlerStep, finish: DoFinish, claim: Claim, exc: IdempotenceError
 ) -> Engine:
     """The finish failed after the handler ran: the answer may or may not be stored,
     so it is not sent (an answer sent is always one a retry gets replayed). The

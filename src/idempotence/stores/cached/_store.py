@@ -44,6 +44,7 @@ from ._store_shared import (
     Redis,
     close_redis,
     connect_redis,
+    replica_wait,
 )
 
 T = TypeVar("T")
@@ -88,6 +89,13 @@ class CachedStore(Store):
     ([`evict_key`][idempotence.maintenance.admin.evict_key], ``idempotence keys evict
     --cache URL``) must go through this store, which stores a tombstone first: the CLI
     on the database alone cannot reach the cache.
+
+    ``replicas=N`` (or ``?replicas=N`` in the URL, with ``replica_timeout``, as for the
+    Redis store) makes that tombstone wait until N replicas of the cache have it
+    (``WAIT``): a tombstone only the master held would be lost with it, and the
+    promoted replica would replay the evicted key's old response. Fewer than N
+    evicts nothing (StoreUnavailable). Entries need no wait: one lost is a miss, and a
+    replica holds an entry only with every tombstone written before it.
     """
 
     capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
@@ -105,6 +113,8 @@ class CachedStore(Store):
         clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
         timeout: float = DEFAULT_TIMEOUT,
         pause: float = DEFAULT_PAUSE,
+        replicas: int = 0,
+        replica_timeout: float | None = None,
     ) -> None:
         # Deliberately no super().__init__(): every method is the primary's, or
         # wraps it, so the base class's connection state is never used.
@@ -122,6 +132,7 @@ class CachedStore(Store):
             pause=pause,
             instrumentation=primary.instrumentation,
         )
+        redis, self._wait = replica_wait(redis, timeout, replicas, replica_timeout)
         self._redis, self._owns_redis, direct = connect_redis(redis, timeout)
         self._set = self._redis.register_script(SET_SCRIPT)
         # A plain server's client the store opened: its GET and its writes go past
@@ -187,13 +198,34 @@ class CachedStore(Store):
     def _invalidate(self, scope: str, key: str, key_id: int) -> None:
         """Store a tombstone that refuses the entries of row ``key_id`` and older;
         raises [`StoreUnavailable`][idempotence.errors.StoreUnavailable] if Redis cannot be
-        reached (the caller then deletes nothing)."""
+        reached, or with ``replicas`` if fewer replicas acknowledged the tombstone (the
+        caller then deletes nothing)."""
         value, until = self._cache.tombstone(key_id)
+        name = self._cache.name(scope, key)
         try:
-            self._store_entry(self._cache.name(scope, key), [value, until])
+            if self._wait.replicas:
+                acked = self._store_waited(name, [value, until])
+                if acked < self._wait.replicas:
+                    raise self._cache.unreplicated(self._wait, acked)
+            else:
+                self._store_entry(name, [value, until])
         except CACHE_ERRORS as exc:
             raise self._cache.refuse(exc) from exc
         self.primary._invalidate(scope, key, key_id)
+
+    def _store_waited(self, name: bytes, args: list[Any]) -> int:
+        """``SET_SCRIPT`` and ``WAIT``, on one connection (WAIT counts the replicas
+        that have that connection's writes) and in one round trip, never the lane's
+        (its one connection carries every request's GET); how many acknowledged it.
+        EVAL, not EVALSHA: an eviction is rare, and a restarted server has no script."""
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.eval(SET_SCRIPT, 1, name, *args)
+            pipe.wait(self._wait.replicas, self._wait.timeout_ms)
+            replies = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return int(replies[1])
 
     def _cached(self, request: ClaimRequest, name: bytes) -> tuple[Claim | None, bytes | None]:
         """The replay Redis answers for ``request`` (whose Redis key is ``name``), or

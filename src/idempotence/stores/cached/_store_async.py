@@ -42,6 +42,7 @@ from ._store_shared import (
     CacheStats,
     close_redis_async,
     connect_redis_async,
+    replica_wait,
 )
 
 T = TypeVar("T")
@@ -86,6 +87,13 @@ class AsyncCachedStore(AsyncStore):
     ([`evict_key`][idempotence.maintenance.admin.evict_key], ``idempotence keys evict
     --cache URL``) must go through this store, which stores a tombstone first: the CLI
     on the database alone cannot reach the cache.
+
+    ``replicas=N`` (or ``?replicas=N`` in the URL, with ``replica_timeout``, as for the
+    Redis store) makes that tombstone wait until N replicas of the cache have it
+    (``WAIT``): a tombstone only the master held would be lost with it, and the
+    promoted replica would replay the evicted key's old response. Fewer than N
+    evicts nothing (StoreUnavailable). Entries need no wait: one lost is a miss, and a
+    replica holds an entry only with every tombstone written before it.
     """
 
     capabilities = frozenset({Capability.TRANSACTIONS, Capability.WAITING})
@@ -103,6 +111,8 @@ class AsyncCachedStore(AsyncStore):
         clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
         timeout: float = DEFAULT_TIMEOUT,
         pause: float = DEFAULT_PAUSE,
+        replicas: int = 0,
+        replica_timeout: float | None = None,
     ) -> None:
         # Deliberately no super().__init__(): every method is the primary's, or
         # wraps it, so the base class's connection state is never used.
@@ -120,6 +130,7 @@ class AsyncCachedStore(AsyncStore):
             pause=pause,
             instrumentation=primary.instrumentation,
         )
+        redis, self._wait = replica_wait(redis, timeout, replicas, replica_timeout)
         self._redis, self._owns_redis, direct = connect_redis_async(redis, timeout)
         self._set = self._redis.register_script(SET_SCRIPT)
         # A plain server's client the store opened: its GET and its writes go past
@@ -185,13 +196,34 @@ class AsyncCachedStore(AsyncStore):
     async def _invalidate(self, scope: str, key: str, key_id: int) -> None:
         """Store a tombstone that refuses the entries of row ``key_id`` and older;
         raises [`StoreUnavailable`][idempotence.errors.StoreUnavailable] if Redis cannot be
-        reached (the caller then deletes nothing)."""
+        reached, or with ``replicas`` if fewer replicas acknowledged the tombstone (the
+        caller then deletes nothing)."""
         value, until = self._cache.tombstone(key_id)
+        name = self._cache.name(scope, key)
         try:
-            await self._store_entry(self._cache.name(scope, key), [value, until])
+            if self._wait.replicas:
+                acked = await self._store_waited(name, [value, until])
+                if acked < self._wait.replicas:
+                    raise self._cache.unreplicated(self._wait, acked)
+            else:
+                await self._store_entry(name, [value, until])
         except CACHE_ERRORS as exc:
             raise self._cache.refuse(exc) from exc
         await self.primary._invalidate(scope, key, key_id)
+
+    async def _store_waited(self, name: bytes, args: list[Any]) -> int:
+        """``SET_SCRIPT`` and ``WAIT``, on one connection (WAIT counts the replicas
+        that have that connection's writes) and in one round trip, never the lane's
+        (its one connection carries every request's GET); how many acknowledged it.
+        EVAL, not EVALSHA: an eviction is rare, and a restarted server has no script."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.eval(SET_SCRIPT, 1, name, *args)
+            pipe.wait(self._wait.replicas, self._wait.timeout_ms)
+            replies = await pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return int(replies[1])
 
     async def _cached(
         self, request: ClaimRequest, name: bytes

@@ -37,6 +37,7 @@ from ...errors import StoreError, StoreUnavailable
 from ...observability import Instrumentation
 from ...states import Claim, ClaimRequest, KeyRecord, Lease, Outcome, StoredResponse
 from .._redis_url import sentinel_url
+from ..redis._replicas import ReplicaWait, from_url, url_options
 from ..redis._store_shared import (
     EPOCH,
     MICROSECOND,
@@ -138,6 +139,20 @@ def connect_redis(target: str | Redis, timeout: float) -> tuple[Redis, bool, boo
             f"CachedStore needs a redis:// URL or a redis.Redis client, not {type(target).__name__}"
         )
     return target, False, False
+
+
+def replica_wait(
+    target: Any, timeout: float, replicas: int, replica_timeout: float | None
+) -> tuple[Any, ReplicaWait]:
+    """``target`` without the URL's own options (``?replicas=``, ``?replica_timeout=``)
+    and the wait they and the arguments ask of an eviction's tombstone (see
+    `idempotence.stores.redis._replicas`); an application's client gives its own
+    timeout, which the store does not know."""
+    if isinstance(target, str):
+        target, ours = url_options(target)
+        replicas, replica_timeout = from_url(ours, replicas, replica_timeout)
+        return target, ReplicaWait.of(replicas, replica_timeout, timeout)
+    return target, ReplicaWait.of(replicas, replica_timeout, None)
 
 
 def _open(kind: Any, sentinel_kind: Any, url: str, timeout: float) -> tuple[Any, bool, bool]:
@@ -393,6 +408,18 @@ class Cache:
             operation,
             error,
             count,
+        )
+
+    @staticmethod
+    def unreplicated(wait: ReplicaWait, acked: int) -> StoreUnavailable:
+        """The error for an eviction's tombstone that fewer than ``wait.replicas``
+        replicas acknowledged in time: the master has it (its key's entries are only
+        refused, served by the primary), but a failover could lose it."""
+        return StoreUnavailable(
+            f"the Redis cache's tombstone reached {acked} of the {wait.replicas} "
+            f"replica(s) it waits for within {wait.timeout_ms / 1000:g} s, so a failover "
+            "could lose it; nothing was evicted, so no cached response can outlive the "
+            "key: retry when the replicas are back"
         )
 
     def refuse(self, error: BaseException) -> StoreUnavailable:
