@@ -23,8 +23,8 @@ from zero: the dump after a phase holds that phase, every thread's work in it, a
 nothing of the start-up, the imports or the warm-up. Instruction counts do not depend
 on how busy the machine is, but some of the code counted reads the clock
 (``steady_psycopg``), and threads wake by the clock too (the PostgreSQL store's
-watchdog, every 0.25 s): three runs on the shared 2-core machine at a load of 5 to 6
-spread by 0.1 to 0.7 % per row, well inside the 10 % limit.
+watchdog, every 0.25 s): runs on the shared 2-core machine at a load of 5 to 12
+spread by 0.1 to 1.6 % per row (PostgreSQL the most), well inside the 10 % limit.
 
 The comparison (``compare``) fails a row that grew more than ``--limit`` (10 %) over
 ``benchmarks/baseline/instructions.json`` and prints every row, every time. A row that
