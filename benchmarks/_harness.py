@@ -5,10 +5,13 @@
 * ``wrk`` (C), installed by ``benchmarks/setup.sh`` too, driven by a Lua script that gives
   each request a unique Idempotency-Key (or one fixed key, for replay rows) and prints
   its summary as JSON;
-* app servers: uvicorn with uvloop and httptools, one process per server, on a socket
-  this process bound;
-* CPU per request by process, from /proc: the app server, and the database server
-  (the backends of the benchmark's own database, and the whole cluster);
+* app servers: uvicorn with uvloop and httptools on a socket this process bound, one
+  process per server, or deployed with several workers (``--deploy uvicorn-2``: uvicorn's
+  own supervisor; ``--deploy gunicorn-2``: gunicorn's arbiter with uvicorn's workers),
+  each worker building its own app, store and pool;
+* CPU per request by process, from /proc: the app server (every process of its tree:
+  supervisor or arbiter and workers), and the database server (the backends of the
+  benchmark's own database, and the whole cluster);
 * databases: a fresh database on the machine's PostgreSQL, a throwaway cluster with
   fsync=off and synchronous_commit=off, a throwaway redis-server;
 * a hand-written Redis guard (the store's own two scripts by EVALSHA, no redis-py):
@@ -207,6 +210,22 @@ def children(parent: int) -> list[int]:
         if entry.isdigit() and (fields := _stat(int(entry))) and int(fields[1]) == parent:
             pids.append(int(entry))
     return pids
+
+
+def tree_cpu(root: int) -> dict[int, float]:
+    """CPU seconds so far of ``root`` and every process below it, by pid: a deployment's
+    supervisor (or arbiter) and its workers, or a single server alone."""
+    below: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat(int(entry))):
+            below[int(fields[1])].append(int(entry))
+    found, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if (seconds := cpu_seconds(pid)) is not None:
+            found[pid] = seconds
+            todo += below.get(pid, [])
+    return found
 
 
 class Meter:
@@ -569,18 +588,88 @@ def app_server(script: str, arguments: Sequence[str]) -> Iterator[tuple[int, int
         sock.close()
 
 
-def serve(app: Any, fd: int) -> None:
-    """Run ``app`` as users deploy it: uvicorn, 1 process, uvloop, httptools."""
+#: ``--deploy``: how an app server runs. ``1``: one uvicorn process; ``uvicorn-N``:
+#: ``uvicorn --workers N`` (uvicorn's supervisor, N spawned workers); ``gunicorn-N``:
+#: ``gunicorn -w N -k uvicorn_worker.UvicornWorker`` (gunicorn's arbiter, N forked workers).
+DEPLOY_HELP = "1 (one uvicorn process), uvicorn-N or gunicorn-N (N workers); repeatable"
+
+
+def deployment(text: str) -> tuple[str, int]:
+    """``--deploy``'s value as (kind, workers): ("uvicorn", 1) for ``1``."""
+    kind, _, workers = text.rpartition("-")
+    if text == "1":
+        return "uvicorn", 1
+    if kind in ("uvicorn", "gunicorn") and workers.isdigit() and int(workers) >= 1:
+        return kind, int(workers)
+    raise argparse.ArgumentTypeError(f"--deploy {text!r}: expected {DEPLOY_HELP}")
+
+
+def deploy_option(text: str) -> str:
+    """``--deploy``'s argparse type: the text, once :func:`deployment` reads it."""
+    deployment(text)
+    return text
+
+
+def deploy_label(text: str) -> str:
+    """How users would start it: ``1 process``, ``uvicorn --workers 2``, ``gunicorn -w 2``."""
+    kind, workers = deployment(text)
+    if text == "1":
+        return "1 process"
+    return f"uvicorn --workers {workers}" if kind == "uvicorn" else f"gunicorn -w {workers}"
+
+
+def serve(factory: Callable[[], Any], fd: int, deploy: str = "1") -> None:
+    """Run the app ``factory()`` builds as users deploy it (``deploy``, see
+    :func:`deployment`): uvicorn with uvloop and httptools, in this process, or N
+    workers that each call ``factory`` (their own app, store and pool) under uvicorn's
+    supervisor (``factory`` must then pickle: spawned workers) or gunicorn's arbiter
+    (forked workers), this process being the supervisor."""
     import uvicorn
 
     # Not uvicorn's fd= option: it wraps the descriptor as an AF_UNIX socket, so asyncio
     # never sets TCP_NODELAY on the connections, and Nagle's algorithm meets delayed
-    # ACKs for 40 ms per response. socket(fileno=) reads the real family and protocol.
+    # ACKs for 40 ms per response. socket(fileno=) reads the real family and protocol,
+    # and a spawned worker gets the socket as it is (pickled with its family).
+    kind, workers = deployment(deploy)
+    if kind == "gunicorn":
+        return _gunicorn(factory, fd, workers)
     sock = socket.socket(fileno=fd)
     config = uvicorn.Config(
-        app, loop="uvloop", http="httptools", log_level="warning", access_log=False
-    )
-    uvicorn.Server(config).run(sockets=[sock])
+        factory, factory=True, workers=workers, loop="uvloop", http="httptools",
+        log_level="warning", access_log=False,
+    )  # fmt: skip
+    if deploy == "1":
+        uvicorn.Server(config).run(sockets=[sock])
+    else:
+        from uvicorn.supervisors import Multiprocess
+
+        Multiprocess(config, sockets=[sock]).run()
+
+
+def _gunicorn(factory: Callable[[], Any], fd: int, workers: int) -> None:
+    """``gunicorn -w WORKERS -k uvicorn_worker.UvicornWorker --bind fd://FD``, in this
+    process: gunicorn makes an AF_INET socket of the descriptor (TCP_NODELAY set on it,
+    which the connections inherit), and each forked worker calls ``factory`` (uvicorn's
+    loop and http "auto": uvloop and httptools, as installed)."""
+    from gunicorn.app.base import BaseApplication
+
+    settings = {
+        "bind": [f"fd://{fd}"],
+        "workers": workers,
+        "worker_class": "uvicorn_worker.UvicornWorker",
+        "loglevel": "warning",
+        "graceful_timeout": 5,
+    }
+
+    class Deployed(BaseApplication):
+        def load_config(self) -> None:
+            for name, value in settings.items():
+                self.cfg.set(name, value)
+
+        def load(self) -> Any:
+            return factory()
+
+    Deployed().run()
 
 
 def dispatch(routes: dict[str, Any]) -> Any:
@@ -705,6 +794,7 @@ def command_line(
     sub = parser.add_subparsers(dest="command")
     serving = sub.add_parser("serve", help="(internal) run one benchmark server")
     serving.add_argument("--fd", type=int, required=True)
+    serving.add_argument("--deploy", default="1", type=deploy_option, help=DEPLOY_HELP)
     serve_options(serving)
     options(parser)
     parser.add_argument("--postgres", default=default_postgres(), help="the machine's server")
@@ -713,7 +803,8 @@ def command_line(
     use_repo()
     use_deps()
     if args.command == "serve":
-        serve(app(args), args.fd)
+        # A partial, not a closure: uvicorn's supervisor pickles it for its workers.
+        serve(functools.partial(app, args), args.fd, args.deploy)
         return None
     apply_quick(args)
     ensure_wrk()
@@ -786,12 +877,13 @@ def _one(server: Server, row: Row, args: argparse.Namespace, run: str) -> dict[s
     load = functools.partial(run_wrk, server.port, row.path, connections=connections)
     if args.warmup > 0:
         load(seconds=args.warmup, threads=args.threads, key=key + "-warm")
-    app_before, db_before = cpu_seconds(server.pid), server.meter.snapshot()
+    app_before, db_before = tree_cpu(server.pid), server.meter.snapshot()
     result = load(seconds=args.seconds, threads=args.threads, key=key)
-    app_after, db_after = cpu_seconds(server.pid), server.meter.snapshot()
+    app_after, db_after = tree_cpu(server.pid), server.meter.snapshot()
     served = result["requests"] or 1
-    if app_before is not None and app_after is not None:
-        result["app_ms"] = 1000 * (app_after - app_before) / served
+    if app_after:  # every process of the deployment: supervisor and workers
+        result["app_ms"] = 1000 * Meter.used(app_before, app_after) / served
+        result["processes"] = len(app_after)
     for name, after in db_after.items():
         result[f"{name}_ms"] = 1000 * Meter.used(db_before.get(name, {}), after) / served
     return result
@@ -829,6 +921,7 @@ def summarise(
         line["spread"] = (max(spread) - min(spread)) / rps if rps else 0.0
         line["errors"] = sum(r["errors"] for r in results[row])
         line["non_2xx"] = sum(r["non_2xx"] for r in results[row])
+        line["processes"] = max((r.get("processes", 0) for r in results[row]), default=0)
         line["rounds"] = results[row]
         table.append(line)
     return table
@@ -838,7 +931,7 @@ def print_table(table: list[dict[str, Any]], servers: dict[str, Server]) -> None
     def number(value: float | None, width: int, digits: int) -> str:
         return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
-    columns = "req/s  ratio  p50 ms  p99 ms  app ms  +app ms  db ms  all-db ms  spread  errs"
+    columns = "req/s  ratio  p50 ms  p99 ms  app ms  +app ms  db ms  all-db ms  spread  errs  procs"
     for name, server in servers.items():
         lines = [row for row in table if row["server"] == name]
         if not lines:
@@ -854,6 +947,7 @@ def print_table(table: list[dict[str, Any]], servers: dict[str, Server]) -> None
                 f" {number(row['app_ms'], 7, 3)} {number(row['app_added_ms'], 8, 3)}"
                 f" {number(db, 6, 3)} {number(row['cluster_ms'], 10, 3)}"
                 f" {100 * row['spread']:>6.0f}% {row['errors'] + row['non_2xx']:>5}"
+                f" {row['processes']:>6}"
                 + (f"  vs {row['baseline']}" if row["baseline"] else "  (baseline)")
             )
 
@@ -864,7 +958,8 @@ def _ms(microseconds: float | None) -> float | None:
 
 LEGEND = """\
 req/s: median of the rounds; ratio: req/s over the baseline row's (same server, same run)
-p50/p99: wrk's latency percentiles; app ms: the app server's CPU (user+system) per request;
+p50/p99: wrk's latency percentiles; app ms: the app server's CPU (user+system) per request,
+every process of it (supervisor or arbiter and workers: procs, the processes metered);
 +app ms: app ms minus the baseline's; db ms: CPU per request of the database backends
 serving this benchmark's database, plus the redis-server's where Redis serves it (Redis,
 a cached store); all-db ms: every process of the PostgreSQL cluster (on the shared

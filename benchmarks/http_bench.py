@@ -6,6 +6,8 @@ Run it from the repository root::
     .venv/bin/python benchmarks/http_bench.py                 # every server, about 10 minutes
     .venv/bin/python benchmarks/http_bench.py --quick         # a smoke run, about a minute
     .venv/bin/python benchmarks/http_bench.py --server pg-fast --server sqlite --json
+    .venv/bin/python benchmarks/http_bench.py --server pg-fast --server redis \
+        --deploy 1 --deploy uvicorn-2 --deploy gunicorn-2        # as deployed, ~15 minutes
 
 Each server is one uvicorn process (uvloop, httptools) serving a FastAPI app, started
 before the first round and kept to the end; ``wrk`` (C) keeps ``--connections``
@@ -23,6 +25,19 @@ Servers (``--server``, repeatable; all by default):
                    works in this checkout (else skipped with a printed line)
 ``pg-fast+cache``  ``AsyncCachedStore``: the ``pg-fast`` cluster (a database of its own)
                    with the redis-server in front of it for replays (likewise skipped)
+
+Deployments (``--deploy``, repeatable; ``1`` by default), one after another, each with
+every ``--server`` in a database of its own and its own interleaved rounds:
+
+``1``           one uvicorn process, as above (servers keep their plain names)
+``uvicorn-N``   ``uvicorn --workers N``: uvicorn's supervisor, N spawned workers
+``gunicorn-N``  ``gunicorn -w N -k uvicorn_worker.UvicornWorker``: gunicorn's arbiter,
+                N forked workers
+
+Each worker builds its own app, store and pool, as in production. A deployed server is
+named ``SERVER/DEPLOY`` (``redis/gunicorn-2``); its rows are compared with their
+baselines in the same deployment, and ``app ms`` sums the CPU of every process of the
+deployment (``procs``: how many were metered).
 
 Rows on each server (``ratio`` is req/s over the row named in ``vs``):
 
@@ -54,11 +69,12 @@ Below the table, each guarded row against its floor on the same server
 (``redis: handler / handler-floor = 0.78``): req/s over the floor's, the share of
 the hand-written statements' throughput the library keeps.
 
-CPU per request comes from /proc: ``app ms`` is the uvicorn process, ``db ms`` the
-PostgreSQL backends of the benchmark's database (``all-db ms``: the whole cluster, WAL
-writer and checkpointer included; on the machine's shared server also other tenants'
-load), for Redis the redis-server. SQLite runs in the app process. The script measures
-and never judges: it exits 0 whatever the ratios.
+CPU per request comes from /proc: ``app ms`` is the uvicorn process (deployed: every
+process of the deployment), ``db ms`` the PostgreSQL backends of the benchmark's
+database (``all-db ms``: the whole cluster, WAL writer and checkpointer included; on
+the machine's shared server also other tenants' load), for Redis the redis-server.
+SQLite runs in the app process. The script measures and never judges: it exits 0
+whatever the ratios.
 """
 
 import argparse
@@ -66,6 +82,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import tempfile
 from datetime import timedelta
 from typing import Any
@@ -296,6 +313,15 @@ class PgHand:
         async with self.connection() as conn, conn.transaction():
             await conn.execute(sql, params)
 
+    async def _claim(self, cur: Any, claim: dict[str, Any]) -> dict[str, Any]:
+        # The claim statement returns no row when a concurrent claim committed the key
+        # after its snapshot; its caller runs it again, as the store does (queries.sql).
+        for _ in range(3):
+            await cur.execute(self.queries["claim"], claim)
+            if (row := await cur.fetchone()) is not None:
+                return dict(row)
+        raise RuntimeError("the floor's claim found no row three times")
+
     async def guarded(
         self, claim: dict[str, Any], body: bytes, write: tuple[str, Any] | None
     ) -> tuple[int, bytes, bool]:
@@ -308,8 +334,7 @@ class PgHand:
         async with self.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             if write is None:
-                await cur.execute(self.queries["claim"], claim)
-                row = await cur.fetchone()
+                row = await self._claim(cur, claim)
                 if not row["claimed"]:
                     return settled(row)
                 await cur.execute(self.queries["finish"], finish_params(row, body))
@@ -317,7 +342,7 @@ class PgHand:
             async with conn.pipeline():
                 await conn.execute("BEGIN")
                 await cur.execute(self.queries["claim"], claim)
-            row = await cur.fetchone()
+            row = await cur.fetchone() or await self._claim(cur, claim)
             try:
                 if not row["claimed"]:
                     await conn.execute("ROLLBACK")
@@ -506,7 +531,7 @@ def database(
         else:
             admin = throwaways.fast_cluster()
             what = "throwaway PostgreSQL cluster, fsync=off, synchronous_commit=off"
-        label = name.replace("-", "_").replace("+", "_")
+        label = re.sub(r"[^a-z0-9]", "_", name)
         url, dbname = stack.enter_context(harness.postgres_database(admin, label))
         migrate("postgres", url)
         meter = harness.PostgresMeter(admin, dbname)
@@ -543,6 +568,31 @@ def migrate(backend: str, target: str) -> None:
         harness.in_service(target)
 
 
+def app(args: argparse.Namespace) -> Any:
+    """One server's app, in each of its worker processes (module-level: it pickles)."""
+    return build_app(args.backend, args.target, args.synchronous, args.cache)
+
+
+def deployed(
+    deploy: str, wanted: list[str], args: argparse.Namespace, throwaways: harness.Throwaways
+) -> tuple[dict[str, harness.Server], list[dict[str, Any]]]:
+    """The servers of one deployment (named ``SERVER/DEPLOY``, plain ``SERVER`` for one
+    process), each in a database of its own, measured in interleaved rounds and
+    stopped: one deployment at a time, so no two deployments' pools are open at once."""
+    servers: dict[str, harness.Server] = {}
+    table_rows: list[harness.Row] = []
+    with contextlib.ExitStack() as stack:
+        for each in wanted:
+            name = each if deploy == "1" else f"{each}/{deploy}"
+            backend, arguments, meter, what = database(name, args, throwaways)
+            arguments = ["--backend", backend, "--deploy", deploy, *arguments]
+            port, pid = stack.enter_context(harness.app_server(__file__, arguments))
+            what += f"; {harness.deploy_label(deploy)}"
+            servers[name] = harness.Server(name, port, pid, meter, what)
+            table_rows += rows(name, backend)
+        return servers, harness.measure(servers, table_rows, args)
+
+
 def main() -> None:
     def serve_options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--backend", required=True)
@@ -552,27 +602,24 @@ def main() -> None:
 
     def options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--server", action="append", choices=SERVERS, help="repeatable")
-
-    def app(args: argparse.Namespace) -> Any:
-        return build_app(args.backend, args.target, args.synchronous, args.cache)
+        deploy = harness.deploy_option
+        parser.add_argument("--deploy", action="append", type=deploy, help=harness.DEPLOY_HELP)
 
     args = harness.command_line(__doc__ or "", serve_options, options, app)
     if args is None:
         return
     wanted = harness.without_missing_redis(args.server or list(SERVERS), *ON_REDIS)
     servers: dict[str, harness.Server] = {}
-    table_rows: list[harness.Row] = []
+    table: list[dict[str, Any]] = []
+    deploys = list(dict.fromkeys(args.deploy or ["1"]))
     with contextlib.ExitStack() as stack:
         throwaways = harness.Throwaways(stack)
-        for name in wanted:
-            backend, arguments, meter, what = database(name, args, throwaways)
-            port, pid = stack.enter_context(
-                harness.app_server(__file__, ["--backend", backend, *arguments])
-            )
-            servers[name] = harness.Server(name, port, pid, meter, what)
-            table_rows += rows(name, backend)
-        table = harness.measure(servers, table_rows, args)
-    harness.emit(table, servers, args, harness.head(args, "1 process"), against_floors(table))
+        for deploy in deploys:
+            found, measured = deployed(deploy, wanted, args, throwaways)
+            servers.update(found)
+            table += measured
+    layout = ", ".join(harness.deploy_label(deploy) for deploy in deploys)
+    harness.emit(table, servers, args, harness.head(args, layout), against_floors(table))
 
 
 if __name__ == "__main__":

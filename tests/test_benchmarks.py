@@ -163,6 +163,42 @@ def test_http_bench_quick_on_redis():
     assert by["pg-fast+cache", "replay"]["db_ms"] < by["pg-fast+cache", "handler"]["db_ms"] / 10
 
 
+def test_http_bench_quick_deployed():
+    """``--deploy uvicorn-2`` (uvicorn's supervisor) and ``--deploy gunicorn-2``
+    (gunicorn's arbiter, uvicorn's workers): the same rows as one process, each served
+    without an error, its ratio against its baseline in the same deployment, and its
+    app CPU summed over the whole process tree, supervisor and both workers
+    (issue #34, item 4)."""
+    require_benchmark_tools()
+    deploys = ("uvicorn-2", "gunicorn-2")
+    options = ["--server", "pg-fast", "--server", "redis"]
+    table = quick("http_bench.py", *options, *(f"--deploy={each}" for each in deploys))
+    rows = table["rows"]
+    servers = {f"{server}/{each}" for server in ("pg-fast", "redis") for each in deploys}
+    assert_every_row_served(rows, servers)
+    for each in deploys:
+        names = {row["row"] for row in rows if row["server"] == f"pg-fast/{each}"}
+        assert {"handler", "replay", "transaction", "transaction-floor"} <= names
+        names = {row["row"] for row in rows if row["server"] == f"redis/{each}"}
+        assert {"handler", "replay", "handler-floor", "replay-floor"} <= names
+    for row in rows:
+        # The supervisor (or arbiter) and two workers at least, each metered.
+        assert row["processes"] >= 3, (row["server"], row["row"], row["processes"])
+        if row["row"] == "trivial @c1":
+            # Not a speed judgement: with TCP_NODELAY lost (a socket the workers take
+            # for AF_UNIX), Nagle's algorithm meets delayed ACKs, 40 ms per response.
+            assert row["p50_us"] < 20_000, (row["server"], row["p50_us"])
+        if row["baseline"] is not None:
+            base = [b for b in rows if b["server"] == row["server"] and b["row"] == row["baseline"]]
+            assert len(base) == 1, (row["server"], row["row"])
+    against = {line.split(": ")[0] for line in table["summary"]}
+    assert against == servers
+    assert {table["servers"][name].rsplit("; ", 1)[1] for name in servers} == {
+        "uvicorn --workers 2",
+        "gunicorn -w 2",
+    }
+
+
 def test_large_table_quick():
     """Both tables served, every row measured, and the two comparisons the issue's
     targets read (full / empty, req/s and p99) printed for both guarded rows."""
