@@ -361,25 +361,37 @@ def _child_command(row: str, target: str, args: argparse.Namespace, requests: in
     ]
 
 
-def instructions(row: str, target: str, args: argparse.Namespace, requests: int) -> int:
-    """The instructions a child process runs, whole (start-up included)."""
-    with tempfile.TemporaryDirectory() as folder:
-        out = os.path.join(folder, "callgrind.out")
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={out}",
-            "--dump-instr=no",
-            "--compress-strings=no",
-            *_child_command(row, target, args, requests),
-        ]
-        subprocess.run(command, check=True, capture_output=True, text=True)
-        with open(out) as f:
-            text = f.read()
+def callgrind(out: str, command: list[str], *options: str) -> list[str]:
+    """``command`` under callgrind, instructions only, counts written to ``out`` (and
+    to ``out.N`` for each dump that ``options`` ask for); instruction_guard.py's too."""
+    return [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={out}",
+        *options,
+        "--dump-instr=no",
+        "--compress-strings=no",
+        *command,
+    ]
+
+
+def total(text: str) -> int:
+    """The instructions a callgrind file counted (``summary``, its header's, comes
+    before ``totals``, the sum of its cost lines)."""
     found = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.MULTILINE)
     if found is None:
         raise RuntimeError("callgrind wrote no totals")
     return int(found.group(1))
+
+
+def instructions(row: str, target: str, args: argparse.Namespace, requests: int) -> int:
+    """The instructions a child process runs, whole (start-up included)."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "callgrind.out")
+        command = callgrind(out, _child_command(row, target, args, requests))
+        subprocess.run(command, check=True, capture_output=True, text=True)
+        with open(out) as f:
+            return total(f.read())
 
 
 def per_request(row: str, target: str, args: argparse.Namespace) -> float:

@@ -3,7 +3,8 @@
 #   * benchmarks/requirements.txt into benchmarks/.deps (never the package's own
 #     environment; the scripts put that directory at the END of sys.path), stamped with
 #     the file's SHA-256 so that a changed requirements.txt asks for this again;
-#   * wrk, the load generator (C), with apt-get when it is missing (as root).
+#   * wrk, the load generator (C), and valgrind (callgrind counts instructions for
+#     benchmarks/instruction_guard.py, CI's guard), with apt-get when missing (as root).
 # The benchmarks (and tests/test_benchmarks.py) never install anything: they stop with a
 # line naming this script. .ci/run runs it before the tests.
 #
@@ -25,13 +26,22 @@ else
     echo "$wanted" >.deps/.requirements.sha256
 fi
 
-if command -v wrk >/dev/null; then
-    echo "wrk: $(command -v wrk)"
-elif command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
-    echo "wrk: installing (apt-get install -y wrk)"
-    apt-get install -y -q wrk >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q wrk >/dev/null; }
-    command -v wrk
-else
-    echo "wrk (the load generator, in C) is missing: install it with your package manager" >&2
-    exit 1
-fi
+# need TOOL WHAT: TOOL on the PATH, or installed with apt-get (as root), or a failure.
+need() {
+    local tool=$1 what=$2
+    if command -v "$tool" >/dev/null; then
+        echo "$tool: $(command -v "$tool")"
+    elif command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+        echo "$tool: installing (apt-get install -y $tool)"
+        apt-get install -y -q "$tool" >/dev/null ||
+            { apt-get update -q >/dev/null && apt-get install -y -q "$tool" >/dev/null; }
+        command -v "$tool"
+    else
+        echo "$tool ($what) is missing: install it with your package manager" >&2
+        exit 1
+    fi
+}
+
+need wrk "the load generator, in C"
+need valgrind "callgrind counts the instruction guard's instructions"
+valgrind --version

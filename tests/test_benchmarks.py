@@ -37,7 +37,15 @@ BENCHMARKS = sorted(path for path in HERE.glob("*.py") if not path.name.startswi
 
 def test_there_are_benchmarks():
     names = {path.name for path in BENCHMARKS}
-    assert names >= {"store.py", "reaper.py", "http_bench.py", "peers.py", "drivers.py", "soak.py"}
+    assert names >= {
+        "store.py",
+        "reaper.py",
+        "http_bench.py",
+        "peers.py",
+        "drivers.py",
+        "soak.py",
+        "instruction_guard.py",
+    }
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.name)
@@ -283,3 +291,29 @@ def test_the_functions_benchmark_measures_every_guard():
     for row in ("execute", "replay"):
         assert {("sync", guard, row) for guard in sync} <= measured
         assert {("async", guard, row) for guard in sync - {"powertools"}} <= measured
+
+
+@pytest.mark.timeout(600)  # one callgrind run: about 2 minutes on a loaded 2-core machine
+def test_the_instruction_guard_counts_and_fails_a_grown_row(tmp_path: Path):
+    """The CI guard for real on SQLite (no server), against a made-up baseline: the row
+    that grew (from 1 instruction) fails, the rows that shrank pass, exit status 1, and
+    every row is printed. The rule itself and --update's file:
+    tests/unit/test_instruction_guard.py."""
+    if shutil.which("valgrind") is None:
+        pytest.fail(f"valgrind is not installed: run `{SETUP}`")
+    baseline = tmp_path / "instructions.json"
+    rows = {"sqlite handler": 1, "sqlite replay": 10**12, "sqlite transaction": 10**12}
+    baseline.write_text(json.dumps({"rows": rows}))
+    command = [sys.executable, str(HERE / "instruction_guard.py"), "--backend", "sqlite"]
+    command += ["--baseline", str(baseline), "--requests", "20", "--warmup", "5"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=580, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    printed = {
+        line.split()[1]: line for line in done.stdout.splitlines() if line.startswith("sqlite ")
+    }
+    assert set(printed) == {"handler", "replay", "transaction"}, done.stdout
+    assert "FAILED" in printed["handler"]
+    assert "FAILED" not in printed["replay"] and "FAILED" not in printed["transaction"]
+    for line in printed.values():
+        now = float(line.split()[3].replace(",", ""))
+        assert now > 0, line  # what a guarded request adds is never nothing
