@@ -30,6 +30,7 @@ from idempotence.maintenance import _ops as mops
 from idempotence.states import StagedJob
 from idempotence.stores import Store, Transaction
 from tests.maintenance.support import Backend, Flavour, claim, in_threads, new_scope
+from tests.support.sql_dialects import SQL
 
 FAST = EnqueuerConfig(batch_pause=0.0)
 RUN_NOW = JobRunnerConfig(batch_pause=0.0, backoff=timedelta(0))
@@ -217,7 +218,7 @@ def test_b4_a_job_whose_runner_died_runs_again_after_its_lease(
     """At-least-once: the job is picked by a runner that never reports back."""
     (key,) = stage(db.store, 1)
     flavour(Enqueuer, FAST).run_once()
-    lease = timedelta(milliseconds=50)
+    lease = timedelta(minutes=10)
     died = db.store._perform(lambda d: mops.pick_jobs(d, ["receipt"], lease, 10, None))
     assert [j.job_key for j in died] == [key]
     seen: list[Job] = []
@@ -225,7 +226,9 @@ def test_b4_a_job_whose_runner_died_runs_again_after_its_lease(
     registry.register("receipt")(seen.append)
     runner = flavour(JobRunner, RUN_NOW, jobs=registry)
     assert runner.run_once().done == ()  # still leased
-    time.sleep(0.1)
+    # The lease runs out: its end (run_at) moved into the past, not waited for.
+    aged = SQL[db.kind].aged.format(c="run_at").replace(":s", "%(s)s").replace(":us", "%(us)s")
+    db.execute(f"UPDATE idempotence_jobs SET run_at = {aged}", {"s": 3600.0, "us": 3600 * 10**6})
     assert runner.run_once().done == (key,)
     assert [j.attempt for j in seen] == [2]
 

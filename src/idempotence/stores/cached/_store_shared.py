@@ -151,7 +151,8 @@ def replica_wait(
     if isinstance(target, str):
         target, ours = url_options(target)
         replicas, replica_timeout = from_url(ours, replicas, replica_timeout)
-        return target, ReplicaWait.of(replicas, replica_timeout, timeout)
+        # The timeout checked first: its own error, not a TypeError of the default.
+        return target, ReplicaWait.of(replicas, replica_timeout, check_timeout(timeout))
     return target, ReplicaWait.of(replicas, replica_timeout, None)
 
 
