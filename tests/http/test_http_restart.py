@@ -43,8 +43,10 @@ CLIENTS = 4
 DOWN_SECONDS = 2.5
 #: After the server accepts connections again, no 5xx from this long on.
 RECOVERY = 2.0
-#: While it is down, a request is answered 503 within this long.
-FAIL_FAST = 1.0
+#: While it is down, a request is answered 503 within this long: well short of the store's
+#: 5 s connect timeout, which a request that waited for the server would reach (1.0 s
+#: failed once at 1.08 s on a waitress thread with the suite on two processes).
+FAIL_FAST = 2.0
 SCOPE = "restart"
 INSERT = "INSERT INTO restart_writes (key) VALUES (%(key)s)"
 
