@@ -317,3 +317,24 @@ def test_the_instruction_guard_counts_and_fails_a_grown_row(tmp_path: Path):
     for line in printed.values():
         now = float(line.split()[3].replace(",", ""))
         assert now > 0, line  # what a guarded request adds is never nothing
+
+
+def test_the_redis_server_benchmark_counts_every_phase():
+    """Every phase ran on the callgrind server and on the plain one: instructions and
+    commandstats' microseconds for each, and a script's commands found inside it."""
+    done = subprocess.run(
+        [sys.executable, str(HERE / "redis_server.py"), "--calls", "20", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    phases = json.loads(done.stdout)
+    assert {"claim new", "finish", "claim replay", "powertools", "EVALSHA return"} <= set(phases)
+    for name, phase in phases.items():
+        assert phase["instructions"] > 0, name
+        assert phase["usec_per_call"] > 0, name
+    assert phases["claim new"]["parts"]["HSET"] > 0
+    assert phases["finish"]["parts"]["HSET"] > 0
+    assert phases["claim replay"]["parts"]["HMGET"] > 0
