@@ -20,12 +20,16 @@ Phases, each ``--calls`` calls from one client (``RedisStore``, sync, or redis-p
   (its Redis layer: ``SET NX`` of the in-progress record, ``SET`` of the completed one),
   and ``powertools replay`` (its ``GET``);
 * ``SET NX``, ``SET``: the same two commands by hand, of the values powertools sent;
-* ``EVALSHA return``: a script that does nothing, the floor of any script call.
+* ``EVALSHA return``: a script that does nothing, the floor of any script call;
+* ``PING``: the floor of any command, a round trip.
 
 Per phase: instructions per call (the server's event loop's periodic work, serverCron,
 left out: it runs by the clock, not by the calls), usec_per_call from commandstats for
-the phase's top-level command, and the split of the instructions over where they go
-(the client's socket and parsing, the script engine, each command a script calls).
+the phase's top-level command, the plain server's CPU per call (user and system, from
+/proc: the command and everything around it, the socket's system calls included; noisy
+under load), and the split of the instructions over where they go (the client's socket
+and parsing, the script engine, each command a script calls). Instructions count user
+space only: the system calls of a round trip are in the CPU column alone.
 """
 
 from __future__ import annotations
@@ -212,6 +216,7 @@ def phases(url: str, calls: int) -> Iterator[tuple[str, str, Callable[[], None]]
     empty = raw.register_script("return 1")
     empty()
     yield "EVALSHA return", "evalsha", lambda: [empty() for _ in range(calls)]
+    yield "PING", "ping", lambda: [raw.ping() for _ in range(calls)]
 
 
 def usec_per_call(url: str, command: str) -> tuple[float, dict[str, float]]:
@@ -243,24 +248,33 @@ def main() -> int:
                     for part, names in PARTS.items()
                 },
             }
-    with harness.throwaway_redis() as (url, _):
+    with harness.throwaway_redis() as (url, pid):
         import redis
 
         admin = redis.Redis.from_url(url)
         for name, command, run in phases(url, args.calls):
             admin.config_resetstat()
+            cpu = harness.cpu_seconds(pid) or 0.0
             run()
+            used = (harness.cpu_seconds(pid) or 0.0) - cpu
             usec, per = usec_per_call(url, command)
             measured[name]["usec_per_call"] = usec
+            measured[name]["server_cpu_us"] = used / args.calls * 1e6
             measured[name]["commandstats"] = per
     if args.json:
         print(json.dumps(measured, indent=1))
         return 0
     print(f"{args.calls} calls a phase; load average {os.getloadavg()[0]:.2f}")
-    print(f"{'phase':22} {'instr/call':>11} {'usec/call':>9}   where (instructions/call)")
+    print(
+        f"{'phase':22} {'instr/call':>11} {'usec/call':>9} {'CPU us/call':>11}"
+        "   where (instructions/call)"
+    )
     for name, row in measured.items():
         parts = ", ".join(f"{p} {v:,.0f}" for p, v in row["parts"].items() if v >= 50)
-        print(f"{name:22} {row['instructions']:11,.0f} {row['usec_per_call']:9.2f}   {parts}")
+        print(
+            f"{name:22} {row['instructions']:11,.0f} {row['usec_per_call']:9.2f} "
+            f"{row['server_cpu_us']:11.1f}   {parts}"
+        )
     return 0
 
 

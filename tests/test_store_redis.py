@@ -435,6 +435,12 @@ def test_the_scripts_read_the_fields_that_python_names() -> None:
     table = lua[lua.index("local READ_FIELDS = {") : lua.index("}", lua.index("READ_FIELDS"))]
     names = tuple(re.findall(r"'([a-z_]+)'", table))
     assert names == tuple(name.decode() for name in _redis_base.READ_FIELDS)
+    # read() spells the list's size out twice, for speed: its lengths' table of -1 and
+    # struct.pack's format, one i4 per field.
+    body = lua[lua.index("local function read(k)") : lua.index("\nend\n", lua.index("read(k)"))]
+    lengths = re.search(r"local lengths = \{([-1, \n]*)\}", body)
+    assert lengths is not None and lengths.group(1).split() == ["-1,"] * (len(names) - 1) + ["-1"]
+    assert f"struct.pack('>{'i4' * len(names)}', unpack(lengths))" in body
     # Every field that record() reads is read back.
     source = inspect.getsource(_redis_base.record)
     assert set(re.findall(r'b"([a-z_]+)"', source)) <= set(names)
