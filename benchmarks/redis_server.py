@@ -57,7 +57,7 @@ os.environ.setdefault("POWERTOOLS_IDEMPOTENCY_DISABLED", "false")
 
 PARTS = {
     "evalsha": ("evalShaCommand", "evalCommand"),
-    "script commands": ("luaRedisCallCommand", "luaRedisPCallCommand"),
+    "script commands": ("scriptCall", "luaRedisCallCommand", "luaRedisPCallCommand"),
     "TIME": ("timeCommand",),
     "HMGET": ("hmgetCommand",),
     "HGET": ("hgetCommand",),
