@@ -15,7 +15,9 @@ load; microseconds do.
 Phases, each ``--calls`` calls from one client (``RedisStore``, sync, or redis-py):
 
 * ``claim new``, ``finish``, ``claim replay``: the store's claim of a new key, the finish
-  of that lease, a claim of the finished key (what ``@idempotent`` sends);
+  of that lease, a claim of the finished key (what ``@idempotent`` sends); and the
+  rarer scripts: ``heartbeat`` of a held lease, ``release`` of one, and ``claim
+  takeover``, a claim of a released key;
 * ``powertools``: one aws-lambda-powertools ``idempotent_function`` call on a new key
   (its Redis layer: ``SET NX`` of the in-progress record, ``SET`` of the completed one),
   and ``powertools replay`` (its ``GET``);
@@ -166,8 +168,17 @@ def phases(url: str, calls: int) -> Iterator[tuple[str, str, Callable[[], None]]
             store.claim(request)
 
     yield "claim new", "evalsha", claim_new
+    yield "heartbeat", "evalsha", lambda: [store.heartbeat(lease) for lease in leases]
     yield "finish", "evalsha", finish
     yield "claim replay", "evalsha", replay
+    # Keys claimed here, between phases (not counted), to release and take over.
+    held = [
+        ClaimRequest(scope="bench", key=f"{prefix}-held-{n}", fingerprint="f" * 64)
+        for n in range(calls)
+    ]
+    released = [store.claim(request).lease for request in held]
+    yield "release", "evalsha", lambda: [store.release(lease) for lease in released]
+    yield "claim takeover", "evalsha", lambda: [store.claim(request) for request in held]
 
     client = redis.Redis.from_url(f"{url}/3")
     sent: list[tuple[int, bool]] = []  # powertools' values: their size, and whether NX

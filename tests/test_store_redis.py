@@ -354,6 +354,36 @@ def test_a_finish_writes_exactly_the_finished_fields(redis_store: Any, scope: st
     assert record.error == "boom" and record.locked_at is None and record.calling is None
 
 
+@pytest.mark.parametrize("waiter", [True, False], ids=["waiter", "no-waiter"])
+def test_a_release_unlocks_wakes_and_shortens_the_ttl_to_the_retention(
+    redis_store: Any, scope: str, waiter: bool
+) -> None:
+    """The release script's one HMGET (redis.lua): the lock and the waiting flag out, a
+    marked waiter woken (P10), and the TTL, held out to the lock's end while it was
+    locked, back to the retention's end (B3)."""
+    claimed = request(scope, retention=timedelta(hours=1), lock_timeout=timedelta(hours=2))
+    lease = redis_store.claim(claimed).lease
+    assert ttl_ms(redis_store, scope) > 7_100_000  # the lock's end, not the retention's
+    client = sync_client(redis_store)
+    name = raw(redis_store).record_key(scope, "k1")
+    if waiter:
+        client.hset(name, "waiting", "1")
+    with client.pubsub() as pubsub:
+        pubsub.subscribe(raw(redis_store)._channel)
+        redis_store.release(lease)
+        messages = [pubsub.get_message(timeout=1) for _ in range(2)]
+    fields = {k.decode(): v for k, v in client.hgetall(name).items()}
+    client.close()
+    assert {"locked", "waiting"}.isdisjoint(fields)
+    assert fields["rp"] == b"started" and fields["token"] == b"1"
+    assert 3_590_000 < ttl_ms(redis_store, scope) <= 3_600_001
+    woken = [b'["%s","k1"]' % scope.encode()] if waiter else []
+    assert [m["data"] for m in messages if m and m["type"] == "message"] == woken
+    # The next claim resumes it, with the next token (F1).
+    again = redis_store.claim(claimed)
+    assert (again.outcome, again.lease.token) == (Outcome.EXECUTE, 2)
+
+
 # -- tenants and hostile keys --------------------------------------------------------------
 
 

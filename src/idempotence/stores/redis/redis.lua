@@ -50,12 +50,12 @@ local function int(n)
   return string.format('%d', n)
 end
 
--- The record's TTL: until `expires`, or until the lock ends if that is later; no TTL
--- when the record is kept forever (`ret` absent).
-local function set_expiry(k, locked_until)
-  local expires = redis.call('HGET', k, 'expires')
+-- The record's TTL: until `expires` (its value, read by the caller with the fields it
+-- reads anyway), or until the lock ends if that is later. A record kept forever (`ret`
+-- absent) has no `expires` and never had a TTL: no script gives it one (the retention
+-- is fixed at the first claim), so there is nothing to PERSIST, and no command is sent.
+local function set_expiry(k, expires, locked_until)
   if not expires then
-    redis.call('PERSIST', k)
     return
   end
   local at = tonumber(expires)
@@ -98,20 +98,20 @@ local function read(k)
   return table.concat(out)
 end
 
--- The lock check of every fenced write (F1): the record is the incarnation the lease
--- was given (id), nobody took it over since (token), and it is not finished.
-local function holds(k, id, token)
-  local cur = redis.call('HMGET', k, 'id', 'token', 'finished')
+-- The lock check of every fenced write (F1), on `cur`, the reply of an HMGET whose
+-- first three fields are id, token and finished: the record is the incarnation the
+-- lease was given (id), nobody took it over since (token), and it is not finished.
+-- Each fenced script reads these with the other fields it needs in one HMGET: every
+-- command a script calls costs the server about as much as a small command sent alone.
+local function holds(cur, id, token)
   return cur[1] == id and cur[2] == token and not cur[3]
 end
 
--- P10: wake the twins waiting for this key, if any marked it (mark_waiter), on the
--- store's channel; the payload is the JSON array [scope, key], as on PostgreSQL.
+-- P10: wake the twins waiting for this key (the caller read its `waiting` flag, set
+-- by mark_waiter) on the store's channel; the payload is the JSON array [scope, key],
+-- as on PostgreSQL.
 local function settled(k, channel)
-  if redis.call('HDEL', k, 'waiting') == 1 then
-    local named = redis.call('HMGET', k, 'scope', 'key')
-    redis.call('PUBLISH', channel, cjson.encode(named))
-  end
+  redis.call('PUBLISH', channel, cjson.encode(redis.call('HMGET', k, 'scope', 'key')))
 end
 
 -- claim --
@@ -140,7 +140,6 @@ if not cur[1] then
       'fp', ARGV[3], 'id', ARGV[10], 'token', '1', 'locked', at, 'lto', ARGV[8],
       'rp', 'started', 'created', at, 'last_run', at, 'scope', ARGV[1], 'key', ARGV[2],
       'method', ARGV[4], 'path', ARGV[5], 'flow', ARGV[6], 'params', ARGV[7])
-    redis.call('PERSIST', k)
     return {1, at}
   end
   local expires = now + tonumber(ARGV[9])
@@ -166,11 +165,14 @@ if cur[1] ~= ARGV[3] or cur[2] or live(cur[3], cur[4], now) then
   end
   return {0, int(now), read(k)}
 end
--- P5: unlocked, or its holder's lock expired: take over with a new token (F1).
-redis.call('HINCRBY', k, 'token', 1)
-redis.call('HSET', k, 'locked', int(now), 'lto', ARGV[8], 'last_run', int(now))
-set_expiry(k, now + tonumber(ARGV[8]))
-return {1, int(now), read(k)}
+-- P5: unlocked, or its holder's lock expired: take over with a new token (F1). The
+-- token and the expiry are read here, not by the HMGET above, which every replay sends.
+local was = redis.call('HMGET', k, 'token', 'expires')
+local at = int(now)
+redis.call('HSET', k, 'token', int(tonumber(was[1]) + 1), 'locked', at, 'lto', ARGV[8],
+  'last_run', at)
+set_expiry(k, was[2], now + tonumber(ARGV[8]))
+return {1, at, read(k)}
 
 -- finish --
 -- Store the response and unlock, fenced (P3, F1). ARGV: id, token, status, headers
@@ -181,7 +183,7 @@ return {1, int(now), read(k)}
 -- as a small command sent alone.
 local k = KEYS[1]
 local cur = redis.call('HMGET', k, 'id', 'token', 'finished', 'ret', 'waiting')
-if not (cur[1] == ARGV[1] and cur[2] == ARGV[2] and not cur[3]) then
+if not holds(cur, ARGV[1], ARGV[2]) then
   return 0
 end
 local now = now_us()
@@ -205,15 +207,11 @@ if cur[5] then
 end
 redis.call('HSET', k, unpack(fields))
 redis.call('HDEL', k, unpack(gone))
--- The record's TTL (set_expiry, with no lock): its new expiry, or none if kept forever.
-if expires then
-  redis.call('PEXPIREAT', k, int(math.ceil(expires / 1000)))
-else
-  redis.call('PERSIST', k)
-end
--- P10, as settled() does: wake the twins that marked the key.
+-- The record's TTL, with no lock: its new expiry (none if kept forever).
+set_expiry(k, expires, nil)
+-- P10: wake the twins that marked the key.
 if cur[5] then
-  redis.call('PUBLISH', ARGV[8], cjson.encode(redis.call('HMGET', k, 'scope', 'key')))
+  settled(k, ARGV[8])
 end
 return 1
 
@@ -222,34 +220,46 @@ return 1
 -- the channel. An unlocked record keeps its `expires`: past it, Redis drops it (the
 -- SQL reaper would store a 408 failure first; see docs/how-to/redis.md).
 local k = KEYS[1]
-if not holds(k, ARGV[1], ARGV[2]) then
+local cur = redis.call('HMGET', k, 'id', 'token', 'finished', 'expires', 'waiting')
+if not holds(cur, ARGV[1], ARGV[2]) then
   return 0
 end
-redis.call('HDEL', k, 'locked')
-set_expiry(k, nil)
-settled(k, ARGV[3])
+if cur[5] then
+  redis.call('HDEL', k, 'locked', 'waiting')
+else
+  redis.call('HDEL', k, 'locked')
+end
+set_expiry(k, cur[4], nil)
+if cur[5] then
+  settled(k, ARGV[3])
+end
 return 1
 
 -- heartbeat --
 -- Extend a held lock by its timeout from now, fenced (F2); returns the new `locked`.
 -- ARGV: id, token.
 local k = KEYS[1]
-if not holds(k, ARGV[1], ARGV[2]) or not redis.call('HGET', k, 'locked') then
+local cur = redis.call('HMGET', k, 'id', 'token', 'finished', 'locked', 'lto', 'expires')
+if not holds(cur, ARGV[1], ARGV[2]) or not cur[4] then
   return false
 end
 local now = now_us()
-redis.call('HSET', k, 'locked', int(now))
-set_expiry(k, now + tonumber(redis.call('HGET', k, 'lto')))
-return int(now)
+local at = int(now)
+redis.call('HSET', k, 'locked', at)
+set_expiry(k, cur[6], now + tonumber(cur[5]))
+return at
 
 -- forget --
 -- Delete a key still at `started`, fenced (R5: a rejected request stores nothing).
 -- ARGV: id, token, the channel.
 local k = KEYS[1]
-if not holds(k, ARGV[1], ARGV[2]) or redis.call('HGET', k, 'rp') ~= 'started' then
+local cur = redis.call('HMGET', k, 'id', 'token', 'finished', 'rp', 'waiting')
+if not holds(cur, ARGV[1], ARGV[2]) or cur[4] ~= 'started' then
   return 0
 end
-settled(k, ARGV[3])
+if cur[5] then
+  settled(k, ARGV[3])
+end
 redis.call('DEL', k)
 return 1
 
