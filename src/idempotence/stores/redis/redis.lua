@@ -44,8 +44,10 @@ local function live(locked, lto, now)
 end
 
 -- A whole number as Redis stores it: digits, never an exponent (tostring gives
--- 1.7e+15). '%d' (a C long, 64 bits) rather than '%.0f': printf's float path cost the
--- server some 4 000 instructions per number (callgrind), a tenth of a claim's script.
+-- 1.7e+15). '%d' (Lua 5.1 formats it as a C long: 64 bits on the LP64 builds Redis
+-- ships, so exact up to the 2^53 a Lua number holds) rather than '%.0f': printf's float
+-- path cost the server some 4 000 instructions per number (callgrind), a tenth of a
+-- claim's script.
 local function int(n)
   return string.format('%d', n)
 end
