@@ -6,6 +6,8 @@ Run it from the repository root::
     .venv/bin/python benchmarks/http_bench.py                 # every server, about 10 minutes
     .venv/bin/python benchmarks/http_bench.py --quick         # a smoke run, about a minute
     .venv/bin/python benchmarks/http_bench.py --server pg-fast --server sqlite --json
+    .venv/bin/python benchmarks/http_bench.py --server pg-fast --row transaction \
+        --row transaction-floor --row transaction-floor-1w     # those rows and insert
     .venv/bin/python benchmarks/http_bench.py --server pg-fast --server redis \
         --deploy 1 --deploy uvicorn-2 --deploy gunicorn-2        # as deployed, ~15 minutes
 
@@ -397,6 +399,14 @@ def app(args: argparse.Namespace) -> Any:
     return build_app(args.backend, args.target, args.synchronous, args.cache)
 
 
+def chosen(found: list[harness.Row], names: list[str] | None) -> list[harness.Row]:
+    """The rows named in ``names`` (all without), with the baselines they compare with."""
+    if not names:
+        return found
+    wanted = set(names) | {row.baseline for row in found if row.name in names and row.baseline}
+    return [row for row in found if row.name in wanted]
+
+
 def deployed(
     deploy: str, wanted: list[str], args: argparse.Namespace, throwaways: harness.Throwaways
 ) -> tuple[dict[str, harness.Server], list[dict[str, Any]]]:
@@ -413,7 +423,7 @@ def deployed(
             port, pid = stack.enter_context(harness.app_server(__file__, arguments))
             what += f"; {harness.deploy_label(deploy)}"
             servers[name] = harness.Server(name, port, pid, meter, what)
-            table_rows += rows(name, backend)
+            table_rows += chosen(rows(name, backend), args.row)
         return servers, harness.measure(servers, table_rows, args)
 
 
@@ -428,6 +438,9 @@ def main() -> None:
         parser.add_argument("--server", action="append", choices=SERVERS, help="repeatable")
         deploy = harness.deploy_option
         parser.add_argument("--deploy", action="append", type=deploy, help=harness.DEPLOY_HELP)
+        parser.add_argument(
+            "--row", action="append", help="only this row and its baseline (repeatable)"
+        )
 
     args = harness.command_line(__doc__ or "", serve_options, options, app)
     if args is None:
