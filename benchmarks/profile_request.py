@@ -6,7 +6,7 @@ Run it from the repository root::
     .venv/bin/python benchmarks/profile_request.py --quick   # a smoke run, no valgrind
     .venv/bin/python benchmarks/profile_request.py --profile pg-handler   # cProfile's top
     .venv/bin/python benchmarks/profile_request.py --concurrency 16 --cpu pg-handler
-    .venv/bin/python benchmarks/profile_request.py --trips pg-transaction pg-tx-floor
+    .venv/bin/python benchmarks/profile_request.py --trips --throwaway pg-transaction pg-tx-floor
 
 The requests go in process, through ``httpx.AsyncClient`` on an ``ASGITransport``, to a
 Starlette app guarded by :class:`~idempotence.http.IdempotencyMiddleware`, each with a
@@ -33,7 +33,9 @@ Instruction counts are the same however busy the machine is, so two
 runs on a shared machine compare. ``--trips`` counts instead what each PostgreSQL row
 sends the server per request: round trips (a ``Sync`` or a simple ``Query``: the
 client then waits) and statements (``Execute`` and ``Query`` messages), through a
-counting proxy (``tests.support.roundtrips``), over N and 3N requests as above.
+counting proxy (``tests.support.roundtrips``), and the WAL the server wrote, over N
+and 3N requests as above (WAL is the whole cluster's: with ``--throwaway`` the rows run
+on a throwaway cluster of their own, fsync off, where it is theirs alone).
 ``--cpu`` reports CPU microseconds per request instead (process time, noisier), with
 ``--concurrency`` clients at once.
 
@@ -443,25 +445,37 @@ def per_request(row: str, target: str, args: argparse.Namespace) -> float:
     return (large - small) / (2 * args.requests)
 
 
-def trips(row: str, target: str, args: argparse.Namespace) -> tuple[float, float]:
+def trips(row: str, target: str, args: argparse.Namespace) -> tuple[float, float, float]:
     """Round trips and statements per request to PostgreSQL, counted by a proxy in
-    front of the server (``tests.support.roundtrips``) over runs of N and 3N requests:
-    the difference over 2N, free of the start-up's (the pools' connections and their
-    session settings)."""
+    front of the server (``tests.support.roundtrips``), and the WAL the server wrote
+    (the whole cluster's: ours alone on a cluster of its own, ``--throwaway``), over
+    runs of N and 3N requests: the difference over 2N, free of the start-up's (the
+    pools' connections and their session settings)."""
+    import psycopg
     from _harness import use_repo
 
     use_repo()
     from tests.support.roundtrips import round_trips
 
+    def wal() -> int:
+        with psycopg.connect(target, autocommit=True) as conn:
+            found = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+            return int(found[0]) if found else 0
+
     counted = []
     for requests in (args.requests, 3 * args.requests):
         with round_trips(target) as proxy:
             command = _child_command(row, proxy.url, args, requests)
+            before = wal()
             subprocess.run(command, check=True, capture_output=True, text=True)
-            counted.append((proxy.count, proxy.statements))
-    (small_trips, small_statements), (large_trips, large_statements) = counted
+            counted.append((proxy.count, proxy.statements, wal() - before))
     n = 2 * args.requests
-    return (large_trips - small_trips) / n, (large_statements - small_statements) / n
+    small, large = counted
+    return (
+        (large[0] - small[0]) / n,
+        (large[1] - small[1]) / n,
+        (large[2] - small[2]) / n,
+    )
 
 
 def cpu(row: str, target: str, args: argparse.Namespace) -> float:
@@ -486,9 +500,14 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30, help="the profile's length")
     parser.add_argument("--quick", action="store_true", help="a few requests, CPU only")
     parser.add_argument(
-        "--trips", action="store_true", help="PostgreSQL round trips and statements/request"
+        "--trips", action="store_true", help="PostgreSQL round trips, statements, WAL/request"
     )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument(
+        "--throwaway",
+        action="store_true",
+        help="PostgreSQL on a throwaway cluster of its own (fsync off): WAL is ours alone",
+    )
     parser.add_argument(
         "--postgres",
         default=os.environ.get(
@@ -515,7 +534,13 @@ def main() -> None:
         parser.error("valgrind is not installed: apt-get install valgrind, or use --cpu")
     wanted = set(rows) | {ROWS[row][2] for row in rows if ROWS[row][2] is not None}
     wanted_rows = [row for row in ROWS if row in wanted]
-    with targets(args.postgres, {ROWS[row][0] for row in wanted_rows}) as found:
+    with contextlib.ExitStack() as stack:
+        admin = args.postgres
+        if args.throwaway:
+            from _harness import fast_cluster
+
+            admin = stack.enter_context(fast_cluster())
+        found = stack.enter_context(targets(admin, {ROWS[row][0] for row in wanted_rows}))
         if args.profile:
             env = {**os.environ, "PROFILE_REQUEST_CPROFILE": "1"}
             row = args.profile
@@ -525,9 +550,9 @@ def main() -> None:
             return
         if args.trips:
             counts = {row: trips(row, found[ROWS[row][0]], args) for row in rows}
-            print(f"{'row':<16} {'trips/request':>14} {'statements/request':>19}")
-            for row, (round_trips, statements) in counts.items():
-                print(f"{row:<16} {round_trips:>14.2f} {statements:>19.2f}")
+            print(f"{'row':<16} {'trips/request':>14} {'statements/request':>19} {'WAL B':>8}")
+            for row, (round_trips, statements, wal) in counts.items():
+                print(f"{row:<16} {round_trips:>14.2f} {statements:>19.2f} {wal:>8,.0f}")
             return
         measure = cpu if args.cpu else per_request
         got = {row: measure(row, found[ROWS[row][0]], args) for row in wanted_rows}
