@@ -16,6 +16,8 @@
   fsync=off and synchronous_commit=off, a throwaway redis-server;
 * a hand-written Redis guard (the store's own two scripts by EVALSHA, no redis-py):
   the Redis floor of http_bench.py and profile_request.py;
+* hand-written PostgreSQL guards (the store's own statements on a bare psycopg pool):
+  http_bench.py's floors, and profile_request.py's request-as-transaction floors;
 * rows measured in interleaved rounds (medians, same-run ratios), printed or as JSON.
 """
 
@@ -39,6 +41,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -541,6 +544,198 @@ class RedisHand:
         if done != 1:
             raise RuntimeError("the floor's finish was refused")
         return 201, body, False
+
+
+# -- hand-written PostgreSQL guards ---------------------------------------------------------
+
+
+def claim_params(backend: str, key: str, path: str) -> dict[str, Any]:
+    """The claim statement's parameters for ``key`` on ``path`` (the hand-written rows')."""
+    timeout, retention = timedelta(seconds=10), timedelta(days=1)
+    durations: tuple[Any, Any] = (timeout, retention)
+    if backend == "sqlite":
+        durations = (timeout.total_seconds(), retention.total_seconds())
+    return {
+        "scope": "bench",
+        "key": key,
+        "method": "POST",
+        "path": path,
+        "fingerprint": key,
+        "params": "{}",
+        "flow": "http",
+        "lock_timeout": durations[0],
+        "retention": durations[1],
+    }
+
+
+def finish_params(row: dict[str, Any], body: bytes) -> dict[str, Any]:
+    return {
+        "status": 201,
+        "headers": '[["content-type", "application/json"]]',
+        "body": body,
+        "error": None,
+        "scope": "bench",
+        "key": row["key"],
+        "id": row["id"],
+        "token": row["lock_token"],
+    }
+
+
+def settled(row: dict[str, Any]) -> tuple[int, bytes, bool]:
+    """What a hand-written guard answers for a key it did not claim."""
+    if row.get("finished_at") is not None:
+        return int(row["response_status"]), bytes(row["response_body"]), True
+    return 409, b'{"error": "in progress"}', False
+
+
+class PgHand:
+    """The hand-written rows on PostgreSQL: a psycopg pool like the store's."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg_pool
+
+        from idempotence._queries import load
+        from idempotence.stores.postgres import _breaker as _postgres_breaker
+        from idempotence.stores.postgres import _store_async as _postgres_async
+        from idempotence.stores.postgres import _store_shared as _postgres_base
+
+        self.pool: Any = psycopg_pool.AsyncConnectionPool(
+            url,
+            max_size=20,
+            kwargs={"autocommit": True},
+            # The store's session settings, with its default statement bound.
+            configure=_postgres_async._configure_async(
+                _postgres_base.session_settings(_postgres_base.DEFAULT_STATEMENT_TIMEOUT),
+                require_synchronous_standby=False,
+                breaker=_postgres_breaker.Breaker(),
+            ),
+            open=False,
+        )
+        self.queries = load("postgres")
+        self.deferred = _postgres_base.deferred_sql  # the finish as sent with a COMMIT
+        self.opened = False
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> Any:
+        if not self.opened:
+            await self.pool.open()
+            self.opened = True
+        async with self.pool.connection() as conn:
+            yield conn
+
+    async def close(self) -> None:
+        if self.opened:
+            await self.pool.close()
+
+    async def insert(self, sql: str, params: dict[str, Any]) -> None:
+        async with self.connection() as conn, conn.transaction():
+            await conn.execute(sql, params)
+
+    async def _claim(self, cur: Any, claim: dict[str, Any]) -> dict[str, Any]:
+        # The claim statement returns no row when a concurrent claim committed the key
+        # after its snapshot; its caller runs it again, as the store does (queries.sql).
+        for _ in range(3):
+            await cur.execute(self.queries["claim"], claim)
+            if (row := await cur.fetchone()) is not None:
+                return dict(row)
+        raise RuntimeError("the floor's claim found no row three times")
+
+    async def guarded(
+        self, claim: dict[str, Any], body: bytes, write: tuple[str, Any] | None
+    ) -> tuple[int, bytes, bool]:
+        """Handler mode (``write`` None): claim, answer, finish, each autocommitted.
+        Request-as-transaction: BEGIN+claim in one pipeline, the write, finish+COMMIT."""
+        from psycopg.rows import dict_row
+
+        from idempotence.stores._sql.ops import Query
+
+        async with self.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            if write is None:
+                row = await self._claim(cur, claim)
+                if not row["claimed"]:
+                    return settled(row)
+                await cur.execute(self.queries["finish"], finish_params(row, body))
+                return 201, body, False
+            async with conn.pipeline():
+                await conn.execute("BEGIN")
+                await cur.execute(self.queries["claim"], claim)
+            row = await cur.fetchone() or await self._claim(cur, claim)
+            try:
+                if not row["claimed"]:
+                    await conn.execute("ROLLBACK")
+                    return settled(row)
+                await conn.execute(*write)
+                finish = finish_params(row, body)
+                async with conn.pipeline():
+                    await conn.execute(
+                        self.deferred(Query("finish", self.queries["finish"], finish)), finish
+                    )
+                    await conn.execute("COMMIT")
+            except BaseException:
+                await conn.execute("ROLLBACK")
+                raise
+            return 201, body, False
+
+    async def one_write(
+        self, claim: dict[str, Any], body: bytes, write: tuple[str, Any]
+    ) -> tuple[int, bytes, bool]:
+        """Request-as-transaction writing the key row once (issue 13, item 5): BEGIN, a
+        transaction-scoped advisory lock on the key and a read of its row in one
+        pipeline, the write, then the finished row inserted with the COMMIT."""
+        from psycopg.rows import dict_row
+
+        from idempotence.stores._sql.ops import Query
+
+        async with self.connection() as conn:
+            lock = conn.cursor(row_factory=dict_row)
+            cur = conn.cursor(row_factory=dict_row)
+            async with conn.pipeline():
+                await conn.execute("BEGIN")
+                await lock.execute(ONE_WRITE_LOCK, claim)
+                await cur.execute(ONE_WRITE_READ, claim)
+            locked = (await lock.fetchone())["locked"]
+            row = await cur.fetchone()
+            try:
+                if not locked or row is not None:
+                    await conn.execute("ROLLBACK")
+                    return settled(row) if row else (409, b'{"error": "in progress"}', False)
+                await conn.execute(*write)
+                finish = {
+                    **claim,
+                    **finish_params({"key": claim["key"], "id": 0, "lock_token": 1}, body),
+                }
+                async with conn.pipeline():
+                    await conn.execute(
+                        self.deferred(Query("finish", ONE_WRITE_INSERT, finish)), finish
+                    )
+                    await conn.execute("COMMIT")
+            except BaseException:
+                await conn.execute("ROLLBACK")
+                raise
+            return 201, body, False
+
+
+ONE_WRITE_LOCK = """
+SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, hashtextextended(%(scope)s, 0)))
+    AS locked
+"""
+ONE_WRITE_READ = "SELECT * FROM idempotency_keys WHERE scope = %(scope)s AND key = %(key)s"
+ONE_WRITE_INSERT = """
+INSERT INTO idempotency_keys AS k (
+    scope, key, request_method, request_path, fingerprint, request_params, flow,
+    recovery_point, lock_timeout, last_run_at, response_status, response_headers,
+    response_body, error, finished_at, expires_at
+)
+VALUES (
+    %(scope)s, %(key)s, %(method)s, %(path)s, %(fingerprint)s, %(params)s::jsonb, %(flow)s,
+    'finished', %(lock_timeout)s, statement_timestamp(), %(status)s, %(headers)s::jsonb,
+    %(body)s, %(error)s, statement_timestamp(),
+    statement_timestamp() + %(retention)s::interval
+)
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING id
+"""
 
 
 # -- app servers ---------------------------------------------------------------------------

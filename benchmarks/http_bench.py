@@ -6,6 +6,8 @@ Run it from the repository root::
     .venv/bin/python benchmarks/http_bench.py                 # every server, about 10 minutes
     .venv/bin/python benchmarks/http_bench.py --quick         # a smoke run, about a minute
     .venv/bin/python benchmarks/http_bench.py --server pg-fast --server sqlite --json
+    .venv/bin/python benchmarks/http_bench.py --server pg-fast --row transaction \
+        --row transaction-floor --row transaction-floor-1w     # those rows and insert
     .venv/bin/python benchmarks/http_bench.py --server pg-fast --server redis \
         --deploy 1 --deploy uvicorn-2 --deploy gunicorn-2        # as deployed, ~15 minutes
 
@@ -84,7 +86,6 @@ import json
 import os
 import re
 import tempfile
-from datetime import timedelta
 from typing import Any
 
 import _harness as harness
@@ -177,7 +178,7 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
         hand = SqliteHand(target, synchronous)
     else:  # postgres, redis, cached: PostgreSQL behind Redis
         store = harness.our_store(target, cache)
-        hand = PgHand(target) if backend == "postgres" else None
+        hand = harness.PgHand(target) if backend == "postgres" else None
     insert = INSERT.get(backend, "")
 
     def extra(plain: Any, guarded: Any, Item: Any) -> None:
@@ -194,19 +195,25 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
 
         @plain.post("/plain/floor-handler")
         async def floor_handler(item: Item, request: Request) -> Any:
-            claim = claim_params(backend, request)
+            claim = harness.claim_params(
+                backend, request.headers["idempotency-key"], request.url.path
+            )
             return respond(*await hand.guarded(claim, answer(item), None))
 
         @plain.post("/plain/floor-tx")
         async def floor_tx(item: Item, request: Request) -> Any:
             write = (insert, {"amount": item.amount, "note": request.url.path})
-            claim = claim_params(backend, request)
+            claim = harness.claim_params(
+                backend, request.headers["idempotency-key"], request.url.path
+            )
             return respond(*await hand.guarded(claim, answer(item), write))
 
         @plain.post("/plain/floor-tx-1w")
         async def floor_tx_one_write(item: Item, request: Request) -> Any:
             write = (insert, {"amount": item.amount, "note": request.url.path})
-            claim = claim_params(backend, request)
+            claim = harness.claim_params(
+                backend, request.headers["idempotency-key"], request.url.path
+            )
             return respond(*await hand.one_write(claim, answer(item), write))
 
     if backend == "redis":
@@ -236,188 +243,7 @@ def answer(item: Any) -> bytes:
 
 
 def claim_params(backend: str, request: Any) -> dict[str, Any]:
-    key = request.headers["idempotency-key"]
-    timeout, retention = timedelta(seconds=10), timedelta(days=1)
-    durations: tuple[Any, Any] = (timeout, retention)
-    if backend == "sqlite":
-        durations = (timeout.total_seconds(), retention.total_seconds())
-    return {
-        "scope": "bench",
-        "key": key,
-        "method": "POST",
-        "path": request.url.path,
-        "fingerprint": key,
-        "params": "{}",
-        "flow": "http",
-        "lock_timeout": durations[0],
-        "retention": durations[1],
-    }
-
-
-def finish_params(row: dict[str, Any], body: bytes) -> dict[str, Any]:
-    return {
-        "status": 201,
-        "headers": '[["content-type", "application/json"]]',
-        "body": body,
-        "error": None,
-        "scope": "bench",
-        "key": row["key"],
-        "id": row["id"],
-        "token": row["lock_token"],
-    }
-
-
-def settled(row: dict[str, Any]) -> tuple[int, bytes, bool]:
-    """What a hand-written guard answers for a key it did not claim."""
-    if row.get("finished_at") is not None:
-        return int(row["response_status"]), bytes(row["response_body"]), True
-    return 409, b'{"error": "in progress"}', False
-
-
-class PgHand:
-    """The hand-written rows on PostgreSQL: a psycopg pool like the store's."""
-
-    def __init__(self, url: str) -> None:
-        import psycopg_pool
-
-        from idempotence._queries import load
-        from idempotence.stores.postgres import _breaker as _postgres_breaker
-        from idempotence.stores.postgres import _store_async as _postgres_async
-        from idempotence.stores.postgres import _store_shared as _postgres_base
-
-        self.pool: Any = psycopg_pool.AsyncConnectionPool(
-            url,
-            max_size=20,
-            kwargs={"autocommit": True},
-            # The store's session settings, with its default statement bound.
-            configure=_postgres_async._configure_async(
-                _postgres_base.session_settings(_postgres_base.DEFAULT_STATEMENT_TIMEOUT),
-                require_synchronous_standby=False,
-                breaker=_postgres_breaker.Breaker(),
-            ),
-            open=False,
-        )
-        self.queries = load("postgres")
-        self.deferred = _postgres_base.deferred_sql  # the finish as sent with a COMMIT
-        self.opened = False
-
-    @contextlib.asynccontextmanager
-    async def connection(self) -> Any:
-        if not self.opened:
-            await self.pool.open()
-            self.opened = True
-        async with self.pool.connection() as conn:
-            yield conn
-
-    async def insert(self, sql: str, params: dict[str, Any]) -> None:
-        async with self.connection() as conn, conn.transaction():
-            await conn.execute(sql, params)
-
-    async def _claim(self, cur: Any, claim: dict[str, Any]) -> dict[str, Any]:
-        # The claim statement returns no row when a concurrent claim committed the key
-        # after its snapshot; its caller runs it again, as the store does (queries.sql).
-        for _ in range(3):
-            await cur.execute(self.queries["claim"], claim)
-            if (row := await cur.fetchone()) is not None:
-                return dict(row)
-        raise RuntimeError("the floor's claim found no row three times")
-
-    async def guarded(
-        self, claim: dict[str, Any], body: bytes, write: tuple[str, Any] | None
-    ) -> tuple[int, bytes, bool]:
-        """Handler mode (``write`` None): claim, answer, finish, each autocommitted.
-        Request-as-transaction: BEGIN+claim in one pipeline, the write, finish+COMMIT."""
-        from psycopg.rows import dict_row
-
-        from idempotence.stores._sql.ops import Query
-
-        async with self.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            if write is None:
-                row = await self._claim(cur, claim)
-                if not row["claimed"]:
-                    return settled(row)
-                await cur.execute(self.queries["finish"], finish_params(row, body))
-                return 201, body, False
-            async with conn.pipeline():
-                await conn.execute("BEGIN")
-                await cur.execute(self.queries["claim"], claim)
-            row = await cur.fetchone() or await self._claim(cur, claim)
-            try:
-                if not row["claimed"]:
-                    await conn.execute("ROLLBACK")
-                    return settled(row)
-                await conn.execute(*write)
-                finish = finish_params(row, body)
-                async with conn.pipeline():
-                    await conn.execute(
-                        self.deferred(Query("finish", self.queries["finish"], finish)), finish
-                    )
-                    await conn.execute("COMMIT")
-            except BaseException:
-                await conn.execute("ROLLBACK")
-                raise
-            return 201, body, False
-
-    async def one_write(
-        self, claim: dict[str, Any], body: bytes, write: tuple[str, Any]
-    ) -> tuple[int, bytes, bool]:
-        """Request-as-transaction writing the key row once (issue 13, item 5): BEGIN, a
-        transaction-scoped advisory lock on the key and a read of its row in one
-        pipeline, the write, then the finished row inserted with the COMMIT."""
-        from psycopg.rows import dict_row
-
-        from idempotence.stores._sql.ops import Query
-
-        async with self.connection() as conn:
-            lock = conn.cursor(row_factory=dict_row)
-            cur = conn.cursor(row_factory=dict_row)
-            async with conn.pipeline():
-                await conn.execute("BEGIN")
-                await lock.execute(ONE_WRITE_LOCK, claim)
-                await cur.execute(ONE_WRITE_READ, claim)
-            locked = (await lock.fetchone())["locked"]
-            row = await cur.fetchone()
-            try:
-                if not locked or row is not None:
-                    await conn.execute("ROLLBACK")
-                    return settled(row) if row else (409, b'{"error": "in progress"}', False)
-                await conn.execute(*write)
-                finish = {
-                    **claim,
-                    **finish_params({"key": claim["key"], "id": 0, "lock_token": 1}, body),
-                }
-                async with conn.pipeline():
-                    await conn.execute(
-                        self.deferred(Query("finish", ONE_WRITE_INSERT, finish)), finish
-                    )
-                    await conn.execute("COMMIT")
-            except BaseException:
-                await conn.execute("ROLLBACK")
-                raise
-            return 201, body, False
-
-
-ONE_WRITE_LOCK = """
-SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, hashtextextended(%(scope)s, 0)))
-    AS locked
-"""
-ONE_WRITE_READ = "SELECT * FROM idempotency_keys WHERE scope = %(scope)s AND key = %(key)s"
-ONE_WRITE_INSERT = """
-INSERT INTO idempotency_keys AS k (
-    scope, key, request_method, request_path, fingerprint, request_params, flow,
-    recovery_point, lock_timeout, last_run_at, response_status, response_headers,
-    response_body, error, finished_at, expires_at
-)
-VALUES (
-    %(scope)s, %(key)s, %(method)s, %(path)s, %(fingerprint)s, %(params)s::jsonb, %(flow)s,
-    'finished', %(lock_timeout)s, statement_timestamp(), %(status)s, %(headers)s::jsonb,
-    %(body)s, %(error)s, statement_timestamp(),
-    statement_timestamp() + %(retention)s::interval
-)
-ON CONFLICT (scope, key) DO NOTHING
-RETURNING id
-"""
+    return harness.claim_params(backend, request.headers["idempotency-key"], request.url.path)
 
 
 class SqliteHand:
@@ -498,21 +324,21 @@ class SqliteHand:
         async with self.hop() as call:
             preview = await call(self._fetch, "claim_read", claim)
             if preview is not None:
-                return settled(preview)
+                return harness.settled(preview)
             if write is None:  # handler mode: two short write transactions
                 async with self.writer:
                     row = await call(self._claim, claim, True)
                 if not row.get("claimed"):
-                    return settled(row)
+                    return harness.settled(row)
                 async with self.writer:
-                    await call(self._finish, finish_params(row, body), False)
+                    await call(self._finish, harness.finish_params(row, body), False)
                 return 201, body, False
             async with self.writer:  # one transaction, the write lock held throughout
                 row = await call(self._claim, claim, False)
                 if not row.get("claimed"):
-                    return settled(row)
+                    return harness.settled(row)
                 await call(lambda conn: conn.execute(*write).fetchall())
-                await call(self._finish, finish_params(row, body), True)
+                await call(self._finish, harness.finish_params(row, body), True)
         return 201, body, False
 
 
@@ -573,6 +399,14 @@ def app(args: argparse.Namespace) -> Any:
     return build_app(args.backend, args.target, args.synchronous, args.cache)
 
 
+def chosen(found: list[harness.Row], names: list[str] | None) -> list[harness.Row]:
+    """The rows named in ``names`` (all without), with the baselines they compare with."""
+    if not names:
+        return found
+    wanted = set(names) | {row.baseline for row in found if row.name in names and row.baseline}
+    return [row for row in found if row.name in wanted]
+
+
 def deployed(
     deploy: str, wanted: list[str], args: argparse.Namespace, throwaways: harness.Throwaways
 ) -> tuple[dict[str, harness.Server], list[dict[str, Any]]]:
@@ -589,7 +423,7 @@ def deployed(
             port, pid = stack.enter_context(harness.app_server(__file__, arguments))
             what += f"; {harness.deploy_label(deploy)}"
             servers[name] = harness.Server(name, port, pid, meter, what)
-            table_rows += rows(name, backend)
+            table_rows += chosen(rows(name, backend), args.row)
         return servers, harness.measure(servers, table_rows, args)
 
 
@@ -604,6 +438,9 @@ def main() -> None:
         parser.add_argument("--server", action="append", choices=SERVERS, help="repeatable")
         deploy = harness.deploy_option
         parser.add_argument("--deploy", action="append", type=deploy, help=harness.DEPLOY_HELP)
+        parser.add_argument(
+            "--row", action="append", help="only this row and its baseline (repeatable)"
+        )
 
     args = harness.command_line(__doc__ or "", serve_options, options, app)
     if args is None:

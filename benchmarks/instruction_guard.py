@@ -261,15 +261,15 @@ def child(backend: str, target: str, requests: int, warmup: int) -> None:
     from profile_request import build_app
 
     steadied = steady_psycopg() if backend == "postgres" else []
-    app, store, floor = build_app(backend, target)
+    app, store, closing = build_app(backend, target)
 
     async def main() -> None:
         try:
             await _run_phases(app, phases_of(backend), requests, warmup)
         finally:
             await store.close()
-            if floor is not None:
-                await floor.close()
+            for each in closing:
+                await each.close()
 
     asyncio.run(main())
     print(json.dumps({"backend": backend, "phases": phases_of(backend), "steadied": steadied}))

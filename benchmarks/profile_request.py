@@ -6,6 +6,7 @@ Run it from the repository root::
     .venv/bin/python benchmarks/profile_request.py --quick   # a smoke run, no valgrind
     .venv/bin/python benchmarks/profile_request.py --profile pg-handler   # cProfile's top
     .venv/bin/python benchmarks/profile_request.py --concurrency 16 --cpu pg-handler
+    .venv/bin/python benchmarks/profile_request.py --trips --throwaway pg-transaction pg-tx-floor
 
 The requests go in process, through ``httpx.AsyncClient`` on an ``ASGITransport``, to a
 Starlette app guarded by :class:`~idempotence.http.IdempotencyMiddleware`, each with a
@@ -21,11 +22,22 @@ the same run): the same endpoint without the middleware (``trivial``), or, for
 request-as-transaction, the endpoint doing its one INSERT in a transaction of its own
 (``insert``). ``pg-floor`` is the handler-mode floor: the trivial endpoint running the
 store's own claim and finish statements by hand on a psycopg pool, no library code;
+``pg-tx-floor`` and ``pg-tx-floor-1w`` the request-as-transaction floors (against
+``insert``), http_bench.py's hand code (``_harness.PgHand``): BEGIN+claim in one
+pipeline, the INSERT, finish+COMMIT in another; and the key row written once (BEGIN, a
+transaction-scoped advisory lock and a read of the key in one pipeline, the INSERT, the
+finished key row inserted with the COMMIT);
 ``redis-floor`` the same with the Redis store's two scripts, sent by EVALSHA on a bare
 asyncio connection (``_harness.RedisHand``: no redis-py).
 Instruction counts are the same however busy the machine is, so two
-runs on a shared machine compare. ``--cpu`` reports CPU microseconds per request
-instead (process time, noisier), with ``--concurrency`` clients at once.
+runs on a shared machine compare. ``--trips`` counts instead what each PostgreSQL row
+sends the server per request: round trips (a ``Sync`` or a simple ``Query``: the
+client then waits) and statements (``Execute`` and ``Query`` messages), through a
+counting proxy (``tests.support.roundtrips``), and the WAL the server wrote, over N
+and 3N requests as above (WAL is the whole cluster's: with ``--throwaway`` the rows run
+on a throwaway cluster of their own, fsync off, where it is theirs alone).
+``--cpu`` reports CPU microseconds per request instead (process time, noisier), with
+``--concurrency`` clients at once.
 
 PostgreSQL comes from ``--postgres URL`` (default ``$IDEMPOTENCE_TEST_POSTGRES``, else
 ``postgresql://postgres@127.0.0.1:5432/postgres``); the script creates
@@ -65,6 +77,8 @@ ROWS: dict[str, tuple[str, str, str | None, bool]] = {
     "pg-transaction": ("postgres", "/tx", "pg-insert", False),
     "pg-replay": ("postgres", "/handler", "pg-trivial", True),
     "pg-floor": ("postgres", "/floor", "pg-trivial", False),
+    "pg-tx-floor": ("postgres", "/tx-floor", "pg-insert", False),
+    "pg-tx-floor-1w": ("postgres", "/tx-floor-1w", "pg-insert", False),
     "sqlite-trivial": ("sqlite", "/trivial", None, False),
     "sqlite-handler": ("sqlite", "/handler", "sqlite-trivial", False),
     "sqlite-replay": ("sqlite", "/handler", "sqlite-trivial", True),
@@ -87,10 +101,11 @@ INSERT = {
 
 
 def build_app(backend: str, target: str) -> tuple[Any, Any, Any]:
-    """The Starlette app, guarded, its store, and the floor's statements."""
+    """The Starlette app, guarded, its store, and what to close at the end (the floors)."""
+    from _harness import claim_params
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     from idempotence import AsyncSqliteStore
@@ -139,11 +154,26 @@ def build_app(backend: str, target: str) -> tuple[Any, Any, Any]:
         return JSONResponse({"ok": True, "amount": data["amount"]}, status_code=201)
 
     floor = _floor(backend, target)
+    hand = _tx_floor(backend, target)
 
     async def by_hand(request: Request) -> JSONResponse:
         data = await request.json()
         await floor(request.headers["idempotency-key"])
         return JSONResponse({"ok": True, "amount": data["amount"]}, status_code=201)
+
+    def tx_by_hand(one_write: bool) -> Any:
+        # The request-as-transaction floors: _harness.PgHand's BEGIN+claim, INSERT,
+        # finish+COMMIT (or the key row written once), answering what the store keeps.
+        async def endpoint(request: Request) -> Response:
+            data = await request.json()
+            claim = claim_params("postgres", request.headers["idempotency-key"], request.url.path)
+            write = (insert, {"amount": data["amount"], "note": "x"})
+            body = json.dumps({"ok": True, "amount": data["amount"]}).encode()
+            run = hand.one_write if one_write else hand.guarded
+            status, body, _ = await run(claim, body, write)
+            return Response(body, status, media_type="application/json")
+
+        return endpoint
 
     app = Starlette(
         routes=[
@@ -152,6 +182,8 @@ def build_app(backend: str, target: str) -> tuple[Any, Any, Any]:
             Route("/insert", own_transaction, methods=["POST"]),
             Route("/handler", trivial, methods=["POST"]),
             Route("/tx", in_transaction, methods=["POST"]),
+            Route("/tx-floor", tx_by_hand(False), methods=["POST"]),
+            Route("/tx-floor-1w", tx_by_hand(True), methods=["POST"]),
         ]
     )
     config = Idempotency(
@@ -161,11 +193,24 @@ def build_app(backend: str, target: str) -> tuple[Any, Any, Any]:
             Endpoint("POST /trivial", None),
             Endpoint("POST /insert", None),
             Endpoint("POST /floor", None),
+            Endpoint("POST /tx-floor", None),
+            Endpoint("POST /tx-floor-1w", None),
             # Request-as-transaction needs a SQL store's transaction.
             *([] if backend == "redis" else [Endpoint("POST /tx", Policy(transaction=True))]),
         ],
     )
-    return IdempotencyMiddleware(app, config), store, floor
+    closing = [close for close in (floor, hand) if close is not None]
+    return IdempotencyMiddleware(app, config), store, closing
+
+
+def _tx_floor(backend: str, target: str) -> Any:
+    """The request-as-transaction floors on PostgreSQL: http_bench.py's own hand code
+    (``_harness.PgHand``), its pool opened at the first request."""
+    if backend != "postgres":
+        return None
+    from _harness import PgHand
+
+    return PgHand(target)
 
 
 def _floor(backend: str, target: str) -> Any:
@@ -266,7 +311,7 @@ async def _requests(app: Any, path: str, replay: bool, counts: list[int], concur
 
 async def _child(args: argparse.Namespace) -> None:
     backend, path, _, replay = ROWS[args.row]
-    app, store, floor = build_app(backend, args.target)
+    app, store, closing = build_app(backend, args.target)
     try:
         steps = _requests(app, path, replay, [args.warmup, args.requests], args.concurrency)
         await anext(steps)  # the warm-up
@@ -286,8 +331,8 @@ async def _child(args: argparse.Namespace) -> None:
         print(json.dumps({"row": args.row, "cpu_us": cpu / max(args.requests, 1) * 1e6}))
     finally:
         await store.close()
-        if floor is not None:
-            await floor.close()
+        for each in closing:
+            await each.close()
 
 
 # -- the databases ----------------------------------------------------------------------------
@@ -400,6 +445,39 @@ def per_request(row: str, target: str, args: argparse.Namespace) -> float:
     return (large - small) / (2 * args.requests)
 
 
+def trips(row: str, target: str, args: argparse.Namespace) -> tuple[float, float, float]:
+    """Round trips and statements per request to PostgreSQL, counted by a proxy in
+    front of the server (``tests.support.roundtrips``), and the WAL the server wrote
+    (the whole cluster's: ours alone on a cluster of its own, ``--throwaway``), over
+    runs of N and 3N requests: the difference over 2N, free of the start-up's (the
+    pools' connections and their session settings)."""
+    import psycopg
+    from _harness import use_repo
+
+    use_repo()
+    from tests.support.roundtrips import round_trips
+
+    def wal() -> int:
+        with psycopg.connect(target, autocommit=True) as conn:
+            found = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+            return int(found[0]) if found else 0
+
+    counted = []
+    for requests in (args.requests, 3 * args.requests):
+        with round_trips(target) as proxy:
+            command = _child_command(row, proxy.url, args, requests)
+            before = wal()
+            subprocess.run(command, check=True, capture_output=True, text=True)
+            counted.append((proxy.count, proxy.statements, wal() - before))
+    n = 2 * args.requests
+    small, large = counted
+    return (
+        (large[0] - small[0]) / n,
+        (large[1] - small[1]) / n,
+        (large[2] - small[2]) / n,
+    )
+
+
 def cpu(row: str, target: str, args: argparse.Namespace) -> float:
     done = subprocess.run(
         _child_command(row, target, args, args.requests),
@@ -421,7 +499,15 @@ def main() -> None:
     parser.add_argument("--sort", default="tottime", help="the profile's order (pstats key)")
     parser.add_argument("--top", type=int, default=30, help="the profile's length")
     parser.add_argument("--quick", action="store_true", help="a few requests, CPU only")
+    parser.add_argument(
+        "--trips", action="store_true", help="PostgreSQL round trips, statements, WAL/request"
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument(
+        "--throwaway",
+        action="store_true",
+        help="PostgreSQL on a throwaway cluster of its own (fsync off): WAL is ours alone",
+    )
     parser.add_argument(
         "--postgres",
         default=os.environ.get(
@@ -442,17 +528,31 @@ def main() -> None:
     for row in rows:
         if row not in ROWS:
             parser.error(f"unknown row {row!r}: one of {list(ROWS)}")
-    if not args.cpu and not args.profile and shutil.which("valgrind") is None:
+    if args.trips:
+        rows = [row for row in rows if ROWS[row][0] == "postgres"]
+    if not (args.cpu or args.profile or args.trips) and shutil.which("valgrind") is None:
         parser.error("valgrind is not installed: apt-get install valgrind, or use --cpu")
     wanted = set(rows) | {ROWS[row][2] for row in rows if ROWS[row][2] is not None}
     wanted_rows = [row for row in ROWS if row in wanted]
-    with targets(args.postgres, {ROWS[row][0] for row in wanted_rows}) as found:
+    with contextlib.ExitStack() as stack:
+        admin = args.postgres
+        if args.throwaway:
+            from _harness import fast_cluster
+
+            admin = stack.enter_context(fast_cluster())
+        found = stack.enter_context(targets(admin, {ROWS[row][0] for row in wanted_rows}))
         if args.profile:
             env = {**os.environ, "PROFILE_REQUEST_CPROFILE": "1"}
             row = args.profile
             command = _child_command(row, found[ROWS[row][0]], args, args.requests)
             command += ["--sort", args.sort, "--top", str(args.top)]
             subprocess.run(command, check=True, env=env)
+            return
+        if args.trips:
+            counts = {row: trips(row, found[ROWS[row][0]], args) for row in rows}
+            print(f"{'row':<16} {'trips/request':>14} {'statements/request':>19} {'WAL B':>8}")
+            for row, (round_trips, statements, wal) in counts.items():
+                print(f"{row:<16} {round_trips:>14.2f} {statements:>19.2f} {wal:>8,.0f}")
             return
         measure = cpu if args.cpu else per_request
         got = {row: measure(row, found[ROWS[row][0]], args) for row in wanted_rows}

@@ -8,6 +8,9 @@ and counts those two: what a pipeline saves and a profiler cannot see. (Counting
 times the client wrote after the server spoke was timing-dependent: psycopg flushes a
 pipeline's statements as it goes, and a busy machine let the server answer between
 two writes of one pipeline.)
+
+It counts the statements the client sends too: each ``Execute`` (extended protocol) and
+each simple ``Query`` (which may carry several statements: one message, one count).
 """
 
 from __future__ import annotations
@@ -31,13 +34,21 @@ class RoundTrips:
         self.url = conninfo.make_conninfo(url, host="127.0.0.1", port=port)
         self._lock = threading.Lock()
         self._count = 0
+        self._statements = 0
         self._sockets: list[socket.socket] = [self._listener]
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
     def count(self) -> int:
+        """Round trips so far, on every connection."""
         with self._lock:
             return self._count
+
+    @property
+    def statements(self) -> int:
+        """Statements sent so far (``Execute`` and ``Query`` messages), on every connection."""
+        with self._lock:
+            return self._statements
 
     def _accept(self) -> None:
         while True:
@@ -57,9 +68,10 @@ class RoundTrips:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
                 if messages is not None:
-                    turns = messages.feed(data)
+                    turns, statements = messages.feed(data)
                     with self._lock:
                         self._count += turns
+                        self._statements += statements
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
@@ -82,30 +94,32 @@ class _Messages:
         # byte; every later one does.
         self._untyped = True
 
-    def feed(self, data: bytes) -> int:
+    def feed(self, data: bytes) -> tuple[int, int]:
         """Take ``data``; return how many complete messages in it wait for the server
-        (``Sync`` and simple ``Query``)."""
+        (``Sync`` and simple ``Query``), and how many run a statement (``Execute`` and
+        ``Query``)."""
         self._buffer += data
-        turns = 0
+        turns = statements = 0
         while True:
             if self._untyped:
                 if len(self._buffer) < 8:
-                    return turns
+                    return turns, statements
                 length = int.from_bytes(self._buffer[:4], "big")
                 code = int.from_bytes(self._buffer[4:8], "big")
                 if len(self._buffer) < length:
-                    return turns
+                    return turns, statements
                 self._buffer = self._buffer[length:]
                 # SSL and GSS requests come before the StartupMessage (protocol 3.x).
                 self._untyped = code in (80877103, 80877104)
                 continue
             if len(self._buffer) < 5:
-                return turns
+                return turns, statements
             length = int.from_bytes(self._buffer[1:5], "big")
             if len(self._buffer) < 1 + length:
-                return turns
+                return turns, statements
             kind, self._buffer = self._buffer[:1], self._buffer[1 + length :]
             turns += kind in (b"S", b"Q")
+            statements += kind in (b"E", b"Q")
 
 
 @contextlib.contextmanager

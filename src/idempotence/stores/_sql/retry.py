@@ -90,16 +90,26 @@ class Blocks:
     def block(self) -> Iterator[list[Op[Any]]]:
         """Open a block; the list collects what is deferred to its commit. Whatever
         is still in it when the block ends (it failed, or never ran them) is closed."""
-        deferred: list[Op[Any]] = []
-        self._open.append(deferred)
+        deferred = self.open()
         try:
             yield deferred
         finally:
-            # The block failed (or is done): what it deferred never runs.
-            if self._open and self._open[-1] is deferred:
-                self._open.pop()
-            for op in deferred:
-                op.close()
+            self.end(deferred)
+
+    def open(self) -> list[Op[Any]]:
+        """`block`'s start, for a driver whose block is a class of its own (one
+        generator less per transaction): `end` must follow, whatever happens."""
+        deferred: list[Op[Any]] = []
+        self._open.append(deferred)
+        return deferred
+
+    def end(self, deferred: list[Op[Any]]) -> None:
+        """`block`'s end: the block failed (or is done), so what it deferred and did
+        not run never runs."""
+        if self._open and self._open[-1] is deferred:
+            self._open.pop()
+        for op in deferred:
+            op.close()
 
     def seal(self, deferred: list[Op[Any]]) -> None:
         """Nothing more is deferred to this block: its commit is under way."""

@@ -19,7 +19,7 @@ from contextlib import (
     nullcontext,
     suppress,
 )
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -135,14 +135,17 @@ class PostgresConnection:
             # a column description per statement (measurable on the hot path).
             return cur.fetchall() if has_rows(cur) else []
 
+    def atomic(self, first: Op[T] | None = None) -> AbstractContextManager[T | None]:
+        # On the store's own connections, the pipelined block (a class: no generator
+        # wraps another for every request-as-transaction).
+        if pipelines(self.raw):
+            return _Pipelined(self, first)
+        return self._driver_transaction(first)
+
     @contextmanager
-    def atomic(self, first: Op[T] | None = None) -> Iterator[T | None]:
+    def _driver_transaction(self, first: Op[T] | None) -> Iterator[T | None]:
         # Only the transaction's own begin and commit are translated: an error from
         # the application's statements in between stays the application's error.
-        if pipelines(self.raw):
-            with self._pipelined(first) as result:
-                yield result
-            return
         tx = self.raw.transaction()
         with translated():
             tx.__enter__()
@@ -157,18 +160,6 @@ class PostgresConnection:
             raise
         with translated():
             tx.__exit__(None, None, None)
-
-    @contextmanager
-    def _pipelined(self, first: Op[T] | None) -> Iterator[T | None]:
-        with self._blocks.block() as deferred:
-            try:
-                result = self._begin(first)
-                yield result
-                self._blocks.seal(deferred)
-                self._commit(deferred)
-            except BaseException:
-                self._rollback()
-                raise
 
     def _begin(self, first: Op[T] | None) -> T | None:
         if first is None:
@@ -232,6 +223,46 @@ class PostgresConnection:
 
     def run_in_transaction(self, op: Op[T]) -> T:
         return run(op, self)
+
+
+class _Pipelined(Generic[T]):
+    """The block of a transaction on the store's own connection: BEGIN (with
+    ``first``'s first statement), then at a clean exit what was deferred with the
+    COMMIT; after an error, ROLLBACK. What was deferred and not sent is closed."""
+
+    __slots__ = ("_conn", "_deferred", "_first")
+
+    def __init__(self, conn: PostgresConnection, first: Op[T] | None) -> None:
+        self._conn = conn
+        self._first = first
+        self._deferred: list[Op[Any]] = []
+
+    def __enter__(self) -> T | None:
+        conn = self._conn
+        deferred = self._deferred = conn._blocks.open()
+        try:
+            return conn._begin(self._first)
+        except BaseException:
+            try:
+                conn._rollback()
+            finally:
+                conn._blocks.end(deferred)
+            raise
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        conn, deferred = self._conn, self._deferred
+        try:
+            if exc is None:
+                conn._blocks.seal(deferred)
+                conn._commit(deferred)
+            else:
+                conn._rollback()
+        except BaseException:
+            if exc is None:  # the COMMIT (or what went with it) failed: roll back
+                conn._rollback()
+            raise
+        finally:
+            conn._blocks.end(deferred)
 
 
 class BoundedClaim:

@@ -17,7 +17,7 @@ from contextlib import (
     nullcontext,
     suppress,
 )
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -133,14 +133,17 @@ class AsyncPostgresConnection:
             # a column description per statement (measurable on the hot path).
             return await cur.fetchall() if has_rows(cur) else []
 
+    def atomic(self, first: Op[T] | None = None) -> AbstractAsyncContextManager[T | None]:
+        # On the store's own connections, the pipelined block (a class: no generator
+        # wraps another for every request-as-transaction).
+        if pipelines(self.raw):
+            return _AsyncPipelined(self, first)
+        return self._driver_transaction(first)
+
     @asynccontextmanager
-    async def atomic(self, first: Op[T] | None = None) -> AsyncIterator[T | None]:
+    async def _driver_transaction(self, first: Op[T] | None) -> AsyncIterator[T | None]:
         # Only the transaction's own begin and commit are translated: an error from
         # the application's statements in between stays the application's error.
-        if pipelines(self.raw):
-            async with self._pipelined(first) as result:
-                yield result
-            return
         tx = self.raw.transaction()
         with translated():
             await tx.__aenter__()
@@ -155,18 +158,6 @@ class AsyncPostgresConnection:
             raise
         with translated():
             await tx.__aexit__(None, None, None)
-
-    @asynccontextmanager
-    async def _pipelined(self, first: Op[T] | None) -> AsyncIterator[T | None]:
-        with self._blocks.block() as deferred:
-            try:
-                result = await self._begin(first)
-                yield result
-                self._blocks.seal(deferred)
-                await self._commit(deferred)
-            except BaseException:
-                await self._rollback()
-                raise
 
     async def _begin(self, first: Op[T] | None) -> T | None:
         if first is None:
@@ -230,6 +221,46 @@ class AsyncPostgresConnection:
 
     async def run_in_transaction(self, op: Op[T]) -> T:
         return await run_async(op, self)
+
+
+class _AsyncPipelined(Generic[T]):
+    """The block of a transaction on the store's own connection: BEGIN (with
+    ``first``'s first statement), then at a clean exit what was deferred with the
+    COMMIT; after an error, ROLLBACK. What was deferred and not sent is closed."""
+
+    __slots__ = ("_conn", "_deferred", "_first")
+
+    def __init__(self, conn: AsyncPostgresConnection, first: Op[T] | None) -> None:
+        self._conn = conn
+        self._first = first
+        self._deferred: list[Op[Any]] = []
+
+    async def __aenter__(self) -> T | None:
+        conn = self._conn
+        deferred = self._deferred = conn._blocks.open()
+        try:
+            return await conn._begin(self._first)
+        except BaseException:
+            try:
+                await conn._rollback()
+            finally:
+                conn._blocks.end(deferred)
+            raise
+
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        conn, deferred = self._conn, self._deferred
+        try:
+            if exc is None:
+                conn._blocks.seal(deferred)
+                await conn._commit(deferred)
+            else:
+                await conn._rollback()
+        except BaseException:
+            if exc is None:  # the COMMIT (or what went with it) failed: roll back
+                await conn._rollback()
+            raise
+        finally:
+            conn._blocks.end(deferred)
 
 
 class AsyncBoundedClaim:
