@@ -53,6 +53,7 @@ from ._store_shared import (
     record_pattern,
     status_result,
     timestamp,
+    translate,
     translated,
 )
 from ._store_shared import claim_result as _claim_result
@@ -253,11 +254,17 @@ class AsyncRedisStore:
 
     async def _send(self, name: str, keys: list[bytes], args: list[Any]) -> Any:
         """Run script ``name`` alone, with no wait for replicas."""
-        self._check_open()
-        with translated():
+        if self._closed:
+            raise StoreUnavailable("the Redis key store is closed")
+        try:
             if self._lane is not None:
                 return await self._lane.evalsha(self._scripts[name], keys, args)
             return await self._scripts[name](keys=keys, args=args)
+        except Exception as exc:
+            error = translate(exc)
+            if error is None:
+                raise
+            raise error from exc
 
     async def _run_waited(self, name: str, keys: list[bytes], args: list[Any]) -> tuple[Any, int]:
         """Run script ``name`` and then ``WAIT``, in one round trip on one connection
@@ -283,6 +290,11 @@ class AsyncRedisStore:
 
     async def claim(self, request: ClaimRequest) -> Claim:
         """Claim ``request``'s key in one atomic script; return its single outcome."""
+        if self._instrumentation is None and not self._wait.replicas:
+            # Every request's first script: no coroutine between it and the send.
+            args = claim_args(request)
+            key = encoded_record_key(self._prefix_bytes, request.scope, request.key)
+            return _claim_result(request, args, await self._send("claim", [key], args))
         if self._instrumentation is not None:
             with self._instrumentation.claim(request) as watch:
                 return watch.done(await self._claim(request))
@@ -309,8 +321,13 @@ class AsyncRedisStore:
 
     async def _fenced(self, operation: str, lease: Lease, args: list[Any]) -> Any:
         """Run a fenced script (F1); a refusal (a falsy reply) raises LockLost."""
-        key = self.record_key(lease.scope, lease.key)
-        reply = await self._run(operation, [key], [lease.id, lease.token, *args])
+        keys = [encoded_record_key(self._prefix_bytes, lease.scope, lease.key)]
+        args = [lease.id, lease.token, *args]
+        reply = await (
+            self._run(operation, keys, args)
+            if self._wait.replicas
+            else self._send(operation, keys, args)
+        )
         if not reply:
             lost = _lost(lease, operation)
             if self._instrumentation is not None:
