@@ -63,6 +63,10 @@ from ._store_shared import pubsub as make_pubsub
 
 Client = Redis | RedisCluster
 
+_KEPT_KEYS = 4096
+"""At most this many leases' Redis keys are kept for their writes (see
+`RedisStore._keep_key`); past it the store forgets them all and computes again."""
+
 
 class _RedisListener(Listener):
     """P10: the store's one subscription to its channel, read by a background job;
@@ -216,6 +220,8 @@ class RedisStore:
         self._scripts = {name: self._client.register_script(s) for name, s in SCRIPTS.items()}
         self._instrumentation = combine(instrumentation)
         self._listener = _RedisListener(self._client, self._channel)
+        #: Each live lease's (scope, key, Redis key), by record id (see _keep_key).
+        self._keys: dict[int, tuple[str, str, bytes]] = {}
         self._closed = False
 
     def _refuse_cluster(self) -> None:
@@ -294,7 +300,10 @@ class RedisStore:
             # Every request's first script: no coroutine between it and the send.
             args = claim_args(request)
             key = encoded_record_key(self._prefix_bytes, request.scope, request.key)
-            return _claim_result(request, args, self._send("claim", [key], args))
+            claim = _claim_result(request, args, self._send("claim", [key], args))
+            if claim.lease is not None:
+                self._keep_key(claim.lease, key)
+            return claim
         if self._instrumentation is not None:
             with self._instrumentation.claim(request) as watch:
                 return watch.done(self._claim(request))
@@ -304,7 +313,10 @@ class RedisStore:
         key = self.record_key(request.scope, request.key)
         if not self._wait.replicas:
             args = claim_args(request)
-            return _claim_result(request, args, self._send("claim", [key], args))
+            claim = _claim_result(request, args, self._send("claim", [key], args))
+            if claim.lease is not None:
+                self._keep_key(claim.lease, key)
+            return claim
         args = claim_args(request, replicated=True)
         reply, acked = self._run_waited("claim", [key], args)
         claim = _claim_result(request, args, reply)
@@ -317,11 +329,31 @@ class RedisStore:
                     lease = claim.lease
                     self._send("release", [key], [lease.id, lease.token, self._channel])
             raise self._wait.refused("claim", acked)
+        if claim.lease is not None:
+            self._keep_key(claim.lease, key)
         return claim
+
+    def _keep_key(self, lease: Lease, key: bytes) -> None:
+        """Keep the Redis key a claim computed for its lease's writes (a digest and a
+        format less each), until the lease's last: finish, release or forget."""
+        kept = self._keys
+        if len(kept) >= _KEPT_KEYS:
+            kept.clear()  # leases never settled here (their app stopped waiting): forget
+        kept[lease.id] = (lease.scope, lease.key, key)
 
     def _fenced(self, operation: str, lease: Lease, args: list[Any]) -> Any:
         """Run a fenced script (F1); a refusal (a falsy reply) raises LockLost."""
-        keys = [encoded_record_key(self._prefix_bytes, lease.scope, lease.key)]
+        # The key its claim computed, if this store made it; the heartbeat keeps it
+        # for the lease's last write. The id is the record's incarnation (F1), the
+        # scope and key are checked all the same: never another record's key.
+        if operation == "heartbeat":
+            kept = self._keys.get(lease.id)
+        else:
+            kept = self._keys.pop(lease.id, None)
+        if kept is not None and kept[0] == lease.scope and kept[1] == lease.key:
+            keys = [kept[2]]
+        else:
+            keys = [encoded_record_key(self._prefix_bytes, lease.scope, lease.key)]
         args = [lease.id, lease.token, *args]
         reply = (
             self._run(operation, keys, args)

@@ -269,6 +269,29 @@ _new_record = quick_new(KeyRecord)
 one from the script's reply (see `quick_new`)."""
 
 
+_new_response = quick_new(StoredResponse)
+
+_HEADERS_KEPT = 256
+"""How many headers' JSON texts `_headers` keeps decoded (each of at most
+``_HEADERS_LONGEST`` bytes); past it, it forgets them all and starts again."""
+_HEADERS_LONGEST = 2048
+_headers_read: dict[bytes, tuple[tuple[str, str], ...]] = {}
+
+
+def _headers(raw: bytes) -> tuple[tuple[str, str], ...]:
+    """A stored response's headers from their JSON. An endpoint's answers mostly
+    carry the same headers, and a JSON decode costs a replay about as much as the
+    rest of its record: the same text is decoded once, into pairs no one can change."""
+    headers = _headers_read.get(raw)
+    if headers is None:
+        headers = tuple([(str(k), str(v)) for k, v in json.loads(raw)])
+        if len(raw) <= _HEADERS_LONGEST:
+            if len(_headers_read) >= _HEADERS_KEPT:
+                _headers_read.clear()
+            _headers_read[raw] = headers
+    return headers
+
+
 def record(fields: Mapping[Any, Any]) -> KeyRecord:
     """The [`KeyRecord`][idempotence.testing.harness.KeyRecord] of a record hash (see
     the field list in ``redis.lua``).
@@ -278,8 +301,8 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
     status = get(b"status")
     response = None
     if status is not None:
-        headers = tuple([(str(k), str(v)) for k, v in json.loads(fields[b"headers"])])
-        response = StoredResponse(int(status), headers, get(b"body", b""))
+        headers = _headers(fields[b"headers"])
+        response = _new_response(int(status), headers, get(b"body", b""))
     locked, last_run, finished, expires = (
         get(b"locked"),
         get(b"last_run"),
