@@ -28,7 +28,11 @@ another command's (F1): a command given up (cancelled: the client went away) kee
 place, and its reply is read and dropped. A command still unanswered the client's
 ``socket_timeout`` after its write fails the connection, every command on it with
 ``TimeoutError``, as a lost connection does with ``ConnectionError``, and the next
-command opens another: one attempt, whose failure every command waiting for it gets. A
+command opens another: one attempt, whose failure every command waiting for it gets.
+No clock is read and no timer set per command: while commands are in flight, the
+connection's watchdog ticks four times a timeout and counts the commands written and
+answered, so a command that hangs fails between one and 1.25 timeouts after its
+write, never sooner. A
 RESP3 push (redis-py speaks RESP3 by default; a server pushes maintenance notices) is
 never a reply: it is skipped, and its connection takes no new command and closes once
 those in flight are answered. An error reply raises redis-py's own exception
