@@ -185,6 +185,26 @@ def test_f1_a_lease_of_a_forgotten_key_cannot_write_to_its_next_incarnation(
     assert redis_store.claim(request(scope)).response == response(1)
 
 
+def test_f1_a_lease_naming_another_key_never_writes_the_record_whose_key_was_kept(
+    redis_store: Any, scope: str
+) -> None:
+    """The store keeps the Redis key each claim computed, by record id, for that
+    lease's writes: a lease with the same id and token but another key (or scope)
+    must write to its own key (none there: LockLost), never to the kept one's record;
+    and the real lease still finishes after a heartbeat, which keeps the key."""
+    from dataclasses import replace
+
+    lease = redis_store.claim(request(scope)).lease
+    for forged in (replace(lease, key="k2"), replace(lease, scope=scope + "-other")):
+        with pytest.raises(LockLost):
+            redis_store.finish(forged, response(666))
+    assert redis_store.get(scope, "k1").finished_at is None
+    redis_store.heartbeat(lease)
+    redis_store.finish(lease, response(1))
+    assert redis_store.claim(request(scope)).response == response(1)
+    assert not raw(redis_store)._keys  # the lease's last write let its key go
+
+
 def test_forget_refuses_a_key_past_started(redis_store: Any, scope: str) -> None:
     lease = redis_store.claim(request(scope)).lease
     redis_store.finish(lease, response())
@@ -1175,3 +1195,19 @@ def test_p11_an_idle_connection_the_server_closed_costs_no_request() -> None:
                     await store.finish(claim.lease, response())
 
         asyncio.run(main())
+
+
+def test_a_replays_headers_are_decoded_once_and_the_kept_ones_stay_bounded() -> None:
+    """Replays decode their stored headers' JSON through a small cache: the same text
+    gives the same pairs, another text its own, and neither the number of texts kept
+    nor their length grows past its bound."""
+    headers = _redis_base._headers
+    one, two = b'[["a", "1"]]', b'[["a", "2"]]'
+    assert headers(one) == (("a", "1"),) and headers(two) == (("a", "2"),)
+    assert headers(bytes(one)) is headers(one)
+    for n in range(_redis_base._HEADERS_KEPT * 2):
+        assert headers(b'[["n", "%d"]]' % n) == (("n", str(n)),)
+        assert len(_redis_base._headers_read) <= _redis_base._HEADERS_KEPT
+    long = b'[["x", "%s"]]' % (b"y" * _redis_base._HEADERS_LONGEST)
+    assert headers(long) == (("x", "y" * _redis_base._HEADERS_LONGEST),)
+    assert long not in _redis_base._headers_read

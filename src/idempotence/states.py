@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from ._frozen import quick_init
+from ._frozen import quick_init, quick_new
 
 STARTED = "started"
 """The recovery point of a key that has just been claimed for the first time."""
@@ -265,6 +265,11 @@ def settled(record: KeyRecord, fingerprint: str) -> Outcome | None:
     return None
 
 
+# Every claim builds its Lease and Claim here: past the class call (see quick_new).
+_new_lease = quick_new(Lease)
+_new_claim = quick_new(Claim)
+
+
 def claim_from(record: KeyRecord, fingerprint: str, now: datetime, *, claimed: bool) -> Claim:
     """Build the [`Claim`][idempotence.states.Claim] for a row a store has just inserted or read.
 
@@ -278,15 +283,15 @@ def claim_from(record: KeyRecord, fingerprint: str, now: datetime, *, claimed: b
         # request's key: refuse loudly rather than run the wrong request (P2).
         if record.fingerprint != fingerprint:
             raise AssertionError(f"store took key {record.key!r} for a mismatched request")
-        lease = Lease(
-            id=record.id,
-            scope=record.scope,
-            key=record.key,
-            token=record.lock_token,
-            recovery_point=record.recovery_point,
-            calling=record.calling,
+        lease = _new_lease(
+            record.id,
+            record.scope,
+            record.key,
+            record.lock_token,
+            record.recovery_point,
+            record.calling,
         )
-        return Claim(Outcome.EXECUTE, record, lease=lease)
+        return _new_claim(Outcome.EXECUTE, record, lease, None, False)
     outcome = arbitrate(record, fingerprint, now)
     if outcome is Outcome.EXECUTE:
         raise AssertionError(
@@ -296,7 +301,7 @@ def claim_from(record: KeyRecord, fingerprint: str, now: datetime, *, claimed: b
     expires = record.lock_expires_at()
     if outcome is Outcome.IN_PROGRESS and expires is not None:
         retry_after = max((expires - now).total_seconds(), 0.0)
-    return Claim(outcome, record, retry_after=retry_after)
+    return _new_claim(outcome, record, None, retry_after, False)
 
 
 def key_state(record: KeyRecord, now: datetime) -> KeyState:

@@ -15,7 +15,7 @@ import pytest
 import idempotence.flows  # the modules whose classes are checked
 import idempotence.http
 import idempotence.states
-from idempotence._frozen import SOURCE, quick_init
+from idempotence._frozen import SOURCE, quick_init, quick_new
 
 
 def twins() -> tuple[type[Any], type[Any]]:
@@ -108,6 +108,57 @@ def test_refuses_a_class_it_would_get_wrong() -> None:
     for cls in (Thawed, Checked):
         with pytest.raises(TypeError):
             quick_init(cls)
+
+
+def test_quick_new_makes_the_instance_the_class_makes() -> None:
+    """quick_new's maker (a twin's slots filled, then its __class__ set) builds an
+    instance equal to the class's own, of that very class, frozen, hashable, and
+    copied and pickled as any."""
+    import copy
+    import pickle
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime.now(UTC)
+    values = (7, "s", "k", "POST", "/p", "fp", {"a": 1}, "http", "started", 2, now)
+    values += (timedelta(seconds=3), None, None, now, now, None, None, "call")
+    KeyRecord = idempotence.states.KeyRecord
+    made, built = quick_new(KeyRecord)(*values), KeyRecord(*values)
+    assert type(made) is KeyRecord
+    assert made == built and hash(made.lock_timeout) == hash(built.lock_timeout)
+    assert dataclasses.astuple(made) == dataclasses.astuple(built)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.key = "other"  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(made)) == made == copy.copy(made)
+    assert dataclasses.replace(made, key="k2").key == "k2"
+    lease = quick_new(idempotence.states.Lease)(1, "s", "k", 2, "started", None)
+    assert hash(lease) == hash(idempotence.states.Lease(1, "s", "k", 2, "started"))
+
+
+def test_quick_new_refuses_a_class_it_would_get_wrong() -> None:
+    @dataclass(slots=True)
+    class Thawed:
+        a: int
+
+    @dataclass(frozen=True)
+    class Unslotted:
+        a: int
+
+    @dataclass(frozen=True, slots=True)
+    class Base:
+        a: int
+
+    @dataclass(frozen=True, slots=True)
+    class Derived(Base):
+        b: int
+
+    @dataclass(frozen=True, slots=True)
+    class Later:
+        a: int
+        b: int = field(init=False, default=0)
+
+    for cls in (Thawed, Unslotted, Derived, Later):
+        with pytest.raises(TypeError):
+            quick_new(cls)
 
 
 def _reference(cls: type[Any]) -> inspect.Signature:

@@ -8,6 +8,7 @@ from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from .._frozen import quick_new
 from ..errors import ConfigurationError, LockLost, Reject, StoreUnavailable
 from ..states import (
     DEFAULT_LOCK_TIMEOUT,
@@ -58,6 +59,9 @@ from .steps import (
     RecordFn,
     Step,
 )
+
+_new_request = quick_new(ClaimRequest)
+"""A ClaimRequest from its fields in order (`Flow.request`)."""
 
 if TYPE_CHECKING:
     from ..observability import Instrumentation
@@ -206,17 +210,18 @@ class Flow:
     ) -> ClaimRequest:
         """The claim request for running this flow (``previous_fingerprint``: the
         request's fingerprint under the previous secret, while secrets rotate)."""
-        return ClaimRequest(
-            scope=scope,
-            key=key,
-            fingerprint=fingerprint,
-            method=method,
-            path=path,
-            flow=self.name,
-            params=params if params is not None else {},
-            lock_timeout=self.lock_timeout,
-            retention=self.retention,
-            previous_fingerprint=previous_fingerprint,
+        # Every request builds one: past the class call (see quick_new).
+        return _new_request(
+            scope,
+            key,
+            fingerprint,
+            method,
+            path,
+            self.name,
+            params if params is not None else {},
+            self.lock_timeout,
+            self.retention,
+            previous_fingerprint,
         )
 
     def resume_request(self, record: KeyRecord) -> ClaimRequest:

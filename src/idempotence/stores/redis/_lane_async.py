@@ -28,7 +28,11 @@ another command's (F1): a command given up (cancelled: the client went away) kee
 place, and its reply is read and dropped. A command still unanswered the client's
 ``socket_timeout`` after its write fails the connection, every command on it with
 ``TimeoutError``, as a lost connection does with ``ConnectionError``, and the next
-command opens another: one attempt, whose failure every command waiting for it gets. A
+command opens another: one attempt, whose failure every command waiting for it gets.
+No clock is read and no timer set per command: while commands are in flight, the
+connection's watchdog ticks four times a timeout and counts the commands written and
+answered, so a command that hangs fails between one and 1.25 timeouts after its
+write, never sooner. A
 RESP3 push (redis-py speaks RESP3 by default; a server pushes maintenance notices) is
 never a reply: it is skipped, and its connection takes no new command and closes once
 those in flight are answered. An error reply raises redis-py's own exception
@@ -44,7 +48,6 @@ protocol.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -68,21 +71,14 @@ _PUSH: Any = getattr(hiredis, "PushNotification", ())
 (hiredis >= 3.2, as the redis extra requires; no type at all without hiredis)."""
 
 
+_TICKS = 4
+"""How often per timeout a busy connection's watchdog looks at it (`_Connection._tick`):
+a command that hangs fails between one and 1 + 1/_TICKS timeouts after its write."""
+
 _GRACE = 0.01
 """A command past its deadline gets this long more before it times out: a loop that
 was held up (a blocking call in a callback) runs its timers before it reads the
 replies that came meanwhile."""
-
-
-class _Write:
-    """One write to a connection: its commands not yet answered, and when they time out."""
-
-    __slots__ = ("deadline", "late", "left")
-
-    def __init__(self, left: int, deadline: float) -> None:
-        self.left = left
-        self.deadline = deadline
-        self.late = False
 
 
 class _Connection(asyncio.Protocol):
@@ -92,7 +88,8 @@ class _Connection(asyncio.Protocol):
     def __init__(self, transport: Any, timeout: float | None, writer: Any) -> None:
         self._transport = transport
         self._writer = writer
-        self._timeout = timeout
+        #: The watchdog's tick, a share of the timeout (None: no timeout, no watchdog).
+        self._every = None if timeout is None else timeout / _TICKS
         self._loop = asyncio.get_running_loop()
         # Error replies come back as redis-py's exceptions (NOSCRIPT: NoScriptError).
         self._reader = hiredis.Reader(
@@ -102,11 +99,18 @@ class _Connection(asyncio.Protocol):
         )
         #: Every command's future, written or about to be, oldest first.
         self._waiting: deque[asyncio.Future[Any]] = deque()
-        #: The writes not answered in full, oldest first.
-        self._writes: deque[_Write] = deque()
+        #: Commands written, and answered, since the connection opened: the replies
+        #: come in order, so the difference is the commands in flight.
+        self._sent = 0
+        self._answered = 0
+        #: ``_sent`` at each of the watchdog's last ticks, oldest first.
+        self._marks: deque[int] = deque(maxlen=_TICKS)
+        #: The watchdog's next tick, None while the connection is idle.
+        self._timer: asyncio.TimerHandle | None = None
+        #: Whether the watchdog found a command past its timeout and gave it its grace.
+        self._late = False
         #: The commands of this turn of the loop, to go out together at its end.
         self._out: list[bytes] = []
-        self._timer: asyncio.TimerHandle | None = None
         #: False once closed, broken or retired (a push came): given no new command.
         self.usable = True
 
@@ -117,7 +121,7 @@ class _Connection(asyncio.Protocol):
         waiting = self._loop.create_future()
         self._waiting.append(waiting)
         out = self._out
-        if out or self._writes:
+        if out or self._answered != self._sent:
             # Commands in flight: their replies come in a later turn, so the ones
             # sent meanwhile wait for the end of this turn and go out together.
             if not out:
@@ -135,17 +139,16 @@ class _Connection(asyncio.Protocol):
 
     def _write(self, data: bytes, commands: int) -> None:
         self._transport.write(data)
-        # A command's time runs from its write, not from its call.
-        timeout = self._timeout
-        deadline = math.inf if timeout is None else self._loop.time() + timeout
-        self._writes.append(_Write(commands, deadline))
-        if self._timer is None and timeout is not None:
-            self._timer = self._loop.call_at(deadline, self._check)
+        self._sent += commands
+        # A command's time runs from its write, not from its call; no clock is read
+        # and no timer set per write: the watchdog's ticks count the commands.
+        if self._timer is None and self._every is not None:
+            self._timer = self._loop.call_later(self._every, self._tick)
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader
         reader.feed(data)
-        writes, waiting = self._writes, self._waiting
+        waiting = self._waiting
         # Every message the data completes, each to the oldest command waiting.
         while True:
             try:
@@ -161,13 +164,10 @@ class _Connection(asyncio.Protocol):
                 # maintenance notice: this endpoint moves, or its timeouts change).
                 self.usable = False
                 continue
-            if not writes:
+            if self._answered == self._sent:
                 self._fail(None)  # an answer to nothing sent: the stream is not ours
                 return
-            oldest = writes[0]
-            oldest.left -= 1
-            if not oldest.left:
-                writes.popleft()
+            self._answered += 1
             answered = waiting.popleft()
             # A command given up (cancelled) still has its answer read, and dropped.
             if not answered.done():
@@ -181,23 +181,33 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(None)
 
-    def _check(self) -> None:
-        """The oldest write's deadline came: it timed out unless answered since."""
+    def _tick(self) -> None:
+        """The watchdog, every ``timeout / _TICKS`` while commands are in flight: it
+        notes how many were written by now, and fails the connection when one written
+        before its tick a whole timeout ago (``_TICKS`` ticks back) is still
+        unanswered. Per connection, not per command: a write only counts."""
         self._timer = None
-        if not self._writes:
+        marks = self._marks
+        if len(marks) == _TICKS and self._answered < marks[0]:
+            if self._late:
+                self._fail(redis.exceptions.TimeoutError("Timeout reading from Redis"))
+                return
+            # Its reply may be in, not yet read: one more look, after the loop's reads.
+            # No mark at this tick, so the marks stay a tick's time apart or more.
+            self._late = True
+            self._timer = self._loop.call_later(_GRACE, self._tick)
             return
-        oldest, now = self._writes[0], self._loop.time()
-        if oldest.deadline > now:
-            self._timer = self._loop.call_at(oldest.deadline, self._check)
-        elif not oldest.late:
-            oldest.late = True  # its replies may be in, not yet read: one more poll
-            self._timer = self._loop.call_at(now + _GRACE, self._check)
-        else:
-            self._fail(redis.exceptions.TimeoutError("Timeout reading from Redis"))
+        self._late = False
+        if self._answered == self._sent and marks and marks[-1] == self._sent:
+            marks.clear()  # idle for a whole tick: no tick until the next write
+            return
+        marks.append(self._sent)
+        # A tick runs only on a connection with a timeout: _every is a number.
+        self._timer = self._loop.call_later(self._every, self._tick)  # type: ignore[arg-type]
 
     def _fail(self, error: Exception | None) -> None:
         self.close()
-        self._writes.clear()
+        self._answered = self._sent  # nothing more is read from it
         waiting = self._waiting
         while waiting:
             answered = waiting.popleft()
@@ -294,11 +304,18 @@ class AsyncLane:
         """Run a registered script (redis-py's ``Script``: its ``sha`` and ``script``)
         by EVALSHA, loading it first on ``NOSCRIPT`` (a restarted server)."""
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        try:
-            return await self.execute(*command)
-        except redis.exceptions.NoScriptError:
+        # execute()'s body, in line: every request runs a script or two, and a
+        # coroutine less each is a share of what the lane costs over a bare socket.
+        connection = self._connection
+        if connection is None or not connection.usable:
+            connection = await self._connect()
+        reply = await connection.command(hiredis.pack_command(command))
+        if isinstance(reply, redis.exceptions.RedisError):
+            if not isinstance(reply, redis.exceptions.NoScriptError):
+                raise reply
             await self.execute("SCRIPT", "LOAD", script.script)
             return await self.execute(*command)
+        return reply
 
     async def close(self) -> None:
         """Take no new command; the connection closes once those in flight are

@@ -55,12 +55,17 @@ from ._store_shared import (
     record_pattern,
     status_result,
     timestamp,
+    translate,
     translated,
 )
 from ._store_shared import claim_result as _claim_result
 from ._store_shared import pubsub as make_pubsub
 
 Client = Redis | RedisCluster
+
+_KEPT_KEYS = 4096
+"""At most this many leases' Redis keys are kept for their writes (see
+`RedisStore._keep_key`); past it the store forgets them all and computes again."""
 
 
 class _RedisListener(Listener):
@@ -215,6 +220,8 @@ class RedisStore:
         self._scripts = {name: self._client.register_script(s) for name, s in SCRIPTS.items()}
         self._instrumentation = combine(instrumentation)
         self._listener = _RedisListener(self._client, self._channel)
+        #: Each live lease's (scope, key, Redis key), by record id (see _keep_key).
+        self._keys: dict[int, tuple[str, str, bytes]] = {}
         self._closed = False
 
     def _refuse_cluster(self) -> None:
@@ -253,11 +260,17 @@ class RedisStore:
 
     def _send(self, name: str, keys: list[bytes], args: list[Any]) -> Any:
         """Run script ``name`` alone, with no wait for replicas."""
-        self._check_open()
-        with translated():
+        if self._closed:
+            raise StoreUnavailable("the Redis key store is closed")
+        try:
             if self._lane is not None:
                 return self._lane.evalsha(self._scripts[name], keys, args)
             return self._scripts[name](keys=keys, args=args)
+        except Exception as exc:
+            error = translate(exc)
+            if error is None:
+                raise
+            raise error from exc
 
     def _run_waited(self, name: str, keys: list[bytes], args: list[Any]) -> tuple[Any, int]:
         """Run script ``name`` and then ``WAIT``, in one round trip on one connection
@@ -283,6 +296,14 @@ class RedisStore:
 
     def claim(self, request: ClaimRequest) -> Claim:
         """Claim ``request``'s key in one atomic script; return its single outcome."""
+        if self._instrumentation is None and not self._wait.replicas:
+            # Every request's first script: no coroutine between it and the send.
+            args = claim_args(request)
+            key = encoded_record_key(self._prefix_bytes, request.scope, request.key)
+            claim = _claim_result(request, args, self._send("claim", [key], args))
+            if claim.lease is not None:
+                self._keep_key(claim.lease, key)
+            return claim
         if self._instrumentation is not None:
             with self._instrumentation.claim(request) as watch:
                 return watch.done(self._claim(request))
@@ -292,7 +313,10 @@ class RedisStore:
         key = self.record_key(request.scope, request.key)
         if not self._wait.replicas:
             args = claim_args(request)
-            return _claim_result(request, args, self._send("claim", [key], args))
+            claim = _claim_result(request, args, self._send("claim", [key], args))
+            if claim.lease is not None:
+                self._keep_key(claim.lease, key)
+            return claim
         args = claim_args(request, replicated=True)
         reply, acked = self._run_waited("claim", [key], args)
         claim = _claim_result(request, args, reply)
@@ -305,12 +329,37 @@ class RedisStore:
                     lease = claim.lease
                     self._send("release", [key], [lease.id, lease.token, self._channel])
             raise self._wait.refused("claim", acked)
+        if claim.lease is not None:
+            self._keep_key(claim.lease, key)
         return claim
+
+    def _keep_key(self, lease: Lease, key: bytes) -> None:
+        """Keep the Redis key a claim computed for its lease's writes (a digest and a
+        format less each), until the lease's last: finish, release or forget."""
+        kept = self._keys
+        if len(kept) >= _KEPT_KEYS:
+            kept.clear()  # leases never settled here (their app stopped waiting): forget
+        kept[lease.id] = (lease.scope, lease.key, key)
 
     def _fenced(self, operation: str, lease: Lease, args: list[Any]) -> Any:
         """Run a fenced script (F1); a refusal (a falsy reply) raises LockLost."""
-        key = self.record_key(lease.scope, lease.key)
-        reply = self._run(operation, [key], [lease.id, lease.token, *args])
+        # The key its claim computed, if this store made it; the heartbeat keeps it
+        # for the lease's last write. The id is the record's incarnation (F1), the
+        # scope and key are checked all the same: never another record's key.
+        if operation == "heartbeat":
+            kept = self._keys.get(lease.id)
+        else:
+            kept = self._keys.pop(lease.id, None)
+        if kept is not None and kept[0] == lease.scope and kept[1] == lease.key:
+            keys = [kept[2]]
+        else:
+            keys = [encoded_record_key(self._prefix_bytes, lease.scope, lease.key)]
+        args = [lease.id, lease.token, *args]
+        reply = (
+            self._run(operation, keys, args)
+            if self._wait.replicas
+            else self._send(operation, keys, args)
+        )
         if not reply:
             lost = _lost(lease, operation)
             if self._instrumentation is not None:

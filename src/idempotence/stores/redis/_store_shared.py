@@ -29,6 +29,7 @@ import redis.retry
 import redis.sentinel
 
 from ... import _json, _queries
+from ..._frozen import quick_new
 from ...errors import ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
 from ...states import (
     STARTED,
@@ -263,6 +264,34 @@ def _not_read_fields(packed: bytes) -> StoreError:
     return StoreError(f"the Redis claim script's reply is not READ_FIELDS: {packed[:80]!r}")
 
 
+_new_record = quick_new(KeyRecord)
+"""A KeyRecord from its 19 fields, in order, past the class call: every claim builds
+one from the script's reply (see `quick_new`)."""
+
+
+_new_response = quick_new(StoredResponse)
+
+_HEADERS_KEPT = 256
+"""How many headers' JSON texts `_headers` keeps decoded (each of at most
+``_HEADERS_LONGEST`` bytes); past it, it forgets them all and starts again."""
+_HEADERS_LONGEST = 2048
+_headers_read: dict[bytes, tuple[tuple[str, str], ...]] = {}
+
+
+def _headers(raw: bytes) -> tuple[tuple[str, str], ...]:
+    """A stored response's headers from their JSON. An endpoint's answers mostly
+    carry the same headers, and a JSON decode costs a replay about as much as the
+    rest of its record: the same text is decoded once, into pairs no one can change."""
+    headers = _headers_read.get(raw)
+    if headers is None:
+        headers = tuple([(str(k), str(v)) for k, v in json.loads(raw)])
+        if len(raw) <= _HEADERS_LONGEST:
+            if len(_headers_read) >= _HEADERS_KEPT:
+                _headers_read.clear()
+            _headers_read[raw] = headers
+    return headers
+
+
 def record(fields: Mapping[Any, Any]) -> KeyRecord:
     """The [`KeyRecord`][idempotence.testing.harness.KeyRecord] of a record hash (see
     the field list in ``redis.lua``).
@@ -272,8 +301,8 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
     status = get(b"status")
     response = None
     if status is not None:
-        headers = tuple([(str(k), str(v)) for k, v in json.loads(fields[b"headers"])])
-        response = StoredResponse(int(status), headers, get(b"body", b""))
+        headers = _headers(fields[b"headers"])
+        response = _new_response(int(status), headers, get(b"body", b""))
     locked, last_run, finished, expires = (
         get(b"locked"),
         get(b"last_run"),
@@ -281,26 +310,26 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
         get(b"expires"),
     )
     error, calling = get(b"error"), get(b"calling")
-    return KeyRecord(
-        id=int(fields[b"id"]),
-        scope=fields[b"scope"].decode("utf-8", _TEXT),
-        key=fields[b"key"].decode("utf-8", _TEXT),
-        method=fields[b"method"].decode("utf-8", _TEXT),
-        path=fields[b"path"].decode("utf-8", _TEXT),
-        fingerprint=fields[b"fp"].decode("utf-8", _TEXT),
-        params=_load_params(fields[b"params"]),
-        flow=fields[b"flow"].decode("utf-8", _TEXT),
-        recovery_point=fields[b"rp"].decode("utf-8", _TEXT),
-        lock_token=int(fields[b"token"]),
-        locked_at=None if locked is None else EPOCH + int(locked) * MICROSECOND,
-        lock_timeout=int(fields[b"lto"]) * MICROSECOND,
-        response=response,
-        error=None if error is None else error.decode("utf-8", _TEXT),
-        created_at=EPOCH + int(fields[b"created"]) * MICROSECOND,
-        last_run_at=None if last_run is None else EPOCH + int(last_run) * MICROSECOND,
-        finished_at=None if finished is None else EPOCH + int(finished) * MICROSECOND,
-        expires_at=None if expires is None else EPOCH + int(expires) * MICROSECOND,
-        calling=None if calling is None else calling.decode("utf-8", _TEXT),
+    return _new_record(
+        int(fields[b"id"]),
+        fields[b"scope"].decode("utf-8", _TEXT),
+        fields[b"key"].decode("utf-8", _TEXT),
+        fields[b"method"].decode("utf-8", _TEXT),
+        fields[b"path"].decode("utf-8", _TEXT),
+        fields[b"fp"].decode("utf-8", _TEXT),
+        _load_params(fields[b"params"]),
+        fields[b"flow"].decode("utf-8", _TEXT),
+        fields[b"rp"].decode("utf-8", _TEXT),
+        int(fields[b"token"]),
+        None if locked is None else EPOCH + int(locked) * MICROSECOND,
+        int(fields[b"lto"]) * MICROSECOND,
+        response,
+        None if error is None else error.decode("utf-8", _TEXT),
+        EPOCH + int(fields[b"created"]) * MICROSECOND,
+        None if last_run is None else EPOCH + int(last_run) * MICROSECOND,
+        None if finished is None else EPOCH + int(finished) * MICROSECOND,
+        None if expires is None else EPOCH + int(expires) * MICROSECOND,
+        None if calling is None else calling.decode("utf-8", _TEXT),
     )
 
 
@@ -330,35 +359,37 @@ def status_result(reply: Sequence[Any]) -> KeyStatus | None:
 def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> KeyRecord:
     """The record that the claim script's first branch (P1) wrote for ``request`` at
     ``now``, field by field, as [`record`][idempotence.stores.sql.Dialect.record] would
-    read it back."""
-    retention = args[8]
-    return KeyRecord(
-        id=int(args[9]),
-        scope=request.scope,
-        key=request.key,
-        method=request.method,
-        path=request.path,
-        fingerprint=request.fingerprint,
-        params=_load_params(args[6]),  # as stored: a tuple comes back a list
-        flow=request.flow,
-        recovery_point=STARTED,
-        lock_token=1,
-        locked_at=now,
-        lock_timeout=timedelta(microseconds=int(args[7])),
-        response=None,
-        error=None,
-        created_at=now,
-        last_run_at=now,
-        finished_at=None,
-        expires_at=None if retention == "" else now + timedelta(microseconds=int(retention)),
-        calling=None,
+    read it back. Its lock timeout and retention are the request's own: the script
+    stored them in whole microseconds, a timedelta's resolution."""
+    retention = request.retention
+    return _new_record(
+        int(args[9]),
+        request.scope,
+        request.key,
+        request.method,
+        request.path,
+        request.fingerprint,
+        _load_params(args[6]),  # as stored: a tuple comes back a list
+        request.flow,
+        STARTED,
+        1,
+        now,
+        request.lock_timeout,
+        None,
+        None,
+        now,
+        now,
+        None,
+        None if retention is None else now + retention,
+        None,
     )
 
 
 class _Translated:
     """``with translated():`` raises the library's error for a redis-py error:
-    unreachable is StoreUnavailable (P11). A class, not a generator: it is entered
-    for every script a request runs."""
+    unreachable is StoreUnavailable (P11). A class, not a generator. The scripts of
+    a request catch and `translate` instead: a ``try`` costs nothing until it
+    catches, a ``with`` two calls per script."""
 
     __slots__ = ()
 
@@ -368,13 +399,22 @@ class _Translated:
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         if exc is None:
             return
-        misconfigured = _misconfigured(exc)
-        if misconfigured is not None:
-            raise StoreMisconfigured(misconfigured) from exc
-        if isinstance(exc, _DOWN):
-            raise StoreUnavailable(f"the Redis key store is unavailable: {exc}") from exc
-        if isinstance(exc, redis.exceptions.RedisError):
-            raise StoreError(f"the Redis key store failed: {exc}") from exc
+        error = translate(exc)
+        if error is not None:
+            raise error from exc
+
+
+def translate(exc: BaseException) -> StoreError | None:
+    """The library's error for redis-py's ``exc`` (unreachable: StoreUnavailable,
+    P11), None for an error that is not redis-py's (raised as it is)."""
+    misconfigured = _misconfigured(exc)
+    if misconfigured is not None:
+        return StoreMisconfigured(misconfigured)
+    if isinstance(exc, _DOWN):
+        return StoreUnavailable(f"the Redis key store is unavailable: {exc}")
+    if isinstance(exc, redis.exceptions.RedisError):
+        return StoreError(f"the Redis key store failed: {exc}")
+    return None
 
 
 def _misconfigured(exc: BaseException) -> str | None:
