@@ -129,6 +129,40 @@ def test_f3_a_fixed_response_is_what_a_terminal_answer_stores(
     assert store.get("s", "k").response == FIXED and len(app.calls) == 1
 
 
+class HeadersApp(App):
+    """Answers 201 ``b"ok"`` with the given headers."""
+
+    def __init__(self, headers: tuple[tuple[str, str], ...]) -> None:
+        super().__init__(201)
+        self.headers = headers
+
+    def run_app(self, run: Any, tx: Any, overflow: Any) -> Captured:
+        self.calls.append(tx)
+        return Captured(self.status, self.headers, b"ok")
+
+
+@pytest.mark.parametrize(
+    ("headers", "fixed", "kept"),
+    [
+        ((("content-type", "text/plain"),), None, (("content-type", "text/plain"),)),
+        ((("Content-Type", "text/plain"),), None, (("content-type", "text/plain"),)),
+        ((), FIXED, ()),
+    ],
+    ids=["all-kept", "renamed", "fixed"],
+)
+def test_f6_the_answer_sent_is_the_apps_own_whatever_is_stored(
+    store: Any, headers: Any, fixed: StoredResponse | None, kept: Any
+) -> None:
+    """The stored response stands for the answer only when it is the app's own, every
+    header as sent: a header stored lower-cased, or a fixed response, is not sent."""
+    flow = Flow("handler-step")
+    flow.handler(limit=1024, stored_headers=frozenset({"content-type"}), fixed_response=fixed)
+    first = run(store, flow, HeadersApp(headers))
+    assert first.kind is ResultKind.EXECUTED
+    assert first.response == StoredResponse(201, headers, b"ok")
+    assert store.get("s", "k").response == (fixed or StoredResponse(201, kept, b"ok"))
+
+
 @pytest.mark.parametrize("status", [422, 503])
 def test_f3_r5_a_fixed_response_written_by_the_claim_rolls_back_with_a_refused_answer(
     store: Any, status: int

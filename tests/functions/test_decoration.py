@@ -119,6 +119,36 @@ def test_keys_by_path_and_callable_and_scopes(store: SqliteStore) -> None:
         current_call()
 
 
+def test_current_call_is_the_innermost_guarded_call_and_the_outer_one_after(
+    store: SqliteStore,
+) -> None:
+    """The context is made when asked: a nested guarded call sees its own, and the
+    outer call sees its own again once the inner one returned."""
+    seen: dict[str, Any] = {}
+
+    @idempotent(store, key="ref", name="inner")
+    def inner(ref: str) -> str:
+        seen["inner"] = current_call()
+        return current_call().key_for("x")
+
+    @idempotent(store, key="ref", name="outer")
+    def outer(ref: str) -> str:
+        before = current_call()
+        derived = inner(f"in-{ref}")
+        seen["outer"], seen["after"] = before, current_call()
+        return derived
+
+    derived = outer("o-1")
+    outer_call, inner_call = seen["outer"], seen["inner"]
+    assert seen["after"] is outer_call  # made once per call, and current again
+    assert (outer_call.name, outer_call.key) == ("outer", "o-1")
+    assert (inner_call.name, inner_call.key) == ("inner", "in-o-1")
+    assert derived == f"inner-{inner_call.lease.id}-x"
+    assert inner_call.lease.id != outer_call.lease.id
+    with pytest.raises(LookupError, match="only available inside a guarded function"):
+        current_call()
+
+
 def test_an_unreachable_store_fails_closed_and_the_body_never_runs() -> None:
     from idempotence.stores.redis import RedisStore
 

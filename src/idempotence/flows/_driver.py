@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Generator
+from functools import partial
 from typing import Any, TypeVar, cast
 
 from .._awaitables import settle
@@ -87,7 +88,8 @@ def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
     if isinstance(effect, DoClaim):
         return store.claim(effect.request)
     if isinstance(effect, DoHandle):
-        beat = _heartbeat(store, effect.lease)
+        # A partial, not a closure made by a call: most handlers never beat.
+        beat = partial(_beat, store, effect.lease)
         with Periodic("idempotence-heartbeat", effect.beat_every, beat) as beating:
             if effect.on_overflow is None:
                 return effect.app.run_app(effect, None, None)
@@ -133,25 +135,21 @@ def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
     raise AssertionError(f"unknown effect {effect!r}")
 
 
-def _heartbeat(store: KeyStore, lease: Lease) -> Callable[[], bool]:
+def _beat(store: KeyStore, lease: Lease) -> bool:
     """One beat of a running handler (F2): whether to go on beating. Refused, the key
     was taken over (the handler stalled past its lock timeout): the settle will be
     refused too, so the beats stop. A failure never fails the request: the next beat
     tries again, and two can fail before the lock lapses."""
-
-    def beat() -> bool:
-        try:
-            store.heartbeat(lease)
-        except LockLost as exc:
-            logger.warning("stopped beating for a handler whose key was taken over: %s", exc)
-            return False
-        except StoreError as exc:
-            logger.warning("heartbeat failed, trying again at the next: %s", exc)
-        except Exception as exc:
-            logger.error("heartbeat failed, trying again at the next: %s", exc, exc_info=exc)
-        return True
-
-    return beat
+    try:
+        store.heartbeat(lease)
+    except LockLost as exc:
+        logger.warning("stopped beating for a handler whose key was taken over: %s", exc)
+        return False
+    except StoreError as exc:
+        logger.warning("heartbeat failed, trying again at the next: %s", exc)
+    except Exception as exc:
+        logger.error("heartbeat failed, trying again at the next: %s", exc, exc_info=exc)
+    return True
 
 
 def _finish_later(effect: DoFinishLater, store: KeyStore) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Generator
+from functools import partial
 from typing import Any, TypeVar, cast
 
 from .._awaitables import settle_async
@@ -85,7 +86,8 @@ async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer
     if isinstance(effect, DoClaim):
         return await store.claim(effect.request)
     if isinstance(effect, DoHandle):
-        beat = _heartbeat_async(store, effect.lease)
+        # A partial, not a closure made by a call: most handlers never beat.
+        beat = partial(_beat_async, store, effect.lease)
         async with AsyncPeriodic("idempotence-heartbeat", effect.beat_every, beat) as beating:
             if effect.on_overflow is None:
                 return await effect.app.run_app(effect, None, None)
@@ -133,25 +135,21 @@ async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer
     raise AssertionError(f"unknown effect {effect!r}")
 
 
-def _heartbeat_async(store: AsyncKeyStore, lease: Lease) -> Callable[[], Awaitable[bool]]:
+async def _beat_async(store: AsyncKeyStore, lease: Lease) -> bool:
     """One beat of a running handler (F2): whether to go on beating. Refused, the key
     was taken over (the handler stalled past its lock timeout): the settle will be
     refused too, so the beats stop. A failure never fails the request: the next beat
     tries again, and two can fail before the lock lapses."""
-
-    async def beat() -> bool:
-        try:
-            await store.heartbeat(lease)
-        except LockLost as exc:
-            logger.warning("stopped beating for a handler whose key was taken over: %s", exc)
-            return False
-        except StoreError as exc:
-            logger.warning("heartbeat failed, trying again at the next: %s", exc)
-        except Exception as exc:
-            logger.error("heartbeat failed, trying again at the next: %s", exc, exc_info=exc)
-        return True
-
-    return beat
+    try:
+        await store.heartbeat(lease)
+    except LockLost as exc:
+        logger.warning("stopped beating for a handler whose key was taken over: %s", exc)
+        return False
+    except StoreError as exc:
+        logger.warning("heartbeat failed, trying again at the next: %s", exc)
+    except Exception as exc:
+        logger.error("heartbeat failed, trying again at the next: %s", exc, exc_info=exc)
+    return True
 
 
 async def _finish_later_async(effect: DoFinishLater, store: AsyncKeyStore) -> None:

@@ -216,10 +216,15 @@ def run_handler(
         raise
     if captured.overflowed:
         return FlowResult(ResultKind.SENT, claim)
-    response = captured.response()
     action = step.settle(captured.status, flow.store_server_errors)
     if action is Settle.STORE:
-        finish = DoFinish(lease, step.stored(captured))
+        stored = step.stored(captured)
+        # The answer as the app made it: the stored one when that is the app's own
+        # with every header kept as it was sent (a guarded function's), so one
+        # response is made, not two.
+        same = step.fixed_response is None and stored.headers == captured.headers
+        response = stored if same else captured.response()
+        finish = DoFinish(lease, stored)
         try:
             yield finish
         except LockLost as exc:
@@ -229,7 +234,9 @@ def run_handler(
             return FlowResult(ResultKind.LOST, claim, error=exc)
         except StoreError as exc:
             return (yield from _unstored(flow, step, finish, claim, exc))
-        return FlowResult(ResultKind.EXECUTED, claim, response, stored=True, answered=True)
+        # Positional (stored=True, no error, answered=True): once per executed call.
+        return FlowResult(ResultKind.EXECUTED, claim, response, True, None, True)
+    response = captured.response()
     if action is Settle.RELEASE:
         yield from _settle(DoRelease(lease))
         return FlowResult(ResultKind.FAILED, claim, response, answered=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeAlias
 
@@ -89,10 +89,21 @@ class HandlerStep:
     """The response stored by every run that stores one, known before the handler runs
     (a consumer's acknowledgement): a request-as-transaction run writes it with its
     claim, so its COMMIT carries no finish (F3)."""
+    _memo: dict[Any, Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+    """What every run of the step works out the same (`beat_every` by lock timeout,
+    the headers `stored` keeps by the headers sent): looked up, not worked out again
+    on each run. The headers are kept for the last headers only, by identity (an
+    app that answers with one tuple, a guarded function's), so it never grows."""
 
     def beat_every(self, lock_timeout: timedelta) -> float:
         """Seconds between two heartbeats of a run whose lock lasts ``lock_timeout``."""
-        return (self.heartbeat or lock_timeout / 3).total_seconds()
+        seconds: float | None = self._memo.get(lock_timeout)
+        if seconds is None:
+            seconds = (self.heartbeat or lock_timeout / 3).total_seconds()
+            self._memo[lock_timeout] = seconds
+        return seconds
 
     def settle(self, status: int, store_server_errors: bool) -> Settle:
         """What becomes of the key after the handler answered ``status`` (R5)."""
@@ -107,14 +118,24 @@ class HandlerStep:
         the fixed response)."""
         if self.fixed_response is not None:
             return self.fixed_response
+        headers = captured.headers
+        last = self._memo.get(_LAST_HEADERS)
+        if last is not None and last[0] is headers:
+            return StoredResponse(captured.status, last[1], captured.body)
         allowed = self.stored_headers
         kept = []
-        for name, value in captured.headers:
+        for name, value in headers:
             name = name.lower()
             if name in allowed:
                 kept.append((name, value))
-        return StoredResponse(captured.status, tuple(kept), captured.body)
+        found = tuple(kept)
+        if type(headers) is tuple:  # not a list the app could change and send again
+            self._memo[_LAST_HEADERS] = (headers, found)  # one item replaced: thread-safe
+        return StoredResponse(captured.status, found, captured.body)
 
+
+_LAST_HEADERS = object()
+"""The key of the last headers `HandlerStep.stored` kept, in its memo."""
 
 UNLIMITED = 1 << 62
 """A handler step's ``limit`` for an application whose answers are never too large to

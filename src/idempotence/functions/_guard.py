@@ -85,10 +85,11 @@ class CallContext:
         return f"{self.name}-{self.lease.id}-{name}"
 
 
-CURRENT_CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
+CURRENT_CALL: contextvars.ContextVar[CallState | None] = contextvars.ContextVar(
     "idempotence_current_call", default=None
 )
-"""The guarded call running in this thread or task (`current_call` reads it)."""
+"""The guarded call running in this thread or task (`current_call` reads it): its
+state, whose `CallContext` is made only if the function asks for it (most never do)."""
 
 
 def current_call() -> CallContext:
@@ -111,7 +112,7 @@ def current_call() -> CallContext:
     call = CURRENT_CALL.get()
     if call is None:
         raise LookupError("current_call() is only available inside a guarded function")
-    return call
+    return call.context()
 
 
 class Guard:
@@ -320,7 +321,18 @@ class CallState:
     """One call's run of the function, as the engine's application (the drivers add
     ``run_app``): what it returned or raised, and the response stored for it."""
 
-    __slots__ = ("args", "guard", "kwargs", "raised", "request", "unstorable", "value")
+    __slots__ = (
+        "_context",
+        "args",
+        "guard",
+        "kwargs",
+        "lease",
+        "raised",
+        "request",
+        "tx",
+        "unstorable",
+        "value",
+    )
 
     def __init__(
         self, guard: Guard, request: ClaimRequest, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -330,10 +342,22 @@ class CallState:
         self.raised: BaseException | None = None
         self.unstorable: NotStorable | None = None
 
-    def enter(self, lease: Lease, tx: Any) -> contextvars.Token[CallContext | None]:
-        """Make the call's context current (until ``CURRENT_CALL.reset(token)``)."""
-        request = self.request
-        return CURRENT_CALL.set(CallContext(self.guard.name, request.scope, request.key, lease, tx))
+    def enter(self, lease: Lease, tx: Any) -> contextvars.Token[CallState | None]:
+        """Make the call current (until ``CURRENT_CALL.reset(token)``). Its lease and
+        transaction are set here, the one place a running call gets them."""
+        self.lease: Lease = lease
+        self.tx: Any = tx
+        self._context: CallContext | None = None
+        return CURRENT_CALL.set(self)
+
+    def context(self) -> CallContext:
+        """The running call as `current_call` gives it (made once, when first asked)."""
+        context = self._context
+        if context is None:
+            request = self.request
+            context = CallContext(self.guard.name, request.scope, request.key, self.lease, self.tx)
+            self._context = context
+        return context
 
     def returned(self, value: Any) -> Captured:
         """The function returned ``value``: stored, checked to read back first."""

@@ -106,15 +106,34 @@ def idempotent(
 
 def _guarded(fn: F, store: Any, guard: Guard) -> F:
     is_async = inspect.iscoroutinefunction(fn)
-    resolve = _resolver(store, guard, is_async)
-    if is_async:
+    wrapper: Any
+    if callable(getattr(store, "claim", None)) or not callable(store):
+        guard.check_store(store, is_async)
+        # A store given as it is: each call goes straight to it (no resolver to call).
+        if is_async:
+
+            @functools.wraps(fn)
+            async def guarded_on_async(*args: Any, **kwargs: Any) -> Any:
+                return await call_async(guard, store, args, kwargs)
+
+            wrapper = guarded_on_async
+        else:
+
+            @functools.wraps(fn)
+            def guarded_on(*args: Any, **kwargs: Any) -> Any:
+                return call(guard, store, args, kwargs)
+
+            wrapper = guarded_on
+    elif is_async:
+        resolve = _opener(store, guard, is_async)
 
         @functools.wraps(fn)
         async def guarded_async(*args: Any, **kwargs: Any) -> Any:
             return await call_async(guard, resolve(), args, kwargs)
 
-        wrapper: Any = guarded_async
+        wrapper = guarded_async
     else:
+        resolve = _opener(store, guard, is_async)
 
         @functools.wraps(fn)
         def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -126,12 +145,9 @@ def _guarded(fn: F, store: Any, guard: Guard) -> F:
     return result
 
 
-def _resolver(store: Any, guard: Guard, is_async: bool) -> Callable[[], Any]:
-    """The store, checked now, or its opener, called (and the store checked) at the
+def _opener(store: Any, guard: Guard, is_async: bool) -> Callable[[], Any]:
+    """The store that opener ``store`` returns, called (and the store checked) at the
     first call only."""
-    if callable(getattr(store, "claim", None)) or not callable(store):
-        guard.check_store(store, is_async)
-        return lambda: store
     opened: list[Any] = []
     lock = threading.Lock()
 
