@@ -268,6 +268,9 @@ def settled(record: KeyRecord, fingerprint: str) -> Outcome | None:
 # Every claim builds its Lease and Claim here: past the class call (see quick_new).
 _new_lease = quick_new(Lease)
 _new_claim = quick_new(Claim)
+new_response = quick_new(StoredResponse)
+"""A StoredResponse from status, headers and body, past the class call (see
+`quick_new`): a store reading one back, a handler's answer kept for storing."""
 
 
 def claim_from(record: KeyRecord, fingerprint: str, now: datetime, *, claimed: bool) -> Claim:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from .._frozen import quick_init
+from .._frozen import quick_init, quick_new
 from ..errors import IdempotenceError
 from ..states import STARTED, ClaimRequest, KeyRecord, Lease, StoredResponse
 from .contexts import FlowInfo, PhaseContext
@@ -211,6 +211,13 @@ class DoWait:
     poll: bool = False
     """Sleep ``seconds`` without asking to be woken: the twin's open transaction holds
     the key (``Claim.held``), and no notification can be asked of a row it holds."""
+
+
+# The effects every handler run yields, built from every field past the class call
+# (see quick_new): the claim, the handler, the finish.
+new_do_claim = quick_new(DoClaim)
+new_do_handle = quick_new(DoHandle)
+new_do_finish = quick_new(DoFinish)
 
 
 Effect: TypeAlias = (

@@ -57,7 +57,6 @@ from .effects import (
     DoFinish,
     DoFinishLater,
     DoForget,
-    DoHandle,
     DoInTransaction,
     DoRelease,
     DoWait,
@@ -65,8 +64,19 @@ from .effects import (
     Engine,
     HandlerBody,
     OverflowNotStored,
+    new_do_claim,
+    new_do_finish,
+    new_do_handle,
 )
-from .results import SERVER_ERROR, STORED_SERVER_ERROR, Captured, FlowResult, ResultKind, from_claim
+from .results import (
+    SERVER_ERROR,
+    STORED_SERVER_ERROR,
+    Captured,
+    FlowResult,
+    ResultKind,
+    from_claim,
+    new_result,
+)
 from .steps import UNLIMITED, HandlerStep, Settle
 
 
@@ -176,7 +186,7 @@ def run_handler(
     try:
         # claimed(), in line for the first claim: a sub-generator per run costs more
         # than a guarded function's whole decision.
-        claim = yield DoClaim(request)
+        claim = yield new_do_claim(request)
         if claim.outcome is not Outcome.EXECUTE and claim.outcome is not Outcome.REPLAY:
             claim = yield from claimed_again(request, claim, wait)
     except StoreError as exc:
@@ -190,8 +200,8 @@ def run_handler(
     # An app that never answers too much for the store (UNLIMITED) is given no overflow.
     on_overflow = partial(overflowed, flow, step, lease) if step.limit < UNLIMITED else None
     try:
-        captured: Captured = yield DoHandle(
-            app, lease, step.limit, on_overflow, beat_every=step.beat_every(flow.lock_timeout)
+        captured: Captured = yield new_do_handle(
+            app, lease, step.limit, on_overflow, step.beat_every(flow.lock_timeout)
         )
     except GeneratorExit:
         raise
@@ -224,7 +234,7 @@ def run_handler(
         # response is made, not two.
         same = step.fixed_response is None and stored.headers == captured.headers
         response = stored if same else captured.response()
-        finish = DoFinish(lease, stored)
+        finish = new_do_finish(lease, stored, None)
         try:
             yield finish
         except LockLost as exc:
@@ -234,8 +244,9 @@ def run_handler(
             return FlowResult(ResultKind.LOST, claim, error=exc)
         except StoreError as exc:
             return (yield from _unstored(flow, step, finish, claim, exc))
-        # Positional (stored=True, no error, answered=True): once per executed call.
-        return FlowResult(ResultKind.EXECUTED, claim, response, True, None, True)
+        # Every field, in order (stored=True, no error, answered=True), past the class
+        # call: once per executed call.
+        return new_result(ResultKind.EXECUTED, claim, response, True, None, True)
     response = captured.response()
     if action is Settle.RELEASE:
         yield from _settle(DoRelease(lease))

@@ -7,9 +7,9 @@ import json
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from .._frozen import quick_init
+from .._frozen import quick_init, quick_new
 from ..problems import Problem, ProblemDetails
-from ..states import Claim, Outcome, StoredResponse
+from ..states import Claim, Outcome, StoredResponse, new_response
 
 # -- what a phase returns (R2) ----------------------------------------------------------
 
@@ -98,6 +98,11 @@ class FlowResult:
     made it (all its headers), not a stored or a library response (F6)."""
 
 
+new_result = quick_new(FlowResult)
+"""A FlowResult from all six fields, in order, past the class call (see `quick_new`):
+for the results every call ends with (executed, replayed)."""
+
+
 def problem(status: int, title: str, detail: str) -> StoredResponse:
     """An RFC 9457 problem response of the application's own (a declined card): stored
     and replayed verbatim, whatever the endpoint's wire profile. The library's own
@@ -140,7 +145,12 @@ class Captured:
 
     def response(self) -> StoredResponse:
         """The answer as the handler made it, every header included."""
-        return StoredResponse(self.status, self.headers, self.body)
+        return new_response(self.status, self.headers, self.body)
+
+
+new_captured = quick_new(Captured)
+"""A Captured from all four fields, in order, past the class call (see `quick_new`):
+a guarded function's answer, once per call."""
 
 
 def indeterminate_response(name: str) -> StoredResponse:
@@ -157,7 +167,7 @@ def from_claim(claim: Claim) -> FlowResult:
     """The result of a run whose claim it did not win (P2, P3, P4)."""
     outcome = claim.outcome  # compared, not looked up: an Enum hashes in Python
     if outcome is Outcome.REPLAY:
-        return FlowResult(ResultKind.REPLAYED, claim, claim.response, stored=True)
+        return new_result(ResultKind.REPLAYED, claim, claim.response, True, None, False)
     if outcome is Outcome.MISMATCH:
         return FlowResult(ResultKind.MISMATCH, claim)
     if outcome is Outcome.IN_PROGRESS:

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any, TypeAlias
 
 from ..errors import Indeterminate
-from ..states import StoredResponse
+from ..states import StoredResponse, new_response
 from .contexts import ForeignContext, PhaseContext
 from .results import Captured, PhaseResult
 
@@ -121,7 +121,7 @@ class HandlerStep:
         headers = captured.headers
         last = self._memo.get(_LAST_HEADERS)
         if last is not None and last[0] is headers:
-            return StoredResponse(captured.status, last[1], captured.body)
+            return new_response(captured.status, last[1], captured.body)
         allowed = self.stored_headers
         kept = []
         for name, value in headers:
@@ -131,7 +131,7 @@ class HandlerStep:
         found = tuple(kept)
         if type(headers) is tuple:  # not a list the app could change and send again
             self._memo[_LAST_HEADERS] = (headers, found)  # one item replaced: thread-safe
-        return StoredResponse(captured.status, found, captured.body)
+        return new_response(captured.status, found, captured.body)
 
 
 _LAST_HEADERS = object()

@@ -42,7 +42,7 @@ from ..errors import (
 )
 from ..fingerprint import secret_pair
 from ..flows import Flow, FlowResult, ResultKind
-from ..flows.results import Captured
+from ..flows.results import Captured, new_captured
 from ..flows.steps import UNLIMITED
 from ..states import (
     ClaimRequest,
@@ -363,7 +363,7 @@ class CallState:
         """The function returned ``value``: stored, checked to read back first."""
         self.value = value
         try:
-            return Captured(RETURNED, _JSON, self.guard.codec.encode(value))
+            return new_captured(RETURNED, _JSON, self.guard.codec.encode(value), False)
         except NotStorable as exc:
             return self._not_storable(exc, f"it returned a value that cannot be stored: {exc}")
 

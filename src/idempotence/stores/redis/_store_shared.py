@@ -39,6 +39,7 @@ from ...states import (
     KeyStatus,
     StoredResponse,
     claim_from,
+    new_response,
 )
 from .._redis_url import SentinelTarget, check_redis_url
 
@@ -269,8 +270,6 @@ _new_record = quick_new(KeyRecord)
 one from the script's reply (see `quick_new`)."""
 
 
-_new_response = quick_new(StoredResponse)
-
 _HEADERS_KEPT = 256
 """How many headers' JSON texts `_headers` keeps decoded (each of at most
 ``_HEADERS_LONGEST`` bytes); past it, it forgets them all and starts again."""
@@ -302,7 +301,7 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
     response = None
     if status is not None:
         headers = _headers(fields[b"headers"])
-        response = _new_response(int(status), headers, get(b"body", b""))
+        response = new_response(int(status), headers, get(b"body", b""))
     locked, last_run, finished, expires = (
         get(b"locked"),
         get(b"last_run"),
