@@ -134,6 +134,31 @@ def test_quick_new_makes_the_instance_the_class_makes() -> None:
     assert hash(lease) == hash(idempotence.states.Lease(1, "s", "k", 2, "started"))
 
 
+def test_the_engines_makers_take_the_fields_in_the_order_their_callers_pass() -> None:
+    """The engine, the handler step and the functions guard build these per call from
+    positional values (quick_new takes no keywords): a field added, dropped or moved
+    (FlowResult's two booleans swapped, say) must break here, not silently store or
+    answer the wrong thing."""
+    from idempotence.flows import effects, results
+
+    states = idempotence.states
+    makers = [
+        (results.new_result, results.FlowResult, "kind claim response stored error answered"),
+        (results.new_captured, results.Captured, "status headers body overflowed"),
+        (states.new_response, states.StoredResponse, "status headers body"),
+        (effects.new_do_claim, effects.DoClaim, "request"),
+        (effects.new_do_handle, effects.DoHandle, "app lease limit on_overflow beat_every"),
+        (effects.new_do_finish, effects.DoFinish, "lease response error"),
+    ]
+    for maker, cls, order in makers:
+        names = tuple(order.split())
+        assert tuple(spec.name for spec in dataclasses.fields(cls)) == names, cls
+        values = [object() for _ in names]
+        made = maker(*values)
+        assert type(made) is cls
+        assert made == cls(**dict(zip(names, values, strict=True)))
+
+
 def test_quick_new_refuses_a_class_it_would_get_wrong() -> None:
     @dataclass(slots=True)
     class Thawed:
