@@ -48,6 +48,7 @@ from .results import (
     ResultKind,
     from_claim,
     indeterminate_response,
+    new_result,
 )
 from .steps import (
     INDETERMINATE,
@@ -362,7 +363,7 @@ class Flow:
         if claim.outcome is not Outcome.EXECUTE:
             return from_claim(claim)
         assert isinstance(result, Finish)
-        return FlowResult(ResultKind.EXECUTED, claim, result.response, stored=True)
+        return new_result(ResultKind.EXECUTED, claim, result.response, True, None, False)
 
     def _phases(self, request: ClaimRequest, wait: timedelta | None) -> Engine:
         claim = yield from claimed(request, wait)
@@ -421,7 +422,7 @@ class Flow:
                     yield DoRelease(lease)
                 raise
             if isinstance(result, Finish):
-                return FlowResult(ResultKind.EXECUTED, claim, result.response, stored=True)
+                return new_result(ResultKind.EXECUTED, claim, result.response, True, None, False)
             if isinstance(result, NoOp):
                 # The phase committed. If another worker took the key over since, it
                 # resumes the key, which is all the release was for.

@@ -130,7 +130,7 @@ def rotated(request: ClaimRequest, claim: Claim) -> bool:
 def claimed(request: ClaimRequest, wait: timedelta | None) -> Generator[Effect, Any, Claim]:
     """Claim the key; with ``wait``, a key in progress elsewhere is waited for (outside
     any transaction, F8) and claimed again until it settles or the wait is over."""
-    claim: Claim = yield DoClaim(request)
+    claim: Claim = yield new_do_claim(request)
     if claim.outcome is Outcome.EXECUTE or claim.outcome is Outcome.REPLAY:
         return claim
     return (yield from claimed_again(request, claim, wait))
@@ -391,4 +391,4 @@ def run_handler_in_transaction(
         # R5: rolled back, claim included, so nothing is left to settle.
         kind = ResultKind.FAILED if outcome.status >= 500 else ResultKind.REJECTED
         return FlowResult(kind, None, response, answered=True)
-    return FlowResult(ResultKind.EXECUTED, claim, response, stored=True, answered=True)
+    return new_result(ResultKind.EXECUTED, claim, response, True, None, True)
