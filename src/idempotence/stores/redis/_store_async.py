@@ -63,7 +63,7 @@ AsyncClient = AsyncRedis | AsyncRedisCluster
 
 _KEPT_KEYS = 4096
 """At most this many leases' Redis keys are kept for their writes (see
-`AsyncRedisStore._keep_key`); past it the store forgets them all and computes again."""
+`AsyncRedisStore._kept`); past it the store forgets them all and computes again."""
 
 
 class _AsyncRedisListener(AsyncListener):
@@ -220,7 +220,7 @@ class AsyncRedisStore:
         self._scripts = {name: self._client.register_script(s) for name, s in SCRIPTS.items()}
         self._instrumentation = combine(instrumentation)
         self._listener = _AsyncRedisListener(self._client, self._channel)
-        #: Each live lease's (scope, key, Redis key), by record id (see _keep_key).
+        #: Each live lease's (scope, key, Redis key), by record id (see _kept).
         self._keys: dict[int, tuple[str, str, bytes]] = {}
         self._closed = False
 
@@ -300,10 +300,9 @@ class AsyncRedisStore:
             # Every request's first script: no coroutine between it and the send.
             args = claim_args(request)
             key = encoded_record_key(self._prefix_bytes, request.scope, request.key)
-            claim = _claim_result(request, args, await self._send("claim", [key], args))
-            if claim.lease is not None:
-                self._keep_key(claim.lease, key)
-            return claim
+            return self._kept(
+                _claim_result(request, args, await self._send("claim", [key], args)), key
+            )
         if self._instrumentation is not None:
             with self._instrumentation.claim(request) as watch:
                 return watch.done(await self._claim(request))
@@ -313,10 +312,9 @@ class AsyncRedisStore:
         key = self.record_key(request.scope, request.key)
         if not self._wait.replicas:
             args = claim_args(request)
-            claim = _claim_result(request, args, await self._send("claim", [key], args))
-            if claim.lease is not None:
-                self._keep_key(claim.lease, key)
-            return claim
+            return self._kept(
+                _claim_result(request, args, await self._send("claim", [key], args)), key
+            )
         args = claim_args(request, replicated=True)
         reply, acked = await self._run_waited("claim", [key], args)
         claim = _claim_result(request, args, reply)
@@ -329,17 +327,18 @@ class AsyncRedisStore:
                     lease = claim.lease
                     await self._send("release", [key], [lease.id, lease.token, self._channel])
             raise self._wait.refused("claim", acked)
-        if claim.lease is not None:
-            self._keep_key(claim.lease, key)
-        return claim
+        return self._kept(claim, key)
 
-    def _keep_key(self, lease: Lease, key: bytes) -> None:
-        """Keep the Redis key a claim computed for its lease's writes (a digest and a
-        format less each), until the lease's last: finish, release or forget."""
-        kept = self._keys
-        if len(kept) >= _KEPT_KEYS:
-            kept.clear()  # leases never settled here (their app stopped waiting): forget
-        kept[lease.id] = (lease.scope, lease.key, key)
+    def _kept(self, claim: Claim, key: bytes) -> Claim:
+        """``claim``, the Redis key it computed kept for its lease's writes (a digest
+        and a format less each), until the lease's last: finish, release or forget."""
+        lease = claim.lease
+        if lease is not None:
+            kept = self._keys
+            if len(kept) >= _KEPT_KEYS:
+                kept.clear()  # leases never settled here (their app stopped waiting): forget
+            kept[lease.id] = (lease.scope, lease.key, key)
+        return claim
 
     async def _fenced(self, operation: str, lease: Lease, args: list[Any]) -> Any:
         """Run a fenced script (F1); a refusal (a falsy reply) raises LockLost."""
