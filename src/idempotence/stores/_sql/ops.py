@@ -150,7 +150,9 @@ class Dialect(abc.ABC):
             return {}
         if value == "[]":
             return []
-        return json.loads(value) if isinstance(value, str) else value
+        # Text from a driver that hands JSON back unparsed (SQLite; PostgreSQL's store
+        # statements: bytes on a SQL_ASCII database), else the driver's parsed value.
+        return json.loads(value) if isinstance(value, str | bytes) else value
 
     def record(self, row: Row) -> KeyRecord:
         """Build a [`KeyRecord`][idempotence.testing.harness.KeyRecord] from a row of

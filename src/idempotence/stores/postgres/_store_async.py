@@ -43,6 +43,7 @@ from ._store_shared import (
     DRIVER_ERRORS,
     TRANSACTION_PLANNING,
     PostgresDialect,
+    StatementRows,
     bounded_claim,
     check_statement_timeout,
     connection_options,
@@ -54,6 +55,7 @@ from ._store_shared import (
     pool_name,
     session_settings,
     settle_deferred,
+    statement_cursor,
     translate,
     translated,
 )
@@ -62,16 +64,7 @@ from ._watchdog import NOT_REPLICATED, Watchdog
 T = TypeVar("T")
 
 
-# -- a transaction in two round trips ---------------------------------------------------
-#
-# On the store's own connections (autocommit, no transaction open) a transaction that
-# opens with an operation (a request-as-transaction claim, F3) sends the BEGIN and the
-# operation's first statement in one pipeline, and the statements deferred to its
-# commit (the finish) with the COMMIT in another: two round trips where there were
-# four, and a shorter transaction. The store sends BEGIN, COMMIT and ROLLBACK itself,
-# so a rollback keeps the connection's prepared statements (psycopg's own transaction
-# deallocates them all at every rollback). Anywhere else (an application's connection,
-# a transaction already open) psycopg's transaction() is used, one statement a trip.
+# A transaction in two round trips on the store's own connections: see _store_shared.
 
 
 class AsyncPostgresConnection:
@@ -93,37 +86,53 @@ class AsyncPostgresConnection:
         #: A transaction that opens with a claim takes them from the claim instead.
         self._planning = own
         self._blocks = Blocks()
+        self._rows = StatementRows()
         self._cursor: psycopg.AsyncCursor[Row] | None = None
-        self._commands: psycopg.AsyncCursor[Row] | None = None
+        self._commands: psycopg.AsyncCursor[Any] | None = None
+        self._application: psycopg.AsyncCursor[Row] | None = None
 
-    def _statements(self) -> psycopg.AsyncCursor[Row]:
-        # One cursor for the connection's life: a cursor per statement was a
-        # measurable share of a request (its creation, its row maker, its close).
-        cur = self._cursor = self._kept(self._cursor)
+    def _statements(self, sql: str) -> psycopg.AsyncCursor[Row]:
+        """The cursor of the store's own statements, ``sql`` the next one's text.
+
+        One cursor for the connection's life: a cursor per statement was a
+        measurable share of a request (its creation, its row maker, its close)."""
+        cur = self._cursor
+        if cur is None or cur.closed:
+            cur = self._cursor = self.raw.cursor(row_factory=self._rows)
+            statement_cursor(cur)
+        self._rows.sql = sql
         return cur
 
-    def _control(self) -> psycopg.AsyncCursor[Row]:
+    def _control(self) -> psycopg.AsyncCursor[Any]:
         # BEGIN and COMMIT have one of their own, apart from the statement whose rows
         # go out in the same pipeline (the claim's, the finish's): a cursor keeps only
-        # its last statement's rows. raw.execute() would make a cursor each time.
-        cur = self._commands = self._kept(self._commands)
+        # its last statement's rows. raw.execute() would make a cursor each time. Their
+        # rows are never read: tuples, no column names.
+        cur = self._commands
+        if cur is None or cur.closed:
+            cur = self._commands = self.raw.cursor()
         return cur
 
-    def _kept(self, cur: psycopg.AsyncCursor[Row] | None) -> psycopg.AsyncCursor[Row]:
-        """``cur``, or a new one when there is none yet or it was closed."""
+    def _for_application(self) -> psycopg.AsyncCursor[Row]:
+        # The application's statements (tx.execute) get psycopg's own rows and types
+        # (its jsonb parsed), on a cursor of their own.
+        cur = self._application
         if cur is None or cur.closed:
-            return self.raw.cursor(row_factory=dict_row)
+            cur = self._application = self.raw.cursor(row_factory=dict_row)
         return cur
 
     async def fetch(self, query: Query) -> list[Row]:
         with translated(query.name):
-            cur = self._statements()
+            if query.name == APPLICATION:
+                # Prepared as psycopg does, and planned as the server is configured.
+                cur = self._for_application()
+                await cur.execute(query.sql, query.params or None)
+                return await cur.fetchall() if has_rows(cur) else []
+            cur = self._statements(query.sql)
             # The store's own statements inside a transaction on its own connections are
-            # planned at this run (see TRANSACTION_PLANNING); the application's are
-            # prepared as psycopg does, and planned as the server is configured.
+            # planned at this run (see TRANSACTION_PLANNING).
             ours = (
                 self._planning
-                and query.name != APPLICATION
                 and self.raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS
             )
             prepare = False if ours else None
@@ -166,11 +175,12 @@ class AsyncPostgresConnection:
                 await self._control().execute("; ".join(self._opening))
             return None
         with translated(), held():
-            cur = self._statements()
             query = next(first)
+            sql = bounded_claim(query, self._planning)
+            cur = self._statements(sql)
             async with self.raw.pipeline():
                 await self._control().execute("BEGIN")
-                await cur.execute(bounded_claim(query, self._planning), query.params)
+                await cur.execute(sql, query.params)
             rows = await cur.fetchall() if has_rows(cur) else []
         return await run_async(first, AsyncBoundedClaim(self), rows)
 
@@ -186,11 +196,15 @@ class AsyncPostgresConnection:
                     await self._control().execute(COMMIT_PLANNING)
                 for op in deferred:
                     query = next(op)
+                    sql = deferred_sql(query)
                     # The connection's cursor for the first (the finish: nearly always
                     # the only one), a cursor each for any more.
-                    cur = self.raw.cursor(row_factory=dict_row) if cursors else self._statements()
+                    if cursors:
+                        cur = self.raw.cursor(row_factory=dict_row)
+                    else:
+                        cur = self._statements(sql)
                     cursors.append(cur)
-                    await cur.execute(deferred_sql(query), query.params)
+                    await cur.execute(sql, query.params)
                 await self._control().execute("COMMIT")
         except psycopg.errors.DivisionByZero:
             refused = True

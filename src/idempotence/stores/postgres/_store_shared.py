@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
 import psycopg_pool
 from psycopg import pq
+from psycopg.rows import RowMaker, dict_row
+from psycopg.types.string import TextLoader
 
 from ...errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
 from ...states import ClaimRequest, StoredResponse
@@ -308,7 +311,67 @@ _PIPELINES = psycopg.Pipeline.is_supported()  # the libpq's version: fixed for t
 
 
 def deferred_sql(query: Query) -> str:
-    return FAIL_UNLESS_APPLIED.format(statement=query.sql.strip().rstrip(";"))
+    sql = _deferred.get(query.sql)
+    if sql is None:
+        sql = _deferred[query.sql] = FAIL_UNLESS_APPLIED.format(
+            statement=query.sql.strip().rstrip(";")
+        )
+    return sql
+
+
+_deferred: dict[str, str] = {}  # per statement text: the store's own few
+
+
+# -- the rows of the store's own statements ----------------------------------------------
+#
+# psycopg's dict_row reads and decodes every column name of every result (the claim
+# returns some twenty), and its jsonb loader parses the key row's two JSON columns,
+# nearly always "{}" and "[]". The store's own statements, on the cursor each of its
+# connections keeps for them, take their column names from the statement's text instead
+# (read once, and again if the count of columns changes: a migration that adds one),
+# and their jsonb as text, which Dialect.json_out parses (with no parser at all for
+# those two). The application's statements keep psycopg's rows and types.
+
+
+class StatementRows:
+    """The row factory of the cursor of the store's own statements: dicts, as
+    psycopg's ``dict_row`` makes them, the column names of each statement text read
+    once. ``sql`` is the text of the statement whose rows come next."""
+
+    __slots__ = ("_makers", "sql")
+
+    def __init__(self) -> None:
+        self.sql = ""
+        self._makers: dict[str, tuple[int, RowMaker[Row]]] = {}
+
+    def __call__(self, cursor: Any) -> RowMaker[Row]:
+        result = cursor.pgresult
+        if result is None or result.status != pq.ExecStatus.TUPLES_OK:
+            return dict_row(cursor)
+        count = result.nfields
+        known = self._makers.get(self.sql)
+        if known is not None and known[0] == count:
+            return known[1]
+        maker = _row_maker([column.name for column in cursor.description])
+        if len(self._makers) >= _MAKERS:  # texts are few; a bound all the same
+            self._makers.clear()
+        self._makers[self.sql] = (count, maker)
+        return maker
+
+
+_MAKERS = 256
+
+
+def _row_maker(names: list[str]) -> RowMaker[Row]:
+    def make(values: Sequence[Any]) -> Row:
+        return dict(zip(names, values, strict=True))
+
+    return make
+
+
+def statement_cursor(cur: Any) -> None:
+    """Make ``cur`` (new, for the store's own statements) load jsonb as text."""
+    cur.adapters.register_loader("jsonb", TextLoader)
 
 
 def settle_deferred(deferred: list[Op[Any]], rows: list[list[Row]], refused: bool) -> None:
