@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 
 from idempotence import ClaimRequest, Outcome, StoredResponse
 from idempotence.stores._sql.ops import Dialect
 from idempotence.stores.postgres import AsyncPostgresStore, PostgresStore
-from idempotence.stores.postgres._store_shared import StatementRows, statement_cursor
+from idempotence.stores.postgres._store_shared import Cursors
 
 
 def _request(key: str, params: dict[str, object]) -> ClaimRequest:
@@ -26,20 +27,23 @@ def _request(key: str, params: dict[str, object]) -> ClaimRequest:
 
 
 def test_a_statement_text_whose_columns_change_is_read_again(pg_url: str) -> None:
-    rows = StatementRows()
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        cur = conn.cursor(row_factory=rows)
-        statement_cursor(cur)
-        rows.sql = "the same text"
+        cursors: Cursors[psycopg.Cursor[Any]] = Cursors(conn)
+        cur = cursors.statements("the same text")
         assert cur.execute("SELECT 1 AS a").fetchall() == [{"a": 1}]
         # A migration that adds a column to the rows of a statement the cursor ran.
         assert cur.execute("SELECT 1 AS a, 2 AS b").fetchall() == [{"a": 1, "b": 2}]
-        # Not a result with rows: psycopg's own answer.
         cur.execute("SELECT 1 AS a WHERE false")
         assert cur.fetchall() == []
-        rows.sql = "jsonb"
+        cur = cursors.statements("jsonb")
         cur.execute("SELECT '{\"x\": [1]}'::jsonb AS j")
         assert cur.fetchall() == [{"j": '{"x": [1]}'}]
+        # Closed (by the application, say): made again.
+        cur.close()
+        again = cursors.statements("SELECT 3 AS c")
+        assert again is not cur and again.execute("SELECT 3 AS c").fetchall() == [{"c": 3}]
+        app = cursors.application()
+        assert app.execute("SELECT '[2]'::jsonb AS j").fetchall() == [{"j": [2]}]
 
 
 def test_json_out_parses_text_and_bytes_and_passes_parsed_values() -> None:

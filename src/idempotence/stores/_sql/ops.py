@@ -120,6 +120,10 @@ class Dialect(abc.ABC):
     def query(self, name: str, /, **params: Any) -> Query:
         return Query(name, self.queries[name], params)
 
+    def query_with(self, name: str, params: dict[str, Any]) -> Query:
+        """`query` with its parameters in a dict, used as it is (not copied)."""
+        return Query(name, self.queries[name], params)
+
     def application(self, sql: str, params: Any) -> Query:
         """The application's own statement (``tx.execute``), its ``:name``
         placeholders written the way the driver takes them."""
@@ -150,8 +154,7 @@ class Dialect(abc.ABC):
             return {}
         if value == "[]":
             return []
-        # Text from a driver that hands JSON back unparsed (SQLite; PostgreSQL's store
-        # statements: bytes on a SQL_ASCII database), else the driver's parsed value.
+        # Text (bytes on a SQL_ASCII PostgreSQL), or what the driver parsed already.
         return json.loads(value) if isinstance(value, str | bytes) else value
 
     def record(self, row: Row) -> KeyRecord:
@@ -165,6 +168,7 @@ class Dialect(abc.ABC):
                 "The key store's schema is older than this release (the key table has "
                 "no column 'calling'): run `idempotence migrate --database URL`"
             )
+        timestamp = self.timestamp
         response = None
         if row["response_status"] is not None:
             headers = self.json_out(row["response_headers"]) or []
@@ -184,14 +188,14 @@ class Dialect(abc.ABC):
             flow=row["flow"],
             recovery_point=row["recovery_point"],
             lock_token=row["lock_token"],
-            locked_at=self.optional_timestamp(row["locked_at"]),
+            locked_at=None if (value := row["locked_at"]) is None else timestamp(value),
             lock_timeout=self.duration_out(row["lock_timeout"]),
             response=response,
             error=row["error"],
-            created_at=self.timestamp(row["created_at"]),
-            last_run_at=self.optional_timestamp(row["last_run_at"]),
-            finished_at=self.optional_timestamp(row["finished_at"]),
-            expires_at=self.optional_timestamp(row["expires_at"]),
+            created_at=timestamp(row["created_at"]),
+            last_run_at=None if (value := row["last_run_at"]) is None else timestamp(value),
+            finished_at=None if (value := row["finished_at"]) is None else timestamp(value),
+            expires_at=None if (value := row["expires_at"]) is None else timestamp(value),
             calling=row["calling"],
         )
 
@@ -280,7 +284,7 @@ def checkpoint(
 
 def finish(d: Dialect, lease: Lease, response: StoredResponse, error: str | None) -> Op[None]:
     """Store the response and unlock, fenced (P3, R5, R6)."""
-    rows = yield d.query("finish", **_finish_params(lease, response, error))
+    rows = yield d.query_with("finish", _finish_params(lease, response, error))
     if not rows:
         raise _lost(lease, "finish")
 
@@ -462,7 +466,7 @@ def claim_in_one_statement(
         name = "claim_finished"
         params.update(_response_params(finished))
     for _ in range(MAX_CLAIM_ATTEMPTS):
-        rows = yield d.query(name, **params)
+        rows = yield d.query_with(name, params)
         if not rows:
             continue
         row = rows[0]
@@ -565,7 +569,7 @@ def claim_in_transaction(
     if not rows:
         params = d.claim_params(request)
         if finished is None:
-            rows = yield d.query("claim_insert", **params)
+            rows = yield d.query_with("claim_insert", params)
         else:
             rows = yield d.query("claim_insert_finished", **params, **_response_params(finished))
         if rows:

@@ -33,7 +33,7 @@ from .._listener import Listener
 from .._listener_shared import mark_waiter
 from .._sql.connection import SingleSource, body, run
 from .._sql.ops import APPLICATION, Op, Query, Row
-from .._sql.retry import Blocks
+from .._sql.retry import Blocks, KeyHeld
 from .._sql.store import Store
 from ..capabilities import Capability
 from ._breaker import Breaker, closed_by_server
@@ -44,8 +44,8 @@ from ._store_shared import (
     DEFAULT_STATEMENT_TIMEOUT,
     DRIVER_ERRORS,
     TRANSACTION_PLANNING,
+    Cursors,
     PostgresDialect,
-    StatementRows,
     bounded_claim,
     check_statement_timeout,
     connection_options,
@@ -57,7 +57,6 @@ from ._store_shared import (
     pool_name,
     session_settings,
     settle_deferred,
-    statement_cursor,
     translate,
     translated,
 )
@@ -88,49 +87,20 @@ class PostgresConnection:
         #: A transaction that opens with a claim takes them from the claim instead.
         self._planning = own
         self._blocks = Blocks()
-        self._rows = StatementRows()
-        self._cursor: psycopg.Cursor[Row] | None = None
-        self._commands: psycopg.Cursor[Any] | None = None
-        self._application: psycopg.Cursor[Row] | None = None
-
-    def _statements(self, sql: str) -> psycopg.Cursor[Row]:
-        """The cursor of the store's own statements, ``sql`` the next one's text.
-
-        One cursor for the connection's life: a cursor per statement was a
-        measurable share of a request (its creation, its row maker, its close)."""
-        cur = self._cursor
-        if cur is None or cur.closed:
-            cur = self._cursor = self.raw.cursor(row_factory=self._rows)
-            statement_cursor(cur)
-        self._rows.sql = sql
-        return cur
-
-    def _control(self) -> psycopg.Cursor[Any]:
-        # BEGIN and COMMIT have one of their own, apart from the statement whose rows
-        # go out in the same pipeline (the claim's, the finish's): a cursor keeps only
-        # its last statement's rows. raw.execute() would make a cursor each time. Their
-        # rows are never read: tuples, no column names.
-        cur = self._commands
-        if cur is None or cur.closed:
-            cur = self._commands = self.raw.cursor()
-        return cur
-
-    def _for_application(self) -> psycopg.Cursor[Row]:
-        # The application's statements (tx.execute) get psycopg's own rows and types
-        # (its jsonb parsed), on a cursor of their own.
-        cur = self._application
-        if cur is None or cur.closed:
-            cur = self._application = self.raw.cursor(row_factory=dict_row)
-        return cur
+        self._cursors: Cursors[psycopg.Cursor[Any]] = Cursors(raw)
+        self._statements = self._cursors.statements
+        self._control = self._cursors.control
+        self._for_application = self._cursors.application
 
     def fetch(self, query: Query) -> list[Row]:
-        with translated(query.name):
+        # A try costs nothing until a statement fails; `with translated()`, three calls.
+        try:
             if query.name == APPLICATION:
                 # Prepared as psycopg does, and planned as the server is configured.
                 cur = self._for_application()
                 cur.execute(query.sql, query.params or None)
                 return cur.fetchall() if has_rows(cur) else []
-            cur = self._statements(query.sql)
+            cur = self._statements(query.sql if query.params else "")
             # The store's own statements inside a transaction on its own connections are
             # planned at this run (see TRANSACTION_PLANNING).
             ours = (
@@ -143,6 +113,8 @@ class PostgresConnection:
             # pgresult.status is what cur.description would tell, without building
             # a column description per statement (measurable on the hot path).
             return cur.fetchall() if has_rows(cur) else []
+        except DRIVER_ERRORS as exc:
+            raise translate(exc, own=query.name != APPLICATION) from exc
 
     def atomic(self, first: Op[T] | None = None) -> AbstractContextManager[T | None]:
         # On the store's own connections, the pipelined block (a class: no generator
@@ -176,7 +148,7 @@ class PostgresConnection:
                 # Without parameters, psycopg sends them as one query: one round trip.
                 self._control().execute("; ".join(self._opening))
             return None
-        with translated(), held():
+        try:
             query = next(first)
             sql = bounded_claim(query, self._planning)
             cur = self._statements(sql)
@@ -184,6 +156,10 @@ class PostgresConnection:
                 self._control().execute("BEGIN")
                 cur.execute(sql, query.params)
             rows = cur.fetchall() if has_rows(cur) else []
+        except psycopg.errors.LockNotAvailable as exc:  # what held() does, in a try
+            raise KeyHeld(str(exc)) from exc
+        except DRIVER_ERRORS as exc:
+            raise translate(exc) from exc
         return run(first, BoundedClaim(self), rows)
 
     def _commit(self, deferred: list[Op[Any]]) -> None:

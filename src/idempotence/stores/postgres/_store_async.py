@@ -31,7 +31,7 @@ from .._listener_async import AsyncListener
 from .._listener_shared import mark_waiter
 from .._sql.connection_async import AsyncSingleSource, body_async, run_async
 from .._sql.ops import APPLICATION, Op, Query, Row
-from .._sql.retry import Blocks
+from .._sql.retry import Blocks, KeyHeld
 from .._sql.store_async import AsyncStore
 from ..capabilities import Capability
 from ._breaker import Breaker, closed_by_server
@@ -42,8 +42,8 @@ from ._store_shared import (
     DEFAULT_STATEMENT_TIMEOUT,
     DRIVER_ERRORS,
     TRANSACTION_PLANNING,
+    Cursors,
     PostgresDialect,
-    StatementRows,
     bounded_claim,
     check_statement_timeout,
     connection_options,
@@ -55,7 +55,6 @@ from ._store_shared import (
     pool_name,
     session_settings,
     settle_deferred,
-    statement_cursor,
     translate,
     translated,
 )
@@ -86,49 +85,20 @@ class AsyncPostgresConnection:
         #: A transaction that opens with a claim takes them from the claim instead.
         self._planning = own
         self._blocks = Blocks()
-        self._rows = StatementRows()
-        self._cursor: psycopg.AsyncCursor[Row] | None = None
-        self._commands: psycopg.AsyncCursor[Any] | None = None
-        self._application: psycopg.AsyncCursor[Row] | None = None
-
-    def _statements(self, sql: str) -> psycopg.AsyncCursor[Row]:
-        """The cursor of the store's own statements, ``sql`` the next one's text.
-
-        One cursor for the connection's life: a cursor per statement was a
-        measurable share of a request (its creation, its row maker, its close)."""
-        cur = self._cursor
-        if cur is None or cur.closed:
-            cur = self._cursor = self.raw.cursor(row_factory=self._rows)
-            statement_cursor(cur)
-        self._rows.sql = sql
-        return cur
-
-    def _control(self) -> psycopg.AsyncCursor[Any]:
-        # BEGIN and COMMIT have one of their own, apart from the statement whose rows
-        # go out in the same pipeline (the claim's, the finish's): a cursor keeps only
-        # its last statement's rows. raw.execute() would make a cursor each time. Their
-        # rows are never read: tuples, no column names.
-        cur = self._commands
-        if cur is None or cur.closed:
-            cur = self._commands = self.raw.cursor()
-        return cur
-
-    def _for_application(self) -> psycopg.AsyncCursor[Row]:
-        # The application's statements (tx.execute) get psycopg's own rows and types
-        # (its jsonb parsed), on a cursor of their own.
-        cur = self._application
-        if cur is None or cur.closed:
-            cur = self._application = self.raw.cursor(row_factory=dict_row)
-        return cur
+        self._cursors: Cursors[psycopg.AsyncCursor[Any]] = Cursors(raw)
+        self._statements = self._cursors.statements
+        self._control = self._cursors.control
+        self._for_application = self._cursors.application
 
     async def fetch(self, query: Query) -> list[Row]:
-        with translated(query.name):
+        # A try costs nothing until a statement fails; `with translated()`, three calls.
+        try:
             if query.name == APPLICATION:
                 # Prepared as psycopg does, and planned as the server is configured.
                 cur = self._for_application()
                 await cur.execute(query.sql, query.params or None)
                 return await cur.fetchall() if has_rows(cur) else []
-            cur = self._statements(query.sql)
+            cur = self._statements(query.sql if query.params else "")
             # The store's own statements inside a transaction on its own connections are
             # planned at this run (see TRANSACTION_PLANNING).
             ours = (
@@ -141,6 +111,8 @@ class AsyncPostgresConnection:
             # pgresult.status is what cur.description would tell, without building
             # a column description per statement (measurable on the hot path).
             return await cur.fetchall() if has_rows(cur) else []
+        except DRIVER_ERRORS as exc:
+            raise translate(exc, own=query.name != APPLICATION) from exc
 
     def atomic(self, first: Op[T] | None = None) -> AbstractAsyncContextManager[T | None]:
         # On the store's own connections, the pipelined block (a class: no generator
@@ -174,7 +146,7 @@ class AsyncPostgresConnection:
                 # Without parameters, psycopg sends them as one query: one round trip.
                 await self._control().execute("; ".join(self._opening))
             return None
-        with translated(), held():
+        try:
             query = next(first)
             sql = bounded_claim(query, self._planning)
             cur = self._statements(sql)
@@ -182,6 +154,10 @@ class AsyncPostgresConnection:
                 await self._control().execute("BEGIN")
                 await cur.execute(sql, query.params)
             rows = await cur.fetchall() if has_rows(cur) else []
+        except psycopg.errors.LockNotAvailable as exc:  # what held() does, in a try
+            raise KeyHeld(str(exc)) from exc
+        except DRIVER_ERRORS as exc:
+            raise translate(exc) from exc
         return await run_async(first, AsyncBoundedClaim(self), rows)
 
     async def _commit(self, deferred: list[Op[Any]]) -> None:

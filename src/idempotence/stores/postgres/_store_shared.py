@@ -11,7 +11,7 @@ import itertools
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -234,10 +234,11 @@ def has_rows(cur: Any) -> bool:
 # opens with an operation (a request-as-transaction claim, F3) sends the BEGIN and the
 # operation's first statement in one pipeline, and the statements deferred to its
 # commit (the finish) with the COMMIT in another: two round trips where there were
-# four, and a shorter transaction. The store sends BEGIN, COMMIT and ROLLBACK itself,
-# so a rollback keeps the connection's prepared statements (psycopg's own transaction
-# deallocates them all at every rollback). Anywhere else (an application's connection,
-# a transaction already open) psycopg's transaction() is used, one statement a trip.
+# four, and a shorter transaction. The store sends BEGIN, COMMIT and ROLLBACK itself.
+# (psycopg forgets every prepared statement of a connection that runs a ROLLBACK,
+# however it is sent: after a rollback, a held claim's (F8), the store's statements are
+# prepared again over their next runs.) Anywhere else (an application's connection, a
+# transaction already open) psycopg's transaction() is used, one statement a trip.
 
 # A deferred statement goes out with the COMMIT, before anyone can look at its rows. A
 # fenced write that the fence refuses (F1) matches no row; wrapped so, it fails instead
@@ -346,7 +347,9 @@ class StatementRows:
 
     def __call__(self, cursor: Any) -> RowMaker[Row]:
         result = cursor.pgresult
-        if result is None or result.status != pq.ExecStatus.TUPLES_OK:
+        # A statement without parameters may be a script of several (a migration):
+        # psycopg's own rows for those.
+        if result is None or result.status != pq.ExecStatus.TUPLES_OK or not self.sql:
             return dict_row(cursor)
         count = result.nfields
         known = self._makers.get(self.sql)
@@ -369,9 +372,47 @@ def _row_maker(names: list[str]) -> RowMaker[Row]:
     return make
 
 
-def statement_cursor(cur: Any) -> None:
-    """Make ``cur`` (new, for the store's own statements) load jsonb as text."""
-    cur.adapters.register_loader("jsonb", TextLoader)
+K = TypeVar("K", psycopg.Cursor[Any], psycopg.AsyncCursor[Any])
+
+
+class Cursors(Generic[K]):
+    """The cursors a store's connection keeps for its life (a cursor per statement
+    was a measurable share of a request: its creation, its row maker, its close),
+    each made again if it was closed: one for the store's own statements, one for
+    BEGIN and COMMIT (apart from the statement whose rows go out in the same pipeline,
+    the claim's, the finish's: a cursor keeps only its last statement's rows; their
+    rows are never read, so tuples), one for the application's statements (psycopg's
+    own rows and types: its jsonb parsed)."""
+
+    __slots__ = ("_application", "_control", "_raw", "_rows", "_statements")
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self._rows = StatementRows()
+        self._statements: K | None = None
+        self._control: K | None = None
+        self._application: K | None = None
+
+    def statements(self, sql: str) -> K:
+        """The cursor of the store's own statements, ``sql`` the next one's text."""
+        cur = self._statements
+        if cur is None or cur.closed:
+            cur = self._statements = self._raw.cursor(row_factory=self._rows)
+            cur.adapters.register_loader("jsonb", TextLoader)
+        self._rows.sql = sql
+        return cur
+
+    def control(self) -> K:
+        cur = self._control
+        if cur is None or cur.closed:
+            cur = self._control = self._raw.cursor()
+        return cur
+
+    def application(self) -> K:
+        cur = self._application
+        if cur is None or cur.closed:
+            cur = self._application = self._raw.cursor(row_factory=dict_row)
+        return cur
 
 
 def settle_deferred(deferred: list[Op[Any]], rows: list[list[Row]], refused: bool) -> None:

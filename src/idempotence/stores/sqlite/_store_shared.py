@@ -3,6 +3,7 @@ translation, a connection and its group commit (see `sqlite`)."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import sqlite3
 import threading
@@ -19,7 +20,7 @@ from typing import Any, Generic, TypeVar
 from ...errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavailable
 from ...states import ClaimRequest, StoredResponse
 from .._sql.connection import body, run
-from .._sql.ops import Dialect, Op, Query, Row, claim_in_transaction
+from .._sql.ops import APPLICATION, Dialect, Op, Query, Row, claim_in_transaction
 from .._sql.retry import Blocks, TransientError, own_copy, translator
 from .._sql.transactions import TransactionStatements
 from ._group import Groups
@@ -39,6 +40,9 @@ MAX_IDLE_CONNECTIONS = 16
 
 T = TypeVar("T")
 
+_DURATIONS: dict[Any, timedelta] = {}
+_MOMENTS: dict[Any, datetime] = {}
+
 
 class SqliteDialect(Dialect):
     name = "sqlite"
@@ -55,13 +59,27 @@ class SqliteDialect(Dialect):
         return replace(plain, rollback=(*plain.rollback, plain.commit))
 
     def timestamp(self, value: Any) -> datetime:
-        return datetime.fromtimestamp(float(value), UTC)
+        # A claim's row holds one time three or four times (its 'now' is the
+        # statement's: created_at, locked_at, last_run_at, db_now): each is made once.
+        moment = _MOMENTS.get(value)
+        if moment is None:
+            if len(_MOMENTS) >= 16:
+                _MOMENTS.clear()
+            moment = _MOMENTS[value] = datetime.fromtimestamp(float(value), UTC)
+        return moment
 
     def duration_in(self, value: timedelta | None) -> Any:
         return None if value is None else value.total_seconds()
 
     def duration_out(self, value: Any) -> timedelta:
-        return timedelta(seconds=float(value))
+        # A key's lock timeout is one of the few an application sets: each is made once
+        # (a timedelta from float seconds costs more than the rest of the column).
+        duration = _DURATIONS.get(value)
+        if duration is None:
+            if len(_DURATIONS) >= 64:
+                _DURATIONS.clear()
+            duration = _DURATIONS[value] = timedelta(seconds=float(value))
+        return duration
 
     def claim(self, request: ClaimRequest, finished: StoredResponse | None = None) -> Op[Any]:
         return claim_in_transaction(self, request, finished)
@@ -105,6 +123,21 @@ _translated = translator(sqlite3.Error, translate)
 """``with _translated(query.name):`` raises the library's error for a sqlite3 error."""
 
 
+def _names(sql: str, description: Sequence[Sequence[Any]]) -> list[str]:
+    """The column names of the store's own statement ``sql``, read from its first
+    result (the claim returns some twenty) and again if their count changes (a
+    migration that adds a column). The application's are read at every statement."""
+    names = _NAMES.get(sql)
+    if names is None or len(names) != len(description):
+        if len(_NAMES) >= 256:  # the store's texts are few; a bound all the same
+            _NAMES.clear()
+        names = _NAMES[sql] = [column[0] for column in description]
+    return names
+
+
+_NAMES: dict[str, list[str]] = {}
+
+
 class SqliteConnection:
     """A [`Connection`][idempotence.stores.sql.Connection] on one sqlite3 connection
     (opened by `connect`): the store's statements, its transactions as
@@ -131,18 +164,34 @@ class SqliteConnection:
         self._blocks = Blocks()
         # Group commit for the store's own autocommit writes (a file's connections).
         self._groups = groups
+        # One cursor for the statements (raw.execute would make one per statement).
+        self._cursor: sqlite3.Cursor | None = None
 
     def fetch(self, query: Query) -> list[Row]:
-        with _translated(query.name):
-            cur = self.raw.execute(query.sql, query.params)
-            try:
-                rows = cur.fetchall()
-                if not cur.description:
-                    return []
-                names = [column[0] for column in cur.description]
-                return [dict(zip(names, row, strict=True)) for row in rows]
-            finally:
-                cur.close()
+        # A try costs nothing until a statement fails; `with translated()`, three calls.
+        cur = self._cursor
+        try:
+            if cur is None:
+                cur = self._cursor = self.raw.cursor()
+            rows = cur.execute(query.sql, query.params).fetchall()
+            description = cur.description
+        except sqlite3.Error as exc:
+            # A statement stopped half-way keeps its read open until reset: the next
+            # statement gets a new cursor and this one lets it go.
+            self._cursor = None
+            if cur is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    cur.close()
+            raise translate(exc, own=query.name != APPLICATION) from exc
+        if not description:
+            return []
+        if query.name == APPLICATION:
+            names = [column[0] for column in description]
+        else:
+            names = _names(query.sql, description)
+        if len(rows) == 1:  # most statements: no comprehension's frame
+            return [dict(zip(names, rows[0], strict=True))]
+        return [dict(zip(names, row, strict=True)) for row in rows]
 
     @contextmanager
     def atomic(self, first: Op[T] | None = None) -> Iterator[T | None]:
