@@ -1,5 +1,5 @@
-"""The rows of the PostgreSQL store's own statements: dicts whose column names are read
-once per statement text, with jsonb as text (parsed by the dialect); the application's
+"""The rows of the PostgreSQL store's own statements: dicts whose row maker is built
+once per list of column names, with jsonb as text (parsed by the dialect); the application's
 statements in the store's transactions keep psycopg's rows and types."""
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def test_a_statement_text_whose_columns_change_is_read_again(pg_url: str) -> Non
         assert cur.execute("SELECT 1 AS a").fetchall() == [{"a": 1}]
         # A migration that adds a column to the rows of a statement the cursor ran.
         assert cur.execute("SELECT 1 AS a, 2 AS b").fetchall() == [{"a": 1, "b": 2}]
+        # One that drops a column and adds another: as many columns, other names.
+        assert cur.execute("SELECT 2 AS b, 3 AS c").fetchall() == [{"b": 2, "c": 3}]
         cur.execute("SELECT 1 AS a WHERE false")
         assert cur.fetchall() == []
         cur = cursors.statements("jsonb")

@@ -1,6 +1,5 @@
-"""The rows of the SQLite store's statements: the column names of its own statements are
-read once per text (again when their count changes), the application's at every
-statement; lock timeouts come back as the durations they were."""
+"""The rows of the SQLite store's statements: the column names of every statement, the store's
+own too, are read at every statement; lock timeouts come back as the durations they were."""
 
 from __future__ import annotations
 
@@ -24,6 +23,9 @@ def test_a_store_statement_whose_columns_change_is_read_again() -> None:
     assert conn.fetch(select) == [{"a": 1, "b": 2}]
     conn.raw.execute("INSERT INTO t VALUES (3, 4)")
     assert conn.fetch(select) == [{"a": 1, "b": 2}, {"a": 3, "b": 4}]
+    # One that renames a column: as many columns, another name.
+    conn.raw.execute("ALTER TABLE t RENAME COLUMN a TO renamed")
+    assert conn.fetch(select) == [{"renamed": 1, "b": 2}, {"renamed": 3, "b": 4}]
 
 
 def test_the_applications_column_names_are_read_at_every_statement() -> None:

@@ -328,22 +328,22 @@ _deferred: dict[str, str] = {}  # per statement text: the store's own few
 # psycopg's dict_row reads and decodes every column name of every result (the claim
 # returns some twenty), and its jsonb loader parses the key row's two JSON columns,
 # nearly always "{}" and "[]". The store's own statements, on the cursor each of its
-# connections keeps for them, take their column names from the statement's text instead
-# (read once, and again if the count of columns changes: a migration that adds one),
-# and their jsonb as text, which Dialect.json_out parses (with no parser at all for
+# connections keeps for them, build a row maker once per list of column names (read
+# from libpq as bytes, not decoded into psycopg's column objects at every result),
+# and take their jsonb as text, which Dialect.json_out parses (with no parser at all for
 # those two). The application's statements keep psycopg's rows and types.
 
 
 class StatementRows:
     """The row factory of the cursor of the store's own statements: dicts, as
-    psycopg's ``dict_row`` makes them, the column names of each statement text read
+    psycopg's ``dict_row`` makes them, the maker of each list of column names built
     once. ``sql`` is the text of the statement whose rows come next."""
 
     __slots__ = ("_makers", "sql")
 
     def __init__(self) -> None:
         self.sql = ""
-        self._makers: dict[str, tuple[int, RowMaker[Row]]] = {}
+        self._makers: dict[tuple[bytes | None, ...], RowMaker[Row]] = {}
 
     def __call__(self, cursor: Any) -> RowMaker[Row]:
         result = cursor.pgresult
@@ -351,14 +351,17 @@ class StatementRows:
         # psycopg's own rows for those.
         if result is None or result.status != pq.ExecStatus.TUPLES_OK or not self.sql:
             return dict_row(cursor)
-        count = result.nfields
-        known = self._makers.get(self.sql)
-        if known is not None and known[0] == count:
-            return known[1]
-        maker = _row_maker([column.name for column in cursor.description])
-        if len(self._makers) >= _MAKERS:  # texts are few; a bound all the same
-            self._makers.clear()
-        self._makers[self.sql] = (count, maker)
+        # Keyed by the result's own column names (libpq's, undecoded: cheap to read),
+        # not by the statement's text: `k.*` follows the table, which a migration may
+        # change under a running app, even to as many columns with other names.
+        names = tuple(map(result.fname, range(result.nfields)))
+        maker = self._makers.get(names)
+        if maker is None:
+            if len(self._makers) >= _MAKERS:  # the store's statements are few; a bound
+                self._makers.clear()
+            maker = self._makers[names] = _row_maker(
+                [column.name for column in cursor.description]
+            )
         return maker
 
 

@@ -123,19 +123,6 @@ _translated = translator(sqlite3.Error, translate)
 """``with _translated(query.name):`` raises the library's error for a sqlite3 error."""
 
 
-def _names(sql: str, description: Sequence[Sequence[Any]]) -> list[str]:
-    """The column names of the store's own statement ``sql``, read from its first
-    result (the claim returns some twenty) and again if their count changes (a
-    migration that adds a column). The application's are read at every statement."""
-    names = _NAMES.get(sql)
-    if names is None or len(names) != len(description):
-        if len(_NAMES) >= 256:  # the store's texts are few; a bound all the same
-            _NAMES.clear()
-        names = _NAMES[sql] = [column[0] for column in description]
-    return names
-
-
-_NAMES: dict[str, list[str]] = {}
 
 
 class SqliteConnection:
@@ -185,10 +172,9 @@ class SqliteConnection:
             raise translate(exc, own=query.name != APPLICATION) from exc
         if not description:
             return []
-        if query.name == APPLICATION:
-            names = [column[0] for column in description]
-        else:
-            names = _names(query.sql, description)
+        # Read at every statement, the store's own too: `k.*` follows the table, which
+        # a migration may change under a running app (even to as many columns).
+        names = [column[0] for column in description]
         if len(rows) == 1:  # most statements: no comprehension's frame
             return [dict(zip(names, rows[0], strict=True))]
         return [dict(zip(names, row, strict=True)) for row in rows]
