@@ -15,7 +15,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 import redis.asyncio
@@ -414,6 +414,15 @@ def translate(exc: BaseException) -> StoreError | None:
     if isinstance(exc, redis.exceptions.RedisError):
         return StoreError(f"the Redis key store failed: {exc}")
     return None
+
+
+def reraise(exc: Exception) -> NoReturn:
+    """Raise the library's error for ``exc`` (`translate`), from it; ``exc`` itself
+    when it is not redis-py's."""
+    error = translate(exc)
+    if error is None:
+        raise exc
+    raise error from exc
 
 
 def _misconfigured(exc: BaseException) -> str | None:
