@@ -55,6 +55,7 @@ from typing import Any
 import redis.exceptions
 from redis._parsers.base import BaseParser
 
+from ._resp import evalsha_packed
 from ._store_shared import AsyncRedis, reraise
 
 hiredis: Any
@@ -308,19 +309,22 @@ class AsyncLane:
         ``library_errors``, a failure raises the library's error (`translate`:
         unreachable is ``StoreUnavailable``), so that the key store need not wrap
         each script in a coroutine of its own; else redis-py's."""
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
+            try:
+                packed = evalsha_packed(script.sha, keys, args)
+            except TypeError:  # an argument that is not bytes (a cache entry's number)
+                packed = hiredis.pack_command(("EVALSHA", script.sha, len(keys), *keys, *args))
             # execute()'s body, in line: every request runs a script or two, and a
             # coroutine less each is a share of what the lane costs over a bare socket.
             connection = self._connection
             if connection is None or not connection.usable:
                 connection = await self._connect()
-            reply = await connection.command(hiredis.pack_command(command))
+            reply = await connection.command(packed)
             if isinstance(reply, redis.exceptions.RedisError):
                 if not isinstance(reply, redis.exceptions.NoScriptError):
                     raise reply
                 await self.execute("SCRIPT", "LOAD", script.script)
-                return await self.execute(*command)
+                return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
             return reply
         except Exception as exc:
             if not library_errors:

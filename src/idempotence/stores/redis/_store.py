@@ -44,6 +44,7 @@ from ._store_shared import (
     client_options,
     close,
     cluster_url,
+    decimal,
     decode,
     encode,
     encoded_record_key,
@@ -352,7 +353,7 @@ class RedisStore:
             keys = [kept[2]]
         else:
             keys = [encoded_record_key(self._prefix_bytes, lease.scope, lease.key)]
-        args = [lease.id, lease.token, *args]
+        args = [b"%d" % lease.id, decimal(lease.token), *args]
         reply = (
             self._run(operation, keys, args)
             if self._wait.replicas

@@ -42,6 +42,7 @@ from ._store_shared import (
     client_options,
     close_async,
     cluster_url,
+    decimal,
     decode,
     encode,
     encoded_record_key,
@@ -356,7 +357,7 @@ class AsyncRedisStore:
             keys = [kept[2]]
         else:
             keys = [encoded_record_key(self._prefix_bytes, lease.scope, lease.key)]
-        args = [lease.id, lease.token, *args]
+        args = [b"%d" % lease.id, decimal(lease.token), *args]
         reply = await (
             self._run(operation, keys, args)
             if self._wait.replicas
