@@ -218,7 +218,7 @@ class AsyncPeriodic:
         then waits for."""
         self._stopped = True
         if self._ticker is not None:
-            self._ticker.remove(self)
+            self._ticker._due.pop(self, None)  # remove(), in line: every guarded call
         ticking = self._ticking
         return ticking is not None and ticking is not asyncio.current_task()
 
