@@ -66,3 +66,46 @@ def test_a_body_in_one_message_past_the_limit_is_413_and_runs_nothing(sqlite_pat
     statuses, seen = one_message_calls(sqlite_path, [b"123456789", b"12345678"])
     assert statuses == [413, 201]  # the limit is 8 bytes; nothing was claimed by the first
     assert seen == [b"12345678"]
+
+
+def answered_headers(sqlite_path: str, app_headers: list[tuple[bytes, bytes]]) -> tuple[Any, Any]:
+    """The headers a guarded app's first answer goes out with, and the app's own."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 201, "headers": app_headers})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def run() -> Any:
+        store = AsyncSqliteStore(sqlite_path)
+        await store.migrate()
+        middleware = IdempotencyMiddleware(app, Idempotency(store=store, scope=single_tenant("t")))
+        scope = {"type": "http", "method": "POST", "path": "/x", "query_string": b""}
+        scope["headers"] = [(b"idempotency-key", b"k2")]
+        sent: list[Any] = []
+
+        async def receive() -> Any:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        try:
+            await middleware(scope, receive, send)
+        finally:
+            await store.close()
+        return sent[0]["headers"]
+
+    return asyncio.run(run()), app_headers
+
+
+def test_an_answer_with_its_length_goes_out_with_the_apps_own_header_bytes(sqlite_path):
+    sent, own = answered_headers(
+        sqlite_path, [(b"content-type", b"text/x"), (b"content-length", b"2")]
+    )
+    assert sent is own
+
+
+def test_an_answer_without_its_length_is_given_one(sqlite_path):
+    sent, _ = answered_headers(sqlite_path, [(b"content-type", b"text/x")])
+    assert list(sent) == [(b"content-type", b"text/x"), (b"content-length", b"2")]

@@ -62,6 +62,11 @@ _UNBUFFERABLE = frozenset(
 )
 
 
+_SIZED = (list, tuple)
+"""Header collections an app's answer is sent with again as they are (not a
+generator, which the capture read through)."""
+
+
 class _Disconnected(Exception):
     """The client went away while we read its body: nothing was claimed."""
 
@@ -242,7 +247,13 @@ class _Exchange:
             return
         response = reply.response
         assert response is not None
-        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
+        raw: Any = () if self.start is None or not reply.original else self.start.get("headers")
+        if type(raw) in _SIZED and len(raw) == len(response.headers):
+            # The app's own answer with the headers it sent (finalizing only adds):
+            # its header bytes as they were, not encoded again.
+            headers = raw
+        else:
+            headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
         await self.send(
             {"type": "http.response.start", "status": response.status, "headers": headers}
         )
