@@ -64,17 +64,31 @@ class Periodic:
     after it.
     """
 
-    __slots__ = ("_seconds", "_tick", "stopped")
+    __slots__ = ("_args", "_seconds", "_tick", "stopped")
 
-    def __init__(self, name: str, seconds: float | None, tick: Callable[[], bool]) -> None:
+    def __init__(
+        self, name: str, seconds: float | None, tick: Callable[..., bool], *args: Any
+    ) -> None:
         self._seconds = seconds
         self._tick = tick
+        self._args = args
         self.stopped = False
 
-    def __enter__(self) -> Periodic:
+    def start(self) -> Periodic:
+        """Begin the block (``with`` does): ``halt``, then ``stop`` if it says so,
+        end it."""
         if self._seconds is not None:
             _TICKER.add(self, self._seconds)
         return self
+
+    __enter__ = start
+
+    def halt(self) -> bool:
+        """End the block: stop ticking, once a tick in flight has returned. False:
+        there is nothing left for `stop` to wait for (it is `AsyncPeriodic`'s twin)."""
+        if self._seconds is not None:
+            _TICKER.remove(self)
+        return False
 
     def __exit__(self, *exc_info: object) -> None:
         if self._seconds is not None:  # stop(), in line: every guarded call ends one
@@ -83,7 +97,7 @@ class Periodic:
     def fire(self) -> float | None:
         """One tick, on the ticker's thread: seconds until the next, or None to stop."""
         try:
-            go_on = self._tick()
+            go_on = self._tick(*self._args)
         except Exception:  # the shared thread must outlive any one tick
             logger.exception("a periodic task failed; stopped")
             go_on = False
@@ -164,31 +178,49 @@ _TICKER = _Ticker()
 
 
 class AsyncPeriodic:
-    """While its ``async with`` block runs, call ``tick()`` every ``seconds``, until
-    ``tick`` returns False or `stop`; None never ticks.
+    """While its ``async with`` block runs, call ``tick(*args)`` every ``seconds``,
+    until ``tick`` returns False or `stop`; None never ticks.
 
     Every block of an event loop is ticked by one timer of that loop (see the module);
     each tick runs as a task of its own. The block's end stops it and waits for a tick
     in flight: nothing ticks after it.
+
+    A block can also be begun by `start` and ended by `halt` (and `stop` only when
+    ``halt`` says a tick is in flight), with no coroutine of its own when none is:
+    ``async with`` makes two per block, a share of a guarded call.
     """
 
-    __slots__ = ("_name", "_seconds", "_stopped", "_tick", "_ticker", "_ticking")
+    __slots__ = ("_args", "_name", "_seconds", "_stopped", "_tick", "_ticker", "_ticking")
 
     def __init__(
-        self, name: str, seconds: float | None, tick: Callable[[], Awaitable[bool]]
+        self, name: str, seconds: float | None, tick: Callable[..., Awaitable[bool]], *args: Any
     ) -> None:
         self._name = name
         self._seconds = seconds
         self._tick = tick
+        self._args = args
         self._ticker: _LoopTicker | None = None
         self._ticking: asyncio.Task[None] | None = None
         self._stopped = False
 
-    async def __aenter__(self) -> AsyncPeriodic:
+    def start(self) -> AsyncPeriodic:
+        """Begin the block (``async with`` does)."""
         if self._seconds is not None:
             self._ticker = _loop_ticker()
             self._ticker.add(self, self._seconds)
         return self
+
+    async def __aenter__(self) -> AsyncPeriodic:
+        return self.start()
+
+    def halt(self) -> bool:
+        """End the block: stop ticking; True when a tick is in flight, which `stop`
+        then waits for."""
+        self._stopped = True
+        if self._ticker is not None:
+            self._ticker._due.pop(self, None)  # remove(), in line: every guarded call
+        ticking = self._ticking
+        return ticking is not None and ticking is not asyncio.current_task()
 
     def fire(self) -> None:
         """Start one tick, as a task of its own (the ticker calls it when it is due)."""
@@ -198,7 +230,7 @@ class AsyncPeriodic:
 
     async def _run_tick(self) -> None:
         try:
-            go_on = await self._tick()
+            go_on = await self._tick(*self._args)
         except Exception:
             logger.exception("a periodic task failed; stopped")
             go_on = False

@@ -134,3 +134,44 @@ def test_the_end_of_an_async_block_waits_for_its_tick_in_flight() -> None:
         return ended.is_set()
 
     assert asyncio.run(main())
+
+
+def test_a_block_begun_by_start_and_ended_by_halt_ticks_with_its_arguments() -> None:
+    # The drivers' form of a block (no async with): halt() says whether a tick is in
+    # flight, and stop() then waits for it; none ticks after.
+    async def main() -> tuple[list[str], bool, bool, bool, int]:
+        started, ended = asyncio.Event(), asyncio.Event()
+        seen: list[str] = []
+
+        async def slow(word: str) -> bool:
+            seen.append(word)
+            started.set()
+            await asyncio.sleep(0.1)
+            ended.set()
+            return True
+
+        beating = AsyncPeriodic("test", 0.01, slow, "beat").start()
+        await started.wait()
+        in_flight = beating.halt()
+        if in_flight:
+            await beating.stop()
+        idle = AsyncPeriodic("test", 30.0, slow, "never").start()
+        idle_in_flight = idle.halt()
+        return seen, in_flight, ended.is_set(), idle_in_flight, len(_loop_ticker()._due)
+
+    seen, in_flight, ended, idle_in_flight, due = asyncio.run(main())
+    assert seen == ["beat"]
+    assert in_flight and ended
+    assert not idle_in_flight
+    assert due == 0
+
+
+def test_a_sync_block_ended_by_halt_stops_ticking() -> None:
+    ticks: list[int] = []
+    periodic = Periodic("test", 0.02, lambda n: bool(ticks.append(n)) or True, 7).start()
+    time.sleep(0.15)
+    assert periodic.halt() is False  # the sync block waits for its tick itself
+    count = len(ticks)
+    time.sleep(0.1)
+    assert ticks and set(ticks) == {7}
+    assert len(ticks) == count

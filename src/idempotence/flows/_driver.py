@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Generator
-from functools import partial
 from typing import Any, TypeVar, cast
 
 from .._awaitables import settle
@@ -84,13 +83,30 @@ def drive(
 
 
 def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
-    """Perform one effect of the engine on ``store`` and return its result."""
+    """Perform one effect of the engine on ``store``, for its result.
+
+    An effect that is one call of the store is that call itself, with no coroutine
+    of the driver's around it (async): a guarded request's claim and finish pass
+    here, and a coroutine is a share of what the guard adds to each."""
     if isinstance(effect, DoClaim):
         return store.claim(effect.request)
+    if isinstance(effect, DoFinish):
+        return store.finish(effect.lease, effect.response, error=effect.error)
+    if isinstance(effect, DoRelease):
+        return store.release(effect.lease)
+    if isinstance(effect, DoForget):
+        return store.forget(effect.lease)
+    return _perform(effect, store, observer)
+
+
+def _perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
+    """`perform` of the effects that are more than one call of the store."""
     if isinstance(effect, DoHandle):
-        # A partial, not a closure made by a call: most handlers never beat.
-        beat = partial(_beat, store, effect.lease)
-        with Periodic("idempotence-heartbeat", effect.beat_every, beat) as beating:
+        # The beat's arguments, not a partial or a closure: most handlers never beat.
+        beating = Periodic(
+            "idempotence-heartbeat", effect.beat_every, _beat, store, effect.lease
+        ).start()
+        try:
             if effect.on_overflow is None:
                 return effect.app.run_app(effect, None, None)
             failed: list[OverflowNotStored] = []
@@ -102,16 +118,15 @@ def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
                 raise
             unsent(failed)  # the app caught it and answered something: not sent
             return captured
-    if isinstance(effect, DoFinish):
-        return store.finish(effect.lease, effect.response, error=effect.error)
+        finally:
+            # The block's end in line (not with): a coroutine only for a beat
+            # in flight, which nearly no handler has.
+            if beating.halt():
+                beating.stop()
     if isinstance(effect, DoFinishLater):
         later = effect
         name = f"idempotence-finish-{later.finish.lease.key}"
         return spawn(lambda: _finish_later(later, store), name)
-    if isinstance(effect, DoRelease):
-        return store.release(effect.lease)
-    if isinstance(effect, DoForget):
-        return store.forget(effect.lease)
     if isinstance(effect, DoWait):
         request = effect.request
         # A store that cannot hold the duplicate (no WAITING) is polled: a pause, then

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Generator
-from functools import partial
 from typing import Any, TypeVar, cast
 
 from .._awaitables import settle_async
@@ -81,14 +80,33 @@ async def drive_async(
             error = exc
 
 
-async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer | None) -> Any:
-    """Perform one effect of the engine on ``store`` and return its result."""
+def perform_async(
+    effect: Effect, store: AsyncKeyStore, observer: Observer | None
+) -> Awaitable[Any]:
+    """Perform one effect of the engine on ``store``, for its result.
+
+    An effect that is one call of the store is that call itself, with no coroutine
+    of the driver's around it (async): a guarded request's claim and finish pass
+    here, and a coroutine is a share of what the guard adds to each."""
     if isinstance(effect, DoClaim):
-        return await store.claim(effect.request)
+        return store.claim(effect.request)
+    if isinstance(effect, DoFinish):
+        return store.finish(effect.lease, effect.response, error=effect.error)
+    if isinstance(effect, DoRelease):
+        return store.release(effect.lease)
+    if isinstance(effect, DoForget):
+        return store.forget(effect.lease)
+    return _perform_async(effect, store, observer)
+
+
+async def _perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer | None) -> Any:
+    """`perform_async` of the effects that are more than one call of the store."""
     if isinstance(effect, DoHandle):
-        # A partial, not a closure made by a call: most handlers never beat.
-        beat = partial(_beat_async, store, effect.lease)
-        async with AsyncPeriodic("idempotence-heartbeat", effect.beat_every, beat) as beating:
+        # The beat's arguments, not a partial or a closure: most handlers never beat.
+        beating = AsyncPeriodic(
+            "idempotence-heartbeat", effect.beat_every, _beat_async, store, effect.lease
+        ).start()
+        try:
             if effect.on_overflow is None:
                 return await effect.app.run_app(effect, None, None)
             failed: list[OverflowNotStored] = []
@@ -100,16 +118,15 @@ async def perform_async(effect: Effect, store: AsyncKeyStore, observer: Observer
                 raise
             unsent(failed)  # the app caught it and answered something: not sent
             return captured
-    if isinstance(effect, DoFinish):
-        return await store.finish(effect.lease, effect.response, error=effect.error)
+        finally:
+            # The block's end in line (not async with): a coroutine only for a beat
+            # in flight, which nearly no handler has.
+            if beating.halt():
+                await beating.stop()
     if isinstance(effect, DoFinishLater):
         later = effect
         name = f"idempotence-finish-{later.finish.lease.key}"
         return spawn_async(lambda: _finish_later_async(later, store), name)
-    if isinstance(effect, DoRelease):
-        return await store.release(effect.lease)
-    if isinstance(effect, DoForget):
-        return await store.forget(effect.lease)
     if isinstance(effect, DoWait):
         request = effect.request
         # A store that cannot hold the duplicate (no WAITING) is polled: a pause, then

@@ -94,8 +94,9 @@ class HandlerStep:
     )
     """What every run of the step works out the same (`beat_every` by lock timeout,
     the headers `stored` keeps by the headers sent): looked up, not worked out again
-    on each run. The headers are kept for the last headers only, by identity (an
-    app that answers with one tuple, a guarded function's), so it never grows."""
+    on each run. The headers are kept for the last headers only, found by identity
+    (an app that answers with one tuple, a guarded function's) or by value, so it
+    never grows."""
 
     def beat_every(self, lock_timeout: timedelta) -> float:
         """Seconds between two heartbeats of a run whose lock lasts ``lock_timeout``."""
@@ -120,7 +121,9 @@ class HandlerStep:
             return self.fixed_response
         headers = captured.headers
         last = self._memo.get(_LAST_HEADERS)
-        if last is not None and last[0] is headers:
+        # The same tuple (a guarded function's), or equal headers (an app's that
+        # answers alike, sent as a new list each time): compared in C, unlike the loop.
+        if last is not None and (last[0] is headers or last[0] == headers):
             return new_response(captured.status, last[1], captured.body)
         allowed = self.stored_headers
         kept = []

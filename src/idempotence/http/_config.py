@@ -30,8 +30,9 @@ from typing import Any, TypeAlias
 
 from ..errors import ConfigurationError
 from ..fingerprint import secret_pair
+from ..flows.effects import Engine
 from ..flows.flow import Flow
-from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, DEFAULT_RETENTION
+from ..states import DEFAULT_HANDLER_LOCK_TIMEOUT, DEFAULT_RETENTION, ClaimRequest
 from ..stores import AsyncKeyStore, KeyStore
 from ..stores.capabilities import Capability, capabilities_of
 from ._problems import Profile
@@ -54,6 +55,7 @@ __all__ = [
 
 ParamsFn: TypeAlias = Callable[[RequestInfo, Any], Any]
 """A flow's parameters from the request and its parsed body."""
+_Run: TypeAlias = Callable[[ClaimRequest, Any, timedelta | None], Engine]
 
 DEFAULT_METHODS = frozenset({"POST", "PATCH"})
 """P9: the methods guarded unless configured otherwise."""
@@ -205,8 +207,9 @@ class Policy:
     """The headers stored for replay: DEFAULT_REPLAY_HEADERS + replay_headers."""
     engine: Flow | None = field(init=False, repr=False, compare=False)
     """The engine run of a handler or transaction endpoint, built once from this
-    policy (F6): a one-step flow whose step is the application handler. None for a
-    flow endpoint, which runs its flow."""
+    policy (F6): a one-step flow whose step is the application handler, and ``run``
+    its run of a request (`Flow.handler_engine`). None for a flow endpoint."""
+    run: _Run | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         owner = "Policy"
@@ -338,6 +341,7 @@ class Policy:
             stored_headers=self.stored_headers,
             heartbeat=self.heartbeat,
         )
+        object.__setattr__(self, "run", engine.handler_engine())
         return engine
 
     @property

@@ -43,6 +43,7 @@ from ..errors import (
     MissingKey,
     StoreError,
 )
+from ..fingerprint import fingerprint as fingerprint_of
 from ..flows import Flow, FlowResult, ResultKind
 from ..flows.flow import watched
 from ..states import ClaimRequest
@@ -52,7 +53,6 @@ from ._effects import PASS, SENT, Lifecycle, ReadBody, Reply, ReplyKind, Resolve
 from ._key_status import key_status
 from ._problems import Problem, Profile, render_stored
 from ._request import (
-    KEY_HEADER,
     RepeatedKey,
     RequestInfo,
     UnsupportedBody,
@@ -60,8 +60,8 @@ from ._request import (
     endpoint_scope,
     flow_params,
     form_key,
+    framing,
     read_key,
-    request_fingerprint,
 )
 from ._responses import (
     DOWN,
@@ -91,11 +91,10 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
     if policy.asynchronous and request.method == "GET":
         return (yield from status(config, policy, request))  # an operation's status URL
     field = policy.key_field
+    keys, length, content_type = framing(request)
     try:
         # With a key field, a missing header is decided once the body is read.
-        key = read_key(
-            request.header_values(KEY_HEADER), required=policy.key_required and field is None
-        )
+        key = read_key(keys, required=policy.key_required and field is None)
     except (InvalidKey, MissingKey) as exc:
         return _key_problem(profile, exc)
     if key is None and field is None:
@@ -108,7 +107,7 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
     if policy.key_scope is KeyScope.ENDPOINT:
         tenant = endpoint_scope(tenant, request)  # the same key elsewhere is another key
     limit = policy.max_body_bytes
-    declared = declared_length(request)
+    declared = declared_length(length)
     if declared is not None and declared > limit:
         return _too_large(profile, limit)  # before reading a byte (and before 100 Continue)
     try:
@@ -131,7 +130,7 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
         if key is None:
             return PASS  # P7, as above: an optional key, in neither place
     try:
-        fingerprint, previous = _fingerprints(config, request, body, exclude)
+        fingerprint, previous = _fingerprints(config, request, body, content_type, exclude)
         params = _params(policy, request, body) if policy.flow is not None else {}
     except UnsupportedBody as exc:
         return problem_reply(profile, Problem.BODY_UNSUPPORTED, exc.message)
@@ -159,20 +158,30 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
         path=request.target,
         previous_fingerprint=previous,
     )
-    result = yield from engine.engine(claim, wait=policy.wait, app=app)
+    assert policy.run is not None
+    result = yield from policy.run(claim, app, policy.wait)
     return _reply(policy, profile, result)
 
 
 def _fingerprints(
-    config: Idempotency, request: RequestInfo, body: bytes, exclude: tuple[str, ...]
+    config: Idempotency,
+    request: RequestInfo,
+    body: bytes,
+    content_type: str | None,
+    exclude: tuple[str, ...],
 ) -> tuple[str, str | None]:
-    """The request's fingerprint, and while secrets rotate its fingerprint under the
-    previous secret (a key stored under that one is this request too)."""
+    """The request's fingerprint (`request_fingerprint`'s, with the content type
+    already read), and while secrets rotate its fingerprint under the previous secret
+    (a key stored under that one is this request too)."""
     secret, previous_secret = config.secrets
-    fingerprint = request_fingerprint(request, body, exclude, secret=secret)
+    method, target = request.method, request.target
+    found = fingerprint_of(method, target, body, content_type, exclude=exclude, secret=secret)
     if previous_secret is None:
-        return fingerprint, None
-    return fingerprint, request_fingerprint(request, body, exclude, secret=previous_secret)
+        return found, None
+    previous = fingerprint_of(
+        method, target, body, content_type, exclude=exclude, secret=previous_secret
+    )
+    return found, previous
 
 
 def _key_problem(profile: Profile, exc: InvalidKey | MissingKey) -> Reply:

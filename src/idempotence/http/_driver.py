@@ -51,7 +51,9 @@ def drive(lifecycle: Lifecycle, store: KeyStore, io: IO) -> Reply:
             elif isinstance(effect, ReadBody):
                 value = io.read_body(effect.limit)
             elif isinstance(effect, ResolveScope):
-                value = settle(effect.fn(effect.request), _SYNC_SCOPE)
+                value = effect.fn(effect.request)
+                if type(value) is not str:  # mostly a tenant; else awaited (or refused)
+                    value = settle(value, _SYNC_SCOPE)
             elif isinstance(effect, ReadKey):
                 value = store.get(effect.scope, effect.key)
             elif isinstance(effect, ReadStatus):

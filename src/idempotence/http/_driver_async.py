@@ -49,7 +49,9 @@ async def drive_async(lifecycle: Lifecycle, store: AsyncKeyStore, io: AsyncIO) -
             elif isinstance(effect, ReadBody):
                 value = await io.read_body(effect.limit)
             elif isinstance(effect, ResolveScope):
-                value = await settle_async(effect.fn(effect.request), _SYNC_SCOPE)
+                value = effect.fn(effect.request)
+                if type(value) is not str:  # mostly a tenant; else awaited (or refused)
+                    value = await settle_async(value, _SYNC_SCOPE)
             elif isinstance(effect, ReadKey):
                 value = await store.get(effect.scope, effect.key)
             elif isinstance(effect, ReadStatus):

@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 from .._frozen import quick_init
 from ..flows.effects import Effect as EngineEffect
 from ..flows.flow import Flow
-from ..flows.results import Captured
+from ..flows.results import Captured, new_captured
 from ..states import ClaimRequest, StoredResponse
 from ._config import ScopeFn
 from ._request import RequestInfo
@@ -133,8 +133,9 @@ class Capture:
     def result(self) -> Captured:
         if self.status is None:
             raise RuntimeError("the application returned without starting a response")
-        body = b"" if self.overflowed else self.buffered()
-        return Captured(self.status, self.headers, body, self.overflowed)
+        overflowed = self.overflowed
+        body = b"" if overflowed else b"".join(self.chunks)
+        return new_captured(self.status, self.headers, body, overflowed)
 
 
 class ReplyKind(enum.Enum):

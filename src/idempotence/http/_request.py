@@ -161,9 +161,26 @@ def form_key(request: RequestInfo, body: bytes, field: str, *, required: bool) -
         raise InvalidKey(f"The {field} form field is not a valid key: {exc.message}") from exc
 
 
-def declared_length(request: RequestInfo) -> int | None:
-    """The Content-Length the client declared, if it is a number."""
-    value = request.header("content-length")
+def framing(request: RequestInfo) -> tuple[list[str], str | None, str | None]:
+    """Every ``Idempotency-Key`` field line of ``request``, and its (first)
+    Content-Length and Content-Type: what every guarded request reads of its headers,
+    in one pass over them rather than one each."""
+    keys: list[str] = []
+    length = kind = None
+    for name, value in request.headers:
+        if name == KEY_HEADER:
+            keys.append(value)
+        elif name == "content-length":
+            if length is None:
+                length = value
+        elif name == "content-type" and kind is None:
+            kind = value
+    return keys, length, kind
+
+
+def declared_length(value: str | None) -> int | None:
+    """The Content-Length the client declared (the header's ``value``), if it is a
+    number."""
     if value is None:
         return None
     value = value.strip()

@@ -27,16 +27,20 @@ _NO_BODY_STATUSES = frozenset({204, 304})
 def finalize(response: StoredResponse, *, replayed: bool = False) -> StoredResponse:
     """``response`` ready for the wire: a Content-Length when it has none, and
     ``Idempotent-Replayed: true`` on a replay (P3)."""
+    status = response.status
+    length = status >= 200 and status not in _NO_BODY_STATUSES
+    if length:
+        for name, _ in response.headers:
+            if name.lower() == "content-length":
+                length = False
+                break
+    if not (replayed or length):
+        return response  # as it is (most apps' answers): no copy
     headers = list(response.headers)
     if replayed:
         headers.append(("idempotent-replayed", "true"))
-    status = response.status
-    if status >= 200 and status not in _NO_BODY_STATUSES:
-        for name, _ in headers:
-            if name.lower() == "content-length":
-                break
-        else:
-            headers.append(("content-length", str(len(response.body))))
+    if length:
+        headers.append(("content-length", str(len(response.body))))
     return StoredResponse(status, tuple(headers), response.body)
 
 

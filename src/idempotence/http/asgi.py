@@ -62,6 +62,11 @@ _UNBUFFERABLE = frozenset(
 )
 
 
+_SIZED = (list, tuple)
+"""Header collections an app's answer is sent with again as they are (not a
+generator, which the capture read through)."""
+
+
 class _Disconnected(Exception):
     """The client went away while we read its body: nothing was claimed."""
 
@@ -122,9 +127,19 @@ class _Exchange:
         self.error: Exception | None = None
 
     async def read_body(self, limit: int) -> bytes:
+        message = await self.receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            # The whole body in one message, as most servers send a small one.
+            body: bytes = message.get("body", b"")
+            if len(body) > limit:
+                raise BodyTooLarge()
+            self.body = body
+            return body
+        return await self._read_chunks(message, limit)
+
+    async def _read_chunks(self, message: Message, limit: int) -> bytes:
         chunks, size = [], 0
         while True:
-            message = await self.receive()
             if message["type"] == "http.disconnect":
                 raise _Disconnected()
             chunk = message.get("body", b"")
@@ -134,6 +149,7 @@ class _Exchange:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+            message = await self.receive()
         self.body = b"".join(chunks)
         return self.body
 
@@ -169,12 +185,6 @@ class _Exchange:
     ) -> Captured:
         """Run the app for the engine ([`DoHandle`][idempotence.http.wsgi.DoHandle]),
         with ``tx`` and the lease bound for the handler."""
-        with bound(tx, run.lease):
-            return await self._run_app(run, overflow)
-
-    async def _run_app(
-        self, run: DoHandle, overflow: Callable[[int], Awaitable[None]] | None
-    ) -> Captured:
         capture = Capture(run.limit)
         complete = asyncio.Event()
         streaming = False
@@ -218,7 +228,8 @@ class _Exchange:
             scope = dict(scope)
             scope["extensions"] = {k: v for k, v in extensions.items() if k not in _UNBUFFERABLE}
         try:
-            await self.app(scope, self.replay_receive(complete), send)
+            with bound(tx, run.lease):
+                await self.app(scope, self.replay_receive(complete), send)
         except Exception as exc:
             if not streaming:
                 raise
@@ -236,7 +247,13 @@ class _Exchange:
             return
         response = reply.response
         assert response is not None
-        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
+        raw: Any = () if self.start is None or not reply.original else self.start.get("headers")
+        if type(raw) in _SIZED and len(raw) == len(response.headers):
+            # The app's own answer with the headers it sent (finalizing only adds):
+            # its header bytes as they were, not encoded again.
+            headers = raw
+        else:
+            headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
         await self.send(
             {"type": "http.response.start", "status": response.status, "headers": headers}
         )

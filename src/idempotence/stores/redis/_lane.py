@@ -25,7 +25,7 @@ from typing import Any
 
 import redis.exceptions
 
-from ._store_shared import Redis
+from ._store_shared import Redis, reraise
 
 
 def pack(args: tuple[Any, ...]) -> bytes:
@@ -109,14 +109,23 @@ class Lane:
                 else:
                     self._idle.append(connection)
 
-    def evalsha(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
+    def evalsha(
+        self, script: Any, keys: list[Any], args: list[Any], library_errors: bool = False
+    ) -> Any:
         """Run a registered script (redis-py's ``Script``: its ``sha`` and ``script``)
-        by EVALSHA, loading it first on ``NOSCRIPT`` (a restarted server)."""
+        by EVALSHA, loading it first on ``NOSCRIPT`` (a restarted server). With
+        ``library_errors``, a failure raises the library's error (`translate`), as the
+        async lane's does; else redis-py's."""
         try:
-            return self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
-        except redis.exceptions.NoScriptError:
-            self.execute("SCRIPT", "LOAD", script.script)
-            return self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            try:
+                return self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                self.execute("SCRIPT", "LOAD", script.script)
+                return self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        except Exception as exc:
+            if not library_errors:
+                raise
+            reraise(exc)
 
     def close(self) -> None:
         """Close the idle connections; one in use is closed when its command ends."""

@@ -55,7 +55,8 @@ from typing import Any
 import redis.exceptions
 from redis._parsers.base import BaseParser
 
-from ._store_shared import AsyncRedis
+from ._resp import evalsha_packed
+from ._store_shared import AsyncRedis, reraise
 
 hiredis: Any
 try:
@@ -300,22 +301,35 @@ class AsyncLane:
         self._connection = connection
         return connection
 
-    async def evalsha(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
+    async def evalsha(
+        self, script: Any, keys: list[Any], args: list[Any], library_errors: bool = False
+    ) -> Any:
         """Run a registered script (redis-py's ``Script``: its ``sha`` and ``script``)
-        by EVALSHA, loading it first on ``NOSCRIPT`` (a restarted server)."""
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        # execute()'s body, in line: every request runs a script or two, and a
-        # coroutine less each is a share of what the lane costs over a bare socket.
-        connection = self._connection
-        if connection is None or not connection.usable:
-            connection = await self._connect()
-        reply = await connection.command(hiredis.pack_command(command))
-        if isinstance(reply, redis.exceptions.RedisError):
-            if not isinstance(reply, redis.exceptions.NoScriptError):
-                raise reply
-            await self.execute("SCRIPT", "LOAD", script.script)
-            return await self.execute(*command)
-        return reply
+        by EVALSHA, loading it first on ``NOSCRIPT`` (a restarted server). With
+        ``library_errors``, a failure raises the library's error (`translate`:
+        unreachable is ``StoreUnavailable``), so that the key store need not wrap
+        each script in a coroutine of its own; else redis-py's."""
+        try:
+            try:
+                packed = evalsha_packed(script.sha, keys, args)
+            except TypeError:  # an argument that is not bytes (a cache entry's number)
+                packed = hiredis.pack_command(("EVALSHA", script.sha, len(keys), *keys, *args))
+            # execute()'s body, in line: every request runs a script or two, and a
+            # coroutine less each is a share of what the lane costs over a bare socket.
+            connection = self._connection
+            if connection is None or not connection.usable:
+                connection = await self._connect()
+            reply = await connection.command(packed)
+            if isinstance(reply, redis.exceptions.RedisError):
+                if not isinstance(reply, redis.exceptions.NoScriptError):
+                    raise reply
+                await self.execute("SCRIPT", "LOAD", script.script)
+                return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            return reply
+        except Exception as exc:
+            if not library_errors:
+                raise
+            reraise(exc)
 
     async def close(self) -> None:
         """Take no new command; the connection closes once those in flight are

@@ -44,6 +44,7 @@ from ._store_shared import (
     client_options,
     close,
     cluster_url,
+    decimal,
     decode,
     encode,
     encoded_record_key,
@@ -53,9 +54,9 @@ from ._store_shared import (
     open_sentinel,
     record,
     record_pattern,
+    reraise,
     status_result,
     timestamp,
-    translate,
     translated,
 )
 from ._store_shared import claim_result as _claim_result
@@ -259,18 +260,21 @@ class RedisStore:
         return self._send(name, keys, args)
 
     def _send(self, name: str, keys: list[bytes], args: list[Any]) -> Any:
-        """Run script ``name`` alone, with no wait for replicas."""
+        """Run script ``name`` alone, with no wait for replicas: the lane's own call,
+        which raises the library's errors itself (no coroutine of the store's around
+        each of a request's scripts)."""
         if self._closed:
             raise StoreUnavailable("the Redis key store is closed")
+        if self._lane is not None:
+            return self._lane.evalsha(self._scripts[name], keys, args, True)
+        return self._send_by_client(name, keys, args)
+
+    def _send_by_client(self, name: str, keys: list[bytes], args: list[Any]) -> Any:
+        """`_send` without a lane (no hiredis): through redis-py's client."""
         try:
-            if self._lane is not None:
-                return self._lane.evalsha(self._scripts[name], keys, args)
             return self._scripts[name](keys=keys, args=args)
         except Exception as exc:
-            error = translate(exc)
-            if error is None:
-                raise
-            raise error from exc
+            reraise(exc)
 
     def _run_waited(self, name: str, keys: list[bytes], args: list[Any]) -> tuple[Any, int]:
         """Run script ``name`` and then ``WAIT``, in one round trip on one connection
@@ -349,7 +353,7 @@ class RedisStore:
             keys = [kept[2]]
         else:
             keys = [encoded_record_key(self._prefix_bytes, lease.scope, lease.key)]
-        args = [lease.id, lease.token, *args]
+        args = [b"%d" % lease.id, decimal(lease.token), *args]
         reply = (
             self._run(operation, keys, args)
             if self._wait.replicas

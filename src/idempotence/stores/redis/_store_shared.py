@@ -15,7 +15,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 import redis.asyncio
@@ -159,6 +159,7 @@ def claim_args(request: ClaimRequest, replicated: bool = False) -> list[Any]:
     """The claim script's ARGV; ``replicated`` when the store waits for replicas (a
     replay then writes, so that its WAIT covers the finish it read: `_replicas`)."""
     retention = request.retention
+    # Bytes only, so that the lane packs them itself (`_resp`), not through hiredis.
     return [
         request.scope.encode("utf-8", _TEXT),
         request.key.encode("utf-8", _TEXT),
@@ -167,23 +168,33 @@ def claim_args(request: ClaimRequest, replicated: bool = False) -> list[Any]:
         request.path.encode("utf-8", _TEXT),
         request.flow.encode("utf-8", _TEXT),
         _json_params(request.params),
-        _us(request.lock_timeout),
-        "" if retention is None else _us(retention),
+        _us_bytes(request.lock_timeout),
+        b"" if retention is None else _us_bytes(retention),
         # The record's id: random, so a lease names one incarnation of the key (F1).
-        secrets.randbits(62) + 1,
-        "1" if replicated else "0",
+        b"%d" % (secrets.randbits(62) + 1),
+        b"1" if replicated else b"0",
     ]
 
 
-def finish_args(response: StoredResponse, error: str | None, settled_channel: bytes) -> list[Any]:
+def finish_args(response: StoredResponse, error: str | None, settled_channel: bytes) -> list[bytes]:
     return [
-        response.status,
-        _headers_json(response.headers),
+        decimal(response.status),
+        _headers_json(response.headers).encode(),
         response.body,
-        "0" if error is None else "1",
+        b"0" if error is None else b"1",
         b"" if error is None else encode(error),
         settled_channel,
     ]
+
+
+def decimal(number: int) -> bytes:
+    """``number`` as a script reads it (an integer in decimal), as bytes."""
+    return _DECIMALS[number] if 0 <= number < 1000 else b"%d" % number
+
+
+_DECIMALS = [b"%d" % n for n in range(1000)]
+"""Small integers (statuses, fencing tokens) in decimal, looked up, not formatted."""
+_US_BYTES: dict[timedelta, bytes] = {}
 
 
 # The headers' JSON as json.dumps writes it (its separators, ASCII only), from a writer
@@ -192,11 +203,11 @@ def finish_args(response: StoredResponse, error: str | None, settled_channel: by
 _headers_json = _json.writer()
 
 
-def _json_params(params: Any) -> str:
+def _json_params(params: Any) -> bytes:
     # Most claims have no parameters (every handler endpoint's): no encoder call.
     if type(params) is dict and not params:
-        return "{}"
-    return json.dumps(params, separators=(",", ":"))
+        return b"{}"
+    return json.dumps(params, separators=(",", ":")).encode()
 
 
 MICROSECOND = timedelta(microseconds=1)
@@ -212,6 +223,17 @@ def _load_params(raw: bytes | str) -> Any:
 
 def _us(value: timedelta) -> int:
     return value // MICROSECOND
+
+
+def _us_bytes(value: timedelta) -> bytes:
+    """`_us` in decimal, for a claim's lock timeout and retention: an endpoint's own,
+    so the few there are are kept."""
+    found = _US_BYTES.get(value)
+    if found is None:
+        found = b"%d" % _us(value)
+        if len(_US_BYTES) < 256:
+            _US_BYTES[value] = found
+    return found
 
 
 def timestamp(raw: bytes | int | str) -> datetime:
@@ -414,6 +436,15 @@ def translate(exc: BaseException) -> StoreError | None:
     if isinstance(exc, redis.exceptions.RedisError):
         return StoreError(f"the Redis key store failed: {exc}")
     return None
+
+
+def reraise(exc: Exception) -> NoReturn:
+    """Raise the library's error for ``exc`` (`translate`), from it; ``exc`` itself
+    when it is not redis-py's."""
+    error = translate(exc)
+    if error is None:
+        raise exc
+    raise error from exc
 
 
 def _misconfigured(exc: BaseException) -> str | None:

@@ -1,0 +1,67 @@
+"""The Redis store's own packing of its scripts (``_resp``): the bytes hiredis would
+write, for every number and length of arguments; anything but bytes refused, so that
+the lane packs it with hiredis; and a request's scripts sent as bytes only, so that
+they take the packer."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import pytest
+
+hiredis = pytest.importorskip("hiredis")
+
+from idempotence.states import ClaimRequest, Lease, StoredResponse  # noqa: E402
+from idempotence.stores.redis._resp import evalsha_packed  # noqa: E402
+from idempotence.stores.redis._store_shared import (  # noqa: E402
+    claim_args,
+    decimal,
+    finish_args,
+)
+
+SHA = "5d1a3d1e" * 5
+
+
+def test_the_packed_command_is_hiredis_own() -> None:
+    rng = random.Random(7)
+    for _ in range(500):
+        keys = [rng.randbytes(rng.choice([0, 1, 60, 2000])) for _ in range(rng.randint(0, 3))]
+        args = [
+            rng.randbytes(rng.choice([0, 1, 9, 1023, 1024, 70000]))
+            for _ in range(rng.randint(0, 14))
+        ]
+        expected = hiredis.pack_command(("EVALSHA", SHA, len(keys), *keys, *args))
+        assert evalsha_packed(SHA, keys, args) == expected
+
+
+@pytest.mark.parametrize("odd", ["text", 7, 2.5, None])
+def test_anything_but_bytes_is_refused_for_hiredis_to_pack(odd: object) -> None:
+    with pytest.raises(TypeError):
+        evalsha_packed(SHA, [b"k"], [b"v", odd])  # type: ignore[list-item]
+
+
+def test_a_claim_and_a_finish_send_bytes_only() -> None:
+    request = ClaimRequest(
+        scope="acct",
+        key="k-1",
+        fingerprint="f" * 64,
+        params={"amount": 3},
+        lock_timeout=timedelta(seconds=30),
+        retention=timedelta(days=1),
+    )
+    claim = claim_args(request)
+    assert all(type(arg) is bytes for arg in claim)
+    assert claim[6] == b'{"amount":3}'
+    assert claim[7:9] == [b"30000000", b"86400000000"]
+    assert int(claim[9]) > 0
+    response = StoredResponse.of(201, {"content-type": "application/json"}, b"{}")
+    finish = finish_args(response, None, b"idem:settled")
+    assert all(type(arg) is bytes for arg in finish)
+    assert finish[0] == b"201"
+    lease = Lease(id=2**61 + 5, scope="acct", key="k-1", token=3, recovery_point="started")
+    assert (b"%d" % lease.id, decimal(lease.token), decimal(1234)) == (
+        b"2305843009213693957",
+        b"3",
+        b"1234",
+    )
