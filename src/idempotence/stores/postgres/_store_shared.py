@@ -359,9 +359,7 @@ class StatementRows:
         if maker is None:
             if len(self._makers) >= _MAKERS:  # the store's statements are few; a bound
                 self._makers.clear()
-            maker = self._makers[names] = _row_maker(
-                [column.name for column in cursor.description]
-            )
+            maker = self._makers[names] = _row_maker([column.name for column in cursor.description])
         return maker
 
 

@@ -123,8 +123,6 @@ _translated = translator(sqlite3.Error, translate)
 """``with _translated(query.name):`` raises the library's error for a sqlite3 error."""
 
 
-
-
 class SqliteConnection:
     """A [`Connection`][idempotence.stores.sql.Connection] on one sqlite3 connection
     (opened by `connect`): the store's statements, its transactions as
