@@ -9,6 +9,7 @@ from typing import Any
 
 from idempotence import AsyncSqliteStore
 from idempotence.http import Idempotency, IdempotencyMiddleware, Policy, single_tenant
+from tests.http.asgi_post import asgi_post
 
 
 def one_message_calls(sqlite_path: str, bodies: list[bytes]) -> tuple[list[int], list[bytes]]:
@@ -32,22 +33,7 @@ def one_message_calls(sqlite_path: str, bodies: list[bytes]) -> tuple[list[int],
         statuses = []
         try:
             for body in bodies:
-                scope = {
-                    "type": "http",
-                    "method": "POST",
-                    "path": "/x",
-                    "query_string": b"",
-                    "headers": [(b"idempotency-key", b"k1")],
-                }
-                sent: list[Any] = []
-
-                async def receive(body: bytes = body) -> Any:
-                    return {"type": "http.request", "body": body, "more_body": False}
-
-                async def send(message: Any, sent: list[Any] = sent) -> None:
-                    sent.append(message)
-
-                await middleware(scope, receive, send)
+                sent, _ = await asgi_post(middleware, b"k1", body)
                 statuses.append(sent[0]["status"])
         finally:
             await store.close()
@@ -80,18 +66,8 @@ def answered_headers(sqlite_path: str, app_headers: list[tuple[bytes, bytes]]) -
         store = AsyncSqliteStore(sqlite_path)
         await store.migrate()
         middleware = IdempotencyMiddleware(app, Idempotency(store=store, scope=single_tenant("t")))
-        scope = {"type": "http", "method": "POST", "path": "/x", "query_string": b""}
-        scope["headers"] = [(b"idempotency-key", b"k2")]
-        sent: list[Any] = []
-
-        async def receive() -> Any:
-            return {"type": "http.request", "body": b"", "more_body": False}
-
-        async def send(message: Any) -> None:
-            sent.append(message)
-
         try:
-            await middleware(scope, receive, send)
+            sent, _ = await asgi_post(middleware, b"k2")
         finally:
             await store.close()
         return sent[0]["headers"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from idempotence import AsyncSqliteStore
 from idempotence.http import Idempotency, IdempotencyMiddleware, single_tenant
+from tests.http.asgi_post import asgi_post
 
 
 def guarded_call(sqlite_path: str, extensions: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -25,24 +26,10 @@ def guarded_call(sqlite_path: str, extensions: dict[str, Any]) -> tuple[dict[str
         store = AsyncSqliteStore(sqlite_path)
         await store.migrate()
         middleware = IdempotencyMiddleware(app, Idempotency(store=store, scope=single_tenant("t")))
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/x",
-            "query_string": b"",
-            "headers": [(b"idempotency-key", str(uuid.uuid4()).encode())],
-            "extensions": extensions,
-        }
-        sent: list[Any] = []
-
-        async def receive() -> Any:
-            return {"type": "http.request", "body": b"", "more_body": False}
-
-        async def send(message: Any) -> None:
-            sent.append(message)
-
         try:
-            await middleware(scope, receive, send)
+            sent, scope = await asgi_post(
+                middleware, str(uuid.uuid4()).encode(), extensions=extensions
+            )
         finally:
             await store.close()
         assert sent[0]["status"] == 201

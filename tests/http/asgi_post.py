@@ -1,0 +1,33 @@
+"""A POST straight to an ASGI app, no server and no test client: for the tests that
+look at what the middleware does with the ASGI messages themselves (a body in one
+message, the scope it hands on, the header bytes it sends)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+async def asgi_post(
+    app: Any, key: bytes, body: bytes = b"", **scope: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """POST ``body`` to ``/x`` with Idempotency-Key ``key``, the whole body in one
+    ``http.request`` message; ``scope`` adds to the request's scope (its
+    ``extensions``, say). Returns the messages the app sent, and the scope it got."""
+    request: dict[str, Any] = {
+        "type": "http",
+        "method": "POST",
+        "path": "/x",
+        "query_string": b"",
+        "headers": [(b"idempotency-key", key)],
+        **scope,
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(request, receive, send)
+    return sent, request
