@@ -4,7 +4,27 @@ message, the scope it hands on, the header bytes it sends)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
+
+from idempotence import AsyncSqliteStore
+from idempotence.http import Idempotency, IdempotencyMiddleware, Policy, single_tenant
+
+
+@asynccontextmanager
+async def guarded(
+    app: Any, sqlite_path: str, default: Policy | None = None
+) -> AsyncIterator[IdempotencyMiddleware]:
+    """``app`` behind the middleware, on a SQLite store of its own, for one tenant
+    (``default``: the endpoints' policy, else the default one)."""
+    store = AsyncSqliteStore(sqlite_path)
+    await store.migrate()
+    config = Idempotency(store=store, scope=single_tenant("t"), default=default or Policy())
+    try:
+        yield IdempotencyMiddleware(app, config)
+    finally:
+        await store.close()
 
 
 async def asgi_post(

@@ -7,9 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from idempotence import AsyncSqliteStore
-from idempotence.http import Idempotency, IdempotencyMiddleware, Policy, single_tenant
-from tests.http.asgi_post import asgi_post
+from idempotence.http import Policy
+from tests.http.asgi_post import asgi_post, guarded
 
 
 def one_message_calls(sqlite_path: str, bodies: list[bytes]) -> tuple[list[int], list[bytes]]:
@@ -24,19 +23,11 @@ def one_message_calls(sqlite_path: str, bodies: list[bytes]) -> tuple[list[int],
         await send({"type": "http.response.body", "body": b"ok"})
 
     async def run() -> list[int]:
-        store = AsyncSqliteStore(sqlite_path)
-        await store.migrate()
-        config = Idempotency(
-            store=store, scope=single_tenant("t"), default=Policy(max_body_bytes=8)
-        )
-        middleware = IdempotencyMiddleware(app, config)
         statuses = []
-        try:
+        async with guarded(app, sqlite_path, Policy(max_body_bytes=8)) as middleware:
             for body in bodies:
                 sent, _ = await asgi_post(middleware, b"k1", body)
                 statuses.append(sent[0]["status"])
-        finally:
-            await store.close()
         return statuses
 
     return asyncio.run(run()), seen
@@ -63,13 +54,8 @@ def answered_headers(sqlite_path: str, app_headers: list[tuple[bytes, bytes]]) -
         await send({"type": "http.response.body", "body": b"ok"})
 
     async def run() -> Any:
-        store = AsyncSqliteStore(sqlite_path)
-        await store.migrate()
-        middleware = IdempotencyMiddleware(app, Idempotency(store=store, scope=single_tenant("t")))
-        try:
+        async with guarded(app, sqlite_path) as middleware:
             sent, _ = await asgi_post(middleware, b"k2")
-        finally:
-            await store.close()
         return sent[0]["headers"]
 
     return asyncio.run(run()), app_headers

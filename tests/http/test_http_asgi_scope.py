@@ -8,9 +8,7 @@ import asyncio
 import uuid
 from typing import Any
 
-from idempotence import AsyncSqliteStore
-from idempotence.http import Idempotency, IdempotencyMiddleware, single_tenant
-from tests.http.asgi_post import asgi_post
+from tests.http.asgi_post import asgi_post, guarded
 
 
 def guarded_call(sqlite_path: str, extensions: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -23,15 +21,10 @@ def guarded_call(sqlite_path: str, extensions: dict[str, Any]) -> tuple[dict[str
         await send({"type": "http.response.body", "body": b"ok"})
 
     async def run() -> Any:
-        store = AsyncSqliteStore(sqlite_path)
-        await store.migrate()
-        middleware = IdempotencyMiddleware(app, Idempotency(store=store, scope=single_tenant("t")))
-        try:
+        async with guarded(app, sqlite_path) as middleware:
             sent, scope = await asgi_post(
                 middleware, str(uuid.uuid4()).encode(), extensions=extensions
             )
-        finally:
-            await store.close()
         assert sent[0]["status"] == 201
         return scope
 
