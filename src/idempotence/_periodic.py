@@ -91,8 +91,7 @@ class Periodic:
         return False
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._seconds is not None:  # stop(), in line: every guarded call ends one
-            _TICKER.remove(self)
+        self.halt()
 
     def fire(self) -> float | None:
         """One tick, on the ticker's thread: seconds until the next, or None to stop."""
@@ -218,7 +217,7 @@ class AsyncPeriodic:
         then waits for."""
         self._stopped = True
         if self._ticker is not None:
-            self._ticker._due.pop(self, None)  # remove(), in line: every guarded call
+            self._ticker.remove(self)
         ticking = self._ticking
         return ticking is not None and ticking is not asyncio.current_task()
 
