@@ -525,9 +525,12 @@ class RedisHand:
         if self.opened is not None:
             (await self.opened).transport.close()
 
-    async def guarded(self, key: str, path: str, body: bytes) -> tuple[int, bytes, bool]:
-        """Handler mode: claim, answer, finish; a key the claim did not take is
-        answered from the record it read back (a replay)."""
+    async def guarded(
+        self, key: str, path: str, answer: Callable[[], bytes]
+    ) -> tuple[int, bytes, bool]:
+        """Handler mode: claim, answer (``answer()``, the endpoint's work, once the claim
+        took the key), finish; a key the claim did not take is answered from the record
+        it read back (a replay)."""
         conn = await self.connection()
         record = b"bench:{%s}" % key.encode()
         record_id = b"%d" % (int.from_bytes(os.urandom(7)) + 1)
@@ -537,6 +540,7 @@ class RedisHand:
         )  # fmt: skip
         if len(claimed) == 3:
             return settled_redis(claimed[0], claimed[2])
+        body = answer()
         done = await conn.call(
             b"EVALSHA", self.sha["finish"], 1, record, record_id, b"1", 201,
             b'[["content-type", "application/json"]]', body, b"0", b"", b"bench:settled",
@@ -641,7 +645,7 @@ class PgHand:
         raise RuntimeError("the floor's claim found no row three times")
 
     async def guarded(
-        self, claim: dict[str, Any], body: bytes, write: tuple[str, Any] | None
+        self, claim: dict[str, Any], answer: Callable[[], bytes], write: tuple[str, Any] | None
     ) -> tuple[int, bytes, bool]:
         """Handler mode (``write`` None): claim, answer, finish, each autocommitted.
         Request-as-transaction: BEGIN+claim in one pipeline, the write, finish+COMMIT."""
@@ -655,6 +659,7 @@ class PgHand:
                 row = await self._claim(cur, claim)
                 if not row["claimed"]:
                     return settled(row)
+                body = answer()
                 await cur.execute(self.queries["finish"], finish_params(row, body))
                 return 201, body, False
             async with conn.pipeline():
@@ -666,6 +671,7 @@ class PgHand:
                     await conn.execute("ROLLBACK")
                     return settled(row)
                 await conn.execute(*write)
+                body = answer()
                 finish = finish_params(row, body)
                 async with conn.pipeline():
                     await conn.execute(
@@ -678,7 +684,7 @@ class PgHand:
             return 201, body, False
 
     async def one_write(
-        self, claim: dict[str, Any], body: bytes, write: tuple[str, Any]
+        self, claim: dict[str, Any], answer: Callable[[], bytes], write: tuple[str, Any]
     ) -> tuple[int, bytes, bool]:
         """Request-as-transaction writing the key row once (issue 13, item 5): BEGIN, a
         transaction-scoped advisory lock on the key and a read of its row in one
@@ -701,6 +707,7 @@ class PgHand:
                     await conn.execute("ROLLBACK")
                     return settled(row) if row else (409, b'{"error": "in progress"}', False)
                 await conn.execute(*write)
+                body = answer()
                 finish = {
                     **claim,
                     **finish_params({"key": claim["key"], "id": 0, "lock_token": 1}, body),

@@ -82,10 +82,10 @@ whatever the ratios.
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import _harness as harness
@@ -198,7 +198,8 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
             claim = harness.claim_params(
                 backend, request.headers["idempotency-key"], request.url.path
             )
-            return respond(*await hand.guarded(claim, answer(item), None))
+            fresh = Answer(item)
+            return fresh.reply(*await hand.guarded(claim, fresh, None))
 
         @plain.post("/plain/floor-tx")
         async def floor_tx(item: Item, request: Request) -> Any:
@@ -206,7 +207,8 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
             claim = harness.claim_params(
                 backend, request.headers["idempotency-key"], request.url.path
             )
-            return respond(*await hand.guarded(claim, answer(item), write))
+            fresh = Answer(item)
+            return fresh.reply(*await hand.guarded(claim, fresh, write))
 
         @plain.post("/plain/floor-tx-1w")
         async def floor_tx_one_write(item: Item, request: Request) -> Any:
@@ -214,7 +216,8 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
             claim = harness.claim_params(
                 backend, request.headers["idempotency-key"], request.url.path
             )
-            return respond(*await hand.one_write(claim, answer(item), write))
+            fresh = Answer(item)
+            return fresh.reply(*await hand.one_write(claim, fresh, write))
 
     if backend == "redis":
         by_hand = harness.RedisHand(target)
@@ -223,7 +226,8 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
             @plain.post("/plain/floor-handler")
             async def floor_handler(item: Item, request: Request) -> Any:
                 key = request.headers["idempotency-key"]
-                return respond(*await by_hand.guarded(key, request.url.path, answer(item)))
+                fresh = Answer(item)
+                return fresh.reply(*await by_hand.guarded(key, request.url.path, fresh))
 
         return harness.trivial_app(harness.our_guard(store), redis_floor)
     if backend not in INSERT:
@@ -231,15 +235,37 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
     return harness.trivial_app(harness.our_guard(store, ["/guarded/tx"]), extra)
 
 
-def respond(status: int, body: bytes, replayed: bool) -> Any:
-    from fastapi import Response
+class Answer:
+    """The trivial endpoint's answer in a floor, made when the floor's claim took the key
+    (``answer()``: the body to store) as FastAPI makes it of the dict that endpoint
+    returns (``jsonable_encoder``, then a ``JSONResponse``). A floor does the endpoint's
+    own work and the guard's statements, no more and no less, so that the gap between a
+    guarded row and its floor is the library's alone; a replay makes no answer."""
 
-    headers = {"Idempotent-Replayed": "true"} if replayed else None
-    return Response(body, status, headers=headers, media_type="application/json")
+    __slots__ = ("item", "response")
 
+    def __init__(self, item: Any) -> None:
+        self.item = item
+        self.response: Any = None
 
-def answer(item: Any) -> bytes:
-    return json.dumps({"ok": True, "amount": item.amount}).encode()
+    def __call__(self) -> bytes:
+        from fastapi.encoders import jsonable_encoder
+        from fastapi.responses import JSONResponse
+
+        content = jsonable_encoder({"ok": True, "amount": self.item.amount})
+        self.response = JSONResponse(content, status_code=201)
+        body: bytes = self.response.body
+        return body
+
+    def reply(self, status: int, body: bytes, replayed: bool) -> Any:
+        """The answer made, when the floor stored it; else the stored response (a
+        replay) or the 409 the floor chose."""
+        from fastapi import Response
+
+        if self.response is not None and body is self.response.body and not replayed:
+            return self.response
+        headers = {"Idempotent-Replayed": "true"} if replayed else None
+        return Response(body, status, headers=headers, media_type="application/json")
 
 
 def claim_params(backend: str, request: Any) -> dict[str, Any]:
@@ -319,7 +345,7 @@ class SqliteHand:
             conn.execute("COMMIT")
 
     async def guarded(
-        self, claim: dict[str, Any], body: bytes, write: tuple[str, Any] | None
+        self, claim: dict[str, Any], answer: Callable[[], bytes], write: tuple[str, Any] | None
     ) -> tuple[int, bytes, bool]:
         async with self.hop() as call:
             preview = await call(self._fetch, "claim_read", claim)
@@ -330,6 +356,7 @@ class SqliteHand:
                     row = await call(self._claim, claim, True)
                 if not row.get("claimed"):
                     return harness.settled(row)
+                body = answer()
                 async with self.writer:
                     await call(self._finish, harness.finish_params(row, body), False)
                 return 201, body, False
@@ -338,6 +365,7 @@ class SqliteHand:
                 if not row.get("claimed"):
                     return harness.settled(row)
                 await call(lambda conn: conn.execute(*write).fetchall())
+                body = answer()
                 await call(self._finish, harness.finish_params(row, body), True)
         return 201, body, False
 

@@ -163,14 +163,23 @@ def build_app(backend: str, target: str) -> tuple[Any, Any, Any]:
 
     def tx_by_hand(one_write: bool) -> Any:
         # The request-as-transaction floors: _harness.PgHand's BEGIN+claim, INSERT,
-        # finish+COMMIT (or the key row written once), answering what the store keeps.
+        # finish+COMMIT (or the key row written once), answering what the store keeps:
+        # the endpoint's own answer (a JSONResponse, as the guarded one's), made once
+        # the claim took the key.
         async def endpoint(request: Request) -> Response:
             data = await request.json()
             claim = claim_params("postgres", request.headers["idempotency-key"], request.url.path)
             write = (insert, {"amount": data["amount"], "note": "x"})
-            body = json.dumps({"ok": True, "amount": data["amount"]}).encode()
+            made: list[JSONResponse] = []
+
+            def answer() -> bytes:
+                made.append(JSONResponse({"ok": True, "amount": data["amount"]}, status_code=201))
+                return made[0].body
+
             run = hand.one_write if one_write else hand.guarded
-            status, body, _ = await run(claim, body, write)
+            status, body, _ = await run(claim, answer, write)
+            if made and body is made[0].body:
+                return made[0]
             return Response(body, status, media_type="application/json")
 
         return endpoint
@@ -267,7 +276,7 @@ def _redis_floor(target: str) -> Any:
     hand = RedisHand(target)
 
     async def scripts(key: str) -> None:
-        status, _, _ = await hand.guarded(key, "/floor", b'{"ok": true}')
+        status, _, _ = await hand.guarded(key, "/floor", lambda: b'{"ok": true}')
         if status != 201:
             raise RuntimeError(f"the Redis floor did not claim {key!r}: {status}")
 
