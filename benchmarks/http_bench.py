@@ -196,7 +196,7 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
         @plain.post("/plain/floor-handler")
         async def floor_handler(item: Item, request: Request) -> Any:
             claim = harness.claim_params(
-                backend, request.headers["idempotency-key"], request.url.path
+                backend, request.headers["idempotency-key"], request.scope["path"]
             )
             fresh = Answer(item)
             return fresh.reply(*await hand.guarded(claim, fresh, None))
@@ -205,7 +205,7 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
         async def floor_tx(item: Item, request: Request) -> Any:
             write = (insert, {"amount": item.amount, "note": request.url.path})
             claim = harness.claim_params(
-                backend, request.headers["idempotency-key"], request.url.path
+                backend, request.headers["idempotency-key"], request.scope["path"]
             )
             fresh = Answer(item)
             return fresh.reply(*await hand.guarded(claim, fresh, write))
@@ -214,7 +214,7 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
         async def floor_tx_one_write(item: Item, request: Request) -> Any:
             write = (insert, {"amount": item.amount, "note": request.url.path})
             claim = harness.claim_params(
-                backend, request.headers["idempotency-key"], request.url.path
+                backend, request.headers["idempotency-key"], request.scope["path"]
             )
             fresh = Answer(item)
             return fresh.reply(*await hand.one_write(claim, fresh, write))
@@ -227,7 +227,7 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
             async def floor_handler(item: Item, request: Request) -> Any:
                 key = request.headers["idempotency-key"]
                 fresh = Answer(item)
-                return fresh.reply(*await by_hand.guarded(key, request.url.path, fresh))
+                return fresh.reply(*await by_hand.guarded(key, request.scope["path"], fresh))
 
         return harness.trivial_app(harness.our_guard(store), redis_floor)
     if backend not in INSERT:
@@ -266,10 +266,6 @@ class Answer:
             return self.response
         headers = {"Idempotent-Replayed": "true"} if replayed else None
         return Response(body, status, headers=headers, media_type="application/json")
-
-
-def claim_params(backend: str, request: Any) -> dict[str, Any]:
-    return harness.claim_params(backend, request.headers["idempotency-key"], request.url.path)
 
 
 class SqliteHand:

@@ -168,7 +168,8 @@ def build_app(backend: str, target: str) -> tuple[Any, Any, Any]:
         # the claim took the key.
         async def endpoint(request: Request) -> Response:
             data = await request.json()
-            claim = claim_params("postgres", request.headers["idempotency-key"], request.url.path)
+            key, path = request.headers["idempotency-key"], request.scope["path"]
+            claim = claim_params("postgres", key, path)
             write = (insert, {"amount": data["amount"], "note": "x"})
             made: list[JSONResponse] = []
 
