@@ -230,14 +230,17 @@ def phases(url: str, calls: int) -> Iterator[tuple[str, str, Callable[[], None]]
     yield "PING", "ping", lambda: [raw.ping() for _ in range(calls)]
 
 
-def usec_per_call(url: str, command: str) -> tuple[float, dict[str, float]]:
-    """commandstats: the command's usec_per_call, and every command's (a script's
-    commands are counted under their own names too)."""
+def usec_per_call(url: str, command: str) -> tuple[float, int, dict[str, float]]:
+    """commandstats: the command's usec_per_call and calls, and every command's
+    usec_per_call (a script's commands are counted under their own names too). A command
+    quicker than a microsecond (PING) may read 0: the server times each call in whole
+    microseconds."""
     import redis
 
     stats = redis.Redis.from_url(url).info("commandstats")
     per = {name.removeprefix("cmdstat_"): row["usec_per_call"] for name, row in stats.items()}
-    return per.get(command, 0.0), per
+    calls = int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+    return per.get(command, 0.0), calls, per
 
 
 def main() -> int:
@@ -268,8 +271,9 @@ def main() -> int:
             cpu = harness.cpu_seconds(pid) or 0.0
             run()
             used = (harness.cpu_seconds(pid) or 0.0) - cpu
-            usec, per = usec_per_call(url, command)
+            usec, calls, per = usec_per_call(url, command)
             measured[name]["usec_per_call"] = usec
+            measured[name]["calls"] = calls
             measured[name]["server_cpu_us"] = used / args.calls * 1e6
             measured[name]["commandstats"] = per
     if args.json:
