@@ -48,6 +48,7 @@ from .effects import (
     Effect,
     HandlerBody,
     OverflowNotStored,
+    new_do_handle,
 )
 from .handler import LateFinish
 
@@ -96,6 +97,9 @@ def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
         return store.release(effect.lease)
     if isinstance(effect, DoForget):
         return store.forget(effect.lease)
+    if isinstance(effect, DoInTransaction) and isinstance(effect.fn, HandlerBody):
+        # A request-as-transaction's one effect: its coroutine, with none around it.
+        return _handle_in_transaction(effect, effect.fn, cast(Store, store))
     return _perform(effect, store, observer)
 
 
@@ -140,9 +144,7 @@ def _perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
         return _phase(effect, sql, observer)
     if isinstance(effect, DoCall):
         return _call(effect, sql, observer)
-    if isinstance(effect, DoInTransaction):
-        if isinstance(effect.fn, HandlerBody):
-            return _handle_in_transaction(effect, effect.fn, sql)
+    if isinstance(effect, DoInTransaction):  # a phase's (a handler's is perform's)
         return _in_transaction(effect, sql, observer)
     if isinstance(effect, DoCheckpoint):
         with sql.transaction() as tx:
@@ -280,7 +282,7 @@ def _handle_in_transaction(effect: DoInTransaction, body: HandlerBody, store: St
             assert lease is not None
             try:
                 outcome = body.app.run_app(
-                    DoHandle(body.app, lease, body.step.limit, None), tx, None
+                    new_do_handle(body.app, lease, body.step.limit, None, None), tx, None
                 )
             except Exception as exc:
                 outcome = exc

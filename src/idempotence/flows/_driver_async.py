@@ -46,6 +46,7 @@ from .effects import (
     Effect,
     HandlerBody,
     OverflowNotStored,
+    new_do_handle,
 )
 from .handler import LateFinish
 
@@ -96,6 +97,9 @@ def perform_async(
         return store.release(effect.lease)
     if isinstance(effect, DoForget):
         return store.forget(effect.lease)
+    if isinstance(effect, DoInTransaction) and isinstance(effect.fn, HandlerBody):
+        # A request-as-transaction's one effect: its coroutine, with none around it.
+        return _handle_in_transaction_async(effect, effect.fn, cast(AsyncStore, store))
     return _perform_async(effect, store, observer)
 
 
@@ -140,9 +144,7 @@ async def _perform_async(effect: Effect, store: AsyncKeyStore, observer: Observe
         return await _phase_async(effect, sql, observer)
     if isinstance(effect, DoCall):
         return await _call_async(effect, sql, observer)
-    if isinstance(effect, DoInTransaction):
-        if isinstance(effect.fn, HandlerBody):
-            return await _handle_in_transaction_async(effect, effect.fn, sql)
+    if isinstance(effect, DoInTransaction):  # a phase's (a handler's is perform_async's)
         return await _in_transaction_async(effect, sql, observer)
     if isinstance(effect, DoCheckpoint):
         async with sql.transaction() as tx:
@@ -284,7 +286,7 @@ async def _handle_in_transaction_async(
             assert lease is not None
             try:
                 outcome = await body.app.run_app(
-                    DoHandle(body.app, lease, body.step.limit, None), tx, None
+                    new_do_handle(body.app, lease, body.step.limit, None, None), tx, None
                 )
             except Exception as exc:
                 outcome = exc

@@ -161,9 +161,18 @@ def in_transaction(
 ) -> Generator[Effect, Any, tuple[Claim, Any]]:
     """Perform ``effect`` (F3); with ``wait``, a key in progress elsewhere is waited
     for between two transactions, never inside one (F8), and tried again."""
+    claim, outcome = yield effect
+    return (yield from in_transaction_again(effect, claim, outcome, wait))
+
+
+def in_transaction_again(
+    effect: DoInTransaction, claim: Claim, outcome: Any, wait: timedelta | None
+) -> Generator[Effect, Any, tuple[Claim, Any]]:
+    """The rest of `in_transaction` after its first transaction ended in ``claim`` and
+    ``outcome`` (a run that performs its first in line calls it after a claim that
+    neither won nor replayed)."""
     waiter: Waiter | None = None
     while True:
-        claim, outcome = yield effect
         if rotated(effect.request, claim):  # the transaction claimed nothing: again
             request = replace(effect.request, fingerprint=claim.record.fingerprint)
             effect = replace(effect, request=request)
@@ -175,6 +184,7 @@ def in_transaction(
         if pause is None:
             return claim, outcome
         yield DoWait(effect.request, pause, poll=claim.held)
+        claim, outcome = yield effect
 
 
 # -- the handler, outside any transaction -----------------------------------------------------
@@ -360,9 +370,13 @@ def run_handler_in_transaction(
     transaction and replays once the first commits (executes if it rolled back). On
     SQLite it waits for the one write lock, on its own connection, as every writer
     does while a transaction is open."""
-    body = HandlerBody(app, step, flow.store_server_errors)
+    effect = DoInTransaction(request, flow, HandlerBody(app, step, flow.store_server_errors))
     try:
-        claim, outcome = yield from in_transaction(DoInTransaction(request, flow, body), wait)
+        # in_transaction(), in line for the first transaction (as run_handler claims):
+        # a sub-generator per run costs more than its one decision here.
+        claim, outcome = yield effect
+        if claim.outcome is not Outcome.EXECUTE and claim.outcome is not Outcome.REPLAY:
+            claim, outcome = yield from in_transaction_again(effect, claim, outcome, wait)
     except StoreError as exc:
         # The claim failed, or the finish was refused (the key was taken over) or the
         # commit lost its connection: everything rolled back, or whether it took
