@@ -23,7 +23,7 @@ from ...errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavai
 from ...states import ClaimRequest, StoredResponse
 from .._listener import Listener
 from .._listener_async import AsyncListener
-from .._sql.ops import APPLICATION, Dialect, Op, Query, Row, claim_in_one_statement
+from .._sql.ops import APPLICATION, Dialect, Op, Query, Row, claim_in_one_statement, new_query
 from .._sql.placeholders import to_pyformat
 from .._sql.retry import KeyHeld, TransientError, translator
 from ._breaker import connect_errors
@@ -125,7 +125,7 @@ class PostgresDialect(Dialect):
 
     def application(self, sql: str, params: Any) -> Query:
         # psycopg takes %(name)s, not the :name every store takes (cached per text).
-        return Query(APPLICATION, to_pyformat(sql), params or {})
+        return new_query(APPLICATION, to_pyformat(sql), params or {})
 
 
 # -- the pools the store opens (P11) ---------------------------------------------------
