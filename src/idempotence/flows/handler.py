@@ -48,6 +48,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any, Protocol
 
+from .._frozen import quick_new
 from ..errors import AnswerNotStored, IdempotenceError, LockLost, StoreError, StoreUnavailable
 from ..problems import Problem, ProblemDetails
 from ..states import Claim, ClaimRequest, Lease, Outcome
@@ -360,6 +361,11 @@ def overflowed(
 
 # -- the handler as the body of the one atomic phase (F3) --------------------------------------
 
+# Every request-as-transaction builds its effect and body: past the class call (see
+# quick_new).
+_new_in_transaction = quick_new(DoInTransaction)
+_new_body = quick_new(HandlerBody)
+
 
 def run_handler_in_transaction(
     flow: Flow, step: HandlerStep, request: ClaimRequest, app: Any, wait: timedelta | None
@@ -370,7 +376,7 @@ def run_handler_in_transaction(
     transaction and replays once the first commits (executes if it rolled back). On
     SQLite it waits for the one write lock, on its own connection, as every writer
     does while a transaction is open."""
-    effect = DoInTransaction(request, flow, HandlerBody(app, step, flow.store_server_errors))
+    effect = _new_in_transaction(request, flow, _new_body(app, step, flow.store_server_errors))
     try:
         # in_transaction(), in line for the first transaction (as run_handler claims):
         # a sub-generator per run costs more than its one decision here.

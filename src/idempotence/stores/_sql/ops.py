@@ -316,7 +316,11 @@ def finish_times(
 
 
 def _finish_params(lease: Lease, response: StoredResponse, error: str | None) -> dict[str, Any]:
-    return {**_response_params(response), "error": error, **_fenced(lease)}
+    # The response's dict, added to: one dict made, not three.
+    params = _response_params(response)
+    params["error"] = error
+    params.update(_fenced(lease))
+    return params
 
 
 def _response_params(response: StoredResponse) -> dict[str, Any]:

@@ -267,16 +267,19 @@ class Store:
         sent with the COMMIT where the driver can: then a refused write (LockLost)
         comes out of the transaction's exit, with everything in it rolled back.
         """
-        op = functools.partial(_ops.finish, self._dialect, lease, response, error)
         if tx is None:
             _no_commit(at_commit)
+            op = functools.partial(_ops.finish, self._dialect, lease, response, error)
             self._finish_own(lease, op)
             return
         conn = tx._fenced(lease, "finish", self._instrumentation)
+        finish = fenced(
+            self._instrumentation, "finish", _ops.finish(self._dialect, lease, response, error)
+        )
         if at_commit:
-            conn.defer(fenced(self._instrumentation, "finish", op()))
+            conn.defer(finish)
         else:
-            conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
+            conn.run_in_transaction(finish)
 
     def _finish_own(self, lease: Lease, op: Callable[[], Op[T]]) -> T:
         """A finish outside any transaction: batched while another is out (DESIGN 11)."""

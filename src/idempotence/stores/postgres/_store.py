@@ -160,7 +160,14 @@ class PostgresConnection:
             raise KeyHeld(str(exc)) from exc
         except DRIVER_ERRORS as exc:
             raise translate(exc) from exc
-        return run(first, BoundedClaim(self), rows)
+        # Nearly every claim settles at its first statement: its result without a
+        # runner's coroutine; a claim that runs again goes on in run.
+        try:
+            query = first.send(rows)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        return run(first, BoundedClaim(self), None, query)
 
     def _commit(self, deferred: list[Op[Any]]) -> None:
         cursors: list[psycopg.Cursor[Row]] = []
@@ -188,7 +195,9 @@ class PostgresConnection:
             refused = True
         except DRIVER_ERRORS as exc:
             raise translate(exc) from exc
-        rows = [cur.fetchall() if has_rows(cur) else [] for cur in cursors]
+        rows = []
+        for cur in cursors:  # a loop, not a comprehension: that would be a coroutine more
+            rows.append(cur.fetchall() if has_rows(cur) else [])
         settle_deferred(deferred, rows, refused)
 
     def _rollback(self) -> None:

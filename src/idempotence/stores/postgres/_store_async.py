@@ -158,7 +158,14 @@ class AsyncPostgresConnection:
             raise KeyHeld(str(exc)) from exc
         except DRIVER_ERRORS as exc:
             raise translate(exc) from exc
-        return await run_async(first, AsyncBoundedClaim(self), rows)
+        # Nearly every claim settles at its first statement: its result without a
+        # runner's coroutine; a claim that runs again goes on in run_async.
+        try:
+            query = first.send(rows)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        return await run_async(first, AsyncBoundedClaim(self), None, query)
 
     async def _commit(self, deferred: list[Op[Any]]) -> None:
         cursors: list[psycopg.AsyncCursor[Row]] = []
@@ -186,7 +193,9 @@ class AsyncPostgresConnection:
             refused = True
         except DRIVER_ERRORS as exc:
             raise translate(exc) from exc
-        rows = [await cur.fetchall() if has_rows(cur) else [] for cur in cursors]
+        rows = []
+        for cur in cursors:  # a loop, not a comprehension: that would be a coroutine more
+            rows.append(await cur.fetchall() if has_rows(cur) else [])
         settle_deferred(deferred, rows, refused)
 
     async def _rollback(self) -> None:
