@@ -142,64 +142,6 @@ class PostgresConnection:
         with translated():
             tx.__exit__(None, None, None)
 
-    def _begin(self, first: Op[T] | None) -> T | None:
-        if first is None:
-            with translated():
-                # Without parameters, psycopg sends them as one query: one round trip.
-                self._control().execute("; ".join(self._opening))
-            return None
-        try:
-            query = next(first)
-            sql = bounded_claim(query, self._planning)
-            cur = self._statements(sql)
-            with self.raw.pipeline():
-                self._control().execute("BEGIN")
-                cur.execute(sql, query.params)
-            rows = cur.fetchall() if has_rows(cur) else []
-        except psycopg.errors.LockNotAvailable as exc:  # what held() does, in a try
-            raise KeyHeld(str(exc)) from exc
-        except DRIVER_ERRORS as exc:
-            raise translate(exc) from exc
-        # Nearly every claim settles at its first statement: its result without a
-        # runner's coroutine; a claim that runs again goes on in run.
-        try:
-            query = first.send(rows)
-        except StopIteration as done:
-            result: T = done.value
-            return result
-        return run(first, BoundedClaim(self), None, query)
-
-    def _commit(self, deferred: list[Op[Any]]) -> None:
-        cursors: list[psycopg.Cursor[Row]] = []
-        refused = False
-        try:
-            if not deferred:  # nothing to send with it: no pipeline to pay for
-                self._control().execute("COMMIT")
-                return
-            with self.raw.pipeline():
-                if self._planning:
-                    self._control().execute(COMMIT_PLANNING)
-                for op in deferred:
-                    query = next(op)
-                    sql = deferred_sql(query)
-                    # The connection's cursor for the first (the finish: nearly always
-                    # the only one), a cursor each for any more.
-                    if cursors:
-                        cur = self.raw.cursor(row_factory=dict_row)
-                    else:
-                        cur = self._statements(sql)
-                    cursors.append(cur)
-                    cur.execute(sql, query.params)
-                self._control().execute("COMMIT")
-        except psycopg.errors.DivisionByZero:
-            refused = True
-        except DRIVER_ERRORS as exc:
-            raise translate(exc) from exc
-        rows = []
-        for cur in cursors:  # a loop, not a comprehension: that would be a coroutine more
-            rows.append(cur.fetchall() if has_rows(cur) else [])
-        settle_deferred(deferred, rows, refused)
-
     def _rollback(self) -> None:
         # Nothing to roll back after a COMMIT that failed: the server ended it. A
         # connection too broken to roll back is the pool's to discard; the error that
@@ -227,7 +169,11 @@ class PostgresConnection:
 class _Pipelined(Generic[T]):
     """The block of a transaction on the store's own connection: BEGIN (with
     ``first``'s first statement), then at a clean exit what was deferred with the
-    COMMIT; after an error, ROLLBACK. What was deferred and not sent is closed."""
+    COMMIT; after an error, ROLLBACK. What was deferred and not sent is closed.
+
+    The BEGIN and the COMMIT are sent by ``__enter__`` and ``__exit__`` themselves,
+    not by methods of the connection that they would call (a frame more each): every
+    request-as-transaction enters one."""
 
     __slots__ = ("_conn", "_deferred", "_first")
 
@@ -237,10 +183,34 @@ class _Pipelined(Generic[T]):
         self._deferred: list[Op[Any]] = []
 
     def __enter__(self) -> T | None:
-        conn = self._conn
+        conn, first = self._conn, self._first
         deferred = self._deferred = conn._blocks.open()
         try:
-            return conn._begin(self._first)
+            if first is None:
+                with translated():
+                    # Without parameters, psycopg sends them as one query: one round trip.
+                    conn._control().execute("; ".join(conn._opening))
+                return None
+            try:
+                query = next(first)
+                sql = bounded_claim(query, conn._planning)
+                cur = conn._statements(sql)
+                with conn.raw.pipeline():
+                    conn._control().execute("BEGIN")
+                    cur.execute(sql, query.params)
+                rows = cur.fetchall() if has_rows(cur) else []
+            except psycopg.errors.LockNotAvailable as exc:  # what held() does, in a try
+                raise KeyHeld(str(exc)) from exc
+            except DRIVER_ERRORS as exc:
+                raise translate(exc) from exc
+            # Nearly every claim settles at its first statement: its result in line;
+            # a claim that runs again goes on in run.
+            try:
+                query = first.send(rows)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            return run(first, BoundedClaim(conn), None, query)
         except BaseException:
             try:
                 conn._rollback()
@@ -251,11 +221,39 @@ class _Pipelined(Generic[T]):
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         conn, deferred = self._conn, self._deferred
         try:
-            if exc is None:
-                conn._blocks.seal(deferred)
-                conn._commit(deferred)
-            else:
+            if exc is not None:
                 conn._rollback()
+                return
+            conn._blocks.seal(deferred)
+            cursors: list[psycopg.Cursor[Row]] = []
+            refused = False
+            try:
+                if not deferred:  # nothing to send with it: no pipeline to pay for
+                    conn._control().execute("COMMIT")
+                    return
+                with conn.raw.pipeline():
+                    if conn._planning:
+                        conn._control().execute(COMMIT_PLANNING)
+                    for op in deferred:
+                        query = next(op)
+                        sql = deferred_sql(query)
+                        # The connection's cursor for the first (the finish: nearly
+                        # always the only one), a cursor each for any more.
+                        if cursors:
+                            cur = conn.raw.cursor(row_factory=dict_row)
+                        else:
+                            cur = conn._statements(sql)
+                        cursors.append(cur)
+                        cur.execute(sql, query.params)
+                    conn._control().execute("COMMIT")
+            except psycopg.errors.DivisionByZero:
+                refused = True
+            except DRIVER_ERRORS as error:
+                raise translate(error) from error
+            rows = []
+            for cur in cursors:  # a loop: a comprehension would be a coroutine more
+                rows.append(cur.fetchall() if has_rows(cur) else [])
+            settle_deferred(deferred, rows, refused)
         except BaseException:
             if exc is None:  # the COMMIT (or what went with it) failed: roll back
                 conn._rollback()
