@@ -23,7 +23,6 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 import psycopg_pool
-from psycopg import pq
 from psycopg.rows import dict_row
 
 from ..._concurrency import Lock, acquire
@@ -43,6 +42,8 @@ from ._store_shared import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
     DRIVER_ERRORS,
+    IDLE,
+    INTRANS,
     TRANSACTION_PLANNING,
     Cursors,
     PostgresDialect,
@@ -103,10 +104,7 @@ class PostgresConnection:
             cur = self._statements(query.sql if query.params else "")
             # The store's own statements inside a transaction on its own connections are
             # planned at this run (see TRANSACTION_PLANNING).
-            ours = (
-                self._planning
-                and self.raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS
-            )
+            ours = self._planning and self.raw.pgconn.transaction_status == INTRANS
             prepare = False if ours else None
             # No parameters: a script of several statements (migrations) is allowed.
             cur.execute(query.sql, query.params or None, prepare=prepare)
@@ -146,7 +144,7 @@ class PostgresConnection:
         # Nothing to roll back after a COMMIT that failed: the server ended it. A
         # connection too broken to roll back is the pool's to discard; the error that
         # got us here is the one to report.
-        if self.raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        if self.raw.pgconn.transaction_status != IDLE:
             with suppress(psycopg.Error):
                 self.raw.execute("ROLLBACK")
 
@@ -231,9 +229,10 @@ class _Pipelined(Generic[T]):
                 if not deferred:  # nothing to send with it: no pipeline to pay for
                     conn._control().execute("COMMIT")
                     return
+                control = conn._control()
                 with conn.raw.pipeline():
                     if conn._planning:
-                        conn._control().execute(COMMIT_PLANNING)
+                        control.execute(COMMIT_PLANNING)
                     for op in deferred:
                         query = next(op)
                         sql = deferred_sql(query)
@@ -245,7 +244,7 @@ class _Pipelined(Generic[T]):
                             cur = conn._statements(sql)
                         cursors.append(cur)
                         cur.execute(sql, query.params)
-                    conn._control().execute("COMMIT")
+                    control.execute("COMMIT")
             except psycopg.errors.DivisionByZero:
                 refused = True
             except DRIVER_ERRORS as error:
@@ -453,7 +452,7 @@ class _Checkout:
         try:
             if exc is not None and raw.broken:
                 self._source.breaker.broken(exc)
-            if not raw.closed and raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            if not raw.closed and raw.pgconn.transaction_status != IDLE:
                 if exc is None:
                     raw.commit()
                 else:

@@ -21,7 +21,6 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 import psycopg_pool
-from psycopg import pq
 from psycopg.rows import dict_row
 
 from ..._concurrency import AsyncLock, acquire_async
@@ -41,6 +40,8 @@ from ._store_shared import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
     DRIVER_ERRORS,
+    IDLE,
+    INTRANS,
     TRANSACTION_PLANNING,
     Cursors,
     PostgresDialect,
@@ -101,10 +102,7 @@ class AsyncPostgresConnection:
             cur = self._statements(query.sql if query.params else "")
             # The store's own statements inside a transaction on its own connections are
             # planned at this run (see TRANSACTION_PLANNING).
-            ours = (
-                self._planning
-                and self.raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS
-            )
+            ours = self._planning and self.raw.pgconn.transaction_status == INTRANS
             prepare = False if ours else None
             # No parameters: a script of several statements (migrations) is allowed.
             await cur.execute(query.sql, query.params or None, prepare=prepare)
@@ -144,7 +142,7 @@ class AsyncPostgresConnection:
         # Nothing to roll back after a COMMIT that failed: the server ended it. A
         # connection too broken to roll back is the pool's to discard; the error that
         # got us here is the one to report.
-        if self.raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        if self.raw.pgconn.transaction_status != IDLE:
             with suppress(psycopg.Error):
                 await self.raw.execute("ROLLBACK")
 
@@ -229,9 +227,10 @@ class _AsyncPipelined(Generic[T]):
                 if not deferred:  # nothing to send with it: no pipeline to pay for
                     await conn._control().execute("COMMIT")
                     return
+                control = conn._control()
                 async with conn.raw.pipeline():
                     if conn._planning:
-                        await conn._control().execute(COMMIT_PLANNING)
+                        await control.execute(COMMIT_PLANNING)
                     for op in deferred:
                         query = next(op)
                         sql = deferred_sql(query)
@@ -243,7 +242,7 @@ class _AsyncPipelined(Generic[T]):
                             cur = conn._statements(sql)
                         cursors.append(cur)
                         await cur.execute(sql, query.params)
-                    await conn._control().execute("COMMIT")
+                    await control.execute("COMMIT")
             except psycopg.errors.DivisionByZero:
                 refused = True
             except DRIVER_ERRORS as error:
@@ -454,7 +453,7 @@ class _AsyncCheckout:
         try:
             if exc is not None and raw.broken:
                 self._source.breaker.broken(exc)
-            if not raw.closed and raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            if not raw.closed and raw.pgconn.transaction_status != IDLE:
                 if exc is None:
                     await raw.commit()
                 else:

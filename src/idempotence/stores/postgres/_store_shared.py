@@ -223,9 +223,17 @@ def held() -> _Held:
     return _HELD
 
 
+# libpq's states the request path compares with, as module constants (the same enum
+# members): a member read off its enum class goes through the metaclass's attribute
+# lookup, several times a request.
+IDLE = pq.TransactionStatus.IDLE
+INTRANS = pq.TransactionStatus.INTRANS
+TUPLES_OK = pq.ExecStatus.TUPLES_OK
+
+
 def has_rows(cur: Any) -> bool:
     result = cur.pgresult
-    return result is not None and result.status == pq.ExecStatus.TUPLES_OK
+    return result is not None and result.status == TUPLES_OK
 
 
 # -- a transaction in two round trips ---------------------------------------------------
@@ -303,9 +311,7 @@ def bounded_claim(query: Query, planning: bool = False) -> str:
 
 def pipelines(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     # The status from the libpq connection: raw.info builds a ConnectionInfo each time.
-    return (
-        raw.autocommit and raw.pgconn.transaction_status == pq.TransactionStatus.IDLE and _PIPELINES
-    )
+    return raw.autocommit and raw.pgconn.transaction_status == IDLE and _PIPELINES
 
 
 _PIPELINES = psycopg.Pipeline.is_supported()  # the libpq's version: fixed for the process
@@ -349,7 +355,7 @@ class StatementRows:
         result = cursor.pgresult
         # A statement without parameters may be a script of several (a migration):
         # psycopg's own rows for those.
-        if result is None or result.status != pq.ExecStatus.TUPLES_OK or not self.sql:
+        if result is None or result.status != TUPLES_OK or not self.sql:
             return dict_row(cursor)
         # Keyed by the result's own column names (libpq's, undecoded: cheap to read),
         # not by the statement's text: `k.*` follows the table, which a migration may
