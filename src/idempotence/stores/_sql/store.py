@@ -464,16 +464,41 @@ class _TransactionBlock:
         self._atomic: AbstractContextManager[Any] | None = None
 
     def __enter__(self) -> Transaction:
-        store = self._store
-        if self._finished is not None and self._claim is None:
+        store, claim = self._store, self._claim
+        if self._finished is not None and claim is None:
             raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
+        dialect = store._dialect
         gate = self._gate = store._gate.transaction()
         gate.__enter__()
         try:
             source = self._source = store._source.connection()
             conn = source.__enter__()
             try:
-                tx = self._open(conn)
+                op = None
+                if claim is not None:
+                    claimed = dialect.claim(claim, self._finished)
+                    op = watched_claim(store._instrumentation, claim, claimed)
+                atomic: AbstractContextManager[Any] | None
+                try:
+                    atomic = conn.atomic(op)
+                    got = atomic.__enter__()
+                except KeyHeld:
+                    if claim is None:
+                        raise
+                    atomic = None  # the claim found its key held (F8): read below
+                if atomic is None:
+                    assert claim is not None  # only a claim finds its key held
+                    held = conn.perform(_ops.claim_held(dialect, claim), atomic=False, write=False)
+                    tx = store._transaction_type(conn, dialect, held)
+                else:
+                    try:
+                        tx = store._transaction_type(conn, dialect, got)
+                    except BaseException as exc:
+                        if not atomic.__exit__(type(exc), exc, exc.__traceback__):
+                            raise
+                        tx = None
+                    else:
+                        self._atomic = atomic
             except BaseException as exc:
                 if not source.__exit__(type(exc), exc, exc.__traceback__):
                     raise
@@ -487,33 +512,6 @@ class _TransactionBlock:
             gate.__exit__(type(exc), exc, exc.__traceback__)
             raise
         self._tx = tx
-        return tx
-
-    def _open(self, conn: Connection) -> Transaction | None:
-        """The transaction on ``conn``: its atomic block entered (opening with the
-        claim, if any), or the held claim's answer (F8); None if the atomic block
-        swallowed the error of its start."""
-        store, claim = self._store, self._claim
-        dialect = store._dialect
-        op = None
-        if claim is not None:
-            claimed = dialect.claim(claim, self._finished)
-            op = watched_claim(store._instrumentation, claim, claimed)
-        try:
-            atomic = conn.atomic(op)
-            got = atomic.__enter__()
-        except KeyHeld:
-            if claim is None:
-                raise
-            held = conn.perform(_ops.claim_held(dialect, claim), atomic=False, write=False)
-            return store._transaction_type(conn, dialect, held)
-        try:
-            tx = store._transaction_type(conn, dialect, got)
-        except BaseException as exc:
-            if not atomic.__exit__(type(exc), exc, exc.__traceback__):
-                raise
-            return None
-        self._atomic = atomic
         return tx
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
