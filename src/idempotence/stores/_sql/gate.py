@@ -94,7 +94,8 @@ class _Marked:
         opened = _OPEN.get()
         if gate in opened:
             raise StoreInTransaction(_NESTED_TRANSACTION)
-        gate.check()
+        if gate._closed:  # the rest of gate.check(), whose other test just passed
+            raise StoreUnavailable(_CLOSED)
         _OPEN.set(opened | {gate})
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
