@@ -373,8 +373,14 @@ _MAKERS = 256
 
 
 def _row_maker(names: list[str]) -> RowMaker[Row]:
+    count = len(names)
+
     def make(values: Sequence[Any]) -> Row:
-        return dict(zip(names, values, strict=True))
+        # zip(strict=True)'s check, by hand: zip called with a keyword takes the slow
+        # call path (a dict of the keyword), twice per request.
+        if len(values) != count:
+            raise ValueError(f"a row of {len(values)} values for {count} columns")
+        return dict(zip(names, values))  # noqa: B905 - checked just above
 
     return make
 
