@@ -13,14 +13,13 @@ from __future__ import annotations
 import abc
 import functools
 import json
-from collections.abc import Generator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from importlib.resources.abc import Traversable
 from typing import Any, ClassVar, TypeVar
 
 from ... import _queries
-from ..._frozen import quick_init, quick_new
+from ..._frozen import quick_new
 from ..._json import writer
 from ...errors import LockLost, SchemaMissing, StoreError
 from ...states import (
@@ -39,11 +38,14 @@ from ...states import (
 )
 from .._fenced import lost as _lost
 from . import batch_plan as _batch
+from .query import APPLICATION as APPLICATION
+from .query import Op as Op
+from .query import Query as Query
+from .query import Row as Row
+from .query import new_query as new_query
 from .transactions import TransactionStatements, savepoint_name
 
 T = TypeVar("T")
-Row = dict[str, Any]
-"""A row as a query returns it: column name to value."""
 
 _new_record = quick_new(KeyRecord)
 
@@ -51,29 +53,6 @@ MAX_CLAIM_ATTEMPTS = 8
 """A claim that keeps meeting rows committed after its snapshot gives up after this
 many statements. Each retry needs a new concurrent change of the same key, so in
 practice the second statement settles it."""
-
-
-@quick_init
-@dataclass(frozen=True, slots=True)
-class Query:
-    """One statement to run: its name in the query file, its text and parameters."""
-
-    name: str
-    sql: str
-    params: Mapping[str, Any]
-
-
-new_query = quick_new(Query)
-"""A Query from its name, text and parameters, past the class call (see `quick_new`):
-the statements of every request (the claim, the finish, the application's)."""
-
-
-APPLICATION = "application"
-"""The name of the application's own statements (``tx.execute``): their errors are
-the application's (a missing table is not the key store's schema)."""
-
-Op = Generator[Query, list[Row], T]
-"""An operation: yields queries, is sent each query's rows, returns its result."""
 
 
 class Dialect(abc.ABC):
