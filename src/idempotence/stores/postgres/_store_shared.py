@@ -345,11 +345,14 @@ class StatementRows:
     psycopg's ``dict_row`` makes them, the maker of each list of column names built
     once. ``sql`` is the text of the statement whose rows come next."""
 
-    __slots__ = ("_makers", "sql")
+    __slots__ = ("_last", "_makers", "sql")
 
     def __init__(self) -> None:
         self.sql = ""
         self._makers: dict[tuple[bytes | None, ...], RowMaker[Row]] = {}
+        #: By statement text (its hash kept by the string), the column names of its
+        #: last result and their maker: the names compared, not hashed name by name.
+        self._last: dict[str, tuple[tuple[bytes | None, ...], RowMaker[Row]]] = {}
 
     def __call__(self, cursor: Any) -> RowMaker[Row]:
         result = cursor.pgresult
@@ -361,11 +364,17 @@ class StatementRows:
         # not by the statement's text: `k.*` follows the table, which a migration may
         # change under a running app, even to as many columns with other names.
         names = tuple(map(result.fname, range(result.nfields)))
+        last = self._last.get(self.sql)
+        if last is not None and last[0] == names:
+            return last[1]
         maker = self._makers.get(names)
         if maker is None:
             if len(self._makers) >= _MAKERS:  # the store's statements are few; a bound
                 self._makers.clear()
             maker = self._makers[names] = _row_maker([column.name for column in cursor.description])
+        if len(self._last) >= _MAKERS:
+            self._last.clear()
+        self._last[self.sql] = (names, maker)
         return maker
 
 
