@@ -267,6 +267,8 @@ def settled(record: KeyRecord, fingerprint: str) -> Outcome | None:
 
 # Every claim builds its Lease and Claim here: past the class call (see quick_new).
 _new_lease = quick_new(Lease)
+# A global: a member read off its enum class goes through the metaclass's lookup.
+_EXECUTE = Outcome.EXECUTE
 _new_claim = quick_new(Claim)
 new_response = quick_new(StoredResponse)
 """A StoredResponse from status, headers and body, past the class call (see
@@ -294,7 +296,7 @@ def claim_from(record: KeyRecord, fingerprint: str, now: datetime, *, claimed: b
             record.recovery_point,
             record.calling,
         )
-        return _new_claim(Outcome.EXECUTE, record, lease, None, False)
+        return _new_claim(_EXECUTE, record, lease, None, False)
     outcome = arbitrate(record, fingerprint, now)
     if outcome is Outcome.EXECUTE:
         raise AssertionError(

@@ -48,12 +48,18 @@ from .effects import (
     Effect,
     HandlerBody,
     OverflowNotStored,
+    new_do_handle,
 )
 from .handler import LateFinish
 
 logger = logging.getLogger("idempotence.flows")
 
 R = TypeVar("R")
+
+
+# As a module global: a member read off its enum class goes through the metaclass's
+# attribute lookup, about five times a global's cost.
+_EXECUTE = Outcome.EXECUTE
 
 
 class _Rollback(Exception):
@@ -96,6 +102,10 @@ def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
         return store.release(effect.lease)
     if isinstance(effect, DoForget):
         return store.forget(effect.lease)
+    if isinstance(effect, DoInTransaction) and isinstance(effect.fn, HandlerBody):
+        # A request-as-transaction's one effect: its coroutine, with none around it. A
+        # SQL store (the entry point checked), not cast(): that is a call.
+        return _handle_in_transaction(effect, effect.fn, store)  # type: ignore[arg-type]
     return _perform(effect, store, observer)
 
 
@@ -140,9 +150,7 @@ def _perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
         return _phase(effect, sql, observer)
     if isinstance(effect, DoCall):
         return _call(effect, sql, observer)
-    if isinstance(effect, DoInTransaction):
-        if isinstance(effect.fn, HandlerBody):
-            return _handle_in_transaction(effect, effect.fn, sql)
+    if isinstance(effect, DoInTransaction):  # a phase's (a handler's is perform's)
         return _in_transaction(effect, sql, observer)
     if isinstance(effect, DoCheckpoint):
         with sql.transaction() as tx:
@@ -274,13 +282,13 @@ def _handle_in_transaction(effect: DoInTransaction, body: HandlerBody, store: St
         with store.transaction(claim=effect.request, finished=fixed) as tx:
             claim = tx.claim
             assert claim is not None
-            if claim.outcome is not Outcome.EXECUTE:
+            if claim.outcome is not _EXECUTE:
                 return claim, None
             lease = claim.lease
             assert lease is not None
             try:
                 outcome = body.app.run_app(
-                    DoHandle(body.app, lease, body.step.limit, None), tx, None
+                    new_do_handle(body.app, lease, body.step.limit, None, None), tx, None
                 )
             except Exception as exc:
                 outcome = exc
@@ -305,7 +313,7 @@ def _in_transaction(effect: DoInTransaction, store: Store, observer: Observer | 
         with store.transaction(claim=effect.request) as tx:
             claim = tx.claim
             assert claim is not None
-            if claim.outcome is not Outcome.EXECUTE:
+            if claim.outcome is not _EXECUTE:
                 return claim, None
             assert claim.lease is not None
             ctx = PhaseContext(effect.flow, claim.record, claim.lease, tx)

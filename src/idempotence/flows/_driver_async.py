@@ -46,12 +46,18 @@ from .effects import (
     Effect,
     HandlerBody,
     OverflowNotStored,
+    new_do_handle,
 )
 from .handler import LateFinish
 
 logger = logging.getLogger("idempotence.flows")
 
 R = TypeVar("R")
+
+
+# As a module global: a member read off its enum class goes through the metaclass's
+# attribute lookup, about five times a global's cost.
+_EXECUTE = Outcome.EXECUTE
 
 
 class _Rollback(Exception):
@@ -96,6 +102,10 @@ def perform_async(
         return store.release(effect.lease)
     if isinstance(effect, DoForget):
         return store.forget(effect.lease)
+    if isinstance(effect, DoInTransaction) and isinstance(effect.fn, HandlerBody):
+        # A request-as-transaction's one effect: its coroutine, with none around it. A
+        # SQL store (the entry point checked), not cast(): that is a call.
+        return _handle_in_transaction_async(effect, effect.fn, store)  # type: ignore[arg-type]
     return _perform_async(effect, store, observer)
 
 
@@ -140,9 +150,7 @@ async def _perform_async(effect: Effect, store: AsyncKeyStore, observer: Observe
         return await _phase_async(effect, sql, observer)
     if isinstance(effect, DoCall):
         return await _call_async(effect, sql, observer)
-    if isinstance(effect, DoInTransaction):
-        if isinstance(effect.fn, HandlerBody):
-            return await _handle_in_transaction_async(effect, effect.fn, sql)
+    if isinstance(effect, DoInTransaction):  # a phase's (a handler's is perform_async's)
         return await _in_transaction_async(effect, sql, observer)
     if isinstance(effect, DoCheckpoint):
         async with sql.transaction() as tx:
@@ -278,13 +286,13 @@ async def _handle_in_transaction_async(
         async with store.transaction(claim=effect.request, finished=fixed) as tx:
             claim = tx.claim
             assert claim is not None
-            if claim.outcome is not Outcome.EXECUTE:
+            if claim.outcome is not _EXECUTE:
                 return claim, None
             lease = claim.lease
             assert lease is not None
             try:
                 outcome = await body.app.run_app(
-                    DoHandle(body.app, lease, body.step.limit, None), tx, None
+                    new_do_handle(body.app, lease, body.step.limit, None, None), tx, None
                 )
             except Exception as exc:
                 outcome = exc
@@ -311,7 +319,7 @@ async def _in_transaction_async(
         async with store.transaction(claim=effect.request) as tx:
             claim = tx.claim
             assert claim is not None
-            if claim.outcome is not Outcome.EXECUTE:
+            if claim.outcome is not _EXECUTE:
                 return claim, None
             assert claim.lease is not None
             ctx = PhaseContext(effect.flow, claim.record, claim.lease, tx)

@@ -48,6 +48,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any, Protocol
 
+from .._frozen import quick_new
 from ..errors import AnswerNotStored, IdempotenceError, LockLost, StoreError, StoreUnavailable
 from ..problems import Problem, ProblemDetails
 from ..states import Claim, ClaimRequest, Lease, Outcome
@@ -88,6 +89,13 @@ class Flow(FlowInfo, Protocol):
 
 
 logger = logging.getLogger("idempotence.flows")
+
+# The enum members the request path compares with, as module globals: a member read
+# off its enum class goes through the metaclass's attribute lookup, about five times
+# a global's cost.
+_EXECUTE, _REPLAY = Outcome.EXECUTE, Outcome.REPLAY
+_STORE = Settle.STORE
+_EXECUTED = ResultKind.EXECUTED
 
 FIRST_POLL, MAX_POLL = 0.005, 0.25
 """The first pause of a wait for a twin, and the longest (P10): the pauses double."""
@@ -161,9 +169,18 @@ def in_transaction(
 ) -> Generator[Effect, Any, tuple[Claim, Any]]:
     """Perform ``effect`` (F3); with ``wait``, a key in progress elsewhere is waited
     for between two transactions, never inside one (F8), and tried again."""
+    claim, outcome = yield effect
+    return (yield from in_transaction_again(effect, claim, outcome, wait))
+
+
+def in_transaction_again(
+    effect: DoInTransaction, claim: Claim, outcome: Any, wait: timedelta | None
+) -> Generator[Effect, Any, tuple[Claim, Any]]:
+    """The rest of `in_transaction` after its first transaction ended in ``claim`` and
+    ``outcome`` (a run that performs its first in line calls it after a claim that
+    neither won nor replayed)."""
     waiter: Waiter | None = None
     while True:
-        claim, outcome = yield effect
         if rotated(effect.request, claim):  # the transaction claimed nothing: again
             request = replace(effect.request, fingerprint=claim.record.fingerprint)
             effect = replace(effect, request=request)
@@ -175,6 +192,7 @@ def in_transaction(
         if pause is None:
             return claim, outcome
         yield DoWait(effect.request, pause, poll=claim.held)
+        claim, outcome = yield effect
 
 
 # -- the handler, outside any transaction -----------------------------------------------------
@@ -187,13 +205,13 @@ def run_handler(
         # claimed(), in line for the first claim: a sub-generator per run costs more
         # than a guarded function's whole decision.
         claim = yield new_do_claim(request)
-        if claim.outcome is not Outcome.EXECUTE and claim.outcome is not Outcome.REPLAY:
+        if claim.outcome is not _EXECUTE and claim.outcome is not _REPLAY:
             claim = yield from claimed_again(request, claim, wait)
     except StoreError as exc:
         # Nothing was claimed and nothing ran (P11): the entry point answers, or runs
         # the handler unguarded if it opted in.
         return FlowResult(ResultKind.FAILED, None, SERVER_ERROR, error=exc)
-    if claim.outcome is not Outcome.EXECUTE:
+    if claim.outcome is not _EXECUTE:
         return from_claim(claim)
     lease = claim.lease
     assert lease is not None
@@ -227,7 +245,7 @@ def run_handler(
     if captured.overflowed:
         return FlowResult(ResultKind.SENT, claim)
     action = step.settle(captured.status, flow.store_server_errors)
-    if action is Settle.STORE:
+    if action is _STORE:
         stored = step.stored(captured)
         # The answer as the app made it: the stored one when that is the app's own
         # with every header kept as it was sent (a guarded function's), so one
@@ -246,7 +264,7 @@ def run_handler(
             return (yield from _unstored(flow, step, finish, claim, exc))
         # Every field, in order (stored=True, no error, answered=True), past the class
         # call: once per executed call.
-        return new_result(ResultKind.EXECUTED, claim, response, True, None, True)
+        return new_result(_EXECUTED, claim, response, True, None, True)
     response = captured.response()
     if action is Settle.RELEASE:
         yield from _settle(DoRelease(lease))
@@ -350,6 +368,11 @@ def overflowed(
 
 # -- the handler as the body of the one atomic phase (F3) --------------------------------------
 
+# Every request-as-transaction builds its effect and body: past the class call (see
+# quick_new).
+_new_in_transaction = quick_new(DoInTransaction)
+_new_body = quick_new(HandlerBody)
+
 
 def run_handler_in_transaction(
     flow: Flow, step: HandlerStep, request: ClaimRequest, app: Any, wait: timedelta | None
@@ -360,15 +383,19 @@ def run_handler_in_transaction(
     transaction and replays once the first commits (executes if it rolled back). On
     SQLite it waits for the one write lock, on its own connection, as every writer
     does while a transaction is open."""
-    body = HandlerBody(app, step, flow.store_server_errors)
+    effect = _new_in_transaction(request, flow, _new_body(app, step, flow.store_server_errors))
     try:
-        claim, outcome = yield from in_transaction(DoInTransaction(request, flow, body), wait)
+        # in_transaction(), in line for the first transaction (as run_handler claims):
+        # a sub-generator per run costs more than its one decision here.
+        claim, outcome = yield effect
+        if claim.outcome is not _EXECUTE and claim.outcome is not _REPLAY:
+            claim, outcome = yield from in_transaction_again(effect, claim, outcome, wait)
     except StoreError as exc:
         # The claim failed, or the finish was refused (the key was taken over) or the
         # commit lost its connection: everything rolled back, or whether it took
         # effect is unknown; either way a retry is safe.
         return FlowResult(ResultKind.FAILED, None, SERVER_ERROR, error=exc)
-    if claim.outcome is not Outcome.EXECUTE:
+    if claim.outcome is not _EXECUTE:
         return from_claim(claim)
     if isinstance(outcome, StoreUnavailable):
         # The database went away under the handler's own statement: its transaction,
@@ -387,8 +414,8 @@ def run_handler_in_transaction(
         too_large = ProblemDetails.of(Problem.RESPONSE_TOO_LARGE, detail).stored()
         return FlowResult(ResultKind.REJECTED, None, too_large)
     response = outcome.response()
-    if step.settle(outcome.status, flow.store_server_errors) is not Settle.STORE:
+    if step.settle(outcome.status, flow.store_server_errors) is not _STORE:
         # R5: rolled back, claim included, so nothing is left to settle.
         kind = ResultKind.FAILED if outcome.status >= 500 else ResultKind.REJECTED
         return FlowResult(kind, None, response, answered=True)
-    return new_result(ResultKind.EXECUTED, claim, response, True, None, True)
+    return new_result(_EXECUTED, claim, response, True, None, True)

@@ -62,6 +62,11 @@ class Settle(enum.Enum):
     the request and retry with the same key."""
 
 
+# Settle's members as module globals, for `HandlerStep.settle` (every guarded request):
+# a member read off its enum class goes through the metaclass's attribute lookup.
+_STORE, _RELEASE, _FORGET = Settle.STORE, Settle.RELEASE, Settle.FORGET
+
+
 @dataclass(frozen=True, slots=True)
 class HandlerStep:
     """The application's own handler as the one step of a run (F6).
@@ -109,10 +114,10 @@ class HandlerStep:
     def settle(self, status: int, store_server_errors: bool) -> Settle:
         """What becomes of the key after the handler answered ``status`` (R5)."""
         if status >= 500:
-            return Settle.STORE if store_server_errors else Settle.RELEASE
+            return _STORE if store_server_errors else _RELEASE
         if status in self.rejected_statuses:
-            return Settle.FORGET
-        return Settle.STORE
+            return _FORGET
+        return _STORE
 
     def stored(self, captured: Captured) -> StoredResponse:
         """The response as stored for replay: status, kept headers only, body (or

@@ -128,11 +128,13 @@ class Fetcher(Protocol):
     def fetch(self, query: Query) -> list[Row]: ...
 
 
-def run(op: Op[T], conn: Fetcher, rows: list[Row] | None = None) -> T:
+def run(op: Op[T], conn: Fetcher, rows: list[Row] | None = None, query: Query | None = None) -> T:
     """Run ``op`` to completion on ``conn``; given ``rows``, its first statement
-    already ran (sent with others in one round trip) and returned them."""
+    already ran (sent with others in one round trip) and returned them; given
+    ``query`` instead, those rows were sent already, and ``query`` is its next."""
     try:
-        query = next(op) if rows is None else op.send(rows)
+        if query is None:
+            query = next(op) if rows is None else op.send(rows)
         while True:
             query = op.send(conn.fetch(query))
     except StopIteration as done:

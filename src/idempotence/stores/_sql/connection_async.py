@@ -126,11 +126,15 @@ class AsyncFetcher(Protocol):
     async def fetch(self, query: Query) -> list[Row]: ...
 
 
-async def run_async(op: Op[T], conn: AsyncFetcher, rows: list[Row] | None = None) -> T:
+async def run_async(
+    op: Op[T], conn: AsyncFetcher, rows: list[Row] | None = None, query: Query | None = None
+) -> T:
     """Run ``op`` to completion on ``conn``; given ``rows``, its first statement
-    already ran (sent with others in one round trip) and returned them."""
+    already ran (sent with others in one round trip) and returned them; given
+    ``query`` instead, those rows were sent already, and ``query`` is its next."""
     try:
-        query = next(op) if rows is None else op.send(rows)
+        if query is None:
+            query = next(op) if rows is None else op.send(rows)
         while True:
             query = op.send(await conn.fetch(query))
     except StopIteration as done:

@@ -61,6 +61,8 @@ class Gate:
 
     def __init__(self) -> None:
         self._closed = False
+        # The block holds nothing but its gate: one for every transaction.
+        self._marked = _Marked(self)
 
     def check(self) -> None:
         """Raise unless an operation may take a connection of its own now."""
@@ -72,7 +74,7 @@ class Gate:
     def transaction(self) -> _Marked:
         """Mark the store's transaction open in this context while the block runs
         (``with`` or ``async with``, beside the connection's)."""
-        return _Marked(self)
+        return self._marked
 
     def close(self) -> None:
         self._closed = True
@@ -92,7 +94,8 @@ class _Marked:
         opened = _OPEN.get()
         if gate in opened:
             raise StoreInTransaction(_NESTED_TRANSACTION)
-        gate.check()
+        if gate._closed:  # the rest of gate.check(), whose other test just passed
+            raise StoreUnavailable(_CLOSED)
         _OPEN.set(opened | {gate})
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:

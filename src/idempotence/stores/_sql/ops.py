@@ -13,13 +13,14 @@ from __future__ import annotations
 import abc
 import functools
 import json
-from collections.abc import Generator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from importlib.resources.abc import Traversable
 from typing import Any, ClassVar, TypeVar
 
 from ... import _queries
+from ..._frozen import quick_new
+from ..._json import writer
 from ...errors import LockLost, SchemaMissing, StoreError
 from ...states import (
     STARTED,
@@ -33,36 +34,25 @@ from ...states import (
     StoredResponse,
     arbitrate,
     claim_from,
+    new_response,
 )
 from .._fenced import lost as _lost
 from . import batch_plan as _batch
+from .query import APPLICATION as APPLICATION
+from .query import Op as Op
+from .query import Query as Query
+from .query import Row as Row
+from .query import new_query as new_query
 from .transactions import TransactionStatements, savepoint_name
 
 T = TypeVar("T")
-Row = dict[str, Any]
-"""A row as a query returns it: column name to value."""
+
+_new_record = quick_new(KeyRecord)
 
 MAX_CLAIM_ATTEMPTS = 8
 """A claim that keeps meeting rows committed after its snapshot gives up after this
 many statements. Each retry needs a new concurrent change of the same key, so in
 practice the second statement settles it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    """One statement to run: its name in the query file, its text and parameters."""
-
-    name: str
-    sql: str
-    params: Mapping[str, Any]
-
-
-APPLICATION = "application"
-"""The name of the application's own statements (``tx.execute``): their errors are
-the application's (a missing table is not the key store's schema)."""
-
-Op = Generator[Query, list[Row], T]
-"""An operation: yields queries, is sent each query's rows, returns its result."""
 
 
 class Dialect(abc.ABC):
@@ -118,16 +108,16 @@ class Dialect(abc.ABC):
         return _queries.folder(self.name if self.sql_folder is None else self.sql_folder)
 
     def query(self, name: str, /, **params: Any) -> Query:
-        return Query(name, self.queries[name], params)
+        return new_query(name, self.queries[name], params)
 
     def query_with(self, name: str, params: dict[str, Any]) -> Query:
         """`query` with its parameters in a dict, used as it is (not copied)."""
-        return Query(name, self.queries[name], params)
+        return new_query(name, self.queries[name], params)
 
     def application(self, sql: str, params: Any) -> Query:
         """The application's own statement (``tx.execute``), its ``:name``
         placeholders written the way the driver takes them."""
-        return Query(APPLICATION, sql, params or {})
+        return new_query(APPLICATION, sql, params or {})
 
     # -- value conversions ------------------------------------------------------------
 
@@ -172,31 +162,32 @@ class Dialect(abc.ABC):
         response = None
         if row["response_status"] is not None:
             headers = self.json_out(row["response_headers"]) or []
-            response = StoredResponse(
-                status=row["response_status"],
-                headers=tuple((str(k), str(v)) for k, v in headers),
-                body=bytes(row["response_body"] or b""),
+            response = new_response(
+                row["response_status"],
+                tuple((str(k), str(v)) for k, v in headers),
+                bytes(row["response_body"] or b""),
             )
-        return KeyRecord(
-            id=row["id"],
-            scope=row["scope"],
-            key=row["key"],
-            method=row["request_method"],
-            path=row["request_path"],
-            fingerprint=row["fingerprint"],
-            params=self.json_out(row["request_params"]),
-            flow=row["flow"],
-            recovery_point=row["recovery_point"],
-            lock_token=row["lock_token"],
-            locked_at=None if (value := row["locked_at"]) is None else timestamp(value),
-            lock_timeout=self.duration_out(row["lock_timeout"]),
-            response=response,
-            error=row["error"],
-            created_at=timestamp(row["created_at"]),
-            last_run_at=None if (value := row["last_run_at"]) is None else timestamp(value),
-            finished_at=None if (value := row["finished_at"]) is None else timestamp(value),
-            expires_at=None if (value := row["expires_at"]) is None else timestamp(value),
-            calling=row["calling"],
+        # Every field, in KeyRecord's order, past the class call: once per claim.
+        return _new_record(
+            row["id"],
+            row["scope"],
+            row["key"],
+            row["request_method"],
+            row["request_path"],
+            row["fingerprint"],
+            self.json_out(row["request_params"]),
+            row["flow"],
+            row["recovery_point"],
+            row["lock_token"],
+            None if (value := row["locked_at"]) is None else timestamp(value),
+            self.duration_out(row["lock_timeout"]),
+            response,
+            row["error"],
+            timestamp(row["created_at"]),
+            None if (value := row["last_run_at"]) is None else timestamp(value),
+            None if (value := row["finished_at"]) is None else timestamp(value),
+            None if (value := row["expires_at"]) is None else timestamp(value),
+            row["calling"],
         )
 
     def claim_params(self, request: ClaimRequest) -> dict[str, Any]:
@@ -305,15 +296,24 @@ def finish_times(
 
 
 def _finish_params(lease: Lease, response: StoredResponse, error: str | None) -> dict[str, Any]:
-    return {**_response_params(response), "error": error, **_fenced(lease)}
+    # The response's dict, added to: one dict made, not three.
+    params = _response_params(response)
+    params["error"] = error
+    params.update(_fenced(lease))
+    return params
+
+
+# json.dumps's own output (its defaults), by a writer made once: json.dumps builds an
+# encoder at every call. Pairs of strings cannot hold a cycle (the one check dropped).
+_write_headers = writer()
 
 
 def _response_params(response: StoredResponse) -> dict[str, Any]:
     headers = response.headers
     return {
         "status": response.status,
-        # No headers (a consumer's acknowledgement): json.dumps builds an encoder per call.
-        "headers": json.dumps([list(pair) for pair in headers]) if headers else "[]",
+        # No headers (a consumer's acknowledgement): no writer call at all.
+        "headers": _write_headers([list(pair) for pair in headers]) if headers else "[]",
         "body": response.body,
     }
 

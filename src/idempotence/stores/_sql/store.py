@@ -9,8 +9,8 @@ The store only chooses a connection and a transaction and hands the operation fr
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -210,10 +210,9 @@ class Store:
             lambda: self._dialect.claim(request), atomic=not self._dialect.claim_is_one_statement
         )
 
-    @contextmanager
     def transaction(
         self, *, claim: ClaimRequest | None = None, finished: StoredResponse | None = None
-    ) -> Iterator[Transaction]:
+    ) -> AbstractContextManager[Transaction]:
         """Open a write transaction for a phase: commits on exit, rolls back on error.
 
         Given ``claim``, the transaction opens with that claim (request-as-transaction,
@@ -230,35 +229,7 @@ class Store:
         follows (one would be refused: the key is finished). Its ``finished_at`` is the
         claim's time.
         """
-        if finished is not None and claim is None:
-            raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
-        with self._gate.transaction(), self._source.connection() as conn:
-            op = None
-            if claim is not None:
-                claimed = self._dialect.claim(claim, finished)
-                op = watched_claim(self._instrumentation, claim, claimed)
-            entered = False
-            try:
-                with conn.atomic(op) as got:
-                    entered = True
-                    tx = self._transaction_type(conn, self._dialect, got)
-                    try:
-                        yield tx
-                    finally:
-                        # Ended as the block ends, before the COMMIT (and what was
-                        # deferred to it) and the connection's return: from now on
-                        # nothing runs through this tx (see gate.ENDED).
-                        tx._conn = ENDED
-                return
-            except KeyHeld:
-                if entered or claim is None:
-                    raise
-            held = conn.perform(_ops.claim_held(self._dialect, claim), atomic=False, write=False)
-            tx = self._transaction_type(conn, self._dialect, held)
-            try:
-                yield tx
-            finally:
-                tx._conn = ENDED
+        return _TransactionBlock(self, claim, finished)
 
     def checkpoint(
         self,
@@ -296,16 +267,19 @@ class Store:
         sent with the COMMIT where the driver can: then a refused write (LockLost)
         comes out of the transaction's exit, with everything in it rolled back.
         """
-        op = functools.partial(_ops.finish, self._dialect, lease, response, error)
         if tx is None:
             _no_commit(at_commit)
+            op = functools.partial(_ops.finish, self._dialect, lease, response, error)
             self._finish_own(lease, op)
             return
         conn = tx._fenced(lease, "finish", self._instrumentation)
+        finish = fenced(
+            self._instrumentation, "finish", _ops.finish(self._dialect, lease, response, error)
+        )
         if at_commit:
-            conn.defer(fenced(self._instrumentation, "finish", op()))
+            conn.defer(finish)
         else:
-            conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
+            conn.run_in_transaction(finish)
 
     def _finish_own(self, lease: Lease, op: Callable[[], Op[T]]) -> T:
         """A finish outside any transaction: batched while another is out (DESIGN 11)."""
@@ -467,3 +441,98 @@ class Store:
                 return conn.perform(make_op(), atomic=atomic, write=write)
 
         return retried(attempt)
+
+
+class _TransactionBlock:
+    """The block of [`Store.transaction`][idempotence.stores.sql.Store.transaction]:
+    the store's gate, a connection of its source, and the connection's atomic block
+    (or, for a claim that found its key held, the read that answers it instead, F8),
+    entered and exited by hand, in the order and with the errors that nested blocks
+    would give them. A class, not a generator: it is entered for every phase and every
+    request-as-transaction, and a generator's block costs a generator, its wrapper and
+    two more calls each time. A block that swallows an error is honoured as the
+    statement would honour it (none of the library's does)."""
+
+    __slots__ = ("_atomic", "_claim", "_finished", "_gate", "_source", "_store", "_tx")
+
+    def __init__(
+        self, store: Store, claim: ClaimRequest | None, finished: StoredResponse | None
+    ) -> None:
+        self._store = store
+        self._claim = claim
+        self._finished = finished
+        self._atomic: AbstractContextManager[Any] | None = None
+
+    def __enter__(self) -> Transaction:
+        store, claim = self._store, self._claim
+        if self._finished is not None and claim is None:
+            raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
+        dialect = store._dialect
+        gate = self._gate = store._gate.transaction()
+        gate.__enter__()
+        try:
+            source = self._source = store._source.connection()
+            conn = source.__enter__()
+            try:
+                op = None
+                if claim is not None:
+                    claimed = dialect.claim(claim, self._finished)
+                    op = watched_claim(store._instrumentation, claim, claimed)
+                atomic: AbstractContextManager[Any] | None
+                try:
+                    atomic = conn.atomic(op)
+                    got = atomic.__enter__()
+                except KeyHeld:
+                    if claim is None:
+                        raise
+                    atomic = None  # the claim found its key held (F8): read below
+                if atomic is None:
+                    assert claim is not None  # only a claim finds its key held
+                    held = conn.perform(_ops.claim_held(dialect, claim), atomic=False, write=False)
+                    tx = store._transaction_type(conn, dialect, held)
+                else:
+                    try:
+                        tx = store._transaction_type(conn, dialect, got)
+                    except BaseException as exc:
+                        if not atomic.__exit__(type(exc), exc, exc.__traceback__):
+                            raise
+                        tx = None
+                    else:
+                        self._atomic = atomic
+            except BaseException as exc:
+                if not source.__exit__(type(exc), exc, exc.__traceback__):
+                    raise
+                tx = None
+            else:
+                if tx is None:
+                    source.__exit__(None, None, None)
+            if tx is None:  # a block swallowed the error of its start: no transaction
+                raise RuntimeError("the transaction's block did not open") from None
+        except BaseException as exc:
+            gate.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._tx = tx
+        return tx
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        # Ended as the block ends, before the COMMIT (and what was deferred to it) and
+        # the connection's return: from now on nothing runs through this tx (see
+        # gate.ENDED).
+        self._tx._conn = ENDED
+        atomic = self._atomic
+        try:
+            try:
+                if atomic is not None and atomic.__exit__(kind, exc, tb):
+                    kind = exc = tb = None
+            except BaseException as error:  # the COMMIT failed, or the rollback
+                if not self._source.__exit__(type(error), error, error.__traceback__):
+                    raise
+                kind = exc = tb = None
+            else:
+                if self._source.__exit__(kind, exc, tb):
+                    kind = exc = tb = None
+        except BaseException as error:
+            self._gate.__exit__(type(error), error, error.__traceback__)
+            raise
+        self._gate.__exit__(kind, exc, tb)
+        return exc is None  # True: swallowed by a block (or no error at all)

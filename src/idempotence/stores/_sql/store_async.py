@@ -7,8 +7,8 @@ The store only chooses a connection and a transaction and hands the operation fr
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -212,10 +212,9 @@ class AsyncStore:
             lambda: self._dialect.claim(request), atomic=not self._dialect.claim_is_one_statement
         )
 
-    @asynccontextmanager
-    async def transaction(
+    def transaction(
         self, *, claim: ClaimRequest | None = None, finished: StoredResponse | None = None
-    ) -> AsyncIterator[AsyncTransaction]:
+    ) -> AbstractAsyncContextManager[AsyncTransaction]:
         """Open a write transaction for a phase: commits on exit, rolls back on error.
 
         Given ``claim``, the transaction opens with that claim (request-as-transaction,
@@ -232,37 +231,7 @@ class AsyncStore:
         follows (one would be refused: the key is finished). Its ``finished_at`` is the
         claim's time.
         """
-        if finished is not None and claim is None:
-            raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
-        async with self._gate.transaction(), self._source.connection() as conn:
-            op = None
-            if claim is not None:
-                claimed = self._dialect.claim(claim, finished)
-                op = watched_claim(self._instrumentation, claim, claimed)
-            entered = False
-            try:
-                async with conn.atomic(op) as got:
-                    entered = True
-                    tx = self._transaction_type(conn, self._dialect, got)
-                    try:
-                        yield tx
-                    finally:
-                        # Ended as the block ends, before the COMMIT (and what was
-                        # deferred to it) and the connection's return: from now on
-                        # nothing runs through this tx (see gate.ENDED).
-                        tx._conn = ENDED
-                return
-            except KeyHeld:
-                if entered or claim is None:
-                    raise
-            held = await conn.perform(
-                _ops.claim_held(self._dialect, claim), atomic=False, write=False
-            )
-            tx = self._transaction_type(conn, self._dialect, held)
-            try:
-                yield tx
-            finally:
-                tx._conn = ENDED
+        return _AsyncTransactionBlock(self, claim, finished)
 
     async def checkpoint(
         self,
@@ -300,16 +269,19 @@ class AsyncStore:
         sent with the COMMIT where the driver can: then a refused write (LockLost)
         comes out of the transaction's exit, with everything in it rolled back.
         """
-        op = functools.partial(_ops.finish, self._dialect, lease, response, error)
         if tx is None:
             _no_commit(at_commit)
+            op = functools.partial(_ops.finish, self._dialect, lease, response, error)
             await self._finish_own(lease, op)
             return
         conn = tx._fenced(lease, "finish", self._instrumentation)
+        finish = fenced(
+            self._instrumentation, "finish", _ops.finish(self._dialect, lease, response, error)
+        )
         if at_commit:
-            conn.defer(fenced(self._instrumentation, "finish", op()))
+            conn.defer(finish)
         else:
-            await conn.run_in_transaction(fenced(self._instrumentation, "finish", op()))
+            await conn.run_in_transaction(finish)
 
     async def _finish_own(self, lease: Lease, op: Callable[[], Op[T]]) -> T:
         """A finish outside any transaction: batched while another is out (DESIGN 11)."""
@@ -475,3 +447,100 @@ class AsyncStore:
                 return await conn.perform(make_op(), atomic=atomic, write=write)
 
         return await retried_async(attempt)
+
+
+class _AsyncTransactionBlock:
+    """The block of [`AsyncStore.transaction`][idempotence.stores.sql.AsyncStore.transaction]:
+    the store's gate, a connection of its source, and the connection's atomic block
+    (or, for a claim that found its key held, the read that answers it instead, F8),
+    entered and exited by hand, in the order and with the errors that nested blocks
+    would give them. A class, not a generator: it is entered for every phase and every
+    request-as-transaction, and a generator's block costs a generator, its wrapper and
+    two more calls each time. A block that swallows an error is honoured as the
+    statement would honour it (none of the library's does)."""
+
+    __slots__ = ("_atomic", "_claim", "_finished", "_gate", "_source", "_store", "_tx")
+
+    def __init__(
+        self, store: AsyncStore, claim: ClaimRequest | None, finished: StoredResponse | None
+    ) -> None:
+        self._store = store
+        self._claim = claim
+        self._finished = finished
+        self._atomic: AbstractAsyncContextManager[Any] | None = None
+
+    async def __aenter__(self) -> AsyncTransaction:
+        store, claim = self._store, self._claim
+        if self._finished is not None and claim is None:
+            raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
+        dialect = store._dialect
+        gate = self._gate = store._gate.transaction()
+        gate.__enter__()
+        try:
+            source = self._source = store._source.connection()
+            conn = await source.__aenter__()
+            try:
+                op = None
+                if claim is not None:
+                    claimed = dialect.claim(claim, self._finished)
+                    op = watched_claim(store._instrumentation, claim, claimed)
+                atomic: AbstractAsyncContextManager[Any] | None
+                try:
+                    atomic = conn.atomic(op)
+                    got = await atomic.__aenter__()
+                except KeyHeld:
+                    if claim is None:
+                        raise
+                    atomic = None  # the claim found its key held (F8): read below
+                if atomic is None:
+                    assert claim is not None  # only a claim finds its key held
+                    held = await conn.perform(
+                        _ops.claim_held(dialect, claim), atomic=False, write=False
+                    )
+                    tx = store._transaction_type(conn, dialect, held)
+                else:
+                    try:
+                        tx = store._transaction_type(conn, dialect, got)
+                    except BaseException as exc:
+                        if not await atomic.__aexit__(type(exc), exc, exc.__traceback__):
+                            raise
+                        tx = None
+                    else:
+                        self._atomic = atomic
+            except BaseException as exc:
+                if not await source.__aexit__(type(exc), exc, exc.__traceback__):
+                    raise
+                tx = None
+            else:
+                if tx is None:
+                    await source.__aexit__(None, None, None)
+            if tx is None:  # a block swallowed the error of its start: no transaction
+                raise RuntimeError("the transaction's block did not open") from None
+        except BaseException as exc:
+            gate.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._tx = tx
+        return tx
+
+    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        # Ended as the block ends, before the COMMIT (and what was deferred to it) and
+        # the connection's return: from now on nothing runs through this tx (see
+        # gate.ENDED).
+        self._tx._conn = ENDED
+        atomic = self._atomic
+        try:
+            try:
+                if atomic is not None and await atomic.__aexit__(kind, exc, tb):
+                    kind = exc = tb = None
+            except BaseException as error:  # the COMMIT failed, or the rollback
+                if not await self._source.__aexit__(type(error), error, error.__traceback__):
+                    raise
+                kind = exc = tb = None
+            else:
+                if await self._source.__aexit__(kind, exc, tb):
+                    kind = exc = tb = None
+        except BaseException as error:
+            self._gate.__exit__(type(error), error, error.__traceback__)
+            raise
+        self._gate.__exit__(kind, exc, tb)
+        return exc is None  # True: swallowed by a block (or no error at all)

@@ -23,7 +23,6 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 import psycopg_pool
-from psycopg import pq
 from psycopg.rows import dict_row
 
 from ..._concurrency import Lock, acquire
@@ -43,6 +42,8 @@ from ._store_shared import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
     DRIVER_ERRORS,
+    IDLE,
+    INTRANS,
     TRANSACTION_PLANNING,
     Cursors,
     PostgresDialect,
@@ -103,10 +104,7 @@ class PostgresConnection:
             cur = self._statements(query.sql if query.params else "")
             # The store's own statements inside a transaction on its own connections are
             # planned at this run (see TRANSACTION_PLANNING).
-            ours = (
-                self._planning
-                and self.raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS
-            )
+            ours = self._planning and self.raw.pgconn.transaction_status == INTRANS
             prepare = False if ours else None
             # No parameters: a script of several statements (migrations) is allowed.
             cur.execute(query.sql, query.params or None, prepare=prepare)
@@ -142,60 +140,11 @@ class PostgresConnection:
         with translated():
             tx.__exit__(None, None, None)
 
-    def _begin(self, first: Op[T] | None) -> T | None:
-        if first is None:
-            with translated():
-                # Without parameters, psycopg sends them as one query: one round trip.
-                self._control().execute("; ".join(self._opening))
-            return None
-        try:
-            query = next(first)
-            sql = bounded_claim(query, self._planning)
-            cur = self._statements(sql)
-            with self.raw.pipeline():
-                self._control().execute("BEGIN")
-                cur.execute(sql, query.params)
-            rows = cur.fetchall() if has_rows(cur) else []
-        except psycopg.errors.LockNotAvailable as exc:  # what held() does, in a try
-            raise KeyHeld(str(exc)) from exc
-        except DRIVER_ERRORS as exc:
-            raise translate(exc) from exc
-        return run(first, BoundedClaim(self), rows)
-
-    def _commit(self, deferred: list[Op[Any]]) -> None:
-        cursors: list[psycopg.Cursor[Row]] = []
-        refused = False
-        try:
-            if not deferred:  # nothing to send with it: no pipeline to pay for
-                self._control().execute("COMMIT")
-                return
-            with self.raw.pipeline():
-                if self._planning:
-                    self._control().execute(COMMIT_PLANNING)
-                for op in deferred:
-                    query = next(op)
-                    sql = deferred_sql(query)
-                    # The connection's cursor for the first (the finish: nearly always
-                    # the only one), a cursor each for any more.
-                    if cursors:
-                        cur = self.raw.cursor(row_factory=dict_row)
-                    else:
-                        cur = self._statements(sql)
-                    cursors.append(cur)
-                    cur.execute(sql, query.params)
-                self._control().execute("COMMIT")
-        except psycopg.errors.DivisionByZero:
-            refused = True
-        except DRIVER_ERRORS as exc:
-            raise translate(exc) from exc
-        rows = [cur.fetchall() if has_rows(cur) else [] for cur in cursors]
-        settle_deferred(deferred, rows, refused)
-
     def _rollback(self) -> None:
         # Nothing to roll back after a COMMIT that failed: the server ended it. A
         # connection too broken to roll back is the pool's to discard; the error that
         # got us here is the one to report.
-        if self.raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        if self.raw.pgconn.transaction_status != IDLE:
             with suppress(psycopg.Error):
                 self.raw.execute("ROLLBACK")
 
@@ -218,7 +167,11 @@ class PostgresConnection:
 class _Pipelined(Generic[T]):
     """The block of a transaction on the store's own connection: BEGIN (with
     ``first``'s first statement), then at a clean exit what was deferred with the
-    COMMIT; after an error, ROLLBACK. What was deferred and not sent is closed."""
+    COMMIT; after an error, ROLLBACK. What was deferred and not sent is closed.
+
+    The BEGIN and the COMMIT are sent by ``__enter__`` and ``__exit__`` themselves,
+    not by methods of the connection that they would call (a frame more each): every
+    request-as-transaction enters one."""
 
     __slots__ = ("_conn", "_deferred", "_first")
 
@@ -228,10 +181,34 @@ class _Pipelined(Generic[T]):
         self._deferred: list[Op[Any]] = []
 
     def __enter__(self) -> T | None:
-        conn = self._conn
+        conn, first = self._conn, self._first
         deferred = self._deferred = conn._blocks.open()
         try:
-            return conn._begin(self._first)
+            if first is None:
+                with translated():
+                    # Without parameters, psycopg sends them as one query: one round trip.
+                    conn._control().execute("; ".join(conn._opening))
+                return None
+            try:
+                query = next(first)
+                sql = bounded_claim(query, conn._planning)
+                cur = conn._statements(sql)
+                with conn.raw.pipeline():
+                    conn._control().execute("BEGIN")
+                    cur.execute(sql, query.params)
+                rows = cur.fetchall() if has_rows(cur) else []
+            except psycopg.errors.LockNotAvailable as exc:  # what held() does, in a try
+                raise KeyHeld(str(exc)) from exc
+            except DRIVER_ERRORS as exc:
+                raise translate(exc) from exc
+            # Nearly every claim settles at its first statement: its result in line;
+            # a claim that runs again goes on in run.
+            try:
+                query = first.send(rows)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            return run(first, BoundedClaim(conn), None, query)
         except BaseException:
             try:
                 conn._rollback()
@@ -242,11 +219,40 @@ class _Pipelined(Generic[T]):
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         conn, deferred = self._conn, self._deferred
         try:
-            if exc is None:
-                conn._blocks.seal(deferred)
-                conn._commit(deferred)
-            else:
+            if exc is not None:
                 conn._rollback()
+                return
+            conn._blocks.seal(deferred)
+            cursors: list[psycopg.Cursor[Row]] = []
+            refused = False
+            try:
+                if not deferred:  # nothing to send with it: no pipeline to pay for
+                    conn._control().execute("COMMIT")
+                    return
+                control = conn._control()
+                with conn.raw.pipeline():
+                    if conn._planning:
+                        control.execute(COMMIT_PLANNING)
+                    for op in deferred:
+                        query = next(op)
+                        sql = deferred_sql(query)
+                        # The connection's cursor for the first (the finish: nearly
+                        # always the only one), a cursor each for any more.
+                        if cursors:
+                            cur = conn.raw.cursor(row_factory=dict_row)
+                        else:
+                            cur = conn._statements(sql)
+                        cursors.append(cur)
+                        cur.execute(sql, query.params)
+                    control.execute("COMMIT")
+            except psycopg.errors.DivisionByZero:
+                refused = True
+            except DRIVER_ERRORS as error:
+                raise translate(error) from error
+            rows = []
+            for cur in cursors:  # a loop: a comprehension would be a coroutine more
+                rows.append(cur.fetchall() if has_rows(cur) else [])
+            settle_deferred(deferred, rows, refused)
         except BaseException:
             if exc is None:  # the COMMIT (or what went with it) failed: roll back
                 conn._rollback()
@@ -446,7 +452,7 @@ class _Checkout:
         try:
             if exc is not None and raw.broken:
                 self._source.breaker.broken(exc)
-            if not raw.closed and raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            if not raw.closed and raw.pgconn.transaction_status != IDLE:
                 if exc is None:
                     raw.commit()
                 else:

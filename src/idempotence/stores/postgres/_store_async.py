@@ -21,7 +21,6 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 import psycopg_pool
-from psycopg import pq
 from psycopg.rows import dict_row
 
 from ..._concurrency import AsyncLock, acquire_async
@@ -41,6 +40,8 @@ from ._store_shared import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
     DRIVER_ERRORS,
+    IDLE,
+    INTRANS,
     TRANSACTION_PLANNING,
     Cursors,
     PostgresDialect,
@@ -101,10 +102,7 @@ class AsyncPostgresConnection:
             cur = self._statements(query.sql if query.params else "")
             # The store's own statements inside a transaction on its own connections are
             # planned at this run (see TRANSACTION_PLANNING).
-            ours = (
-                self._planning
-                and self.raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS
-            )
+            ours = self._planning and self.raw.pgconn.transaction_status == INTRANS
             prepare = False if ours else None
             # No parameters: a script of several statements (migrations) is allowed.
             await cur.execute(query.sql, query.params or None, prepare=prepare)
@@ -140,60 +138,11 @@ class AsyncPostgresConnection:
         with translated():
             await tx.__aexit__(None, None, None)
 
-    async def _begin(self, first: Op[T] | None) -> T | None:
-        if first is None:
-            with translated():
-                # Without parameters, psycopg sends them as one query: one round trip.
-                await self._control().execute("; ".join(self._opening))
-            return None
-        try:
-            query = next(first)
-            sql = bounded_claim(query, self._planning)
-            cur = self._statements(sql)
-            async with self.raw.pipeline():
-                await self._control().execute("BEGIN")
-                await cur.execute(sql, query.params)
-            rows = await cur.fetchall() if has_rows(cur) else []
-        except psycopg.errors.LockNotAvailable as exc:  # what held() does, in a try
-            raise KeyHeld(str(exc)) from exc
-        except DRIVER_ERRORS as exc:
-            raise translate(exc) from exc
-        return await run_async(first, AsyncBoundedClaim(self), rows)
-
-    async def _commit(self, deferred: list[Op[Any]]) -> None:
-        cursors: list[psycopg.AsyncCursor[Row]] = []
-        refused = False
-        try:
-            if not deferred:  # nothing to send with it: no pipeline to pay for
-                await self._control().execute("COMMIT")
-                return
-            async with self.raw.pipeline():
-                if self._planning:
-                    await self._control().execute(COMMIT_PLANNING)
-                for op in deferred:
-                    query = next(op)
-                    sql = deferred_sql(query)
-                    # The connection's cursor for the first (the finish: nearly always
-                    # the only one), a cursor each for any more.
-                    if cursors:
-                        cur = self.raw.cursor(row_factory=dict_row)
-                    else:
-                        cur = self._statements(sql)
-                    cursors.append(cur)
-                    await cur.execute(sql, query.params)
-                await self._control().execute("COMMIT")
-        except psycopg.errors.DivisionByZero:
-            refused = True
-        except DRIVER_ERRORS as exc:
-            raise translate(exc) from exc
-        rows = [await cur.fetchall() if has_rows(cur) else [] for cur in cursors]
-        settle_deferred(deferred, rows, refused)
-
     async def _rollback(self) -> None:
         # Nothing to roll back after a COMMIT that failed: the server ended it. A
         # connection too broken to roll back is the pool's to discard; the error that
         # got us here is the one to report.
-        if self.raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        if self.raw.pgconn.transaction_status != IDLE:
             with suppress(psycopg.Error):
                 await self.raw.execute("ROLLBACK")
 
@@ -216,7 +165,11 @@ class AsyncPostgresConnection:
 class _AsyncPipelined(Generic[T]):
     """The block of a transaction on the store's own connection: BEGIN (with
     ``first``'s first statement), then at a clean exit what was deferred with the
-    COMMIT; after an error, ROLLBACK. What was deferred and not sent is closed."""
+    COMMIT; after an error, ROLLBACK. What was deferred and not sent is closed.
+
+    The BEGIN and the COMMIT are sent by ``__aenter__`` and ``__aexit__`` themselves,
+    not by methods of the connection that they would call (a frame more each): every
+    request-as-transaction enters one."""
 
     __slots__ = ("_conn", "_deferred", "_first")
 
@@ -226,10 +179,34 @@ class _AsyncPipelined(Generic[T]):
         self._deferred: list[Op[Any]] = []
 
     async def __aenter__(self) -> T | None:
-        conn = self._conn
+        conn, first = self._conn, self._first
         deferred = self._deferred = conn._blocks.open()
         try:
-            return await conn._begin(self._first)
+            if first is None:
+                with translated():
+                    # Without parameters, psycopg sends them as one query: one round trip.
+                    await conn._control().execute("; ".join(conn._opening))
+                return None
+            try:
+                query = next(first)
+                sql = bounded_claim(query, conn._planning)
+                cur = conn._statements(sql)
+                async with conn.raw.pipeline():
+                    await conn._control().execute("BEGIN")
+                    await cur.execute(sql, query.params)
+                rows = await cur.fetchall() if has_rows(cur) else []
+            except psycopg.errors.LockNotAvailable as exc:  # what held() does, in a try
+                raise KeyHeld(str(exc)) from exc
+            except DRIVER_ERRORS as exc:
+                raise translate(exc) from exc
+            # Nearly every claim settles at its first statement: its result in line;
+            # a claim that runs again goes on in run_async.
+            try:
+                query = first.send(rows)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            return await run_async(first, AsyncBoundedClaim(conn), None, query)
         except BaseException:
             try:
                 await conn._rollback()
@@ -240,11 +217,40 @@ class _AsyncPipelined(Generic[T]):
     async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         conn, deferred = self._conn, self._deferred
         try:
-            if exc is None:
-                conn._blocks.seal(deferred)
-                await conn._commit(deferred)
-            else:
+            if exc is not None:
                 await conn._rollback()
+                return
+            conn._blocks.seal(deferred)
+            cursors: list[psycopg.AsyncCursor[Row]] = []
+            refused = False
+            try:
+                if not deferred:  # nothing to send with it: no pipeline to pay for
+                    await conn._control().execute("COMMIT")
+                    return
+                control = conn._control()
+                async with conn.raw.pipeline():
+                    if conn._planning:
+                        await control.execute(COMMIT_PLANNING)
+                    for op in deferred:
+                        query = next(op)
+                        sql = deferred_sql(query)
+                        # The connection's cursor for the first (the finish: nearly
+                        # always the only one), a cursor each for any more.
+                        if cursors:
+                            cur = conn.raw.cursor(row_factory=dict_row)
+                        else:
+                            cur = conn._statements(sql)
+                        cursors.append(cur)
+                        await cur.execute(sql, query.params)
+                    await control.execute("COMMIT")
+            except psycopg.errors.DivisionByZero:
+                refused = True
+            except DRIVER_ERRORS as error:
+                raise translate(error) from error
+            rows = []
+            for cur in cursors:  # a loop: a comprehension would be a coroutine more
+                rows.append(await cur.fetchall() if has_rows(cur) else [])
+            settle_deferred(deferred, rows, refused)
         except BaseException:
             if exc is None:  # the COMMIT (or what went with it) failed: roll back
                 await conn._rollback()
@@ -447,7 +453,7 @@ class _AsyncCheckout:
         try:
             if exc is not None and raw.broken:
                 self._source.breaker.broken(exc)
-            if not raw.closed and raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            if not raw.closed and raw.pgconn.transaction_status != IDLE:
                 if exc is None:
                     await raw.commit()
                 else:

@@ -23,7 +23,7 @@ from ...errors import ConfigurationError, SchemaMissing, StoreError, StoreUnavai
 from ...states import ClaimRequest, StoredResponse
 from .._listener import Listener
 from .._listener_async import AsyncListener
-from .._sql.ops import APPLICATION, Dialect, Op, Query, Row, claim_in_one_statement
+from .._sql.ops import APPLICATION, Dialect, Op, Query, Row, claim_in_one_statement, new_query
 from .._sql.placeholders import to_pyformat
 from .._sql.retry import KeyHeld, TransientError, translator
 from ._breaker import connect_errors
@@ -125,7 +125,7 @@ class PostgresDialect(Dialect):
 
     def application(self, sql: str, params: Any) -> Query:
         # psycopg takes %(name)s, not the :name every store takes (cached per text).
-        return Query(APPLICATION, to_pyformat(sql), params or {})
+        return new_query(APPLICATION, to_pyformat(sql), params or {})
 
 
 # -- the pools the store opens (P11) ---------------------------------------------------
@@ -223,9 +223,17 @@ def held() -> _Held:
     return _HELD
 
 
+# libpq's states the request path compares with, as module constants (the same enum
+# members): a member read off its enum class goes through the metaclass's attribute
+# lookup, several times a request.
+IDLE = pq.TransactionStatus.IDLE
+INTRANS = pq.TransactionStatus.INTRANS
+TUPLES_OK = pq.ExecStatus.TUPLES_OK
+
+
 def has_rows(cur: Any) -> bool:
     result = cur.pgresult
-    return result is not None and result.status == pq.ExecStatus.TUPLES_OK
+    return result is not None and result.status == TUPLES_OK
 
 
 # -- a transaction in two round trips ---------------------------------------------------
@@ -303,9 +311,7 @@ def bounded_claim(query: Query, planning: bool = False) -> str:
 
 def pipelines(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     # The status from the libpq connection: raw.info builds a ConnectionInfo each time.
-    return (
-        raw.autocommit and raw.pgconn.transaction_status == pq.TransactionStatus.IDLE and _PIPELINES
-    )
+    return raw.autocommit and raw.pgconn.transaction_status == IDLE and _PIPELINES
 
 
 _PIPELINES = psycopg.Pipeline.is_supported()  # the libpq's version: fixed for the process
@@ -339,27 +345,36 @@ class StatementRows:
     psycopg's ``dict_row`` makes them, the maker of each list of column names built
     once. ``sql`` is the text of the statement whose rows come next."""
 
-    __slots__ = ("_makers", "sql")
+    __slots__ = ("_last", "_makers", "sql")
 
     def __init__(self) -> None:
         self.sql = ""
         self._makers: dict[tuple[bytes | None, ...], RowMaker[Row]] = {}
+        #: By statement text (its hash kept by the string), the column names of its
+        #: last result and their maker: the names compared, not hashed name by name.
+        self._last: dict[str, tuple[tuple[bytes | None, ...], RowMaker[Row]]] = {}
 
     def __call__(self, cursor: Any) -> RowMaker[Row]:
         result = cursor.pgresult
         # A statement without parameters may be a script of several (a migration):
         # psycopg's own rows for those.
-        if result is None or result.status != pq.ExecStatus.TUPLES_OK or not self.sql:
+        if result is None or result.status != TUPLES_OK or not self.sql:
             return dict_row(cursor)
         # Keyed by the result's own column names (libpq's, undecoded: cheap to read),
         # not by the statement's text: `k.*` follows the table, which a migration may
         # change under a running app, even to as many columns with other names.
         names = tuple(map(result.fname, range(result.nfields)))
+        last = self._last.get(self.sql)
+        if last is not None and last[0] == names:
+            return last[1]
         maker = self._makers.get(names)
         if maker is None:
             if len(self._makers) >= _MAKERS:  # the store's statements are few; a bound
                 self._makers.clear()
             maker = self._makers[names] = _row_maker([column.name for column in cursor.description])
+        if len(self._last) >= _MAKERS:
+            self._last.clear()
+        self._last[self.sql] = (names, maker)
         return maker
 
 
@@ -367,8 +382,14 @@ _MAKERS = 256
 
 
 def _row_maker(names: list[str]) -> RowMaker[Row]:
+    count = len(names)
+
     def make(values: Sequence[Any]) -> Row:
-        return dict(zip(names, values, strict=True))
+        # zip(strict=True)'s check, by hand: zip called with a keyword takes the slow
+        # call path (a dict of the keyword), twice per request.
+        if len(values) != count:
+            raise ValueError(f"a row of {len(values)} values for {count} columns")
+        return dict(zip(names, values))  # noqa: B905 - checked just above
 
     return make
 
