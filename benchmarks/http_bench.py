@@ -238,23 +238,34 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
 class Answer:
     """The trivial endpoint's answer in a floor, made when the floor's claim took the key
     (``answer()``: the body to store) as FastAPI makes it of the dict that endpoint
-    returns (``jsonable_encoder``, then a ``JSONResponse``). A floor does the endpoint's
-    own work and the guard's statements, no more and no less, so that the gap between a
+    returns: its return annotation gives the route a response field, so FastAPI
+    validates the dict and writes it with pydantic (``dump_json``) into a plain
+    ``Response`` (fastapi/routing.py, ``use_dump_json``). A floor does the endpoint's own
+    work and the guard's statements, no more and no less, so that the gap between a
     guarded row and its floor is the library's alone; a replay makes no answer."""
 
     __slots__ = ("item", "response")
+
+    #: The route's response field, as FastAPI makes it once per route.
+    adapter: Any = None
 
     def __init__(self, item: Any) -> None:
         self.item = item
         self.response: Any = None
 
     def __call__(self) -> bytes:
-        from fastapi.encoders import jsonable_encoder
-        from fastapi.responses import JSONResponse
+        from fastapi import Response
 
-        content = jsonable_encoder({"ok": True, "amount": self.item.amount})
-        self.response = JSONResponse(content, status_code=201)
-        body: bytes = self.response.body
+        adapter = Answer.adapter
+        if adapter is None:
+            from pydantic import TypeAdapter
+
+            adapter = Answer.adapter = TypeAdapter(dict[str, Any])
+        value = adapter.validate_python(
+            {"ok": True, "amount": self.item.amount}, from_attributes=True
+        )
+        body: bytes = adapter.dump_json(value, by_alias=True)
+        self.response = Response(body, 201, media_type="application/json")
         return body
 
     def reply(self, status: int, body: bytes, replayed: bool) -> Any:

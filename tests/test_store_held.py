@@ -198,3 +198,24 @@ def test_f8_the_claim_restores_the_lock_timeout_whatever_its_outcome(
         with store.transaction(claim=req(f"{scope}-2")) as tx:
             assert tx.claim is not None and tx.claim.outcome is Outcome.EXECUTE
             assert tx.execute("SHOW lock_timeout")[0]["lock_timeout"] == "9s"
+
+
+class _Rollback(Exception):
+    pass
+
+
+def test_f8_a_transaction_block_entered_again_is_a_transaction_of_its_own(
+    store: PostgresStore,
+) -> None:
+    """The same ``store.transaction(...)`` object entered a second time opens a
+    transaction of its own: when that one's claim finds the key held (F8), the block
+    ends cleanly, and nothing of the first entry's (its connection's atomic block) is
+    exited again."""
+    request = req("again")
+    block = store.transaction(claim=request)
+    with pytest.raises(_Rollback), block as tx:
+        assert tx.claim is not None and tx.claim.outcome is Outcome.EXECUTE
+        raise _Rollback  # rolled back: the key is free again
+    with holding(store, request, finish=False), block as tx:
+        assert tx.claim is not None and tx.claim.outcome is Outcome.IN_PROGRESS
+        assert tx.claim.held

@@ -103,8 +103,9 @@ def perform(effect: Effect, store: KeyStore, observer: Observer | None) -> Any:
     if isinstance(effect, DoForget):
         return store.forget(effect.lease)
     if isinstance(effect, DoInTransaction) and isinstance(effect.fn, HandlerBody):
-        # A request-as-transaction's one effect: its coroutine, with none around it. A
-        # SQL store (the entry point checked), not cast(): that is a call.
+        # A request-as-transaction's one effect, performed by its own function with no
+        # other around it (async: one coroutine, not two). A SQL store (the entry point
+        # checked), not cast(): that is a call.
         return _handle_in_transaction(effect, effect.fn, store)  # type: ignore[arg-type]
     return _perform(effect, store, observer)
 

@@ -468,6 +468,9 @@ class _TransactionBlock:
         if self._finished is not None and claim is None:
             raise ValueError("transaction(finished=...) needs the claim it finishes: claim=")
         dialect = store._dialect
+        # A block entered again (the same store.transaction() object) is a transaction
+        # of its own: nothing of the last one's is exited with it.
+        self._atomic = None
         gate = self._gate = store._gate.transaction()
         gate.__enter__()
         try:

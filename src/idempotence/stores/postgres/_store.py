@@ -250,7 +250,8 @@ class _Pipelined(Generic[T]):
             except DRIVER_ERRORS as error:
                 raise translate(error) from error
             rows = []
-            for cur in cursors:  # a loop: a comprehension would be a coroutine more
+            # A loop: an async comprehension would be a coroutine more (async code).
+            for cur in cursors:
                 rows.append(cur.fetchall() if has_rows(cur) else [])
             settle_deferred(deferred, rows, refused)
         except BaseException:
