@@ -97,6 +97,12 @@ def drive(
         return reply
 
 
+def scripted_tenant(request: RequestInfo) -> str:
+    """A scope callable the lifecycle asks the driver to call (a `ResolveScope` effect,
+    which the scripts answer); `single_tenant`'s constant is read without one."""
+    return "tenant"
+
+
 # -- the pieces of a script ----------------------------------------------------------------
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -383,7 +389,7 @@ def request_for(row: Row) -> RequestInfo:
 @pytest.mark.parametrize("row", ROWS, ids=row_id)
 def test_f6_every_problem_in_both_profiles(row: Row, profile: Profile) -> None:
     config = Idempotency(
-        store=object(), scope=single_tenant("tenant"), profile=profile, key_status_path="/keys"
+        store=object(), scope=scripted_tenant, profile=profile, key_status_path="/keys"
     )
     reply = drive(config, policy_for(config, row), request_for(row), row.script)
 
@@ -409,7 +415,7 @@ def test_f6_the_table_covers_every_problem_code() -> None:
 
 
 def test_p4_p11_refusals_that_invite_a_retry_say_when() -> None:
-    config = Idempotency(store=object(), scope=single_tenant("tenant"))
+    config = Idempotency(store=object(), scope=scripted_tenant)
     for row in ROWS:
         if row.code in ("idempotency_key_in_use", "idempotency_store_unavailable"):
             reply = drive(config, policy_for(config, row), request_for(row), row.script)
@@ -419,7 +425,7 @@ def test_p4_p11_refusals_that_invite_a_retry_say_when() -> None:
 
 # -- what the lifecycle stores is neutral (F6) ------------------------------------------------
 
-STRIPE = Idempotency(store=object(), scope=single_tenant("tenant"), profile=Profile.STRIPE)
+STRIPE = Idempotency(store=object(), scope=scripted_tenant, profile=Profile.STRIPE)
 JSON_REQUEST = RequestInfo(
     "POST", "/charges", headers=(("content-type", "application/json"), ("idempotency-key", "k"))
 )
@@ -452,7 +458,7 @@ def test_f6_a_response_too_large_to_store_is_stored_neutral() -> None:
 
 # -- asynchronous acceptance: the request never runs the flow itself ---------------------------
 
-ACCEPT_CONFIG = Idempotency(store=object(), scope=single_tenant("tenant"))
+ACCEPT_CONFIG = Idempotency(store=object(), scope=scripted_tenant)
 
 
 def test_accepting_claims_releases_detaches_then_answers_202() -> None:
@@ -489,6 +495,21 @@ def test_accepting_a_known_key_only_reads_it(found: str, status: int) -> None:
     assert [type(effect) for effect in effects] == [ResolveScope, ReadBody, ReadKey]
     replayed = dict(reply.response.headers).get("idempotent-replayed")
     assert replayed == ("true" if found == "finished" else None)
+
+
+def test_single_tenant_is_read_without_asking_the_driver() -> None:
+    # A constant tenant needs no effect: the lifecycle goes from the key to the body,
+    # and the claim is in that tenant's scope.
+    config = Idempotency(store=object(), scope=single_tenant("shop"))
+    effects: list[Any] = []
+    script = [
+        (ReadBody, b'{"amount": 1}'),
+        (DoClaim, EXECUTE),
+        (DoHandle, Captured(201, (), b"{}")),
+    ]
+    drive(config, Policy(), JSON_REQUEST, [*script, (DoFinish, None)], effects)
+    assert [type(effect) for effect in effects] == [ReadBody, DoClaim, DoHandle, DoFinish]
+    assert effects[1].request.scope == "shop"
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,11 @@ from ..stores import AsyncTransaction, Transaction
 
 __all__ = ["current_async_transaction", "current_lease", "current_transaction"]
 
-_transaction: ContextVar[Any] = ContextVar("idempotence_http_transaction", default=None)
-_lease: ContextVar[Lease | None] = ContextVar("idempotence_http_lease", default=None)
+_running: ContextVar[tuple[Any, Lease | None]] = ContextVar(
+    "idempotence_http_running", default=(None, None)
+)
+"""The running handler's transaction (or None) and lease: one variable, not two, so
+that a guarded request sets and resets one."""
 
 
 def current_transaction() -> Transaction:
@@ -33,7 +36,7 @@ def current_transaction() -> Transaction:
         return {"ok": True}, 201
     ```
     """
-    tx = _transaction.get()
+    tx = _running.get()[0]
     if not isinstance(tx, Transaction):
         raise _outside("current_transaction", tx, "current_async_transaction")
     return tx
@@ -49,7 +52,7 @@ def current_async_transaction() -> AsyncTransaction:
         await current_async_transaction().execute("INSERT INTO transfers ...")
     ```
     """
-    tx = _transaction.get()
+    tx = _running.get()[0]
     if not isinstance(tx, AsyncTransaction):
         raise _outside("current_async_transaction", tx, "current_transaction")
     return tx
@@ -58,7 +61,7 @@ def current_async_transaction() -> AsyncTransaction:
 def current_lease() -> Lease:
     """The lease of the key the running handler holds: its row ``id`` names foreign
     calls' derived keys (R4), e.g. ``f"charge-{current_lease().id}"``."""
-    lease = _lease.get()
+    lease = _running.get()[1]
     if lease is None:
         raise ConfigurationError(
             "current_lease() is only available inside a handler guarded by the "
@@ -80,16 +83,13 @@ class bound:
     """Make ``tx`` and ``lease`` current for the app's run (a class, not a
     ``@contextmanager``: it is entered once per guarded request)."""
 
-    __slots__ = ("_lease", "_lease_token", "_tx", "_tx_token")
+    __slots__ = ("_running", "_token")
 
     def __init__(self, tx: Transaction | AsyncTransaction | None, lease: Lease) -> None:
-        self._tx = tx
-        self._lease = lease
+        self._running = (tx, lease)
 
     def __enter__(self) -> None:
-        self._tx_token = _transaction.set(self._tx)
-        self._lease_token = _lease.set(self._lease)
+        self._token = _running.set(self._running)
 
     def __exit__(self, *exc_info: object) -> None:
-        _lease.reset(self._lease_token)
-        _transaction.reset(self._tx_token)
+        _running.reset(self._token)

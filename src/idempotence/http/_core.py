@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .._frozen import quick_new
 from ..errors import (
     BodyTooLarge,
     ConfigurationError,
@@ -72,8 +73,14 @@ from ._responses import (
     retry_after,
     store_down,
 )
+from ._scopes import SingleTenant
 
 logger = logging.getLogger("idempotence.http")
+
+# Every answered request makes its reply: past the class call (see quick_new), and the
+# kind as a module global (a member read off its enum class costs about five times).
+_new_reply = quick_new(Reply)
+_RESPOND = ReplyKind.RESPOND
 
 __all__ = ["HTTP_FLOW", "lifecycle"]
 
@@ -99,15 +106,15 @@ def lifecycle(config: Idempotency, policy: Policy, request: RequestInfo, app: An
         return _key_problem(profile, exc)
     if key is None and field is None:
         return PASS  # P7: an optional key, not sent: the request is not guarded
-    tenant = yield ResolveScope(config.scope_for(policy), request)
+    scope = config.scope_for(policy)  # a constant one is read, not asked of the driver
+    tenant = scope.tenant if type(scope) is SingleTenant else (yield ResolveScope(scope, request))
     if tenant is None or tenant == "":
         return no_tenant(profile)
     if not isinstance(tenant, str):
         raise TypeError(f"the scope callable must return a str or None, not {tenant!r}")
     if policy.key_scope is KeyScope.ENDPOINT:
         tenant = endpoint_scope(tenant, request)  # the same key elsewhere is another key
-    limit = policy.max_body_bytes
-    declared = declared_length(length)
+    limit, declared = policy.max_body_bytes, declared_length(length)
     if declared is not None and declared > limit:
         return _too_large(profile, limit)  # before reading a byte (and before 100 Continue)
     try:
@@ -226,7 +233,7 @@ def _reply(policy: Policy, profile: Profile, result: FlowResult) -> Reply:
     response = result.response
     if result.answered:
         assert response is not None
-        return Reply(ReplyKind.RESPOND, finalize(response), original=True)
+        return _new_reply(_RESPOND, finalize(response), True)  # original=True
     kind = result.kind
     if kind is ResultKind.SENT:
         return SENT

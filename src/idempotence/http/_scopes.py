@@ -19,8 +19,9 @@ ScopeFn: TypeAlias = Callable[[RequestInfo], "str | Awaitable[str | None] | None
 ASGI app it may be a coroutine function."""
 
 
-class _SingleTenant:
-    """A scope that puts every request in one tenant: the explicit opt-in."""
+class SingleTenant:
+    """A scope that puts every request in one tenant: the explicit opt-in (what
+    `single_tenant` makes; the lifecycle reads its ``tenant`` without calling it)."""
 
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
@@ -46,7 +47,7 @@ def single_tenant(tenant: str = "default") -> ScopeFn:
     """
     if not tenant:
         raise ConfigurationError("single_tenant() needs a non-empty tenant name")
-    return _SingleTenant(tenant)
+    return SingleTenant(tenant)
 
 
 def header_scope(name: str) -> ScopeFn:

@@ -36,6 +36,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from .._frozen import quick_new
 from ..errors import BodyTooLarge, ConfigurationError
 from ..flows.effects import DoHandle
 from ..stores import AsyncKeyStore, AsyncTransaction
@@ -67,6 +68,11 @@ _SIZED = (list, tuple)
 generator, which the capture read through)."""
 
 
+# Every guarded request makes one (method, path, query, headers, raw, path_params):
+# past the class call (see quick_new).
+_new_request_info = quick_new(RequestInfo)
+
+
 class _Disconnected(Exception):
     """The client went away while we read its body: nothing was claimed."""
 
@@ -94,15 +100,13 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)  # P9
             return
         policy, params = found
-        request = RequestInfo(
-            method=scope["method"],
-            path=scope["path"],
-            query=scope.get("query_string", b"").decode("latin-1"),
-            headers=tuple(
-                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-            ),
-            raw=scope,
-            path_params=params,
+        request = _new_request_info(
+            scope["method"],
+            scope["path"],
+            scope.get("query_string", b"").decode("latin-1"),
+            tuple([(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]),
+            scope,
+            params,
         )
         exchange = _Exchange(self.app, scope, receive, send)
         engine = lifecycle(self.config, policy, request, exchange)
