@@ -338,7 +338,6 @@ def test_the_redis_server_benchmark_counts_every_phase():
     for name, phase in phases.items():
         assert phase["instructions"] > 0, name
         assert phase["calls"] >= 20, name  # every call of the phase was counted
-        assert phase["usec_per_call"] >= 0, name
     for name in scripts | {"powertools"}:
         assert phases[name]["usec_per_call"] > 0, name
     assert phases["claim new"]["parts"]["HSET"] > 0
