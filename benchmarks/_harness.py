@@ -632,11 +632,17 @@ class PgHand:
         self.deferred = _postgres_base.deferred_sql  # the finish as sent with a COMMIT
         self.opened = False
 
+    async def open(self, wait: bool = False) -> None:
+        """Open the pool (at the first request); with ``wait``, return once its first
+        connections are set up, so that none is set up while a request runs."""
+        if not self.opened:
+            await self.pool.open(wait=wait)
+            self.opened = True
+
     @contextlib.asynccontextmanager
     async def connection(self) -> Any:
         if not self.opened:
-            await self.pool.open()
-            self.opened = True
+            await self.open()
         async with self.pool.connection() as conn:
             yield conn
 
@@ -784,7 +790,11 @@ class CachedHand:
     first of an older row is refused by a tombstone. A key in progress answers 409;
     a finish that matches no row, or an entry the script refuses, raises (a 500): both
     show in ``errs``, so the floor cannot measure a shortcut. Its entries are the
-    store's byte for byte (tests/test_benchmarks.py), so the library reads them."""
+    store's byte for byte (tests/test_benchmarks.py), so the library reads them.
+
+    As `PgHand`'s handler mode, it holds one pooled connection from the claim to the
+    finish (the store gives it back between them) and sends each claim and finish as
+    itself, where the store batches those of concurrent requests (DESIGN 11)."""
 
     def __init__(self, url: str, redis_url: str, prefix: str = "idempotence:cache") -> None:
         from idempotence.stores._sql.ops import _returning_times

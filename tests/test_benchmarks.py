@@ -204,6 +204,9 @@ def test_the_cached_floor_sends_what_the_cached_store_sends(
 
     async def run() -> None:
         hand = _harness.CachedHand(proxy.url, redis_url, prefix=redis_prefix)
+        # Every connection set up first: a request waiting for one would grow the pool,
+        # whose new connection's settings could reach the server while a retry counts.
+        await hand.pg.open(wait=True)
         try:
             assert await hand.guarded(key, "/plain/floor-handler", answer) == (201, body, False)
             assert answered == [body]
@@ -216,7 +219,6 @@ def test_the_cached_floor_sends_what_the_cached_store_sends(
             assert client.pexpiretime(name) == expected[1]
             assert Cache.entry_record(stored) == record
             # A retry: Redis answers, PostgreSQL sees nothing, the endpoint is not run.
-            await hand.pg.pool.wait()  # every connection of the pool set up: no statement
             before = proxy.statements
             assert await hand.guarded(key, "/plain/floor-handler", answer) == (201, body, True)
             assert proxy.statements == before and answered == [body]
