@@ -18,11 +18,15 @@
   the Redis floor of http_bench.py and profile_request.py;
 * hand-written PostgreSQL guards (the store's own statements on a bare psycopg pool):
   http_bench.py's floors, and profile_request.py's request-as-transaction floors;
+* a hand-written cached store (the PostgreSQL statements and Redis commands of
+  ``AsyncCachedStore``, the two above together): http_bench.py's ``pg-fast+cache`` floors;
 * rows measured in interleaved rounds (medians, same-run ratios), printed or as JSON.
 """
 
 import argparse
 import asyncio
+import base64
+import binascii
 import collections
 import contextlib
 import dataclasses
@@ -489,22 +493,18 @@ class RespConnection(asyncio.Protocol):
         return waiting
 
 
-class RedisHand:
-    """The hand-written rows on Redis: the store's own claim and finish scripts
-    (``redis.lua``, loaded at the first connection) sent by EVALSHA on one asyncio
-    protocol that parses replies with hiredis and carries every command in flight;
-    no redis-py, no library code per request. What any guard that claims and finishes
-    a key with these two scripts costs at least."""
+class RespClient:
+    """One bare connection (`RespConnection`) to the Redis of ``url`` (``/DB`` selected),
+    opened at first use with ``scripts`` loaded (``sha``: their SHA-1s by name): the
+    hand-written rows' Redis, with no redis-py."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, scripts: dict[str, str]) -> None:
         from urllib.parse import urlsplit
-
-        from idempotence.stores.redis._store_shared import SCRIPTS
 
         parts = urlsplit(url)
         self.address = (parts.hostname or "127.0.0.1", parts.port or 6379)
         self.db = int(parts.path.strip("/") or 0)
-        self.scripts = {name: SCRIPTS[name] for name in ("claim", "finish")}
+        self.scripts = scripts
         self.sha: dict[str, bytes] = {}
         self.opened: asyncio.Future[RespConnection] | None = None
 
@@ -524,6 +524,19 @@ class RedisHand:
     async def close(self) -> None:
         if self.opened is not None:
             (await self.opened).transport.close()
+
+
+class RedisHand(RespClient):
+    """The hand-written rows on Redis: the store's own claim and finish scripts
+    (``redis.lua``, loaded at the first connection) sent by EVALSHA on one asyncio
+    protocol that parses replies with hiredis and carries every command in flight;
+    no redis-py, no library code per request. What any guard that claims and finishes
+    a key with these two scripts costs at least."""
+
+    def __init__(self, url: str) -> None:
+        from idempotence.stores.redis._store_shared import SCRIPTS
+
+        super().__init__(url, {name: SCRIPTS[name] for name in ("claim", "finish")})
 
     async def guarded(
         self, key: str, path: str, answer: Callable[[], bytes]
@@ -619,11 +632,17 @@ class PgHand:
         self.deferred = _postgres_base.deferred_sql  # the finish as sent with a COMMIT
         self.opened = False
 
+    async def open(self, wait: bool = False) -> None:
+        """Open the pool (at the first request); with ``wait``, return once its first
+        connections are set up, so that none is set up while a request runs."""
+        if not self.opened:
+            await self.pool.open(wait=wait)
+            self.opened = True
+
     @contextlib.asynccontextmanager
     async def connection(self) -> Any:
         if not self.opened:
-            await self.pool.open()
-            self.opened = True
+            await self.open()
         async with self.pool.connection() as conn:
             yield conn
 
@@ -743,6 +762,191 @@ VALUES (
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING id
 """
+
+
+# -- the cached store's floor: PostgreSQL's statements and Redis's commands by hand -------
+
+
+class CachedHand:
+    """The hand-written rows of ``AsyncCachedStore`` in front of the PostgreSQL store
+    (http_bench.py's ``pg-fast+cache``): per request, on the wire, what the store sends
+    in handler mode and nothing else, on `PgHand`'s pool and one bare `RespClient`
+    connection (no redis-py, no library code per request). As ``redis-cli MONITOR`` and
+    PostgreSQL's ``log_statement=all`` show the store's requests:
+
+    * a new key: Redis ``GET NAME`` (``NAME``: ``idempotence:cache:5:bench:KEY``, the
+      store's ``Cache.name``), nil; PostgreSQL's ``claim`` (queries.sql, autocommitted),
+      which takes the key; the endpoint's answer; PostgreSQL's ``finish``
+      (autocommitted) returning ``id, finished_at, expires_at`` (the store's
+      ``_finish_times``); Redis ``EVALSHA SET_SCRIPT 1 NAME ENTRY UNTIL``: the entry is
+      ``E`` + the row id in 20 digits + the finished row as JSON (the claim's row with
+      what the finish wrote: nothing is read back), ``UNTIL`` its expiry in Unix ms;
+    * a replay (a finished key whose entry Redis holds): Redis ``GET NAME`` alone,
+      answered from the entry (the request's scope, key and fingerprint, not expired);
+      PostgreSQL sees nothing.
+
+    Where Redis has no such entry the claim decides, as in the store: a finished key
+    it answers (a replay from PostgreSQL) has its entry written, and an entry read
+    first of an older row is refused by a tombstone. A key in progress answers 409;
+    a finish that matches no row, or an entry the script refuses, raises (a 500): both
+    show in ``errs``, so the floor cannot measure a shortcut. Its entries are the
+    store's byte for byte (tests/test_benchmarks.py), so the library reads them.
+
+    As `PgHand`'s handler mode, it holds one pooled connection from the claim to the
+    finish (the store gives it back between them) and sends each claim and finish as
+    itself, where the store batches those of concurrent requests (DESIGN 11)."""
+
+    def __init__(self, url: str, redis_url: str, prefix: str = "idempotence:cache") -> None:
+        from idempotence.stores._sql.ops import _returning_times
+        from idempotence.stores.cached._store_shared import (
+            DEFAULT_CLOCK_SKEW,
+            DEFAULT_TTL,
+            SET_SCRIPT,
+            Cache,
+        )
+        from idempotence.stores.redis._store_shared import EPOCH, MICROSECOND
+
+        self.pg = PgHand(url)
+        self.redis = RespClient(redis_url, {"set": SET_SCRIPT})
+        self.finish = _returning_times(self.pg.queries["finish"])
+        # The store's defaults, which our_store keeps: the names of the keys of scope
+        # "bench" up to the key, and an entry's life (microseconds).
+        cache = Cache(
+            prefix, ttl=DEFAULT_TTL, clock_skew=DEFAULT_CLOCK_SKEW, pause=0, instrumentation=None
+        )
+        self.names = cache.name("bench", "")
+        self.ttl, self.skew = DEFAULT_TTL // MICROSECOND, DEFAULT_CLOCK_SKEW // MICROSECOND
+        self.epoch, self.microsecond = EPOCH, MICROSECOND
+        self.decoder = json.JSONDecoder()
+        #: finish_params' headers, as the finished row holds them.
+        self.headers = [["content-type", "application/json"]]
+
+    async def close(self) -> None:
+        await self.redis.close()
+        await self.pg.close()
+
+    async def guarded(
+        self, key: str, path: str, answer: Callable[[], bytes]
+    ) -> tuple[int, bytes, bool]:
+        """Handler mode: the entry in Redis, else claim, answer (``answer()``, once the
+        claim took the key), finish and the entry written; a key the claim did not take
+        is answered from its row (a replay, or 409)."""
+        from psycopg.rows import dict_row
+
+        redis = await self.redis.connection()
+        name = self.names + key.encode("utf-8", "surrogatepass")
+        found = await redis.call(b"GET", name)
+        entry = self.decoder.decode(found[21:].decode()) if found and found[:1] == b"E" else None
+        if entry is not None and self.replays(entry, key):
+            return entry["status"], binascii.a2b_base64(entry["body"], strict_mode=True), True
+        async with self.pg.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            row = await self.pg._claim(cur, claim_params("postgres", key, path))
+            if row["finished_at"] is None and self.older(entry, row["id"]):
+                await self.put(redis, name, self.tombstone(row["id"]))
+            if row["claimed"]:
+                body = answer()
+                await cur.execute(self.finish, finish_params(row, body))
+                if (done := await cur.fetchone()) is None:
+                    raise RuntimeError("the floor's finish matched no row")
+        if row["claimed"]:
+            finished = {
+                **row,
+                "recovery_point": "finished",
+                "calling": None,
+                "locked_at": None,
+                "response_status": 201,
+                "response_headers": self.headers,
+                "response_body": body,
+                "error": None,
+                "finished_at": done["finished_at"],
+                "expires_at": done["expires_at"],
+            }
+            await self.put(redis, name, self.entry(finished))
+            return 201, body, False
+        if row["finished_at"] is not None:
+            await self.put(redis, name, self.entry(row))
+        return settled(row)
+
+    def replays(self, entry: dict[str, Any], key: str) -> bool:
+        """Whether ``entry`` answers the request: the store's ``Cache.replay``."""
+        return (
+            entry.get("v") == 1
+            and entry["scope"] == "bench"
+            and entry["key"] == key
+            and entry["fingerprint"] == key  # claim_params'
+            and entry["finished_at"] is not None
+            and self.until(entry["finished_at"], entry["expires_at"]) > time.time() * 1000
+        )
+
+    def until(self, finished: int, expires: int | None) -> int:
+        """When the entry of a row finished at ``finished`` that expires at ``expires``
+        (Unix microseconds) expires itself (Unix ms): the store's ``Cache._until_ms``."""
+        until = finished + self.ttl
+        if expires is not None:
+            until = min(until, expires - self.skew)
+        return until // 1000
+
+    @staticmethod
+    def older(entry: dict[str, Any] | None, key_id: int) -> bool:
+        """Whether ``entry`` (read before the claim) is of a row older than ``key_id``,
+        one deleted since without the cache told, which must go: the store's
+        ``Cache.stale``."""
+        return entry is not None and entry.get("v") == 1 and entry["id"] < key_id
+
+    def tombstone(self, key_id: int) -> tuple[bytes, int]:
+        """A tombstone refusing the entries of rows before ``key_id``, and its expiry:
+        the store's ``Cache.tombstone``."""
+        return b"T%020d" % key_id, int(time.time() * 1000) + (self.ttl + self.skew) // 1000
+
+    def micros(self, value: Any) -> int | None:
+        return None if value is None else (value - self.epoch) // self.microsecond
+
+    def entry(self, row: dict[str, Any]) -> tuple[bytes, int] | None:
+        """The entry of a finished key ``row`` (the key table's columns) and its expiry,
+        or None too close to it: the store's ``Cache.entry``."""
+        micros = self.micros
+        finished, expires = micros(row["finished_at"]), micros(row["expires_at"])
+        assert finished is not None
+        until = self.until(finished, expires)
+        if until <= time.time() * 1000:
+            return None
+        fields = {
+            "v": 1,
+            "id": row["id"],
+            "scope": row["scope"],
+            "key": row["key"],
+            "method": row["request_method"],
+            "path": row["request_path"],
+            "fingerprint": row["fingerprint"],
+            "params": row["request_params"],
+            "flow": row["flow"],
+            "point": row["recovery_point"],
+            "token": row["lock_token"],
+            "locked_at": micros(row["locked_at"]),
+            "lock_timeout": row["lock_timeout"] // self.microsecond,
+            "status": row["response_status"],
+            "headers": row["response_headers"],
+            "body": base64.b64encode(row["response_body"]).decode(),
+            "error": row["error"],
+            "created_at": micros(row["created_at"]),
+            "last_run_at": micros(row["last_run_at"]),
+            "finished_at": finished,
+            "expires_at": expires,
+            "calling": row["calling"],
+        }
+        return b"E%020d" % row["id"] + json.dumps(fields, separators=(",", ":")).encode(), until
+
+    async def put(
+        self, redis: RespConnection, name: bytes, entry: tuple[bytes, int] | None
+    ) -> None:
+        """``SET_SCRIPT`` by EVALSHA: the entry (or tombstone) stored unless a higher
+        floor is there."""
+        if entry is None:
+            return
+        stored = await redis.call(b"EVALSHA", self.redis.sha["set"], 1, name, *entry)
+        if stored != 1:
+            raise RuntimeError(f"the floor's entry was refused: {stored!r}")
 
 
 # -- app servers ---------------------------------------------------------------------------

@@ -59,17 +59,22 @@ Rows on each server (``ratio`` is req/s over the row named in ``vs``):
                     response (vs trivial)
 ``... @c1``         trivial, handler, insert and transaction at one connection: latency
 
-On Redis and on the cached store only ``trivial``, ``handler``, ``replay`` and their
-``@c1`` rows run (no request-as-transaction on Redis), and on Redis its floors:
-``handler-floor`` and ``replay-floor`` send the store's own claim and finish scripts
-(``redis.lua``) by EVALSHA on one bare asyncio connection, pipelined as the store's
-own, with hiredis's parser. On the cached store ``handler`` pays the PostgreSQL claim
-and finish plus the write of the finished response to Redis, and ``replay`` is
-answered from Redis alone.
+On Redis and on the cached store only ``trivial``, ``handler``, ``replay``, their
+``@c1`` rows and the handler-mode floors run (no request-as-transaction on Redis). On
+Redis ``handler-floor`` and ``replay-floor`` send the store's own claim and finish
+scripts (``redis.lua``) by EVALSHA on one bare asyncio connection, pipelined as the
+store's own, with hiredis's parser. On the cached store ``handler`` pays the
+PostgreSQL claim and finish plus the write of the finished response to Redis, and
+``replay`` is answered from Redis alone; its floors send the same by hand
+(``_harness.CachedHand``: ``PgHand``'s pool and a bare Redis connection): a new key
+is a Redis GET (nil), the claim, the finish returning its two times, and the entry
+(``E`` + row id + the finished row as JSON, the store's bytes) stored by EVALSHA of
+the store's ``SET_SCRIPT``; a replay is the GET alone, answered from the entry.
 
 Below the table, each guarded row against its floor on the same server
-(``redis: handler / handler-floor = 0.78``): req/s over the floor's, the share of
-the hand-written statements' throughput the library keeps.
+(``redis: handler / handler-floor = 0.78``, ``pg-fast+cache: replay / replay-floor``):
+req/s over the floor's, the share of the hand-written statements' throughput the
+library keeps.
 
 CPU per request comes from /proc: ``app ms`` is the uvicorn process (deployed: every
 process of the deployment), ``db ms`` the PostgreSQL backends of the benchmark's
@@ -101,15 +106,15 @@ INSERT = {
 
 
 def rows(server: str, backend: str) -> list[harness.Row]:
-    """The rows of one server; Redis has handler-mode floors only, the cached store
-    none (its floor would be PostgreSQL's and Redis's at once)."""
+    """The rows of one server; Redis and the cached store have handler-mode floors
+    only (the cached store's: PostgreSQL's statements and Redis's commands at once)."""
     row = harness.Row
     found = [
         row(server, "trivial", "/plain/trivial", None),
         row(server, "handler", "/guarded/handler", "trivial"),
         row(server, "replay", "/guarded/handler", "trivial", fixed=True),
     ]
-    if backend == "redis":
+    if backend in ("redis", "cached"):
         found += [
             row(server, "handler-floor", "/plain/floor-handler", "trivial"),
             row(server, "replay-floor", "/plain/floor-handler", "trivial", fixed=True),
@@ -219,19 +224,20 @@ def build_app(backend: str, target: str, synchronous: str | None, cache: str | N
             fresh = Answer(item)
             return fresh.reply(*await hand.one_write(claim, fresh, write))
 
-    if backend == "redis":
-        by_hand = harness.RedisHand(target)
+    if backend in ("redis", "cached"):
+        # The cached store's floor: its PostgreSQL statements and Redis commands.
+        by_hand: Any = (
+            harness.RedisHand(target) if cache is None else harness.CachedHand(target, cache)
+        )
 
-        def redis_floor(plain: Any, guarded: Any, Item: Any) -> None:
+        def key_floor(plain: Any, guarded: Any, Item: Any) -> None:
             @plain.post("/plain/floor-handler")
             async def floor_handler(item: Item, request: Request) -> Any:
                 key = request.headers["idempotency-key"]
                 fresh = Answer(item)
                 return fresh.reply(*await by_hand.guarded(key, request.scope["path"], fresh))
 
-        return harness.trivial_app(harness.our_guard(store), redis_floor)
-    if backend not in INSERT:
-        return harness.trivial_app(harness.our_guard(store))
+        return harness.trivial_app(harness.our_guard(store), key_floor)
     return harness.trivial_app(harness.our_guard(store, ["/guarded/tx"]), extra)
 
 

@@ -143,24 +143,98 @@ def test_http_bench_quick_on_redis():
     require_benchmark_tools()
     table = quick("http_bench.py", "--server", "redis", "--server", "pg-fast+cache")
     rows = table["rows"]
-    assert_every_row_served(rows, {"redis", "pg-fast+cache"})
+    servers = ("redis", "pg-fast+cache")
+    assert_every_row_served(rows, set(servers))
     common = {"trivial", "handler", "replay", "trivial @c1", "handler @c1"}
-    assert {row["row"] for row in rows if row["server"] == "pg-fast+cache"} == common
-    # Redis's floors: the store's two scripts by hand (they raise unless every request
-    # was claimed and finished, or replayed, as it should be).
+    # The floors: the stores' scripts, statements and commands by hand (they raise
+    # unless every request was claimed and finished, or replayed, as it should be).
     floors = {"handler-floor", "replay-floor"}
-    assert {row["row"] for row in rows if row["server"] == "redis"} == common | floors
+    for server in servers:
+        assert {row["row"] for row in rows if row["server"] == server} == common | floors
     by = {(row["server"], row["row"]): row for row in rows}
-    measured = [(s, n) for s in ("redis", "pg-fast+cache") for n in ("handler", "replay")]
-    for server, name in [*measured, ("redis", "handler-floor"), ("redis", "replay-floor")]:
+    for server, name in [(s, n) for s in servers for n in ("handler", "replay", *floors)]:
         assert by[server, name]["redis_ms"] > 0, (server, name)
     assert by["redis", "handler"]["db_ms"] is None  # no PostgreSQL on that server
-    # The summary sets each Redis row against its floor (the cached store has none).
+    # The summary sets each guarded row against its floor, on both servers.
     against = dict(line.split(" = ") for line in table["summary"])
-    assert set(against) == {"redis: handler / handler-floor", "redis: replay / replay-floor"}
+    assert set(against) == {
+        f"{server}: {name} / {name}-floor" for server in servers for name in ("handler", "replay")
+    }
     assert all(float(ratio) > 0 for ratio in against.values())
-    assert by["pg-fast+cache", "handler"]["db_ms"] > 0
-    assert by["pg-fast+cache", "replay"]["db_ms"] < by["pg-fast+cache", "handler"]["db_ms"] / 10
+    # The cached store and its floor claim and finish on PostgreSQL, and replay from
+    # Redis alone.
+    for handler, replay in (("handler", "replay"), ("handler-floor", "replay-floor")):
+        assert by["pg-fast+cache", handler]["db_ms"] > 0, handler
+        assert by["pg-fast+cache", replay]["db_ms"] < by["pg-fast+cache", handler]["db_ms"] / 10
+
+
+def test_the_cached_floor_sends_what_the_cached_store_sends(
+    pg_url: str, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+):
+    """The cached store's floor (``_harness.CachedHand``, http_bench.py's
+    ``pg-fast+cache`` floors): a new key claimed and finished on PostgreSQL has its
+    entry written to Redis byte for byte as the store writes it for that row, so the
+    library reads it; a retry is answered from Redis with no statement to PostgreSQL;
+    without the entry, PostgreSQL's claim answers and the entry is written again."""
+    import asyncio
+    import uuid
+
+    import redis
+
+    from idempotence.stores.cached._store_shared import DEFAULT_CLOCK_SKEW, DEFAULT_TTL, Cache
+    from idempotence.stores.postgres import PostgresStore
+    from tests.support.roundtrips import RoundTrips
+
+    monkeypatch.syspath_prepend(str(HERE))
+    import _harness
+
+    key, body = f"floor-{uuid.uuid4().hex}", b'{"ok":true,"amount":100}'
+    answered: list[bytes] = []
+
+    def answer() -> bytes:
+        answered.append(body)
+        return body
+
+    cache = Cache(
+        redis_prefix, ttl=DEFAULT_TTL, clock_skew=DEFAULT_CLOCK_SKEW, pause=0, instrumentation=None
+    )
+    name = cache.name("bench", key)
+    proxy = RoundTrips(pg_url)
+    client = redis.Redis.from_url(redis_url)
+
+    async def run() -> None:
+        hand = _harness.CachedHand(proxy.url, redis_url, prefix=redis_prefix)
+        # Every connection set up first: a request waiting for one would grow the pool,
+        # whose new connection's settings could reach the server while a retry counts.
+        await hand.pg.open(wait=True)
+        try:
+            assert await hand.guarded(key, "/plain/floor-handler", answer) == (201, body, False)
+            assert answered == [body]
+            with PostgresStore(pg_url) as store:
+                record = store.get("bench", key)
+            assert record is not None and record.finished
+            stored = client.get(name)
+            expected = cache.entry(record)
+            assert expected is not None and stored == expected[0]
+            assert client.pexpiretime(name) == expected[1]
+            assert Cache.entry_record(stored) == record
+            # A retry: Redis answers, PostgreSQL sees nothing, the endpoint is not run.
+            before = proxy.statements
+            assert await hand.guarded(key, "/plain/floor-handler", answer) == (201, body, True)
+            assert proxy.statements == before and answered == [body]
+            # No entry: the claim replays the finished row, whose entry is written again.
+            client.delete(name)
+            assert await hand.guarded(key, "/plain/floor-handler", answer) == (201, body, True)
+            assert proxy.statements == before + 1 and answered == [body]
+            assert client.get(name) == expected[0]
+        finally:
+            await hand.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        client.close()
+        proxy.close()
 
 
 def test_http_bench_quick_deployed():
