@@ -250,6 +250,43 @@ def _names(exclude: Iterable[str]) -> tuple[str, ...]:
 
 
 def _canonical_json(body: bytes, exclude: Iterable[str]) -> bytes:
+    value = _read_json(body)
+    for path in exclude:
+        _remove_path(value, path.split("."))
+    try:
+        try:
+            # Strings, integers written plainly (see _integer), true, false and null
+            # come out of the C encoder exactly as _dump writes them; a Decimal makes
+            # it call _not_plain, and the whole value is written by _dump instead.
+            text = _encode_plain(value)
+        except _NotPlain:
+            text = _dump(value)
+        return text.encode("utf-8", "surrogatepass")
+    except RecursionError as exc:  # pragma: no cover - the parser gives up first
+        raise InvalidBody("The request body is JSON nested too deeply to read.") from exc
+
+
+def _read_json(body: bytes) -> Any:
+    # The usual body (UTF-8, valid JSON, no BOM, no leading whitespace) is read by the
+    # decoder's C scanner directly: _DECODER.decode's Python layers and its regex for
+    # leading whitespace cost more than the whole scan of a small body. Any other body
+    # (the scanner stops at once on a BOM or a space) is read again by
+    # _read_json_checked, which makes every value and every error as it always has.
+    try:
+        text = body.decode()
+        # In a body of at most _PLAIN_DIGITS bytes without a run of more than
+        # _PLAIN_EXPONENT zeros, _integer reads every integer with int(): the C scanner
+        # does that itself, without a call into Python per integer.
+        plain = len(body) <= _PLAIN_DIGITS and _ZEROS not in body
+        value, end = (_scan_plain if plain else _scan)(text, 0)
+        if end == len(text) or _whitespace(text, end).end() == len(text):
+            return value
+    except (ValueError, StopIteration, InvalidBody, RecursionError):
+        pass
+    return _read_json_checked(body)
+
+
+def _read_json_checked(body: bytes) -> Any:
     try:
         # Without a BOM, utf-8 (decoded in C) reads what utf-8-sig (a Python codec) does.
         text = body.decode("utf-8-sig" if body.startswith(_BOM) else "utf-8")
@@ -270,19 +307,7 @@ def _canonical_json(body: bytes, exclude: Iterable[str]) -> bytes:
         ) from exc
     except RecursionError as exc:
         raise InvalidBody("The request body is JSON nested too deeply to read.") from exc
-    for path in exclude:
-        _remove_path(value, path.split("."))
-    try:
-        try:
-            # Strings, integers written plainly (see _integer), true, false and null
-            # come out of the C encoder exactly as _dump writes them; a Decimal makes
-            # it call _not_plain, and the whole value is written by _dump instead.
-            text = _encode_plain(value)
-        except _NotPlain:
-            text = _dump(value)
-        return text.encode("utf-8", "surrogatepass")
-    except RecursionError as exc:  # pragma: no cover - the parser gives up first
-        raise InvalidBody("The request body is JSON nested too deeply to read.") from exc
+    return value
 
 
 class _Literal:
@@ -339,6 +364,14 @@ def _not_plain(value: Any) -> Any:
 _DECODER = json.JSONDecoder(
     parse_float=_number, parse_int=_integer, parse_constant=_reject_constant
 )
+# What _read_json calls directly: the decoders' scanners (the one without parse_int
+# reads integers in C) and the whitespace pattern JSONDecoder.decode skips with.
+_scan: Any = _DECODER.scan_once  # type: ignore[attr-defined]
+_scan_plain: Any = json.JSONDecoder(  # type: ignore[attr-defined]
+    parse_float=_number, parse_constant=_reject_constant
+).scan_once
+_whitespace: Any = json.decoder.WHITESPACE.match  # type: ignore[attr-defined]
+_ZEROS = b"0" * (_PLAIN_EXPONENT + 1)
 # The canonical form of a value without a Decimal: the same separators, key order and
 # string escapes as _dump (encode_basestring is the C function both use), from a
 # writer made once. No circular check: a parsed value has no cycles.
