@@ -82,7 +82,8 @@ def fingerprint(
 
     Raises [`InvalidBody`][idempotence.errors.InvalidBody] when a JSON body is not valid JSON.
     """
-    excluded = _names(exclude)
+    # A tuple (what the HTTP integrations pass) is already what _names would return.
+    excluded = exclude if type(exclude) is tuple else _names(exclude)
     kind = media_type(content_type)
     return digest(method, path, kind, _canonical(body, kind, excluded, content_type), secret=secret)
 
@@ -136,35 +137,61 @@ def digest(
     [`fingerprint`][idempotence.fingerprint.fingerprint] hashes once it has
     canonicalised the body. A caller that makes the canonical form itself (a guarded
     function's arguments, written as sorted JSON) skips the parse."""
-    framed = b"".join((_head(method, path, kind), len(canonical).to_bytes(8, "big"), canonical))
+    framed = _framed(method, path, kind, canonical)
     if secret is not None:
         return hmac.new(secret, framed, hashlib.sha256).hexdigest()
     return hashlib.sha256(framed).hexdigest()
 
 
-def _head(method: str, path: str, kind: str) -> bytes:
-    """The framed bytes hashed before the canonical body."""
+def _framed(method: str, path: str, kind: str, canonical: bytes) -> bytes:
+    """The bytes hashed: the parts of the request, each after its length."""
     # Each part is length-prefixed, so no choice of method, path or body can shift bytes
     # from one part into another ("POST" + "/x" never equals "POS" + "T/x").
     # The media type is hashed too: the same bytes sent as another type are another
     # request (text/plain is not application/json), and a JSON body can never collide
     # with a raw body that happens to equal its canonical form. Parameters such as
     # charset are not part of it.
-    verb = method.upper().encode("utf-8", "surrogatepass")
     target = path.encode("utf-8", "surrogatepass")
-    media = kind.encode("utf-8", "surrogatepass")
+    size, length = len(target), len(canonical)
     # One update with the parts joined hashes the same bytes as an update per piece.
     return b"".join(
         (
-            _DOMAIN,
-            len(verb).to_bytes(8, "big"),
-            verb,
-            len(target).to_bytes(8, "big"),
+            _OPENINGS.get(method) or _opening(method),
+            _LENGTHS[size] if size < _TABLED else size.to_bytes(8, "big"),
             target,
-            len(media).to_bytes(8, "big"),
-            media,
+            _MEDIA.get(kind) or _media(kind),
+            _LENGTHS[length] if length < _TABLED else length.to_bytes(8, "big"),
+            canonical,
         )
     )
+
+
+def _opening(method: str) -> bytes:
+    verb = method.upper().encode("utf-8", "surrogatepass")
+    return _remember(_OPENINGS, method, b"".join((_DOMAIN, len(verb).to_bytes(8, "big"), verb)))
+
+
+def _media(kind: str) -> bytes:
+    media = kind.encode("utf-8", "surrogatepass")
+    return _remember(_MEDIA, kind, len(media).to_bytes(8, "big") + media)
+
+
+def _remember(cache: dict[str, bytes], key: str, framed: bytes) -> bytes:
+    # Methods and media types come from the client: a bounded cache, emptied when full.
+    if len(cache) >= _REMEMBERED:
+        cache.clear()
+    cache[key] = framed
+    return framed
+
+
+# The framing of the few methods and media types a server sees is made once each, and
+# lengths below _TABLED are framed from a table: str.encode and int.to_bytes took over
+# a third of digest's instructions, more than hashing a small body.
+_OPENINGS: dict[str, bytes] = {}
+_MEDIA: dict[str, bytes] = {}
+_REMEMBERED = 64
+_TABLED = 256
+_LENGTHS = tuple(size.to_bytes(8, "big") for size in range(_TABLED))
 
 
 class Hasher:
@@ -184,7 +211,7 @@ class Hasher:
     __slots__ = ("_state",)
 
     def __init__(self, method: str, path: str, kind: str, *, secret: bytes | None = None) -> None:
-        head = _head(method, path, kind)
+        head = _framed(method, path, kind, b"")[:-8]  # all but the body and its length
         self._state: Any = (
             hashlib.sha256(head) if secret is None else hmac.new(secret, head, hashlib.sha256)
         )
@@ -250,6 +277,43 @@ def _names(exclude: Iterable[str]) -> tuple[str, ...]:
 
 
 def _canonical_json(body: bytes, exclude: Iterable[str]) -> bytes:
+    value = _read_json(body)
+    for path in exclude:
+        _remove_path(value, path.split("."))
+    try:
+        try:
+            # Strings, integers written plainly (see _integer), true, false and null
+            # come out of the C encoder exactly as _dump writes them; a Decimal makes
+            # it call _not_plain, and the whole value is written by _dump instead.
+            text = _encode_plain(value)
+        except _NotPlain:
+            text = _dump(value)
+        return text.encode("utf-8", "surrogatepass")
+    except RecursionError as exc:  # pragma: no cover - the parser gives up first
+        raise InvalidBody("The request body is JSON nested too deeply to read.") from exc
+
+
+def _read_json(body: bytes) -> Any:
+    # The usual body (UTF-8, valid JSON, no BOM, no leading whitespace) is read by the
+    # decoder's C scanner directly: _DECODER.decode's Python layers and its regex for
+    # leading whitespace cost more than the whole scan of a small body. Any other body
+    # (the scanner stops at once on a BOM or a space) is read again by
+    # _read_json_checked, which makes every value and every error as it always has.
+    try:
+        text = body.decode()
+        # In a body of at most _PLAIN_DIGITS bytes without a run of more than
+        # _PLAIN_EXPONENT zeros, _integer reads every integer with int(): the C scanner
+        # does that itself, without a call into Python per integer.
+        plain = len(body) <= _PLAIN_DIGITS and _ZEROS not in body
+        value, end = (_scan_plain if plain else _scan)(text, 0)
+        if end == len(text) or _whitespace(text, end).end() == len(text):
+            return value
+    except (ValueError, StopIteration, InvalidBody, RecursionError):
+        pass
+    return _read_json_checked(body)
+
+
+def _read_json_checked(body: bytes) -> Any:
     try:
         # Without a BOM, utf-8 (decoded in C) reads what utf-8-sig (a Python codec) does.
         text = body.decode("utf-8-sig" if body.startswith(_BOM) else "utf-8")
@@ -270,19 +334,7 @@ def _canonical_json(body: bytes, exclude: Iterable[str]) -> bytes:
         ) from exc
     except RecursionError as exc:
         raise InvalidBody("The request body is JSON nested too deeply to read.") from exc
-    for path in exclude:
-        _remove_path(value, path.split("."))
-    try:
-        try:
-            # Strings, integers written plainly (see _integer), true, false and null
-            # come out of the C encoder exactly as _dump writes them; a Decimal makes
-            # it call _not_plain, and the whole value is written by _dump instead.
-            text = _encode_plain(value)
-        except _NotPlain:
-            text = _dump(value)
-        return text.encode("utf-8", "surrogatepass")
-    except RecursionError as exc:  # pragma: no cover - the parser gives up first
-        raise InvalidBody("The request body is JSON nested too deeply to read.") from exc
+    return value
 
 
 class _Literal:
@@ -339,6 +391,14 @@ def _not_plain(value: Any) -> Any:
 _DECODER = json.JSONDecoder(
     parse_float=_number, parse_int=_integer, parse_constant=_reject_constant
 )
+# What _read_json calls directly: the decoders' scanners (the one without parse_int
+# reads integers in C) and the whitespace pattern JSONDecoder.decode skips with.
+_scan: Any = _DECODER.scan_once  # type: ignore[attr-defined]
+_scan_plain: Any = json.JSONDecoder(  # type: ignore[attr-defined]
+    parse_float=_number, parse_constant=_reject_constant
+).scan_once
+_whitespace: Any = json.decoder.WHITESPACE.match  # type: ignore[attr-defined]
+_ZEROS = b"0" * (_PLAIN_EXPONENT + 1)
 # The canonical form of a value without a Decimal: the same separators, key order and
 # string escapes as _dump (encode_basestring is the C function both use), from a
 # writer made once. No circular check: a parsed value has no cycles.

@@ -6,6 +6,7 @@ different request must never fingerprint like another (or MISMATCH cannot protec
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import random
@@ -14,11 +15,12 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from idempotence.errors import InvalidBody
 from idempotence.fingerprint import Hasher, canonical_body, digest, fingerprint, media_type
+from tests.unit import fingerprint_v1 as v1
 
 JSON_TYPE = "application/json"
 FORM_TYPE = "application/x-www-form-urlencoded"
@@ -708,3 +710,233 @@ def test_raw_bodies_are_byte_exact() -> None:
     assert fingerprint("POST", "/x", b"b=1&a=2", "text/plain") != fingerprint(
         "POST", "/x", b"a=2&b=1", "text/plain"
     )
+
+
+# -- the fast paths against the frozen reference (fingerprint_v1) --------------------------
+#
+# The library reads a JSON body with the C scanner directly, frames lengths from a table
+# and remembers the framing of methods and media types; the reference does none of that.
+# Every value and every error must be the reference's, for any request.
+
+
+def outcome(function: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    """A call's value, or the type and message of what it raised."""
+    try:
+        return ("value", function(*args, **kwargs))
+    except Exception as exc:
+        return ("error", type(exc), str(exc))
+
+
+def same_as_reference(
+    method: str,
+    path: str,
+    body: bytes,
+    content_type: str | None,
+    exclude: Any = (),
+    secret: bytes | None = None,
+) -> None:
+    got = outcome(fingerprint, method, path, body, content_type, exclude=exclude, secret=secret)
+    want = outcome(v1.fingerprint, method, path, body, content_type, exclude=exclude, secret=secret)
+    assert got == want
+    assert outcome(canonical_body, body, content_type, exclude) == outcome(
+        v1.canonical_body, body, content_type, exclude
+    )
+
+
+_ODD = ["\ud800", "\udfff", "é", "€", "😀", "\x00", ";", " ", "\t", "/", "?"]
+odd_text = st.text(st.characters() | st.sampled_from(_ODD), max_size=10)
+methods = st.sampled_from(["POST", "post", "Post", "PUT", "PATCH", "DELETE"]) | odd_text
+# Paths across the 255/256-byte boundary of the length table, in 1- to 4-byte characters.
+paths = (
+    st.sampled_from(["/handler", "/v1/charges?x=1", "", "/"])
+    | odd_text
+    | st.tuples(st.sampled_from(["x", "é", "€", "😀"]), st.integers(50, 300)).map(
+        lambda piece: "/" + piece[0] * piece[1]
+    )
+)
+content_types = (
+    st.sampled_from(
+        [
+            None,
+            "",
+            JSON_TYPE,
+            "application/json; charset=utf-8",
+            "Application/JSON;charset=UTF-8",
+            " \tapplication/json \t; x=1",
+            "application/problem+json",
+            "application/vnd.api+json; v=1",
+            "text/json",
+            FORM_TYPE,
+            "APPLICATION/X-WWW-FORM-URLENCODED; charset=latin-1",
+            "multipart/form-data; boundary=b",
+            "text/plain",
+            "application/octet-stream",
+        ]
+    )
+    | odd_text
+)
+# Integers with up to 30 trailing zeros (the canonical form switches at 21) and up to
+# 1100 digits (the C scanner reads them itself only in bodies of at most 1000 bytes).
+integers = (
+    st.integers()
+    | st.tuples(st.integers(-999, 999), st.integers(0, 30)).map(lambda n: n[0] * 10 ** n[1])
+    | st.integers(1, 1100).map(lambda digits: int("9" * digits))
+)
+numbers = (
+    integers
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.decimals(allow_nan=False, allow_infinity=False).map(str)
+)
+big_json_values = st.recursive(
+    scalars | integers | st.text(st.characters() | st.sampled_from(_ODD), max_size=8),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(field_names, children, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@st.composite
+def json_bodies(draw: st.DrawFn) -> bytes:
+    """JSON as clients write it (and as they should not): shuffled keys, random spacing
+    and escapes, padding across the 1000-byte boundary, a BOM or two, stray data."""
+    rnd = draw(st.randoms(use_true_random=False))
+    value = draw(big_json_values)
+    if draw(st.booleans()):
+        value = {"pad": "p" * draw(st.integers(0, 1100)), "v": value}
+    text = render(value, rnd)
+    if draw(st.booleans()):
+        text = draw(st.sampled_from(["", " ", "\n", "\t\r\n "])) + text
+        text += draw(st.sampled_from(["", " ", "\n", "\r\n", "\x0c", " x", "{}", "]"]))
+    body = text.encode("utf-8", "surrogatepass")
+    prefix = draw(st.sampled_from([b"", b"", b"", codecs.BOM_UTF8, codecs.BOM_UTF8 * 2]))
+    return prefix + body
+
+
+bodies = (
+    json_bodies()
+    | st.builds(json.dumps, numbers).map(str.encode)
+    | st.binary(max_size=80)
+    | st.builds(encode_form, form_pairs, st.randoms(use_true_random=False))
+)
+excludes = st.lists(
+    st.sampled_from(["amount", "v", "pad", "v.a", "meta.sent_at", "", "."]) | field_names,
+    max_size=3,
+).flatmap(lambda names: st.sampled_from([tuple(names), names]))
+
+
+@given(
+    method=methods,
+    path=paths,
+    body=bodies,
+    content_type=content_types,
+    exclude=excludes,
+    secret=st.none() | st.binary(min_size=1, max_size=80),
+)
+@settings(max_examples=500)
+def test_fingerprints_and_errors_are_the_references(
+    method: str,
+    path: str,
+    body: bytes,
+    content_type: str | None,
+    exclude: Any,
+    secret: bytes | None,
+) -> None:
+    same_as_reference(method, path, body, content_type, exclude, secret)
+
+
+@given(body=json_bodies(), exclude=excludes)
+@settings(max_examples=500)
+def test_json_fingerprints_and_errors_are_the_references(body: bytes, exclude: Any) -> None:
+    same_as_reference("POST", "/charges", body, JSON_TYPE, exclude)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"0",
+        b"-0",
+        b"1E+21",
+        b"1e400",
+        b"[" + b"1" + b"0" * 20 + b"]",
+        b"[" + b"1" + b"0" * 21 + b"]",
+        b"[-" + b"1" + b"0" * 21 + b", 0.5]",
+        b"9" * 1000,  # the longest integer the C scanner reads itself
+        b"9" * 1001,
+        b"-" + b"9" * 999,
+        b"-" + b"9" * 1000,
+        b'{"p": "' + b"x" * 980 + b'", "n": 100000000000000000000}',  # 1018 bytes
+        b'{"p": "' + b"x" * 960 + b'", "n": 1000000000000000000000}',  # 999 bytes
+        b'["' + b"0" * 30 + b'", 1]',  # a run of zeros in a string, not a number
+        b"\xef\xbb\xbf{}",
+        b"\xef\xbb\xbf\xef\xbb\xbf{}",
+        b"\xef\xbb\xbf",
+        b"\xef\xbb\xbf \n[1]",
+        b'\xef\xbb\xbf"\xff"',  # invalid UTF-8 after a BOM
+        b'"\xff"',
+        b" {}",
+        b"{} ",
+        b"{}\n",
+        b"\t[1]\r\n",
+        b"{}\x0c",
+        b"{} x",
+        b"{}{}",
+        b"   ",
+        b"[1, NaN]",
+        b"-Infinity",
+        b'{"a": 1,,}',
+        b'"\\ud800"',
+        b'{"\\udfff": "\\ud800x"}',
+        b"[" * 100_000 + b"]" * 100_000,
+        b"[" * 100 + b"]" * 100,
+        b'{"a": {"b": {"c": 1.50, "d": [1e2, 2]}}, "e": "\\u00e9"}',
+    ],
+)
+@pytest.mark.parametrize("content_type", [JSON_TYPE, "application/ld+json; x=1"])
+def test_json_edge_cases_are_the_references(body: bytes, content_type: str) -> None:
+    for exclude in ((), ("a.b.c",), ["a"]):
+        same_as_reference("POST", "/charges", body, content_type, exclude)
+
+
+def test_framing_is_the_references_whatever_was_seen_before() -> None:
+    """Methods and media types are remembered, in bounded caches: more of them than
+    the caches hold, seen again and in other spellings, frame as the reference does."""
+    kinds = [f"application/x{i}+json" for i in range(200)] + [
+        JSON_TYPE,
+        FORM_TYPE,
+        "",
+        "text/plain",
+    ]
+    verbs = [f"M{i}" for i in range(200)] + ["POST", "post", "Post", "\ud800"]
+    for round_ in range(2):
+        for i, (verb, kind) in enumerate(zip(verbs, kinds, strict=True)):
+            body = b'{"n": %d}' % i
+            assert fingerprint(verb, f"/{round_}", body, kind) == v1.fingerprint(
+                verb, f"/{round_}", body, kind
+            )
+            assert media_type(kind.upper() + "; q=1") == v1.media_type(kind.upper() + "; q=1")
+            assert digest(verb, "/x", kind, body) == v1.digest(verb, "/x", kind, body)
+            assert Hasher(verb, "/x", kind)(body) == v1.digest(verb, "/x", kind, body)
+    assert media_type(None) == v1.media_type(None) == ""
+
+
+@given(
+    path=paths,
+    kind=content_types.map(v1.media_type),
+    secret=st.none() | st.binary(min_size=1, max_size=70),
+)
+def test_a_prepared_hasher_digests_as_the_reference_does(
+    path: str, kind: str, secret: bytes | None
+) -> None:
+    for body in (b"", b"x", b"y" * 255, b"z" * 256, b"w" * 70_000):
+        want = v1.digest("PUT", path, kind, body, secret=secret)
+        assert Hasher("PUT", path, kind, secret=secret)(body) == want
+
+
+def test_every_length_frames_as_the_reference_does() -> None:
+    """Short lengths come from a table, longer ones are computed: both, at every size
+    up to past the table's end, for the path and the body."""
+    for size in range(600):
+        path, body = "/" + "p" * size, b"b" * size
+        assert digest("POST", path, "", body) == v1.digest("POST", path, "", body)
+        assert digest("POST", "/", "", body) == v1.digest("POST", "/", "", body)
