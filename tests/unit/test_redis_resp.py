@@ -5,6 +5,7 @@ they take the packer."""
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import timedelta
 
@@ -65,3 +66,21 @@ def test_a_claim_and_a_finish_send_bytes_only() -> None:
         b"3",
         b"1234",
     )
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        (("content-type", "application/json"),),
+        (("x-a", "é\u2028"), ("x-b", "")),
+        [("x-list", "1")],
+        (["x-inner", "list"],),
+        (("x-number", 7),),
+        (),
+    ],
+)
+def test_a_finish_writes_the_headers_json_dumps_writes_again_and_again(headers: object) -> None:
+    expected = json.dumps(headers).encode()
+    response = StoredResponse(200, headers, b"")  # type: ignore[arg-type]
+    for _ in range(3):  # the first writes them, the next may find them kept
+        assert finish_args(response, None, b"idem:settled")[1] == expected

@@ -28,7 +28,7 @@ import redis.exceptions
 import redis.retry
 import redis.sentinel
 
-from ... import _json, _queries
+from ... import _queries
 from ..._frozen import quick_new
 from ...errors import ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
 from ...states import (
@@ -42,6 +42,8 @@ from ...states import (
     new_response,
 )
 from .._redis_url import SentinelTarget, check_redis_url
+from ._headers import read as read_headers
+from ._headers import write as write_headers
 
 AsyncRedis = redis.asyncio.Redis
 """The clients, in both spellings (``scripts/unasync.py`` turns ``AsyncRedis`` into
@@ -179,7 +181,7 @@ def claim_args(request: ClaimRequest, replicated: bool = False) -> list[Any]:
 def finish_args(response: StoredResponse, error: str | None, settled_channel: bytes) -> list[bytes]:
     return [
         decimal(response.status),
-        _headers_json(response.headers).encode(),
+        write_headers(response.headers),
         response.body,
         b"0" if error is None else b"1",
         b"" if error is None else encode(error),
@@ -195,12 +197,6 @@ def decimal(number: int) -> bytes:
 _DECIMALS = [b"%d" % n for n in range(1000)]
 """Small integers (statuses, fencing tokens) in decimal, looked up, not formatted."""
 _US_BYTES: dict[timedelta, bytes] = {}
-
-
-# The headers' JSON as json.dumps writes it (its separators, ASCII only), from a writer
-# made once: json.dumps makes an encoder per call, a share of every finish. A tuple is
-# an array, as a list is.
-_headers_json = _json.writer()
 
 
 def _json_params(params: Any) -> bytes:
@@ -292,27 +288,6 @@ _new_record = quick_new(KeyRecord)
 one from the script's reply (see `quick_new`)."""
 
 
-_HEADERS_KEPT = 256
-"""How many headers' JSON texts `_headers` keeps decoded (each of at most
-``_HEADERS_LONGEST`` bytes); past it, it forgets them all and starts again."""
-_HEADERS_LONGEST = 2048
-_headers_read: dict[bytes, tuple[tuple[str, str], ...]] = {}
-
-
-def _headers(raw: bytes) -> tuple[tuple[str, str], ...]:
-    """A stored response's headers from their JSON. An endpoint's answers mostly
-    carry the same headers, and a JSON decode costs a replay about as much as the
-    rest of its record: the same text is decoded once, into pairs no one can change."""
-    headers = _headers_read.get(raw)
-    if headers is None:
-        headers = tuple([(str(k), str(v)) for k, v in json.loads(raw)])
-        if len(raw) <= _HEADERS_LONGEST:
-            if len(_headers_read) >= _HEADERS_KEPT:
-                _headers_read.clear()
-            _headers_read[raw] = headers
-    return headers
-
-
 def record(fields: Mapping[Any, Any]) -> KeyRecord:
     """The [`KeyRecord`][idempotence.testing.harness.KeyRecord] of a record hash (see
     the field list in ``redis.lua``).
@@ -322,7 +297,7 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
     status = get(b"status")
     response = None
     if status is not None:
-        headers = _headers(fields[b"headers"])
+        headers = read_headers(fields[b"headers"])
         response = new_response(int(status), headers, get(b"body", b""))
     locked, last_run, finished, expires = (
         get(b"locked"),
