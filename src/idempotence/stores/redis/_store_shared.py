@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import secrets
 import struct
+from os import urandom
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -130,7 +130,10 @@ def record_key(prefix: str, scope: str, key: str) -> bytes:
 
 def encoded_record_key(prefix: bytes, scope: str, key: str) -> bytes:
     """`record_key` of a prefix already encoded (a store's, once)."""
-    s, k = scope.encode("utf-8", _TEXT), key.encode("utf-8", _TEXT)
+    return _record_key(prefix, encode(scope), encode(key))
+
+
+def _record_key(prefix: bytes, s: bytes, k: bytes) -> bytes:
     tag = hashlib.blake2b(b"%d:%s:%s" % (len(s), s, k), digest_size=12).hexdigest()
     return b"%s:{%s}:%d:%s:%s" % (prefix, tag.encode(), len(s), s, k)
 
@@ -157,25 +160,51 @@ def channel(prefix: str) -> bytes:
     return encode(prefix) + b":settled"
 
 
-def claim_args(request: ClaimRequest, replicated: bool = False) -> list[Any]:
-    """The claim script's ARGV; ``replicated`` when the store waits for replicas (a
-    replay then writes, so that its WAIT covers the finish it read: `_replicas`)."""
+def claim_call(
+    prefix: bytes, request: ClaimRequest, replicated: bool = False
+) -> tuple[bytes, list[bytes], int]:
+    """The claim script's key (`encoded_record_key`) and ARGV, and the id of the
+    record it writes for a new key; ``replicated`` when the store waits for replicas
+    (a replay then writes, so that its WAIT covers the finish it read: `_replicas`)."""
+    try:
+        # Strict UTF-8 writes what surrogatepass writes for every text it takes, for
+        # less; only a lone surrogate needs the slower spelling.
+        s, k, fingerprint, method, path, flow = (
+            request.scope.encode(),
+            request.key.encode(),
+            request.fingerprint.encode(),
+            request.method.encode(),
+            request.path.encode(),
+            request.flow.encode(),
+        )
+    except UnicodeEncodeError:
+        s, k, fingerprint, method, path, flow = (
+            encode(request.scope),
+            encode(request.key),
+            encode(request.fingerprint),
+            encode(request.method),
+            encode(request.path),
+            encode(request.flow),
+        )
+    # The record's id: random, so a lease names one incarnation of the key (F1);
+    # secrets.randbits(62)'s own spelling, without its call.
+    record_id = (int.from_bytes(urandom(8)) >> 2) + 1
     retention = request.retention
     # Bytes only, so that the lane packs them itself (`_resp`), not through hiredis.
-    return [
-        request.scope.encode("utf-8", _TEXT),
-        request.key.encode("utf-8", _TEXT),
-        request.fingerprint.encode("utf-8", _TEXT),
-        request.method.encode("utf-8", _TEXT),
-        request.path.encode("utf-8", _TEXT),
-        request.flow.encode("utf-8", _TEXT),
+    args = [
+        s,
+        k,
+        fingerprint,
+        method,
+        path,
+        flow,
         _json_params(request.params),
         _us_bytes(request.lock_timeout),
         b"" if retention is None else _us_bytes(retention),
-        # The record's id: random, so a lease names one incarnation of the key (F1).
-        b"%d" % (secrets.randbits(62) + 1),
+        b"%d" % record_id,
         b"1" if replicated else b"0",
     ]
+    return _record_key(prefix, s, k), args, record_id
 
 
 def finish_args(response: StoredResponse, error: str | None, settled_channel: bytes) -> list[bytes]:
@@ -329,14 +358,17 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
     )
 
 
-def claim_result(request: ClaimRequest, args: Sequence[Any], reply: Sequence[Any]) -> Claim:
-    """The claim script's reply (to ``args``, from `claim_args`) as a
+def claim_result(
+    request: ClaimRequest, record_id: int, args: Sequence[Any], reply: Sequence[Any]
+) -> Claim:
+    """The claim script's reply (to ``args`` and ``record_id``, from `claim_call`) as a
     [`Claim`][idempotence.states.Claim]: the outcome is named by `claim_from`,
     which refuses a reply that disagrees with [`arbitrate`][idempotence.states.arbitrate]
     (P1-P5 are decided once, in ``states``)."""
     if len(reply) == 2:  # a new key: the script wrote the request, nothing to read
         now = timestamp(reply[1])
-        return claim_from(new_record(request, args, now), request.fingerprint, now, claimed=True)
+        made = new_record(request, record_id, args, now)
+        return claim_from(made, request.fingerprint, now, claimed=True)
     claimed, now, packed = reply
     return claim_from(
         record(unpack(packed)), request.fingerprint, timestamp(now), claimed=bool(claimed)
@@ -352,14 +384,16 @@ def status_result(reply: Sequence[Any]) -> KeyStatus | None:
     return KeyStatus.of(record(unpack(packed)), timestamp(now))
 
 
-def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> KeyRecord:
+def new_record(
+    request: ClaimRequest, record_id: int, args: Sequence[Any], now: datetime
+) -> KeyRecord:
     """The record that the claim script's first branch (P1) wrote for ``request`` at
     ``now``, field by field, as [`record`][idempotence.stores.sql.Dialect.record] would
     read it back. Its lock timeout and retention are the request's own: the script
     stored them in whole microseconds, a timedelta's resolution."""
     retention = request.retention
     return _new_record(
-        int(args[9]),
+        record_id,
         request.scope,
         request.key,
         request.method,
