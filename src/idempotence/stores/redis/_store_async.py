@@ -24,6 +24,16 @@ from .._listener_shared import STOP_CHECK
 from .._redis_url import sentinel_url
 from .._waiters import Waiters
 from ..capabilities import Capability
+from ._clients import (
+    client_kinds,
+    client_options,
+    close_async,
+    cluster_url,
+    no_retry_async,
+    open_client,
+    open_sentinel,
+)
+from ._clients import pubsub as make_pubsub
 from ._lane_async import AsyncLane
 from ._replicas import ReplicaWait, from_url, url_options
 from ._store_shared import (
@@ -38,18 +48,11 @@ from ._store_shared import (
     channel,
     check_prefix,
     claim_call,
-    client_kinds,
-    client_options,
-    close_async,
-    cluster_url,
     decimal,
     decode,
     encode,
     encoded_record_key,
     finish_args,
-    no_retry_async,
-    open_client,
-    open_sentinel,
     record,
     record_pattern,
     reraise,
@@ -58,7 +61,6 @@ from ._store_shared import (
     translated,
 )
 from ._store_shared import claim_result as _claim_result
-from ._store_shared import pubsub as make_pubsub
 
 AsyncClient = AsyncRedis | AsyncRedisCluster
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import struct
-from os import urandom
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
+from os import urandom
 from typing import Any, NoReturn
 
 import redis
@@ -41,7 +40,6 @@ from ...states import (
     claim_from,
     new_response,
 )
-from .._redis_url import SentinelTarget, check_redis_url
 from ._headers import read as read_headers
 from ._headers import write as write_headers
 
@@ -335,23 +333,52 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
         get(b"expires"),
     )
     error, calling = get(b"error"), get(b"calling")
+    try:
+        # Strict UTF-8 reads what surrogatepass reads from any bytes it takes, for
+        # less; only an encoded surrogate needs the slower spelling.
+        scope, key, method, path, fp, flow, rp = (
+            fields[b"scope"].decode(),
+            fields[b"key"].decode(),
+            fields[b"method"].decode(),
+            fields[b"path"].decode(),
+            fields[b"fp"].decode(),
+            fields[b"flow"].decode(),
+            fields[b"rp"].decode(),
+        )
+    except UnicodeDecodeError:
+        scope, key, method, path, fp, flow, rp = (
+            decode(fields[b"scope"]),
+            decode(fields[b"key"]),
+            decode(fields[b"method"]),
+            decode(fields[b"path"]),
+            decode(fields[b"fp"]),
+            decode(fields[b"flow"]),
+            decode(fields[b"rp"]),
+        )
+    raw_created = fields[b"created"]
+    created = EPOCH + int(raw_created) * MICROSECOND
     return _new_record(
         int(fields[b"id"]),
-        fields[b"scope"].decode("utf-8", _TEXT),
-        fields[b"key"].decode("utf-8", _TEXT),
-        fields[b"method"].decode("utf-8", _TEXT),
-        fields[b"path"].decode("utf-8", _TEXT),
-        fields[b"fp"].decode("utf-8", _TEXT),
+        scope,
+        key,
+        method,
+        path,
+        fp,
         _load_params(fields[b"params"]),
-        fields[b"flow"].decode("utf-8", _TEXT),
-        fields[b"rp"].decode("utf-8", _TEXT),
+        flow,
+        rp,
         int(fields[b"token"]),
         None if locked is None else EPOCH + int(locked) * MICROSECOND,
         int(fields[b"lto"]) * MICROSECOND,
         response,
         None if error is None else error.decode("utf-8", _TEXT),
-        EPOCH + int(fields[b"created"]) * MICROSECOND,
-        None if last_run is None else EPOCH + int(last_run) * MICROSECOND,
+        created,
+        # A key run once ran when it was made: the same time, read once.
+        None
+        if last_run is None
+        else created
+        if last_run == raw_created
+        else EPOCH + int(last_run) * MICROSECOND,
         None if finished is None else EPOCH + int(finished) * MICROSECOND,
         None if expires is None else EPOCH + int(expires) * MICROSECOND,
         None if calling is None else calling.decode("utf-8", _TEXT),
@@ -484,117 +511,3 @@ _TRANSLATED = _Translated()
 def translated() -> _Translated:
     """redis-py's errors as the library's: unreachable is StoreUnavailable (P11)."""
     return _TRANSLATED
-
-
-def cluster_url(url: str) -> str | None:
-    """``redis+cluster://...`` (or ``rediss+cluster://``) as the URL redis-py's cluster
-    client takes; None for a plain server's URL."""
-    scheme, sep, rest = url.partition("://")
-    if sep and scheme.lower() in ("redis+cluster", "rediss+cluster"):
-        return scheme.lower().partition("+")[0] + "://" + rest
-    return None
-
-
-def open_sentinel(kind: Any, target: SentinelTarget, options: Mapping[str, Any]) -> Any:
-    """A client of the master that ``target``'s sentinels name, found again after a
-    failover (redis-py's SentinelConnectionPool asks them at each new connection)."""
-    timeouts = {k: v for k, v in options.items() if k.startswith("socket_")}
-    sentinel = kind(
-        list(target.sentinels),
-        sentinel_kwargs={**timeouts, "ssl": target.tls} if target.tls else timeouts,
-        **timeouts,
-    )
-    extra = {"ssl": True} if target.tls else {}
-    return sentinel.master_for(
-        target.service,
-        db=target.db,
-        username=target.username,
-        password=target.password,
-        **extra,
-        **options,
-    )
-
-
-def open_client(kind: Any, url: str, options: Mapping[str, Any]) -> Any:
-    """``kind.from_url(url, **options)`` for a URL checked first (`_redis_url`).
-    What redis-py would refuse only at the first command, an option it does not know
-    or an option's bad value, is refused here; a cluster that the sync client cannot
-    discover while it starts is unavailable (P11)."""
-    cluster = kind is RedisCluster or kind is AsyncRedisCluster
-    check_redis_url(url, cluster=cluster)
-    try:
-        with translated():
-            client = kind.from_url(url, **options)
-        if not cluster:
-            # A connection object made only to check its arguments, the URL's options:
-            # never connected, nothing to close.
-            pool = client.connection_pool
-            pool.connection_class(**pool.connection_kwargs)
-    except TypeError as exc:
-        # "Connection.__init__() got an unexpected keyword argument 'foo'": the words
-        # of redis-py's internals; the option's name is what the reader wrote.
-        unknown = re.search(r"unexpected keyword argument '([^']*)'", str(exc))
-        if unknown is None:
-            raise ConfigurationError(f"invalid option in the Redis URL: {exc}") from None
-        raise ConfigurationError(
-            f"unknown option {unknown.group(1)!r} in the Redis URL: remove it (the URL "
-            "takes redis-py's connection settings, as ?socket_timeout=5 or ?protocol=3)"
-        ) from None
-    except (ValueError, redis.exceptions.RedisError) as exc:
-        raise ConfigurationError(f"invalid option in the Redis URL: {exc}") from None
-    return client
-
-
-def client_kinds(*kinds: type) -> str:
-    """``redis.asyncio.client.Redis or ...``: the client classes a store takes."""
-    return " or ".join(f"{kind.__module__}.{kind.__qualname__}" for kind in kinds)
-
-
-def check_timeout(timeout: float) -> float:
-    """``timeout`` if it is a positive number of seconds (redis-py would take 0 as a
-    failure of every command, and refuse a negative one only at the first)."""
-    if not isinstance(timeout, int | float) or not timeout > 0:  # NaN too
-        raise ConfigurationError(
-            f"a Redis timeout is a positive number of seconds, not {timeout!r}"
-        )
-    return timeout
-
-
-def client_options(timeout: float) -> dict[str, Any]:
-    timeout = check_timeout(timeout)
-    return {
-        "socket_connect_timeout": timeout,
-        "socket_timeout": timeout,
-        "decode_responses": False,
-    }
-
-
-# -- the few calls whose sync and async spellings differ (scripts/unasync.py) ---------
-
-
-def no_retry_async() -> Any:
-    """No retry of a command that failed: a script is not idempotent (a finish sent
-    twice would report its own first write as a lost lock), so a failure is reported
-    (503) and the client retries the request instead."""
-    return redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0)
-
-
-def no_retry() -> Any:
-    """`no_retry_async` for the sync client."""
-    return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
-
-
-def pubsub(client: Any) -> Any:
-    """A pub/sub of ``client`` (sync and async spell it alike; redis-py leaves it
-    untyped)."""
-    return client.pubsub()
-
-
-async def close_async(closable: Any) -> None:
-    """Close an async client or pub/sub (``aclose``)."""
-    await closable.aclose()
-
-
-def close(closable: Any) -> None:
-    """Close a sync client or pub/sub."""
-    closable.close()
