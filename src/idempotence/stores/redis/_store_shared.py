@@ -223,6 +223,27 @@ def decimal(number: int) -> bytes:
 
 _DECIMALS = [b"%d" % n for n in range(1000)]
 """Small integers (statuses, fencing tokens) in decimal, looked up, not formatted."""
+_INTEGERS = {raw: n for n, raw in enumerate(_DECIMALS)}
+_DURATIONS: dict[bytes, timedelta] = {}
+
+
+def _integer(raw: bytes) -> int:
+    """``int(raw)``, a small one (a status, a fencing token) looked up, not parsed."""
+    found = _INTEGERS.get(raw)
+    return int(raw) if found is None else found
+
+
+def _duration(raw: bytes) -> timedelta:
+    """A lock timeout as stored (whole microseconds): an endpoint's own, so the few
+    there are are kept, as `_us_bytes` keeps them the other way."""
+    found = _DURATIONS.get(raw)
+    if found is None:
+        found = int(raw) * MICROSECOND
+        if len(_DURATIONS) < 256:
+            _DURATIONS[raw] = found
+    return found
+
+
 _US_BYTES: dict[timedelta, bytes] = {}
 
 
@@ -325,7 +346,7 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
     response = None
     if status is not None:
         headers = read_headers(fields[b"headers"])
-        response = new_response(int(status), headers, get(b"body", b""))
+        response = new_response(_integer(status), headers, get(b"body", b""))
     locked, last_run, finished, expires = (
         get(b"locked"),
         get(b"last_run"),
@@ -367,9 +388,9 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
         _load_params(fields[b"params"]),
         flow,
         rp,
-        int(fields[b"token"]),
+        _integer(fields[b"token"]),
         None if locked is None else EPOCH + int(locked) * MICROSECOND,
-        int(fields[b"lto"]) * MICROSECOND,
+        _duration(fields[b"lto"]),
         response,
         None if error is None else error.decode("utf-8", _TEXT),
         created,
