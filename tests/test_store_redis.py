@@ -46,6 +46,7 @@ from idempotence.database import open_sql_store
 from idempotence.flows import Flow
 from idempotence.http import Endpoint, Idempotency, Policy, single_tenant
 from idempotence.stores.redis import AsyncRedisStore, RedisStore, record_key
+from idempotence.stores.redis import _headers as _redis_headers
 from idempotence.stores.redis import _store_shared as _redis_base
 from tests.support.clock import app_clock_ahead
 from tests.support.polling import eventually
@@ -590,10 +591,10 @@ def test_a_finish_writes_the_headers_json_as_json_dumps_does(headers: Any) -> No
     call): it must write exactly what json.dumps writes, and read back the same."""
     import json
 
-    from idempotence.stores.redis._store_shared import _headers_json
+    from idempotence.stores.redis._headers import to_json
 
-    assert _headers_json(headers) == json.dumps(headers)
-    assert json.loads(_headers_json(headers)) == [list(pair) for pair in headers]
+    assert to_json(headers) == json.dumps(headers)
+    assert json.loads(to_json(headers)) == [list(pair) for pair in headers]
 
 
 @pytest.mark.parametrize("key", HOSTILE, ids=lambda k: repr(k[:12]) + f"/{len(k)}")
@@ -1201,13 +1202,35 @@ def test_a_replays_headers_are_decoded_once_and_the_kept_ones_stay_bounded() -> 
     """Replays decode their stored headers' JSON through a small cache: the same text
     gives the same pairs, another text its own, and neither the number of texts kept
     nor their length grows past its bound."""
-    headers = _redis_base._headers
+    headers = _redis_headers.read
     one, two = b'[["a", "1"]]', b'[["a", "2"]]'
     assert headers(one) == (("a", "1"),) and headers(two) == (("a", "2"),)
     assert headers(bytes(one)) is headers(one)
-    for n in range(_redis_base._HEADERS_KEPT * 2):
+    for n in range(_redis_headers.KEPT * 2):
         assert headers(b'[["n", "%d"]]' % n) == (("n", str(n)),)
-        assert len(_redis_base._headers_read) <= _redis_base._HEADERS_KEPT
-    long = b'[["x", "%s"]]' % (b"y" * _redis_base._HEADERS_LONGEST)
-    assert headers(long) == (("x", "y" * _redis_base._HEADERS_LONGEST),)
-    assert long not in _redis_base._headers_read
+        assert len(_redis_headers._read) <= _redis_headers.KEPT
+    long = b'[["x", "%s"]]' % (b"y" * _redis_headers.LONGEST)
+    assert headers(long) == (("x", "y" * _redis_headers.LONGEST),)
+    assert long not in _redis_headers._read
+
+
+def test_a_finishs_headers_are_written_once_and_the_kept_ones_stay_bounded() -> None:
+    """Finishes write their headers' JSON through a small cache: the same headers give
+    the same bytes, json.dumps's, and only tuples of strs are kept, never past the
+    bound in number or length."""
+    import json
+
+    write = _redis_headers.write
+    one = (("a", "1"),)
+    assert write(one) == b'[["a", "1"]]' and write((("a", "1"),)) is write(one)
+    for n in range(_redis_headers.KEPT * 2):
+        assert write((("n", str(n)),)) == b'[["n", "%d"]]' % n
+        assert len(_redis_headers._written) <= _redis_headers.KEPT
+    long = (("x", "y" * _redis_headers.LONGEST),)
+    assert write(long) == b'[["x", "%s"]]' % (b"y" * _redis_headers.LONGEST)
+    assert long not in _redis_headers._written
+    number = (("n", 1),)
+    assert write(number) == write(number) == b'[["n", 1]]'
+    assert number not in _redis_headers._written
+    listed = (("n", "1"), ["m", "2"])
+    assert write(listed) == write(listed) == json.dumps(listed).encode()

@@ -5,6 +5,7 @@ they take the packer."""
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import timedelta
 
@@ -15,8 +16,10 @@ hiredis = pytest.importorskip("hiredis")
 from idempotence.states import ClaimRequest, Lease, StoredResponse  # noqa: E402
 from idempotence.stores.redis._resp import evalsha_packed  # noqa: E402
 from idempotence.stores.redis._store_shared import (  # noqa: E402
-    claim_args,
+    claim_call,
     decimal,
+    encode,
+    encoded_record_key,
     finish_args,
 )
 
@@ -50,11 +53,11 @@ def test_a_claim_and_a_finish_send_bytes_only() -> None:
         lock_timeout=timedelta(seconds=30),
         retention=timedelta(days=1),
     )
-    claim = claim_args(request)
-    assert all(type(arg) is bytes for arg in claim)
+    key, claim, record_id = claim_call(b"idem", request)
+    assert all(type(arg) is bytes for arg in [key, *claim])
     assert claim[6] == b'{"amount":3}'
     assert claim[7:9] == [b"30000000", b"86400000000"]
-    assert int(claim[9]) > 0
+    assert 0 < record_id < 2**62 + 1 and claim[9] == b"%d" % record_id
     response = StoredResponse.of(201, {"content-type": "application/json"}, b"{}")
     finish = finish_args(response, None, b"idem:settled")
     assert all(type(arg) is bytes for arg in finish)
@@ -65,3 +68,37 @@ def test_a_claim_and_a_finish_send_bytes_only() -> None:
         b"3",
         b"1234",
     )
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        (("content-type", "application/json"),),
+        (("x-a", "é\u2028"), ("x-b", "")),
+        [("x-list", "1")],
+        (["x-inner", "list"],),
+        (("x-number", 7),),
+        (),
+    ],
+)
+def test_a_finish_writes_the_headers_json_dumps_writes_again_and_again(headers: object) -> None:
+    expected = json.dumps(headers).encode()
+    response = StoredResponse(200, headers, b"")  # type: ignore[arg-type]
+    for _ in range(3):  # the first writes them, the next may find them kept
+        assert finish_args(response, None, b"idem:settled")[1] == expected
+
+
+@pytest.mark.parametrize("text", ["acct", "", "café ☃ 𝄞", "lone \udcff surrogate", "\ud800"])
+def test_a_claims_key_and_texts_are_encoded_as_surrogatepass_encodes_them(text: str) -> None:
+    request = ClaimRequest(
+        scope=text,
+        key=text + "k",
+        fingerprint=text,
+        method=text,
+        path=text,
+        flow=text,
+        lock_timeout=timedelta(seconds=30),
+    )
+    key, claim, _ = claim_call(b"idem", request)
+    assert key == encoded_record_key(b"idem", text, text + "k")
+    assert claim[:6] == [encode(part) for part in (text, text + "k", *[text] * 4)]

@@ -37,16 +37,9 @@ from ...errors import StoreError, StoreUnavailable
 from ...observability import Instrumentation
 from ...states import Claim, ClaimRequest, KeyRecord, Lease, Outcome, StoredResponse
 from .._redis_url import sentinel_url
+from ..redis._clients import check_timeout, open_client, open_sentinel
 from ..redis._replicas import ReplicaWait, from_url, url_options
-from ..redis._store_shared import (
-    EPOCH,
-    MICROSECOND,
-    AsyncSentinel,
-    Sentinel,
-    check_timeout,
-    open_client,
-    open_sentinel,
-)
+from ..redis._store_shared import EPOCH, MICROSECOND, AsyncSentinel, Sentinel
 
 __all__ = ["AsyncRedis", "Redis"]
 

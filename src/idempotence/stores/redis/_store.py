@@ -26,6 +26,16 @@ from .._listener_shared import STOP_CHECK
 from .._redis_url import sentinel_url
 from .._waiters import Waiters
 from ..capabilities import Capability
+from ._clients import (
+    client_kinds,
+    client_options,
+    close,
+    cluster_url,
+    no_retry,
+    open_client,
+    open_sentinel,
+)
+from ._clients import pubsub as make_pubsub
 from ._lane import Lane
 from ._replicas import ReplicaWait, from_url, url_options
 from ._store_shared import (
@@ -39,19 +49,12 @@ from ._store_shared import (
     Sentinel,
     channel,
     check_prefix,
-    claim_args,
-    client_kinds,
-    client_options,
-    close,
-    cluster_url,
+    claim_call,
     decimal,
     decode,
     encode,
     encoded_record_key,
     finish_args,
-    no_retry,
-    open_client,
-    open_sentinel,
     record,
     record_pattern,
     reraise,
@@ -60,7 +63,6 @@ from ._store_shared import (
     translated,
 )
 from ._store_shared import claim_result as _claim_result
-from ._store_shared import pubsub as make_pubsub
 
 Client = Redis | RedisCluster
 
@@ -302,22 +304,22 @@ class RedisStore:
         """Claim ``request``'s key in one atomic script; return its single outcome."""
         if self._instrumentation is None and not self._wait.replicas:
             # Every request's first script: no coroutine between it and the send.
-            args = claim_args(request)
-            key = encoded_record_key(self._prefix_bytes, request.scope, request.key)
-            return self._kept(_claim_result(request, args, self._send("claim", [key], args)), key)
+            key, args, record_id = claim_call(self._prefix_bytes, request)
+            reply = self._send("claim", [key], args)
+            return self._kept(_claim_result(request, record_id, args, reply), key)
         if self._instrumentation is not None:
             with self._instrumentation.claim(request) as watch:
                 return watch.done(self._claim(request))
         return self._claim(request)
 
     def _claim(self, request: ClaimRequest) -> Claim:
-        key = self.record_key(request.scope, request.key)
         if not self._wait.replicas:
-            args = claim_args(request)
-            return self._kept(_claim_result(request, args, self._send("claim", [key], args)), key)
-        args = claim_args(request, replicated=True)
+            key, args, record_id = claim_call(self._prefix_bytes, request)
+            reply = self._send("claim", [key], args)
+            return self._kept(_claim_result(request, record_id, args, reply), key)
+        key, args, record_id = claim_call(self._prefix_bytes, request, replicated=True)
         reply, acked = self._run_waited("claim", [key], args)
-        claim = _claim_result(request, args, reply)
+        claim = _claim_result(request, record_id, args, reply)
         if acked < self._wait.replicas:
             if claim.lease is not None:
                 # The master holds the lock, which the replicas may never see: nobody

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import secrets
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
+from os import urandom
 from typing import Any, NoReturn
 
 import redis
@@ -28,7 +27,7 @@ import redis.exceptions
 import redis.retry
 import redis.sentinel
 
-from ... import _json, _queries
+from ... import _queries
 from ..._frozen import quick_new
 from ...errors import ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
 from ...states import (
@@ -41,7 +40,8 @@ from ...states import (
     claim_from,
     new_response,
 )
-from .._redis_url import SentinelTarget, check_redis_url
+from ._headers import read as read_headers
+from ._headers import write as write_headers
 
 AsyncRedis = redis.asyncio.Redis
 """The clients, in both spellings (``scripts/unasync.py`` turns ``AsyncRedis`` into
@@ -128,7 +128,10 @@ def record_key(prefix: str, scope: str, key: str) -> bytes:
 
 def encoded_record_key(prefix: bytes, scope: str, key: str) -> bytes:
     """`record_key` of a prefix already encoded (a store's, once)."""
-    s, k = scope.encode("utf-8", _TEXT), key.encode("utf-8", _TEXT)
+    return _record_key(prefix, encode(scope), encode(key))
+
+
+def _record_key(prefix: bytes, s: bytes, k: bytes) -> bytes:
     tag = hashlib.blake2b(b"%d:%s:%s" % (len(s), s, k), digest_size=12).hexdigest()
     return b"%s:{%s}:%d:%s:%s" % (prefix, tag.encode(), len(s), s, k)
 
@@ -155,31 +158,57 @@ def channel(prefix: str) -> bytes:
     return encode(prefix) + b":settled"
 
 
-def claim_args(request: ClaimRequest, replicated: bool = False) -> list[Any]:
-    """The claim script's ARGV; ``replicated`` when the store waits for replicas (a
-    replay then writes, so that its WAIT covers the finish it read: `_replicas`)."""
+def claim_call(
+    prefix: bytes, request: ClaimRequest, replicated: bool = False
+) -> tuple[bytes, list[bytes], int]:
+    """The claim script's key (`encoded_record_key`) and ARGV, and the id of the
+    record it writes for a new key; ``replicated`` when the store waits for replicas
+    (a replay then writes, so that its WAIT covers the finish it read: `_replicas`)."""
+    try:
+        # Strict UTF-8 writes what surrogatepass writes for every text it takes, for
+        # less; only a lone surrogate needs the slower spelling.
+        s, k, fingerprint, method, path, flow = (
+            request.scope.encode(),
+            request.key.encode(),
+            request.fingerprint.encode(),
+            request.method.encode(),
+            request.path.encode(),
+            request.flow.encode(),
+        )
+    except UnicodeEncodeError:
+        s, k, fingerprint, method, path, flow = (
+            encode(request.scope),
+            encode(request.key),
+            encode(request.fingerprint),
+            encode(request.method),
+            encode(request.path),
+            encode(request.flow),
+        )
+    # The record's id: random, so a lease names one incarnation of the key (F1);
+    # secrets.randbits(62)'s own spelling, without its call.
+    record_id = (int.from_bytes(urandom(8)) >> 2) + 1
     retention = request.retention
     # Bytes only, so that the lane packs them itself (`_resp`), not through hiredis.
-    return [
-        request.scope.encode("utf-8", _TEXT),
-        request.key.encode("utf-8", _TEXT),
-        request.fingerprint.encode("utf-8", _TEXT),
-        request.method.encode("utf-8", _TEXT),
-        request.path.encode("utf-8", _TEXT),
-        request.flow.encode("utf-8", _TEXT),
+    args = [
+        s,
+        k,
+        fingerprint,
+        method,
+        path,
+        flow,
         _json_params(request.params),
         _us_bytes(request.lock_timeout),
         b"" if retention is None else _us_bytes(retention),
-        # The record's id: random, so a lease names one incarnation of the key (F1).
-        b"%d" % (secrets.randbits(62) + 1),
+        b"%d" % record_id,
         b"1" if replicated else b"0",
     ]
+    return _record_key(prefix, s, k), args, record_id
 
 
 def finish_args(response: StoredResponse, error: str | None, settled_channel: bytes) -> list[bytes]:
     return [
         decimal(response.status),
-        _headers_json(response.headers).encode(),
+        write_headers(response.headers),
         response.body,
         b"0" if error is None else b"1",
         b"" if error is None else encode(error),
@@ -194,13 +223,28 @@ def decimal(number: int) -> bytes:
 
 _DECIMALS = [b"%d" % n for n in range(1000)]
 """Small integers (statuses, fencing tokens) in decimal, looked up, not formatted."""
+_INTEGERS = {raw: n for n, raw in enumerate(_DECIMALS)}
+_DURATIONS: dict[bytes, timedelta] = {}
+
+
+def _integer(raw: bytes) -> int:
+    """``int(raw)``, a small one (a status, a fencing token) looked up, not parsed."""
+    found = _INTEGERS.get(raw)
+    return int(raw) if found is None else found
+
+
+def _duration(raw: bytes) -> timedelta:
+    """A lock timeout as stored (whole microseconds): an endpoint's own, so the few
+    there are are kept, as `_us_bytes` keeps them the other way."""
+    found = _DURATIONS.get(raw)
+    if found is None:
+        found = int(raw) * MICROSECOND
+        if len(_DURATIONS) < 256:
+            _DURATIONS[raw] = found
+    return found
+
+
 _US_BYTES: dict[timedelta, bytes] = {}
-
-
-# The headers' JSON as json.dumps writes it (its separators, ASCII only), from a writer
-# made once: json.dumps makes an encoder per call, a share of every finish. A tuple is
-# an array, as a list is.
-_headers_json = _json.writer()
 
 
 def _json_params(params: Any) -> bytes:
@@ -266,51 +310,51 @@ def unpack(packed: bytes) -> dict[bytes, bytes]:
     # b'{}'
     ```
     """
-    try:
-        lengths = _LENGTHS.unpack_from(packed)
-    except struct.error:
-        raise _not_read_fields(packed) from None
-    fields = {}
-    at = _LENGTHS.size
-    for name, length in zip(READ_FIELDS, lengths, strict=True):
-        if length >= 0:
-            fields[name] = packed[at : at + length]
-            at += length
-        elif length != -1:
-            raise _not_read_fields(packed)
-    if at != len(packed):
-        raise _not_read_fields(packed)
-    return fields
+    return _unpack(packed)
 
 
 def _not_read_fields(packed: bytes) -> StoreError:
     return StoreError(f"the Redis claim script's reply is not READ_FIELDS: {packed[:80]!r}")
 
 
+def _unpacker() -> Callable[[bytes], dict[bytes, bytes]]:
+    """`unpack`'s work written out field by field, without a loop (as `_resp` writes
+    its packers): a loop over the 21 fields cost a replay a fifth more."""
+    lengths = [f"l{i}" for i in range(len(READ_FIELDS))]
+    lines = [
+        "def unpack(packed):",
+        "  try:",
+        f"    {', '.join(lengths)}, = _lengths(packed)",
+        "  except _error:",
+        "    raise _refused(packed) from None",
+        "  fields = {}",
+        f"  at = {_LENGTHS.size}",
+    ]
+    for name, length in zip(READ_FIELDS, lengths, strict=True):
+        lines += [
+            f"  if {length} >= 0:",
+            f"    fields[{name!r}] = packed[at : at + {length}]",
+            f"    at += {length}",
+            f"  elif {length} != -1:",
+            "    raise _refused(packed)",
+        ]
+    lines += ["  if at != len(packed):", "    raise _refused(packed)", "  return fields"]
+    namespace: dict[str, Any] = {
+        "_lengths": _LENGTHS.unpack_from,
+        "_error": struct.error,
+        "_refused": _not_read_fields,
+    }
+    exec(compile("\n".join(lines), "<unpack>", "exec"), namespace)
+    made: Callable[[bytes], dict[bytes, bytes]] = namespace["unpack"]
+    return made
+
+
+_unpack = _unpacker()
+
+
 _new_record = quick_new(KeyRecord)
 """A KeyRecord from its 19 fields, in order, past the class call: every claim builds
 one from the script's reply (see `quick_new`)."""
-
-
-_HEADERS_KEPT = 256
-"""How many headers' JSON texts `_headers` keeps decoded (each of at most
-``_HEADERS_LONGEST`` bytes); past it, it forgets them all and starts again."""
-_HEADERS_LONGEST = 2048
-_headers_read: dict[bytes, tuple[tuple[str, str], ...]] = {}
-
-
-def _headers(raw: bytes) -> tuple[tuple[str, str], ...]:
-    """A stored response's headers from their JSON. An endpoint's answers mostly
-    carry the same headers, and a JSON decode costs a replay about as much as the
-    rest of its record: the same text is decoded once, into pairs no one can change."""
-    headers = _headers_read.get(raw)
-    if headers is None:
-        headers = tuple([(str(k), str(v)) for k, v in json.loads(raw)])
-        if len(raw) <= _HEADERS_LONGEST:
-            if len(_headers_read) >= _HEADERS_KEPT:
-                _headers_read.clear()
-            _headers_read[raw] = headers
-    return headers
 
 
 def record(fields: Mapping[Any, Any]) -> KeyRecord:
@@ -322,8 +366,8 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
     status = get(b"status")
     response = None
     if status is not None:
-        headers = _headers(fields[b"headers"])
-        response = new_response(int(status), headers, get(b"body", b""))
+        headers = read_headers(fields[b"headers"])
+        response = new_response(_integer(status), headers, get(b"body", b""))
     locked, last_run, finished, expires = (
         get(b"locked"),
         get(b"last_run"),
@@ -331,37 +375,69 @@ def record(fields: Mapping[Any, Any]) -> KeyRecord:
         get(b"expires"),
     )
     error, calling = get(b"error"), get(b"calling")
+    try:
+        # Strict UTF-8 reads what surrogatepass reads from any bytes it takes, for
+        # less; only an encoded surrogate needs the slower spelling.
+        scope, key, method, path, fp, flow, rp = (
+            fields[b"scope"].decode(),
+            fields[b"key"].decode(),
+            fields[b"method"].decode(),
+            fields[b"path"].decode(),
+            fields[b"fp"].decode(),
+            fields[b"flow"].decode(),
+            fields[b"rp"].decode(),
+        )
+    except UnicodeDecodeError:
+        scope, key, method, path, fp, flow, rp = (
+            decode(fields[b"scope"]),
+            decode(fields[b"key"]),
+            decode(fields[b"method"]),
+            decode(fields[b"path"]),
+            decode(fields[b"fp"]),
+            decode(fields[b"flow"]),
+            decode(fields[b"rp"]),
+        )
+    raw_created = fields[b"created"]
+    created = EPOCH + int(raw_created) * MICROSECOND
     return _new_record(
         int(fields[b"id"]),
-        fields[b"scope"].decode("utf-8", _TEXT),
-        fields[b"key"].decode("utf-8", _TEXT),
-        fields[b"method"].decode("utf-8", _TEXT),
-        fields[b"path"].decode("utf-8", _TEXT),
-        fields[b"fp"].decode("utf-8", _TEXT),
+        scope,
+        key,
+        method,
+        path,
+        fp,
         _load_params(fields[b"params"]),
-        fields[b"flow"].decode("utf-8", _TEXT),
-        fields[b"rp"].decode("utf-8", _TEXT),
-        int(fields[b"token"]),
+        flow,
+        rp,
+        _integer(fields[b"token"]),
         None if locked is None else EPOCH + int(locked) * MICROSECOND,
-        int(fields[b"lto"]) * MICROSECOND,
+        _duration(fields[b"lto"]),
         response,
         None if error is None else error.decode("utf-8", _TEXT),
-        EPOCH + int(fields[b"created"]) * MICROSECOND,
-        None if last_run is None else EPOCH + int(last_run) * MICROSECOND,
+        created,
+        # A key run once ran when it was made: the same time, read once.
+        None
+        if last_run is None
+        else created
+        if last_run == raw_created
+        else EPOCH + int(last_run) * MICROSECOND,
         None if finished is None else EPOCH + int(finished) * MICROSECOND,
         None if expires is None else EPOCH + int(expires) * MICROSECOND,
         None if calling is None else calling.decode("utf-8", _TEXT),
     )
 
 
-def claim_result(request: ClaimRequest, args: Sequence[Any], reply: Sequence[Any]) -> Claim:
-    """The claim script's reply (to ``args``, from `claim_args`) as a
+def claim_result(
+    request: ClaimRequest, record_id: int, args: Sequence[Any], reply: Sequence[Any]
+) -> Claim:
+    """The claim script's reply (to ``args`` and ``record_id``, from `claim_call`) as a
     [`Claim`][idempotence.states.Claim]: the outcome is named by `claim_from`,
     which refuses a reply that disagrees with [`arbitrate`][idempotence.states.arbitrate]
     (P1-P5 are decided once, in ``states``)."""
     if len(reply) == 2:  # a new key: the script wrote the request, nothing to read
         now = timestamp(reply[1])
-        return claim_from(new_record(request, args, now), request.fingerprint, now, claimed=True)
+        made = new_record(request, record_id, args, now)
+        return claim_from(made, request.fingerprint, now, claimed=True)
     claimed, now, packed = reply
     return claim_from(
         record(unpack(packed)), request.fingerprint, timestamp(now), claimed=bool(claimed)
@@ -377,14 +453,16 @@ def status_result(reply: Sequence[Any]) -> KeyStatus | None:
     return KeyStatus.of(record(unpack(packed)), timestamp(now))
 
 
-def new_record(request: ClaimRequest, args: Sequence[Any], now: datetime) -> KeyRecord:
+def new_record(
+    request: ClaimRequest, record_id: int, args: Sequence[Any], now: datetime
+) -> KeyRecord:
     """The record that the claim script's first branch (P1) wrote for ``request`` at
     ``now``, field by field, as [`record`][idempotence.stores.sql.Dialect.record] would
     read it back. Its lock timeout and retention are the request's own: the script
     stored them in whole microseconds, a timedelta's resolution."""
     retention = request.retention
     return _new_record(
-        int(args[9]),
+        record_id,
         request.scope,
         request.key,
         request.method,
@@ -475,117 +553,3 @@ _TRANSLATED = _Translated()
 def translated() -> _Translated:
     """redis-py's errors as the library's: unreachable is StoreUnavailable (P11)."""
     return _TRANSLATED
-
-
-def cluster_url(url: str) -> str | None:
-    """``redis+cluster://...`` (or ``rediss+cluster://``) as the URL redis-py's cluster
-    client takes; None for a plain server's URL."""
-    scheme, sep, rest = url.partition("://")
-    if sep and scheme.lower() in ("redis+cluster", "rediss+cluster"):
-        return scheme.lower().partition("+")[0] + "://" + rest
-    return None
-
-
-def open_sentinel(kind: Any, target: SentinelTarget, options: Mapping[str, Any]) -> Any:
-    """A client of the master that ``target``'s sentinels name, found again after a
-    failover (redis-py's SentinelConnectionPool asks them at each new connection)."""
-    timeouts = {k: v for k, v in options.items() if k.startswith("socket_")}
-    sentinel = kind(
-        list(target.sentinels),
-        sentinel_kwargs={**timeouts, "ssl": target.tls} if target.tls else timeouts,
-        **timeouts,
-    )
-    extra = {"ssl": True} if target.tls else {}
-    return sentinel.master_for(
-        target.service,
-        db=target.db,
-        username=target.username,
-        password=target.password,
-        **extra,
-        **options,
-    )
-
-
-def open_client(kind: Any, url: str, options: Mapping[str, Any]) -> Any:
-    """``kind.from_url(url, **options)`` for a URL checked first (`_redis_url`).
-    What redis-py would refuse only at the first command, an option it does not know
-    or an option's bad value, is refused here; a cluster that the sync client cannot
-    discover while it starts is unavailable (P11)."""
-    cluster = kind is RedisCluster or kind is AsyncRedisCluster
-    check_redis_url(url, cluster=cluster)
-    try:
-        with translated():
-            client = kind.from_url(url, **options)
-        if not cluster:
-            # A connection object made only to check its arguments, the URL's options:
-            # never connected, nothing to close.
-            pool = client.connection_pool
-            pool.connection_class(**pool.connection_kwargs)
-    except TypeError as exc:
-        # "Connection.__init__() got an unexpected keyword argument 'foo'": the words
-        # of redis-py's internals; the option's name is what the reader wrote.
-        unknown = re.search(r"unexpected keyword argument '([^']*)'", str(exc))
-        if unknown is None:
-            raise ConfigurationError(f"invalid option in the Redis URL: {exc}") from None
-        raise ConfigurationError(
-            f"unknown option {unknown.group(1)!r} in the Redis URL: remove it (the URL "
-            "takes redis-py's connection settings, as ?socket_timeout=5 or ?protocol=3)"
-        ) from None
-    except (ValueError, redis.exceptions.RedisError) as exc:
-        raise ConfigurationError(f"invalid option in the Redis URL: {exc}") from None
-    return client
-
-
-def client_kinds(*kinds: type) -> str:
-    """``redis.asyncio.client.Redis or ...``: the client classes a store takes."""
-    return " or ".join(f"{kind.__module__}.{kind.__qualname__}" for kind in kinds)
-
-
-def check_timeout(timeout: float) -> float:
-    """``timeout`` if it is a positive number of seconds (redis-py would take 0 as a
-    failure of every command, and refuse a negative one only at the first)."""
-    if not isinstance(timeout, int | float) or not timeout > 0:  # NaN too
-        raise ConfigurationError(
-            f"a Redis timeout is a positive number of seconds, not {timeout!r}"
-        )
-    return timeout
-
-
-def client_options(timeout: float) -> dict[str, Any]:
-    timeout = check_timeout(timeout)
-    return {
-        "socket_connect_timeout": timeout,
-        "socket_timeout": timeout,
-        "decode_responses": False,
-    }
-
-
-# -- the few calls whose sync and async spellings differ (scripts/unasync.py) ---------
-
-
-def no_retry_async() -> Any:
-    """No retry of a command that failed: a script is not idempotent (a finish sent
-    twice would report its own first write as a lost lock), so a failure is reported
-    (503) and the client retries the request instead."""
-    return redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0)
-
-
-def no_retry() -> Any:
-    """`no_retry_async` for the sync client."""
-    return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
-
-
-def pubsub(client: Any) -> Any:
-    """A pub/sub of ``client`` (sync and async spell it alike; redis-py leaves it
-    untyped)."""
-    return client.pubsub()
-
-
-async def close_async(closable: Any) -> None:
-    """Close an async client or pub/sub (``aclose``)."""
-    await closable.aclose()
-
-
-def close(closable: Any) -> None:
-    """Close a sync client or pub/sub."""
-    closable.close()
