@@ -31,6 +31,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -1037,6 +1038,7 @@ def serve(factory: Callable[[], Any], fd: int, deploy: str = "1") -> None:
     # ACKs for 40 ms per response. socket(fileno=) reads the real family and protocol,
     # and a spawned worker gets the socket as it is (pickled with its family).
     kind, workers = deployment(deploy)
+    factory = functools.partial(_frozen_after, factory)
     if kind == "gunicorn":
         return _gunicorn(factory, fd, workers)
     sock = socket.socket(fileno=fd)
@@ -1050,6 +1052,21 @@ def serve(factory: Callable[[], Any], fd: int, deploy: str = "1") -> None:
         from uvicorn.supervisors import Multiprocess
 
         Multiprocess(config, sockets=[sock]).run()
+
+
+def _frozen_after(factory: Callable[[], Any]) -> Any:
+    """``factory()``, then the heap it leaves frozen (``gc.freeze()``, as a preloading
+    deployment does): a full collection then scans what requests made, not the
+    interpreter's, the framework's and the library's start-up objects. Without it a
+    full collection took 40 to 60 ms here, and an endpoint that holds its objects while
+    it waits for its store (the floors: the guard runs inside the endpoint) set off about
+    five times as many as the guarded rows do (24 against 5 in three rounds on Redis):
+    the floors' p99 was 40 ms and their req/s up to 8 % lower, in the library's favour.
+    Every row of every server gets the same."""
+    app = factory()
+    gc.collect()
+    gc.freeze()
+    return app
 
 
 def _gunicorn(factory: Callable[[], Any], fd: int, workers: int) -> None:
