@@ -88,6 +88,27 @@ def test_a_finish_writes_the_headers_json_dumps_writes_again_and_again(headers: 
         assert finish_args(response, None, b"idem:settled")[1] == expected
 
 
+class _CaseBlind(str):
+    """A header name that calls any spelling of itself equal (as a case-insensitive
+    name type would), though it is written as spelled."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and self.lower() == other.lower()
+
+    def __hash__(self) -> int:
+        return hash(self.lower())
+
+
+def test_headers_equal_to_kept_ones_by_a_str_subclass_are_written_as_they_are_spelled() -> None:
+    kept = StoredResponse(200, (("content-type", "application/json"),), b"")
+    assert finish_args(kept, None, b"idem:settled")[1] == b'[["content-type", "application/json"]]'
+    spelled = StoredResponse(200, ((_CaseBlind("Content-Type"), "application/json"),), b"")
+    assert spelled.headers == kept.headers  # equal, and hashed alike, so a lookup would hit
+    for _ in range(2):
+        written = finish_args(spelled, None, b"idem:settled")[1]
+        assert written == b'[["Content-Type", "application/json"]]'
+
+
 @pytest.mark.parametrize("text", ["acct", "", "café ☃ 𝄞", "lone \udcff surrogate", "\ud800"])
 def test_a_claims_key_and_texts_are_encoded_as_surrogatepass_encodes_them(text: str) -> None:
     request = ClaimRequest(

@@ -28,16 +28,16 @@ _read: dict[bytes, tuple[tuple[str, str], ...]] = {}
 
 
 def write(headers: Any) -> bytes:
-    """``headers`` (a stored response's pairs) as JSON, in UTF-8. Kept only when every
-    name and value is a str, in tuples: those cannot change, and headers equal to them
-    are strs of the same text, which write alike."""
-    try:
-        written = _written.get(headers)
-    except TypeError:  # a list among them: not a key, and the app may change it
+    """``headers`` (a stored response's pairs) as JSON, in UTF-8. Looked up and kept
+    only when every name and value is a plain str, in tuples: those cannot change, and
+    an equal key is then the same text (a str subclass may call a name equal to
+    another's that it does not write alike: one that ignores case)."""
+    if not _text_pairs(headers):
         return to_json(headers).encode()
+    written = _written.get(headers)
     if written is None:
         written = to_json(headers).encode()
-        if len(written) <= LONGEST and _text_pairs(headers):
+        if len(written) <= LONGEST:
             if len(_written) >= KEPT:
                 _written.clear()
             _written[headers] = written
@@ -45,9 +45,16 @@ def write(headers: Any) -> bytes:
 
 
 def _text_pairs(headers: Any) -> bool:
-    return type(headers) is tuple and all(
-        type(pair) is tuple and all(type(part) is str for part in pair) for pair in headers
-    )
+    # A loop, not all() over generators: it runs for every finish.
+    if type(headers) is not tuple:
+        return False
+    for pair in headers:
+        if type(pair) is not tuple or len(pair) != 2:
+            return False
+        name, value = pair
+        if type(name) is not str or type(value) is not str:
+            return False
+    return True
 
 
 def read(raw: bytes) -> tuple[tuple[str, str], ...]:
