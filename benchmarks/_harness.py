@@ -105,10 +105,12 @@ LUA = r"""
 -- Each request gets the key PREFIX-THREAD-N (or the fixed key FIXED), and done()
 -- prints the summary as one JSON line that the harness reads.
 local thread_count, counter, prefix, fixed = 0, 0, "", nil
+local threads = {}
 
 function setup(thread)
   thread_count = thread_count + 1
   thread:set("thread_id", thread_count)
+  table.insert(threads, thread)
 end
 
 function init(args)
@@ -132,34 +134,67 @@ function done(summary, latency, requests)
     '"errors": %d, "non_2xx": %d}\n',
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
     e.connect + e.read + e.write + e.timeout, e.status))
+  for _, thread in ipairs(threads) do
+    local refused = thread:get("refused")
+    if refused then io.write("WRK_REFUSED " .. refused .. "\n") end
+  end
+end
+"""
+
+LUA_REFUSED = r"""
+-- The first answer that is not a 2xx, status and body on one line (wrk reads every
+-- response into Lua for this, which costs it CPU: only where no number is read).
+refused = nil
+
+function response(status, headers, body)
+  if status >= 300 and refused == nil then
+    refused = status .. " " .. string.gsub(string.sub(body, 1, 400), "%s+", " ")
+  end
 end
 """
 
 
-def lua_script() -> Path:
-    """The script as a file (named by its content, so one file serves every run)."""
-    digest = hashlib.sha256(LUA.encode()).hexdigest()[:12]
+def lua_script(refused: bool = False) -> Path:
+    """The script as a file (named by its content, so one file serves every run); with
+    ``refused``, it also reports the first answer that is not a 2xx."""
+    text = LUA + LUA_REFUSED if refused else LUA
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"idempotence-bench-{digest}.lua"
     if not path.exists():
-        path.write_text(LUA)
+        path.write_text(text)
     return path
 
 
 def run_wrk(
-    port: int, path: str, *, seconds: int, connections: int, threads: int, key: str
+    port: int,
+    path: str,
+    *,
+    seconds: int,
+    connections: int,
+    threads: int,
+    key: str,
+    refused: bool = False,
 ) -> dict[str, Any]:
-    """One wrk run; ``key`` is a unique prefix, or ``fixed:KEY`` for one key throughout."""
+    """One wrk run; ``key`` is a unique prefix, or ``fixed:KEY`` for one key throughout.
+    With ``refused`` (a smoke run, whose numbers are not read), ``result["refused"]``
+    holds the first answer that was not a 2xx, status and body, else None."""
     prefix, fixed = (key, "-") if not key.startswith("fixed:") else ("x", key[6:])
     command = [ensure_wrk(), f"-t{min(threads, connections)}", f"-c{connections}"]
-    command += [f"-d{seconds}s", "--timeout", "10s", "-s", str(lua_script())]
+    command += [f"-d{seconds}s", "--timeout", "10s", "-s", str(lua_script(refused))]
     command += [f"http://127.0.0.1:{port}{path}", "--", prefix, fixed]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
+    result: dict[str, Any] | None = None
+    first_refused = None
     for line in done.stdout.splitlines():
         if line.startswith("WRK_JSON "):
             result = dict(json.loads(line[9:]))
             result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
-            return result
-    raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr or done.stdout}")
+        elif line.startswith("WRK_REFUSED ") and first_refused is None:
+            first_refused = line[12:]
+    if result is None:
+        raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr or done.stdout}")
+    result["refused"] = first_refused
+    return result
 
 
 def post(port: int, path: str, key: str) -> tuple[int, dict[str, str]]:
@@ -1297,7 +1332,9 @@ def settle(port: int, row: Row, key: str) -> None:
 def _one(server: Server, row: Row, args: argparse.Namespace, run: str) -> dict[str, Any]:
     key = f"fixed:replay-{row.server}-{row.name}" if row.fixed else f"{run}-{row.label}"
     connections = row.connections or args.connections
-    load = functools.partial(run_wrk, server.port, row.path, connections=connections)
+    load = functools.partial(
+        run_wrk, server.port, row.path, connections=connections, refused=args.quick
+    )
     if args.warmup > 0:
         load(seconds=args.warmup, threads=args.threads, key=key + "-warm")
     app_before, db_before = tree_cpu(server.pid), server.meter.snapshot()
@@ -1307,9 +1344,25 @@ def _one(server: Server, row: Row, args: argparse.Namespace, run: str) -> dict[s
     if app_after:  # every process of the deployment: supervisor and workers
         result["app_ms"] = 1000 * Meter.used(app_before, app_after) / served
         result["processes"] = len(app_after)
+        result["busiest"] = busiest(server.pid, app_before, app_after)
     for name, after in db_after.items():
         result[f"{name}_ms"] = 1000 * Meter.used(db_before.get(name, {}), after) / served
     return result
+
+
+def busiest(root: int, before: dict[int, float], after: dict[int, float]) -> float | None:
+    """The busiest worker's share of the workers' CPU in a round (None for one process).
+
+    The workers of a deployment share one listening socket, and each accepts every
+    connection waiting when it wakes: wrk's connections, opened at once and kept
+    alive, can all land on one worker, which then serves the round alone while the
+    other core idles. 0.5 of two workers is an even split, 1.0 one worker alone: rows
+    whose splits differ do not compare."""
+    used = {pid: seconds - before.get(pid, 0.0) for pid, seconds in after.items() if pid != root}
+    total = sum(used.values())
+    if len(used) < 2 or total <= 0:
+        return None
+    return max(used.values()) / total
 
 
 def summarise(
@@ -1336,7 +1389,9 @@ def summarise(
             "connections": row.connections,
             "note": row.note,
         }
-        for field in ("p50_us", "p99_us", "app_ms", "db_ms", "cluster_ms", "redis_ms"):
+        for field in (
+            "p50_us", "p99_us", "app_ms", "db_ms", "cluster_ms", "redis_ms", "busiest",
+        ):  # fmt: skip
             line[field] = median(row, field)
         app, base_app = line["app_ms"], median(base, "app_ms") if base else None
         line["app_added_ms"] = app - base_app if app is not None and base_app else None
@@ -1344,6 +1399,7 @@ def summarise(
         line["spread"] = (max(spread) - min(spread)) / rps if rps else 0.0
         line["errors"] = sum(r["errors"] for r in results[row])
         line["non_2xx"] = sum(r["non_2xx"] for r in results[row])
+        line["refused"] = next((r["refused"] for r in results[row] if r.get("refused")), None)
         line["processes"] = max((r.get("processes", 0) for r in results[row]), default=0)
         line["rounds"] = results[row]
         table.append(line)
@@ -1354,7 +1410,10 @@ def print_table(table: list[dict[str, Any]], servers: dict[str, Server]) -> None
     def number(value: float | None, width: int, digits: int) -> str:
         return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
-    columns = "req/s  ratio  p50 ms  p99 ms  app ms  +app ms  db ms  all-db ms  spread  errs  procs"
+    columns = (
+        "req/s  ratio  p50 ms  p99 ms  app ms  +app ms  db ms  all-db ms  spread  errs  procs"
+        "  busiest"
+    )
     for name, server in servers.items():
         lines = [row for row in table if row["server"] == name]
         if not lines:
@@ -1371,6 +1430,7 @@ def print_table(table: list[dict[str, Any]], servers: dict[str, Server]) -> None
                 f" {number(db, 6, 3)} {number(row['cluster_ms'], 10, 3)}"
                 f" {100 * row['spread']:>6.0f}% {row['errors'] + row['non_2xx']:>5}"
                 f" {row['processes']:>6}"
+                + (f" {'-':>8}" if row["busiest"] is None else f" {100 * row['busiest']:>7.0f}%")
                 + (f"  vs {row['baseline']}" if row["baseline"] else "  (baseline)")
             )
 
@@ -1387,7 +1447,11 @@ every process of it (supervisor or arbiter and workers: procs, the processes met
 serving this benchmark's database, plus the redis-server's where Redis serves it (Redis,
 a cached store); all-db ms: every process of the PostgreSQL cluster (on the shared
 server, other tenants' load too); spread: (fastest - slowest round) / median; errs:
-socket errors + non-2xx answers (should be 0)"""
+socket errors + non-2xx answers (should be 0); busiest: with several workers, the busiest
+worker's share of the workers' CPU (median of the rounds; 50 % of two is an even split,
+100 % one worker serving every connection while the other idles: the workers accept
+wrk's connections as they wake, so the split is luck, and rows whose splits differ do
+not compare)"""
 
 
 def emit(

@@ -93,7 +93,8 @@ def assert_every_row_served(rows: list[dict[str, Any]], servers: set[str]) -> No
         name = f"{row['server']} {row['row']}"
         assert row["rps"] > 0, name
         assert row["errors"] == 0, name
-        assert row["non_2xx"] == 0, name  # a 409, 422 or 500 would measure something else
+        # A 409, 422 or 500 would measure something else (refused: the first, with its body).
+        assert row["non_2xx"] == 0, (name, row["refused"])
         assert row["app_ms"] is not None and row["app_ms"] > 0, name
         assert row["p50_us"] > 0 and row["p99_us"] >= row["p50_us"], name
         if row["baseline"] is not None:
@@ -134,6 +135,7 @@ def test_http_bench_quick():
             assert row["db_ms"] is not None and row["db_ms"] > 0, row["row"]
         if row["server"] == "sqlite-normal":
             assert row["db_ms"] is None  # SQLite runs in the app process
+        assert row["busiest"] is None  # one process: no split between workers
 
 
 def test_http_bench_quick_on_redis():
@@ -258,6 +260,8 @@ def test_http_bench_quick_deployed():
     for row in rows:
         # The supervisor (or arbiter) and two workers at least, each metered.
         assert row["processes"] >= 3, (row["server"], row["row"], row["processes"])
+        # How the workers shared the load: the busiest one's share of their CPU.
+        assert 0.5 <= row["busiest"] <= 1.0, (row["server"], row["row"], row["busiest"])
         if row["row"] == "trivial @c1":
             # Not a speed judgement: with TCP_NODELAY lost (a socket the workers take
             # for AF_UNIX), Nagle's algorithm meets delayed ACKs, 40 ms per response.
